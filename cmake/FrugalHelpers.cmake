@@ -1,0 +1,39 @@
+# One helper per kind of target: frugal_target_flags, frugal_add_test, frugal_add_bench, frugal_add_example.
+
+# Warnings, vector extensions and sanitizers for every frugal target.
+function(frugal_target_flags target)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror=return-type>)
+  if(NOT FRUGAL_PORTABLE)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+  endif()
+  if(FRUGAL_SANITIZE)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${FRUGAL_SANITIZE} -fno-omit-frame-pointer>)
+    target_link_options(${target} PRIVATE -fsanitize=${FRUGAL_SANITIZE})
+  endif()
+endfunction()
+
+# frugal_add_test(name SOURCES a.cpp b.cpp [LABELS ...]): a GoogleTest executable registered with ctest.
+function(frugal_add_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE frugal GTest::gtest GTest::gtest_main)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+  frugal_target_flags(${name})
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}")
+endfunction()
+
+# frugal_add_bench(name SOURCES ...): a Google Benchmark program (not run by ctest).
+function(frugal_add_bench name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE frugal benchmark::benchmark ${ARG_LIBS})
+  frugal_target_flags(${name})
+endfunction()
+
+# frugal_add_example(name SOURCES ...): a program a user runs; sees only the public headers.
+function(frugal_add_example name)
+  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE frugal)
+  frugal_target_flags(${name})
+endfunction()

@@ -1,0 +1,27 @@
+// Device parsing and printing.
+#include "core/device.h"
+
+#include <charconv>
+
+#include "core/error.h"
+
+namespace frugal {
+
+Device Device::parse(std::string_view s) {
+  if (s == "cpu") return kCPU;
+  if (s.substr(0, 4) == "cuda") {
+    if (s.size() == 4) return cuda(0);
+    int idx = -1;
+    auto rest = s.substr(5);
+    auto [p, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), idx);
+    if (s[4] == ':' && ec == std::errc() && p == rest.data() + rest.size() && idx >= 0 && idx < 1024)
+      return cuda(idx);
+  }
+  throw DeviceError(detail::str_cat("unknown device '", s, "'; expected 'cpu', 'cuda' or 'cuda:N'"));
+}
+
+std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+
+std::ostream& operator<<(std::ostream& os, Device d) { return os << d.str(); }
+
+}  // namespace frugal

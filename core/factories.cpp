@@ -1,0 +1,172 @@
+// Factories: tensors made from a shape and a value, a range, random draws, or a copied buffer.
+#include <cmath>
+#include <cstring>
+
+#include "core/ops.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+
+namespace frugal {
+
+Tensor empty(const Shape& shape, TensorOptions opts) {
+  for (int64_t s : shape) FRUGAL_CHECK_SHAPE(s >= 0, "empty: sizes must be non-negative, got shape ", shape);
+  auto storage = std::make_shared<Storage>(shape.numel() * dtype_size(opts.dtype_), opts.device_);
+  return Tensor(std::move(storage), 0, shape, contiguous_strides(shape), opts.dtype_);
+}
+
+Tensor full(const Shape& shape, Scalar value, TensorOptions opts) {
+  Tensor t = empty(shape, opts);
+  t.fill_(value);
+  return t;
+}
+Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0, opts); }
+Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1, opts); }
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.options()); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.options()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.options()); }
+Tensor full_like(const Tensor& t, Scalar value) { return full(t.shape(), value, t.options()); }
+Tensor scalar_tensor(Scalar value, TensorOptions opts) { return full({}, value, opts); }
+
+namespace {
+// Makes a cpu tensor of n values value(i) computed in double, converted to opts' dtype and moved to its
+// device.
+template <typename F>
+Tensor from_function(int64_t n, TensorOptions opts, F value) {
+  Tensor t = empty({n}, opts.dtype_);
+  visit_dtype(opts.dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.data<T>();
+    for (int64_t i = 0; i < n; ++i) p[i] = T(value(i));
+  });
+  return t.to(opts.device_);
+}
+}  // namespace
+
+Tensor arange(Scalar end, TensorOptions opts) { return arange(0, end, 1, opts); }
+
+Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
+  FRUGAL_CHECK(step != 0 && std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
+               "arange: start, end and step must be finite and step non-zero; got start=", start,
+               " end=", end, " step=", step);
+  const double count = std::ceil((end - start) / step);
+  const int64_t n = count > 0 ? int64_t(count) : 0;
+  return from_function(n, opts, [&](int64_t i) { return start + double(i) * step; });
+}
+
+Tensor linspace(Scalar start, Scalar end, int64_t steps, TensorOptions opts) {
+  FRUGAL_CHECK(steps >= 0, "linspace: steps must be non-negative, got ", steps);
+  const double step = steps > 1 ? (end - start) / double(steps - 1) : 0;
+  // Fill from both ends so that the last value is exactly `end`, as PyTorch does.
+  return from_function(steps, opts, [&](int64_t i) {
+    return i < steps / 2 ? start + step * double(i) : end - step * double(steps - 1 - i);
+  });
+}
+
+namespace {
+constexpr double kTwoPi = 6.283185307179586476925286766559;
+
+inline double u01(uint32_t hi, uint32_t lo) {  // 53 random bits in [0, 1)
+  return double((uint64_t(hi) << 21) ^ (lo >> 11)) * 0x1.0p-53;
+}
+
+// Draws n values on the cpu in f32 or f64 (by `wide`) with `per_block(words, out4)` turning one Philox block
+// of four 32-bit words into four values; elements depend only on (seed, offset, index).
+template <typename T, typename F>
+Tensor draw(const Shape& shape, Generator* gen, F per_block) {
+  Generator& g = gen ? *gen : default_generator();
+  Tensor t = empty(shape, dtype_v<T>);
+  const int64_t n = t.numel(), blocks = (n + 3) / 4;
+  const uint64_t seed = g.seed(), base = g.reserve(uint64_t(blocks));
+  T* p = t.data<T>();
+  parallel_for(0, blocks, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      uint32_t w[4];
+      T v[4];
+      Generator::block(seed, base + uint64_t(j), w);
+      per_block(w, v);
+      for (int k = 0; k < 4 && 4 * j + k < n; ++k) p[4 * j + k] = v[k];
+    }
+  });
+  return t;
+}
+
+void check_float(TensorOptions opts, const char* op) {
+  FRUGAL_CHECK_DTYPE(is_floating(opts.dtype_), op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
+                     dtype_name(opts.dtype_), "; use randint for integers");
+}
+}  // namespace
+
+Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
+  check_float(opts, "rand");
+  Tensor t = opts.dtype_ == DType::F64 ? draw<double>(shape, gen,
+                                                      [](const uint32_t* w, double* v) {
+                                                        v[0] = v[2] = u01(w[0], w[1]);
+                                                        v[1] = v[3] = u01(w[2], w[3]);
+                                                      })
+                                       : draw<float>(shape, gen, [](const uint32_t* w, float* v) {
+                                           for (int k = 0; k < 4; ++k) v[k] = float(w[k] >> 8) * 0x1.0p-24f;
+                                         });
+  return t.to(opts.dtype_).to(opts.device_);
+}
+
+Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
+  check_float(opts, "randn");
+  // Box-Muller: two uniforms give two normals; 1 - u keeps the logarithm's argument in (0, 1].
+  auto box_muller = [](double u1, double u2, auto* v) {
+    const double r = std::sqrt(-2.0 * std::log(1.0 - u1));
+    v[0] = std::remove_reference_t<decltype(*v)>(r * std::cos(kTwoPi * u2));
+    v[1] = std::remove_reference_t<decltype(*v)>(r * std::sin(kTwoPi * u2));
+  };
+  Tensor t = opts.dtype_ == DType::F64 ? draw<double>(shape, gen,
+                                                      [&](const uint32_t* w, double* v) {
+                                                        box_muller(u01(w[0], w[1]), u01(w[2], w[3]), v);
+                                                        v[2] = v[0];
+                                                        v[3] = v[1];
+                                                      })
+                                       : draw<float>(shape, gen, [&](const uint32_t* w, float* v) {
+                                           box_muller(w[0] * 0x1.0p-32, w[1] * 0x1.0p-32, v);
+                                           box_muller(w[2] * 0x1.0p-32, w[3] * 0x1.0p-32, v + 2);
+                                         });
+  return t.to(opts.dtype_).to(opts.device_);
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {
+  FRUGAL_CHECK(low < high, "randint: expected low < high, got low=", low, " high=", high);
+  const uint64_t range = uint64_t(high - low);
+  Tensor t = draw<int64_t>(shape, gen, [&](const uint32_t* w, int64_t* v) {
+    // 64 random bits per pair of words: the modulo bias is below 2^-32 for any range under 2^32.
+    v[0] = v[2] = low + int64_t(((uint64_t(w[0]) << 32) | w[1]) % range);
+    v[1] = v[3] = low + int64_t(((uint64_t(w[2]) << 32) | w[3]) % range);
+  });
+  return t.to(opts.dtype_).to(opts.device_);
+}
+
+Tensor from_buffer(const void* data, const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  if (t.nbytes() > 0) std::memcpy(t.raw_data(), data, size_t(t.nbytes()));
+  return t;
+}
+
+template <typename T>
+Tensor tensor(const std::vector<T>& values, const Shape& shape) {
+  FRUGAL_CHECK_SHAPE(int64_t(values.size()) == shape.numel(), "tensor: ", values.size(),
+                     " values do not fill shape ", shape, " (", shape.numel(), " elements)");
+  if constexpr (std::is_same_v<T, bool>) {  // std::vector<bool> packs bits: copy one by one
+    Tensor t = empty(shape, DType::Bool);
+    for (size_t i = 0; i < values.size(); ++i) t.data<bool>()[i] = values[i];
+    return t;
+  } else {
+    return from_buffer(values.data(), shape, dtype_v<T>);
+  }
+}
+
+template Tensor tensor(const std::vector<float>&, const Shape&);
+template Tensor tensor(const std::vector<double>&, const Shape&);
+template Tensor tensor(const std::vector<Half>&, const Shape&);
+template Tensor tensor(const std::vector<BFloat16>&, const Shape&);
+template Tensor tensor(const std::vector<int64_t>&, const Shape&);
+template Tensor tensor(const std::vector<int32_t>&, const Shape&);
+template Tensor tensor(const std::vector<uint8_t>&, const Shape&);
+template Tensor tensor(const std::vector<bool>&, const Shape&);
+
+}  // namespace frugal

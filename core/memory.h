@@ -1,0 +1,141 @@
+// Memory: the per-device caching arena every tensor byte comes from, its statistics, limits, tags and
+// snapshots. The algorithm (core/arena.cpp) is device-agnostic; a device only supplies a Backing (host
+// memory, cudaMalloc).
+//
+//   memory::set_memory_limit(kCPU, 64 << 20);         // let the CPU play a 64 MiB GPU
+//   { memory::Tag t("forward/block3"); auto x = randn({1024, 1024}); }
+//   std::cout << memory::memory_summary(kCPU);
+//   auto s = memory::stats(kCPU); s.allocated.peak;  // exact bytes
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/device.h"
+
+namespace frugal::memory {
+
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+};
+
+struct Stats {
+  Stat requested;      // bytes the callers asked for
+  Stat allocated;      // bytes in live blocks (requests rounded up)
+  Stat reserved;       // bytes held from the system (segments), live or cached
+  Stat active_blocks;  // live allocations
+  Stat segments;       // segments held from the system
+  int64_t num_allocs = 0;
+  int64_t num_frees = 0;
+  int64_t num_segment_allocs = 0;  // calls to the backing allocation
+  int64_t num_segment_frees = 0;
+  int64_t num_cache_flushes = 0;  // empty_cache() runs, explicit or forced by the limit
+  int64_t num_ooms = 0;           // OutOfMemoryError thrown
+  int64_t largest_free_block = 0;
+  int64_t free_bytes = 0;  // reserved - allocated
+  // 1 - largest_free_block / free_bytes: 0 when the cached free space is one block (or none), near 1 when it
+  // is shattered into many small pieces.
+  double fragmentation = 0;
+};
+
+// One block of a snapshot.
+struct BlockInfo {
+  uint64_t address = 0;    // of the block's first byte
+  int64_t size = 0;        // bytes (rounded)
+  int64_t requested = 0;   // bytes asked for (0 when free)
+  int64_t segment = 0;     // id of the segment holding the block
+  bool allocated = false;  // live, or cached free
+  std::string tag;         // the memory::Tag scope active at allocation ("" when none)
+};
+
+struct TagStats {
+  std::string tag;
+  Stat allocated;  // bytes of live blocks carrying this tag
+};
+
+// Where a device's memory really comes from. Implementations: host (aligned), CUDA (kernels/cuda/).
+class Backing {
+ public:
+  virtual ~Backing() = default;
+  virtual void* alloc(int64_t nbytes) = 0;  // nullptr when the system has no memory left
+  virtual void free(void* ptr, int64_t nbytes) = 0;
+};
+
+struct Block;  // opaque to callers; owned by the allocator
+
+struct Allocation {
+  void* ptr = nullptr;
+  int64_t size = 0;  // rounded size of the block (>= the request)
+  Block* block = nullptr;
+};
+
+// A device allocator: the caching arena, or (FRUGAL_ALLOCATOR=system) one backing call per allocation.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Allocation allocate(int64_t nbytes) = 0;  // throws OutOfMemoryError
+  virtual void deallocate(Block* block) = 0;
+  virtual Stats stats() const = 0;
+  virtual void reset_peak() = 0;
+  virtual void empty_cache() = 0;
+  virtual void set_limit(int64_t bytes) = 0;  // <= 0: no limit
+  virtual int64_t limit() const = 0;
+  virtual std::vector<BlockInfo> snapshot() const = 0;
+  virtual std::vector<TagStats> tag_stats() const = 0;
+  virtual void reset_tag_peaks() = 0;
+  // Throws InternalError if any invariant is broken (blocks overlap, a byte unaccounted, stats off). For
+  // tests.
+  virtual void check_invariants() const = 0;
+  virtual const char* kind() const = 0;  // "arena" or "system"
+};
+
+// The allocator of a device (created on first use; which kind follows FRUGAL_ALLOCATOR, read once).
+Allocator& allocator(Device device);
+// Installs the backing for a device type; the CUDA backend calls this at load time. Throws if already in use.
+void register_backing(DeviceType type, std::unique_ptr<Backing> (*make)(int index));
+// A fresh allocator over a given backing, for tests and for the device registry.
+std::unique_ptr<Allocator> make_arena(Device device, std::unique_ptr<Backing> backing);
+std::unique_ptr<Allocator> make_system_allocator(Device device, std::unique_ptr<Backing> backing);
+std::unique_ptr<Backing> make_host_backing();
+
+// Conveniences over allocator(device).
+Stats stats(Device device = kCPU);
+void reset_peak(Device device = kCPU);
+void empty_cache(Device device = kCPU);
+void set_memory_limit(Device device, int64_t bytes);  // <= 0 removes the limit
+int64_t memory_limit(Device device = kCPU);
+std::vector<BlockInfo> snapshot(Device device = kCPU);
+std::vector<TagStats> tag_stats(Device device = kCPU);
+// A readable table of the statistics (current, peak) and the live bytes per tag.
+std::string memory_summary(Device device = kCPU);
+// "1.50 MiB", "512 B".
+std::string format_bytes(int64_t bytes);
+
+// Names the allocations made in its scope (this thread only). Nested tags join with '/':
+// Tag a("forward"); Tag b("block3");  => "forward/block3".
+class Tag {
+ public:
+  explicit Tag(std::string_view name);
+  ~Tag();
+  Tag(const Tag&) = delete;
+  Tag& operator=(const Tag&) = delete;
+
+ private:
+  uint32_t previous_;
+};
+// The id of this thread's current tag (0 = none) and the name behind an id; ids are interned and never
+// reused.
+uint32_t current_tag();
+std::string tag_name(uint32_t id);
+
+}  // namespace frugal::memory
+
+namespace frugal::detail {
+// The allocator kind a value of FRUGAL_ALLOCATOR selects: "arena" (unset, empty or "arena") or "system";
+// throws Error naming the valid values otherwise. Exposed for tests.
+const char* allocator_kind_from_env(const char* value);
+}  // namespace frugal::detail

@@ -1,0 +1,37 @@
+// The op tables themselves, and the error for a missing kernel.
+#include "core/op_table.h"
+
+#include <string>
+
+#include "core/error.h"
+
+namespace frugal {
+
+#define FRUGAL_DEFINE_TABLE(name) constinit OpTable<ElementwiseKernel> op_##name{#name};
+FRUGAL_UNARY_OPS(FRUGAL_DEFINE_TABLE)
+FRUGAL_BINARY_OPS(FRUGAL_DEFINE_TABLE)
+FRUGAL_COMPARE_OPS(FRUGAL_DEFINE_TABLE)
+#undef FRUGAL_DEFINE_TABLE
+#define FRUGAL_DEFINE_TABLE(name) constinit OpTable<ReduceKernel> op_##name{#name};
+FRUGAL_REDUCE_OPS(FRUGAL_DEFINE_TABLE)
+#undef FRUGAL_DEFINE_TABLE
+
+constinit OpTable<ElementwiseKernel> op_where{"where"};
+constinit OpTable<ElementwiseKernel> op_cast{"cast"};
+constinit OpTable<ElementwiseKernel> op_fill{"fill"};
+constinit OpTable<GemmKernel> op_gemm{"matmul"};
+constinit OpTable<SoftmaxKernel> op_softmax{"softmax"};
+constinit OpTable<IndexKernel> op_index_select{"index_select"};
+constinit OpTable<IndexKernel> op_gather{"gather"};
+constinit OpTable<IndexKernel> op_scatter_add{"scatter_add"};
+
+void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
+  std::string supported;
+  for (int i = 0; i < kNumDTypes; ++i)
+    if (row[i]) supported += std::string(supported.empty() ? "" : ", ") + dtype_name(DType(i));
+  if (supported.empty()) supported = "none (no kernels for this device are built in)";
+  throw DTypeError(detail::str_cat(op, ": no kernel for dtype ", dtype_name(dtype), " on ", device, "; ", op,
+                                   " on ", device, " supports: ", supported));
+}
+
+}  // namespace frugal

@@ -1,0 +1,129 @@
+// The op table: one table per op, keyed by (device type, dtype), filled in by the kernel libraries when they
+// load (kernels/cpu, kernels/cuda). A missing entry is an error naming op, device and dtype, never a
+// fallback.
+//
+// Adding an op (STYLE.md rule 1): its line in a list below (or its own table), its CPU kernel, its CUDA
+// kernel, its public function in core/ops.h, its backward rule, its test.
+#pragma once
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/loop.h"
+
+namespace frugal {
+
+// Kernel signatures. Kernels never allocate and never know about autograd.
+using ElementwiseKernel = void(const Loop& loop, const OpArgs& args);
+
+// A reduction of `in` over some of its dims. The op layer orders the input's dims as kept dims (the output's
+// dims, contiguous in `out`) followed by reduced dims.
+struct ReduceArgs {
+  const char* in = nullptr;
+  char* out = nullptr;
+  int64_t n_out = 1;     // number of outputs
+  int64_t n_reduce = 1;  // elements reduced into each output
+  int kept_ndim = 0;
+  int64_t kept_sizes[kMaxDims] = {};
+  int64_t kept_strides[kMaxDims] = {};  // elements, in the input
+  int red_ndim = 0;
+  int64_t red_sizes[kMaxDims] = {};
+  int64_t red_strides[kMaxDims] = {};  // elements, in the input
+  double correction = 0;               // var: divide by n_reduce - correction
+};
+using ReduceKernel = void(const ReduceArgs& args);
+
+// C[b] = alpha * A[b] @ B[b] + beta * C[b] for b < batch; A is m x k, B is k x n, C is m x n (contiguous
+// rows). Each of A and B has a unit stride along rows or columns (the op layer copies otherwise). Strides in
+// elements.
+struct GemmArgs {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+  int64_t a_batch = 0, a_row = 0, a_col = 1;
+  int64_t b_batch = 0, b_row = 0, b_col = 1;
+  int64_t c_batch = 0, c_row = 0;
+  float alpha = 1, beta = 0;
+};
+using GemmKernel = void(const GemmArgs& args);
+
+// Softmax (or log-softmax) over the last dim of a contiguous [rows, cols] input into a contiguous output.
+struct SoftmaxArgs {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t rows = 0, cols = 0;
+  bool log = false;
+};
+using SoftmaxKernel = void(const SoftmaxArgs& args);
+
+// Indexing along one dim of a contiguous tensor seen as [outer, dim_size, inner].
+//   index_select: out[o, i, j] = x[o, index[i], j]          (index has n_index entries; out dim size n_index)
+//   gather:       out[o, i, j] = x[o, index[o, i, j], j]    (index and out are [outer, n_index, inner])
+//   scatter_add:  out[o, index[o, i, j], j] += src[o, i, j] (out starts as a copy of x)
+// Index values are checked by the op layer before the kernel runs.
+struct IndexArgs {
+  const void* x = nullptr;
+  const int64_t* index = nullptr;
+  const void* src = nullptr;
+  void* out = nullptr;
+  int64_t outer = 1, dim_size = 0, inner = 1, n_index = 0;
+};
+using IndexKernel = void(const IndexArgs& args);
+
+[[noreturn]] void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row);
+
+template <typename Fn>
+class OpTable {
+ public:
+  explicit constexpr OpTable(const char* name) : name_(name) {}
+  const char* name() const { return name_; }
+  void set(DeviceType device, DType dtype, Fn* fn) { table_[int(device)][int(dtype)] = fn; }
+  bool has(Device device, DType dtype) const { return table_[int(device.type)][int(dtype)] != nullptr; }
+  Fn* get(Device device, DType dtype) const {
+    Fn* fn = table_[int(device.type)][int(dtype)];
+    if (!fn) [[unlikely]] {
+      const void* row[kNumDTypes];
+      for (int i = 0; i < kNumDTypes; ++i)
+        row[i] = reinterpret_cast<const void*>(table_[int(device.type)][i]);
+      throw_missing_kernel(name_, device, dtype, row);
+    }
+    return fn;
+  }
+
+ private:
+  const char* name_;
+  Fn* table_[kNumDeviceTypes][kNumDTypes] = {};
+};
+
+// Elementwise ops of one input (X(name)); each has a table op_<name>. clamp reads its bounds from OpArgs.
+#define FRUGAL_UNARY_OPS(X) \
+  X(neg)                    \
+  X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(relu) X(gelu) X(gelu_tanh) X(sigmoid) X(tanh) X(silu) X(clamp)
+// Elementwise ops of two inputs with the same dtype out.
+#define FRUGAL_BINARY_OPS(X) X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum)
+// Comparisons: two inputs of one dtype (the table's key), a bool output.
+#define FRUGAL_COMPARE_OPS(X) X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
+// Reductions over the dims ReduceArgs describes; argmax writes i64.
+#define FRUGAL_REDUCE_OPS(X) X(sum) X(max) X(min) X(argmax) X(argmin) X(var)
+
+#define FRUGAL_DECLARE_TABLE(name) extern OpTable<ElementwiseKernel> op_##name;
+FRUGAL_UNARY_OPS(FRUGAL_DECLARE_TABLE)
+FRUGAL_BINARY_OPS(FRUGAL_DECLARE_TABLE)
+FRUGAL_COMPARE_OPS(FRUGAL_DECLARE_TABLE)
+#undef FRUGAL_DECLARE_TABLE
+#define FRUGAL_DECLARE_TABLE(name) extern OpTable<ReduceKernel> op_##name;
+FRUGAL_REDUCE_OPS(FRUGAL_DECLARE_TABLE)
+#undef FRUGAL_DECLARE_TABLE
+
+extern OpTable<ElementwiseKernel> op_where;  // operands: out, cond (bool), a, b; keyed by a's dtype
+extern OpTable<ElementwiseKernel> op_cast;  // operands: out, in; keyed by the OUTPUT dtype; args.a = in dtype
+extern OpTable<ElementwiseKernel> op_fill;  // operands: out; args.a = the value
+extern OpTable<GemmKernel> op_gemm;
+extern OpTable<SoftmaxKernel> op_softmax;
+extern OpTable<IndexKernel> op_index_select;
+extern OpTable<IndexKernel> op_gather;
+extern OpTable<IndexKernel> op_scatter_add;
+
+}  // namespace frugal

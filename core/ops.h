@@ -1,0 +1,124 @@
+// The ops on tensors. Each checks its inputs (throwing an Error that names the op, shapes, dtypes and
+// devices), allocates its result from the arena, and runs the kernel the op table holds for (device, dtype).
+//
+//   Tensor y = relu(matmul(x, w) + b);
+//   Tensor p = softmax(y, -1);
+//   Tensor i = argmax(p, -1);
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace frugal {
+
+// Elementwise, one input. exp..silu need a floating dtype; neg, abs, relu, clamp also take integers.
+Tensor neg(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x);       // x * Phi(x), the erf form
+Tensor gelu_tanh(const Tensor& x);  // the tanh approximation
+Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor silu(const Tensor& x);
+Tensor clamp(const Tensor& x, Scalar min, Scalar max);
+Tensor clamp_min(const Tensor& x, Scalar min);
+Tensor clamp_max(const Tensor& x, Scalar max);
+
+// Elementwise, two inputs, NumPy broadcasting and type promotion (a Scalar takes the tensor's dtype).
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give f32
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, Scalar b);
+Tensor pow(const Tensor& a, Scalar b);
+Tensor maximum(const Tensor& a, Scalar b);
+Tensor minimum(const Tensor& a, Scalar b);
+// Comparisons give bool tensors.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, Scalar b);
+Tensor ne(const Tensor& a, Scalar b);
+Tensor lt(const Tensor& a, Scalar b);
+Tensor le(const Tensor& a, Scalar b);
+Tensor gt(const Tensor& a, Scalar b);
+Tensor ge(const Tensor& a, Scalar b);
+// cond ? a : b, elementwise with broadcasting; cond is bool.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+// In place: the result is written into `self` (which must already have the broadcast shape) and converted to
+// its dtype; the storage's version counter is bumped.
+Tensor& add_(Tensor& self, const Tensor& other);
+Tensor& sub_(Tensor& self, const Tensor& other);
+Tensor& mul_(Tensor& self, const Tensor& other);
+Tensor& div_(Tensor& self, const Tensor& other);
+Tensor& add_(Tensor& self, Scalar other);
+Tensor& mul_(Tensor& self, Scalar other);
+Tensor& relu_(Tensor& self);
+Tensor& clamp_(Tensor& self, Scalar min, Scalar max);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, Scalar b);
+Tensor operator-(const Tensor& a, Scalar b);
+Tensor operator*(const Tensor& a, Scalar b);
+Tensor operator/(const Tensor& a, Scalar b);
+Tensor operator+(Scalar a, const Tensor& b);
+Tensor operator-(Scalar a, const Tensor& b);
+Tensor operator*(Scalar a, const Tensor& b);
+Tensor operator/(Scalar a, const Tensor& b);
+
+// Reductions over `dims` (empty = all dims); keepdim keeps them as size 1.
+// sum of integers or bools gives i64; mean and var need a floating dtype; var divides by n - correction.
+Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor min(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor var(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
+// Index of the largest (smallest) element along dim, as i64; without a dim, of the flattened tensor. Ties
+// give the first index.
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x);
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmin(const Tensor& x);
+
+// Matrix product with NumPy/PyTorch semantics: 1-D and 2-D operands, and batch dims that broadcast.
+// f16/bf16 accumulate in f32.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// Numerically stable softmax and log-softmax along dim (floating dtypes; f16/bf16 computed in f32).
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+
+// A copy converted to dtype (floats to integers truncate toward zero; to bool is x != 0).
+Tensor cast(const Tensor& x, DType dtype);
+
+// Indexing. index is i64 (or i32); every value must be in [-size, size) along dim (negative counts from the
+// end).
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// A copy of x with src's elements added at the positions index names along dim (duplicates accumulate).
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+// Joins tensors along an existing dim (cat) or a new one (stack); shapes must match elsewhere.
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// i64 tensor of shape index.shape + [num_classes] with a 1 at each index; num_classes < 0 infers max + 1.
+Tensor one_hot(const Tensor& index, int64_t num_classes = -1);
+
+}  // namespace frugal

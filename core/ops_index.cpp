@@ -1,0 +1,175 @@
+// Indexing and joining: index_select, gather, scatter_add, cat, stack, one_hot.
+#include "core/op_table.h"
+#include "core/ops.h"
+
+namespace frugal {
+
+namespace {
+
+// index as contiguous i64 with every value checked against [-size, size) and negatives wrapped.
+Tensor checked_index(const char* op, const Tensor& index, int64_t size, const Tensor& x, int64_t dim) {
+  FRUGAL_CHECK(index.defined(), op, ": the index tensor is undefined");
+  FRUGAL_CHECK_DTYPE(index.dtype() == DType::I64 || index.dtype() == DType::I32, op,
+                     ": the index must be i64 or i32, got ", dtype_name(index.dtype()), " (shape ",
+                     index.shape(), ")");
+  FRUGAL_CHECK_T(DeviceError, index.device() == x.device(), op, ": the index is on ", index.device(),
+                 " but the tensor is on ", x.device());
+  Tensor idx = index.to(DType::I64).contiguous();
+  if (idx.numel() == 0) return idx;
+  const int64_t lo = min(idx).item<int64_t>(), hi = max(idx).item<int64_t>();
+  FRUGAL_CHECK_INDEX(lo >= -size && hi < size, op, ": index ", (lo < -size ? lo : hi),
+                     " is out of range for dim ", dim, " of size ", size, " (tensor shape ", x.shape(),
+                     "); valid indices are [", -size, ", ", size - 1, "]");
+  if (lo < 0) idx = where(lt(idx, 0.0), add(idx, double(size)), idx);
+  return idx;
+}
+
+void split_at(const Shape& shape, int d, int64_t& outer, int64_t& inner) {
+  outer = inner = 1;
+  for (int i = 0; i < d; ++i) outer *= shape[i];
+  for (int i = d + 1; i < shape.size(); ++i) inner *= shape[i];
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  FRUGAL_CHECK(x.defined(), "index_select: the input tensor is undefined");
+  const int d = wrap_dim(dim, x.dim(), "index_select");
+  FRUGAL_CHECK_SHAPE(index.defined() && index.dim() <= 1,
+                     "index_select: the index must be 0-d or 1-d, got shape ",
+                     index.defined() ? index.shape() : Shape{});
+  const int64_t size = x.dim() ? x.shape()[d] : 1;
+  const Tensor idx = checked_index("index_select", index, size, x, dim);
+  const Tensor xc = x.contiguous();
+  Shape out_shape = x.shape();
+  if (x.dim()) out_shape[d] = idx.numel();
+  Tensor out = empty(out_shape, x.options());
+  IndexArgs a;
+  split_at(x.shape(), d, a.outer, a.inner);
+  a.x = xc.raw_data();
+  a.index = idx.data<int64_t>();
+  a.out = out.raw_data();
+  a.dim_size = size;
+  a.n_index = idx.numel();
+  if (out.numel() > 0) op_index_select.get(x.device(), x.dtype())(a);
+  return out;
+}
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  FRUGAL_CHECK(x.defined() && index.defined(), "gather: an input tensor is undefined");
+  const int d = wrap_dim(dim, x.dim(), "gather");
+  FRUGAL_CHECK_SHAPE(index.dim() == x.dim(), "gather: the index (shape ", index.shape(),
+                     ") must have as many dims as the input (shape ", x.shape(), ")");
+  Tensor xs = x;
+  for (int i = 0; i < x.dim(); ++i) {
+    if (i == d) continue;
+    FRUGAL_CHECK_SHAPE(index.shape()[i] <= x.shape()[i], "gather: index shape ", index.shape(),
+                       " is larger than input shape ", x.shape(), " at dim ", i);
+    xs = xs.narrow(i, 0, index.shape()[i]);
+  }
+  const int64_t size = x.dim() ? x.shape()[d] : 1;
+  const Tensor idx = checked_index("gather", index, size, x, dim);
+  xs = xs.contiguous();
+  Tensor out = empty(index.shape(), x.options());
+  IndexArgs a;
+  split_at(index.shape(), d, a.outer, a.inner);
+  a.x = xs.raw_data();
+  a.index = idx.data<int64_t>();
+  a.out = out.raw_data();
+  a.dim_size = size;
+  a.n_index = index.dim() ? index.shape()[d] : 1;
+  if (out.numel() > 0) op_gather.get(x.device(), x.dtype())(a);
+  return out;
+}
+
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  FRUGAL_CHECK(x.defined() && index.defined() && src.defined(), "scatter_add: an input tensor is undefined");
+  const int d = wrap_dim(dim, x.dim(), "scatter_add");
+  FRUGAL_CHECK_DTYPE(src.dtype() == x.dtype(), "scatter_add: src dtype ", dtype_name(src.dtype()),
+                     " differs from the input's ", dtype_name(x.dtype()));
+  FRUGAL_CHECK_SHAPE(index.dim() == x.dim() && src.dim() == x.dim(), "scatter_add: input (shape ", x.shape(),
+                     "), index (shape ", index.shape(), ") and src (shape ", src.shape(),
+                     ") must have the same number of dims");
+  Tensor srcs = src;
+  for (int i = 0; i < x.dim(); ++i) {
+    FRUGAL_CHECK_SHAPE(index.shape()[i] <= src.shape()[i] && (i == d || index.shape()[i] == x.shape()[i]),
+                       "scatter_add: index shape ", index.shape(), " must match the input shape ", x.shape(),
+                       " outside dim ", d, " and not exceed the src shape ", src.shape());
+    srcs = srcs.narrow(i, 0, index.shape()[i]);
+  }
+  const int64_t size = x.dim() ? x.shape()[d] : 1;
+  const Tensor idx = checked_index("scatter_add", index, size, x, dim);
+  srcs = srcs.contiguous();
+  Tensor out = x.clone();
+  IndexArgs a;
+  split_at(index.shape(), d, a.outer, a.inner);
+  a.src = srcs.raw_data();
+  a.index = idx.data<int64_t>();
+  a.out = out.raw_data();
+  a.dim_size = size;
+  a.n_index = index.dim() ? index.shape()[d] : 1;
+  if (index.numel() > 0) op_scatter_add.get(x.device(), x.dtype())(a);
+  return out;
+}
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  FRUGAL_CHECK(!tensors.empty(), "cat: expected at least one tensor");
+  const Tensor& first = tensors[0];
+  FRUGAL_CHECK(first.defined(), "cat: tensor 0 is undefined");
+  FRUGAL_CHECK_SHAPE(first.dim() > 0, "cat: cannot concatenate 0-d tensors; use stack");
+  const int d = wrap_dim(dim, first.dim(), "cat");
+  Shape shape = first.shape();
+  DType dt = first.dtype();
+  shape[d] = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    FRUGAL_CHECK(t.defined(), "cat: tensor ", i, " is undefined");
+    FRUGAL_CHECK_T(DeviceError, t.device() == first.device(), "cat: tensor ", i, " is on ", t.device(),
+                   " but tensor 0 is on ", first.device());
+    bool same = t.dim() == first.dim();
+    for (int j = 0; same && j < t.dim(); ++j) same = j == d || t.shape()[j] == first.shape()[j];
+    FRUGAL_CHECK_SHAPE(same, "cat: tensor ", i, " has shape ", t.shape(), " but tensor 0 has shape ",
+                       first.shape(), "; sizes must match except in dim ", dim);
+    shape[d] += t.shape()[d];
+    dt = promote_types(dt, t.dtype());
+  }
+  Tensor out = empty(shape, first.options().dtype(dt));
+  int64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    out.narrow(d, offset, t.shape()[d]).copy_(t);
+    offset += t.shape()[d];
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  FRUGAL_CHECK(!tensors.empty(), "stack: expected at least one tensor");
+  FRUGAL_CHECK(tensors[0].defined(), "stack: tensor 0 is undefined");
+  const int d = wrap_dim(dim, tensors[0].dim() + 1, "stack");
+  std::vector<Tensor> parts;
+  parts.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    FRUGAL_CHECK(tensors[i].defined(), "stack: tensor ", i, " is undefined");
+    FRUGAL_CHECK_SHAPE(tensors[i].shape() == tensors[0].shape(), "stack: tensor ", i, " has shape ",
+                       tensors[i].shape(), " but tensor 0 has shape ", tensors[0].shape(),
+                       "; all shapes must be equal");
+    parts.push_back(tensors[i].unsqueeze(d));
+  }
+  return cat(parts, d);
+}
+
+Tensor one_hot(const Tensor& index, int64_t num_classes) {
+  FRUGAL_CHECK(index.defined(), "one_hot: the index tensor is undefined");
+  FRUGAL_CHECK_DTYPE(is_integral(index.dtype()), "one_hot: the index must be an integer tensor, got ",
+                     dtype_name(index.dtype()));
+  const int64_t lo = index.numel() ? min(index).to(DType::I64).item<int64_t>() : 0;
+  const int64_t hi = index.numel() ? max(index).to(DType::I64).item<int64_t>() : -1;
+  if (num_classes < 0) num_classes = hi + 1;
+  FRUGAL_CHECK_INDEX(lo >= 0 && hi < num_classes, "one_hot: class values must be in [0, ", num_classes,
+                     "), got values in [", lo, ", ", hi, "]");
+  const Tensor classes =
+      arange(0, double(num_classes), 1, TensorOptions(index.dtype()).device(index.device()));
+  return eq(index.unsqueeze(-1), classes).to(DType::I64);
+}
+
+}  // namespace frugal

@@ -1,0 +1,185 @@
+// Tensor: a cheap shared handle to storage, a byte offset, shape, strides (in elements) and dtype. Views
+// share storage; ops allocate their results from the device's arena (core/memory.h).
+//
+//   Tensor x = randn({4, 3});                 // f32 on the cpu
+//   Tensor y = x.transpose(0, 1).contiguous(); // a view, then a copy
+//   float s = x.sum().item<float>();
+//   std::cout << x << "\n";
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/shape.h"
+#include "core/storage.h"
+
+namespace frugal {
+
+struct AutogradMeta;  // defined by autograd/; a tensor without one does not take part in autograd
+
+// Where and how a new tensor is made: TensorOptions().dtype(DType::F64).device(kCPU). A DType or Device
+// converts implicitly, so zeros({2, 3}, DType::BF16) works.
+struct TensorOptions {
+  DType dtype_ = DType::F32;
+  Device device_ = kCPU;
+
+  TensorOptions() = default;
+  TensorOptions(DType t) : dtype_(t) {}    // NOLINT: implicit by design
+  TensorOptions(Device d) : device_(d) {}  // NOLINT: implicit by design
+  TensorOptions dtype(DType t) const {
+    TensorOptions o = *this;
+    o.dtype_ = t;
+    return o;
+  }
+  TensorOptions device(Device d) const {
+    TensorOptions o = *this;
+    o.device_ = d;
+    return o;
+  }
+};
+
+// A number passed to an op (add(x, 2.0)); it takes the tensor's dtype, as in PyTorch.
+using Scalar = double;
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: defined() is false, every other call throws
+  Tensor(std::shared_ptr<Storage> storage, int64_t byte_offset, const Shape& shape, const Shape& strides,
+         DType dtype);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl().shape; }
+  const Shape& strides() const { return impl().strides; }
+  int64_t size(int64_t dim) const;
+  int64_t stride(int64_t dim) const;
+  int dim() const { return impl().shape.size(); }
+  int64_t numel() const { return impl().shape.numel(); }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device(); }
+  int64_t element_size() const { return dtype_size(dtype()); }
+  int64_t nbytes() const { return numel() * element_size(); }
+  int64_t byte_offset() const { return impl().offset; }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+  TensorOptions options() const { return TensorOptions(dtype()).device(device()); }
+  // True when both handles are the same tensor object (not merely equal values).
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  void* raw_data() const { return static_cast<char*>(impl().storage->data()) + impl().offset; }
+  template <typename T>
+  T* data() const {
+    FRUGAL_CHECK_DTYPE(dtype_v<T> == dtype(), "data<", dtype_name(dtype_v<T>), ">(): the tensor holds ",
+                       dtype_name(dtype()));
+    return static_cast<T*>(raw_data());
+  }
+
+  // Copies the elements (any layout, cpu) into a vector, converted to T.
+  template <typename T>
+  std::vector<T> to_vector() const;
+  // The single element of a one-element tensor, converted to T.
+  template <typename T>
+  T item() const;
+  std::string str() const;  // as operator<< prints it
+
+  // Views: share storage, no copy.
+  Tensor view(const Shape& shape) const;     // needs compatible strides; one dim may be -1
+  Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor t() const;  // transpose of a 2-D tensor
+  Tensor permute(const Shape& dims) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end,
+               int64_t step = 1) const;             // Python's x[start:end:step]
+  Tensor select(int64_t dim, int64_t index) const;  // removes the dim
+  Tensor expand(const Shape& shape) const;          // -1 keeps a size; new leading dims allowed
+  Tensor expand_as(const Tensor& other) const { return expand(other.shape()); }
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor as_strided(const Shape& shape, const Shape& strides, int64_t element_offset) const;
+
+  // Copies.
+  Tensor contiguous() const;  // this tensor itself when already contiguous
+  Tensor clone() const;
+  Tensor to(DType dtype) const;      // this tensor itself when the dtype already matches
+  Tensor to(Device device) const;    // this tensor itself when already there
+  Tensor& copy_(const Tensor& src);  // broadcasts and converts src into this tensor
+  Tensor& fill_(Scalar value);
+  Tensor& zero_() { return fill_(0); }
+
+  // Arithmetic and math as methods (the free functions in core/ops.h do the work).
+  Tensor operator-() const;
+  Tensor sum() const;
+  Tensor mean() const;
+  Tensor sum(const Shape& dims, bool keepdim = false) const;
+  Tensor mean(const Shape& dims, bool keepdim = false) const;
+  Tensor matmul(const Tensor& other) const;
+  Tensor& add_(const Tensor& other);
+  Tensor& add_(Scalar other);
+  Tensor& sub_(const Tensor& other);
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(Scalar other);
+  Tensor& div_(const Tensor& other);
+
+  // Autograd metadata (filled in by autograd/).
+  const std::shared_ptr<AutogradMeta>& autograd_meta() const { return impl().autograd; }
+  void set_autograd_meta(std::shared_ptr<AutogradMeta> meta) const { impl().autograd = std::move(meta); }
+
+ private:
+  struct Impl {
+    std::shared_ptr<Storage> storage;
+    int64_t offset = 0;  // bytes from the start of storage
+    Shape shape;
+    Shape strides;  // in elements
+    DType dtype = DType::F32;
+    std::shared_ptr<AutogradMeta> autograd;
+  };
+  Impl& impl() const {
+    FRUGAL_CHECK(impl_ != nullptr,
+                 "this tensor is undefined (default-constructed); create it with a factory "
+                 "such as zeros() or empty() first");
+    return *impl_;
+  }
+  std::shared_ptr<Impl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// Factories. Random ones draw from the default generator (core/rng.h) unless one is given.
+Tensor empty(const Shape& shape, TensorOptions opts = {});
+Tensor zeros(const Shape& shape, TensorOptions opts = {});
+Tensor ones(const Shape& shape, TensorOptions opts = {});
+Tensor full(const Shape& shape, Scalar value, TensorOptions opts = {});
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, Scalar value);
+Tensor arange(Scalar end, TensorOptions opts = DType::I64);
+Tensor arange(Scalar start, Scalar end, Scalar step = 1, TensorOptions opts = DType::I64);
+Tensor linspace(Scalar start, Scalar end, int64_t steps, TensorOptions opts = {});
+class Generator;
+Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);   // U[0, 1)
+Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);  // N(0, 1)
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = DType::I64,
+               Generator* gen = nullptr);  // uniform integers in [low, high)
+// A tensor holding a copy of values (dtype from T unless opts names another); shape defaults to
+// {values.size()}.
+template <typename T>
+Tensor tensor(const std::vector<T>& values, const Shape& shape);
+template <typename T>
+Tensor tensor(const std::vector<T>& values) {
+  return tensor(values, Shape{int64_t(values.size())});
+}
+// A tensor holding a copy of a raw buffer of the given dtype (contiguous, cpu).
+Tensor from_buffer(const void* data, const Shape& shape, DType dtype);
+// A 0-d tensor.
+Tensor scalar_tensor(Scalar value, TensorOptions opts = {});
+
+}  // namespace frugal

@@ -1,0 +1,56 @@
+// CPU softmax / log-softmax over contiguous rows: max, then sum of exp(x - max), then the outputs. f32/f64
+// rows use Eigen's vectorised exp; f16/bf16 rows compute in f32 element by element.
+#include <Eigen/Core>
+#include <cmath>
+
+#include "core/op_table.h"
+#include "core/parallel.h"
+
+namespace frugal {
+namespace {
+
+template <typename T>
+void softmax_cpu(const SoftmaxArgs& s) {
+  using C = acc_t<T>;
+  const T* in = static_cast<const T*>(s.in);
+  T* out = static_cast<T*>(s.out);
+  const int64_t cols = s.cols;
+  parallel_for(0, s.rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t r = b; r < e; ++r) {
+                   const T* x = in + r * cols;
+                   T* y = out + r * cols;
+                   if constexpr (std::is_same_v<T, C>) {
+                     Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>> xv(x, cols);
+                     Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> yv(y, cols);
+                     const C m = xv.maxCoeff();
+                     // A row of -inf (or with +inf/nan) gives nan through x - m, as in PyTorch.
+                     yv = (xv - m).exp();
+                     const C sum = yv.sum();
+                     if (s.log)
+                       yv = (xv - m) - std::log(sum);
+                     else
+                       yv *= C(1) / sum;
+                   } else {
+                     float m = -INFINITY;
+                     for (int64_t j = 0; j < cols; ++j) m = std::max(m, float(x[j]));
+                     float sum = 0;
+                     for (int64_t j = 0; j < cols; ++j) sum += std::exp(float(x[j]) - m);
+                     const float log_sum = std::log(sum), inv = 1.0f / sum;
+                     for (int64_t j = 0; j < cols; ++j)
+                       y[j] = T(s.log ? float(x[j]) - m - log_sum : std::exp(float(x[j]) - m) * inv);
+                   }
+                 }
+               });
+}
+
+const bool kRegistered = [] {
+  op_softmax.set(DeviceType::CPU, DType::F32, softmax_cpu<float>);
+  op_softmax.set(DeviceType::CPU, DType::F64, softmax_cpu<double>);
+  op_softmax.set(DeviceType::CPU, DType::F16, softmax_cpu<Half>);
+  op_softmax.set(DeviceType::CPU, DType::BF16, softmax_cpu<BFloat16>);
+  return true;
+}();
+
+}  // namespace
+}  // namespace frugal
