@@ -53,6 +53,8 @@ Shape prepare_binary(const char* op, const Tensor& a, const Tensor& b, DType com
 
 Tensor binary(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor& b,
               bool true_division = false) {
+  check_defined(a, table.name(), "first");
+  check_defined(b, table.name(), "second");
   DType t = promote_types(a.dtype(), b.dtype());
   if (true_division && !is_floating(t)) t = DType::F32;
   Tensor a2, b2;
@@ -63,6 +65,8 @@ Tensor binary(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor& 
 }
 
 Tensor compare(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor& b) {
+  check_defined(a, table.name(), "first");
+  check_defined(b, table.name(), "second");
   const DType t = promote_types(a.dtype(), b.dtype());
   Tensor a2, b2;
   const Shape shape = prepare_binary(table.name(), a, b, t, a2, b2);
@@ -136,6 +140,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_defined(cond, "where", "condition");
   FRUGAL_CHECK_DTYPE(cond.dtype() == DType::Bool, "where: the condition must be bool, got ",
                      dtype_name(cond.dtype()), " (shape ", cond.shape(), "); compare first, e.g. gt(x, 0)");
+  check_defined(a, "where", "second");
+  check_defined(b, "where", "third");
   check_same_device("where", cond, a);
   const DType t = promote_types(a.dtype(), b.dtype());
   Tensor a2, b2;

@@ -1,0 +1,225 @@
+// The free functions of core/memory.h: the per-device allocator registry, memory tags, the readable summary.
+// The allocators themselves are in core/arena.cpp.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/memory.h"
+
+namespace frugal {
+
+const char* detail::allocator_kind_from_env(const char* value) {
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "arena") == 0) return "arena";
+  if (std::strcmp(value, "system") == 0) return "system";
+  throw Error(str_cat("FRUGAL_ALLOCATOR='", value,
+                      "' is not an allocator; valid values are 'arena' (the default, the caching arena) and "
+                      "'system' (one system allocation per tensor)"));
+}
+
+namespace memory {
+namespace {
+
+constexpr int kMaxDeviceIndex = 1024;  // Device::parse accepts cuda:0 .. cuda:1023
+
+using BackingFactory = std::unique_ptr<Backing> (*)(int index);
+
+const char* type_name(DeviceType type) { return type == DeviceType::CPU ? "cpu" : "cuda"; }
+
+struct Registry {
+  std::mutex mu;
+  std::array<BackingFactory, kNumDeviceTypes> factories{};
+  std::array<bool, kNumDeviceTypes> in_use{};
+  // Every Storage asks for its allocator, so the lookup reads these without the lock; each is written once,
+  // under it.
+  std::array<std::array<std::atomic<Allocator*>, kMaxDeviceIndex>, kNumDeviceTypes> allocators{};
+};
+
+Registry& registry() {
+  // Never destroyed, nor are the allocators in it: a tensor held by a static object may be freed after static
+  // destructors have run, and must still find its allocator then. Leaked on purpose.
+  static Registry* r = new Registry;
+  return *r;
+}
+
+// Read once: switching allocators halfway would hand blocks of one to the other.
+const char* allocator_kind() {
+  static const char* kind = detail::allocator_kind_from_env(std::getenv("FRUGAL_ALLOCATOR"));
+  return kind;
+}
+
+struct TagTable {
+  std::mutex mu;
+  std::vector<std::string> names{""};
+  std::unordered_map<std::string, uint32_t> ids{{"", 0}};
+};
+
+TagTable& tag_table() {
+  static TagTable* t =
+      new TagTable;  // leaked on purpose, like the registry: tags may outlive static destructors
+  return *t;
+}
+
+thread_local uint32_t t_current_tag = 0;
+
+// printf into a std::string; the summary is a fixed-width table and printf widths say that most plainly.
+__attribute__((format(printf, 2, 3))) void appendf(std::string& out, const char* fmt, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, args);
+  va_end(args);
+  out += buf;
+}
+
+}  // namespace
+
+Allocator& allocator(Device device) {
+  FRUGAL_CHECK_T(DeviceError, device.index >= 0 && device.index < kMaxDeviceIndex,
+                 "memory::allocator: device index ", device.index, " of ", device, " is out of range [0, ",
+                 kMaxDeviceIndex, ")");
+  Registry& r = registry();
+  const auto type = static_cast<size_t>(device.type);
+  std::atomic<Allocator*>& slot = r.allocators[type][size_t(device.index)];
+  if (Allocator* a = slot.load(std::memory_order_acquire)) return *a;
+
+  std::lock_guard lock(r.mu);
+  if (Allocator* a = slot.load(std::memory_order_relaxed)) return *a;
+  std::unique_ptr<Backing> backing;
+  if (r.factories[type])
+    backing = r.factories[type](device.index);
+  else if (device.is_cpu())
+    backing = make_host_backing();
+  else
+    throw DeviceError(
+        detail::str_cat("no CUDA backend: frugal was built without CUDA or no GPU is present (asked ",
+                        "for the allocator of ", device, ")"));
+  const bool system = std::strcmp(allocator_kind(), "system") == 0;
+  // Leaked on purpose: see registry().
+  Allocator* a =
+      (system ? make_system_allocator(device, std::move(backing)) : make_arena(device, std::move(backing)))
+          .release();
+  r.in_use[type] = true;
+  slot.store(a, std::memory_order_release);
+  return *a;
+}
+
+void register_backing(DeviceType type, std::unique_ptr<Backing> (*make)(int index)) {
+  FRUGAL_CHECK(make != nullptr, "memory::register_backing: the backing factory for ", type_name(type),
+               " is null");
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  const auto t = static_cast<size_t>(type);
+  FRUGAL_CHECK(!r.in_use[t], "memory::register_backing: an allocator for ", type_name(type),
+               " is already in use; register the backing before the first allocation on that device type");
+  r.factories[t] = make;
+}
+
+Stats stats(Device device) { return allocator(device).stats(); }
+// The per-tag peaks too: after reset_peak() every peak in memory_summary() is the peak since then.
+void reset_peak(Device device) {
+  Allocator& a = allocator(device);
+  a.reset_peak();
+  a.reset_tag_peaks();
+}
+void empty_cache(Device device) { allocator(device).empty_cache(); }
+void set_memory_limit(Device device, int64_t bytes) { allocator(device).set_limit(bytes); }
+int64_t memory_limit(Device device) { return allocator(device).limit(); }
+std::vector<BlockInfo> snapshot(Device device) { return allocator(device).snapshot(); }
+std::vector<TagStats> tag_stats(Device device) { return allocator(device).tag_stats(); }
+
+std::string format_bytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes > -1024 && bytes < 1024) return std::to_string(bytes) + " B";
+  double value = double(bytes);
+  int unit = -1;
+  while ((value >= 1024 || value <= -1024) && unit < 3) {
+    value /= 1024;
+    ++unit;
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f %s", value, kUnits[unit]);
+  return buf;
+}
+
+std::string memory_summary(Device device) {
+  Allocator& a = allocator(device);
+  const Stats s = a.stats();
+  std::vector<TagStats> tags = a.tag_stats();
+  std::stable_sort(tags.begin(), tags.end(),
+                   [](const TagStats& x, const TagStats& y) { return x.allocated.peak > y.allocated.peak; });
+  const int64_t limit = a.limit();
+  const std::string rule(78, '=');
+  const std::string thin(78, '-');
+  auto bytes_row = [](std::string& out, const char* name, const Stat& st) {
+    appendf(out, " %-30s %22s %22s\n", name, format_bytes(st.current).c_str(), format_bytes(st.peak).c_str());
+  };
+  auto count_row = [](std::string& out, const char* name, const Stat& st) {
+    appendf(out, " %-30s %22lld %22lld\n", name, static_cast<long long>(st.current),
+            static_cast<long long>(st.peak));
+  };
+  auto pair_row = [](std::string& out, const char* a_name, int64_t a, const char* b_name, int64_t b) {
+    appendf(out, " %-22s %15lld   %-22s %14lld\n", a_name, static_cast<long long>(a), b_name,
+            static_cast<long long>(b));
+  };
+
+  std::string out = rule + "\n";
+  appendf(out, " frugal memory summary: %s, %s allocator, limit %s\n", device.str().c_str(), a.kind(),
+          limit > 0 ? format_bytes(limit).c_str() : "none");
+  out += thin + "\n";
+  appendf(out, " %-30s %22s %22s\n", "", "current", "peak");
+  bytes_row(out, "requested", s.requested);
+  bytes_row(out, "allocated", s.allocated);
+  bytes_row(out, "reserved", s.reserved);
+  count_row(out, "active blocks", s.active_blocks);
+  count_row(out, "segments", s.segments);
+  out += thin + "\n";
+  pair_row(out, "allocs", s.num_allocs, "frees", s.num_frees);
+  pair_row(out, "segment allocs", s.num_segment_allocs, "segment frees", s.num_segment_frees);
+  pair_row(out, "cache flushes", s.num_cache_flushes, "OOMs", s.num_ooms);
+  appendf(out, " %-22s %15s   %-22s %14s\n", "free (cached)", format_bytes(s.free_bytes).c_str(),
+          "largest free block", format_bytes(s.largest_free_block).c_str());
+  appendf(out, " %-22s %15.3f\n", "fragmentation", s.fragmentation);
+  out += thin + "\n";
+  appendf(out, " %-30s %22s %22s\n", "live bytes by tag", "current", "peak");
+  if (tags.empty()) out += " (no allocations)\n";
+  for (const TagStats& t : tags) {
+    // Long tag paths widen their row rather than being cut: the name is what the reader is looking for.
+    appendf(out, " %-30s %22s %22s\n", t.tag.empty() ? "(untagged)" : t.tag.c_str(),
+            format_bytes(t.allocated.current).c_str(), format_bytes(t.allocated.peak).c_str());
+  }
+  out += rule + "\n";
+  return out;
+}
+
+Tag::Tag(std::string_view name) : previous_(t_current_tag) {
+  TagTable& table = tag_table();
+  std::lock_guard lock(table.mu);
+  std::string joined = previous_ == 0 ? std::string(name)
+                       : name.empty() ? table.names[previous_]
+                                      : table.names[previous_] + "/" + std::string(name);
+  auto [it, inserted] = table.ids.try_emplace(std::move(joined), uint32_t(table.names.size()));
+  if (inserted) table.names.push_back(it->first);
+  t_current_tag = it->second;
+}
+
+Tag::~Tag() { t_current_tag = previous_; }
+
+uint32_t current_tag() { return t_current_tag; }
+
+std::string tag_name(uint32_t id) {
+  TagTable& table = tag_table();
+  std::lock_guard lock(table.mu);
+  FRUGAL_CHECK_INDEX(id < table.names.size(), "memory::tag_name: no tag has id ", id, " (",
+                     table.names.size(), " tags interned)");
+  return table.names[id];
+}
+
+}  // namespace memory
+}  // namespace frugal

@@ -1,0 +1,740 @@
+// Tests of the caching arena, the system allocator and the memory API (core/arena.cpp, core/memory_api.cpp).
+// Most run on a fresh arena over a counting host backing, so that the global CPU allocator stays untouched.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/storage.h"
+
+namespace frugal {
+namespace {
+
+using memory::Allocation;
+using memory::Allocator;
+
+constexpr int64_t kKiB = 1024, kMiB = 1024 * kKiB;
+
+// Host memory that counts what is live and can refuse beyond a budget (plays a device that is full).
+struct BackingLedger {
+  int64_t live_bytes = 0;
+  int64_t allocs = 0;
+  int64_t frees = 0;
+  int64_t budget = -1;  // < 0: unlimited
+  std::map<void*, int64_t> live;
+};
+
+class TestBacking final : public memory::Backing {
+ public:
+  explicit TestBacking(std::shared_ptr<BackingLedger> ledger) : ledger_(std::move(ledger)) {}
+  void* alloc(int64_t nbytes) override {
+    if (ledger_->budget >= 0 && ledger_->live_bytes + nbytes > ledger_->budget) return nullptr;
+    void* p = std::aligned_alloc(64, size_t(nbytes));
+    ledger_->live_bytes += nbytes;
+    ++ledger_->allocs;
+    ledger_->live[p] = nbytes;
+    return p;
+  }
+  void free(void* ptr, int64_t nbytes) override {
+    auto it = ledger_->live.find(ptr);
+    if (it == ledger_->live.end() || it->second != nbytes)
+      ADD_FAILURE() << "backing freed a pointer it never gave";
+    if (it != ledger_->live.end()) ledger_->live.erase(it);
+    ledger_->live_bytes -= nbytes;
+    ++ledger_->frees;
+    std::free(ptr);
+  }
+
+ private:
+  std::shared_ptr<BackingLedger> ledger_;
+};
+
+struct Fixture {
+  std::shared_ptr<BackingLedger> ledger = std::make_shared<BackingLedger>();
+  std::unique_ptr<Allocator> arena = memory::make_arena(kCPU, std::make_unique<TestBacking>(ledger));
+};
+
+// Fills n bytes with a pattern unique to `seed`, and checks it is still there: two overlapping blocks
+// overwrite each other's patterns. Word-wise without early exit, so the check vectorises and the big blocks
+// stay cheap.
+uint64_t pattern_of(uint64_t seed) { return (seed + 1) * 0x9E3779B97F4A7C15ull; }
+void fill(void* p, int64_t n, uint64_t seed) {
+  const uint64_t pat = pattern_of(seed);
+  auto* w = static_cast<uint64_t*>(p);
+  for (int64_t i = 0; i < n / 8; ++i) w[i] = pat;
+  std::memcpy(static_cast<char*>(p) + n / 8 * 8, &pat, size_t(n % 8));
+}
+bool holds(const void* p, int64_t n, uint64_t seed) {
+  const uint64_t pat = pattern_of(seed);
+  const auto* w = static_cast<const uint64_t*>(p);
+  uint64_t diff = 0;
+  for (int64_t i = 0; i < n / 8; ++i) diff |= w[i] ^ pat;
+  return diff == 0 && std::memcmp(static_cast<const char*>(p) + n / 8 * 8, &pat, size_t(n % 8)) == 0;
+}
+
+const memory::BlockInfo* find_block(const std::vector<memory::BlockInfo>& snap, const void* ptr) {
+  for (const auto& b : snap)
+    if (b.address == reinterpret_cast<uintptr_t>(ptr)) return &b;
+  return nullptr;
+}
+
+// Compares every statistic but the counters named in `except`.
+void expect_same_stats(const memory::Stats& a, const memory::Stats& b) {
+  for (auto [x, y] : {std::pair{a.requested, b.requested},
+                      {a.allocated, b.allocated},
+                      {a.reserved, b.reserved},
+                      {a.active_blocks, b.active_blocks},
+                      {a.segments, b.segments}}) {
+    EXPECT_EQ(x.current, y.current);
+    EXPECT_EQ(x.peak, y.peak);
+  }
+  EXPECT_EQ(a.num_allocs, b.num_allocs);
+  EXPECT_EQ(a.num_frees, b.num_frees);
+  EXPECT_EQ(a.num_segment_allocs, b.num_segment_allocs);
+  EXPECT_EQ(a.num_segment_frees, b.num_segment_frees);
+}
+
+// (a) Long random sequences: blocks never overlap (their patterns survive), the invariants hold throughout,
+// and everything comes back at the end.
+TEST(Arena, RandomAllocFreeKeepsInvariantsAndData) {
+  Fixture f;
+  std::mt19937_64 rng(20240611);
+  struct Live {
+    Allocation a;
+    int64_t nbytes;
+    uint64_t seed;
+  };
+  std::vector<Live> live;
+  uint64_t next_seed = 0;
+  int64_t live_requested = 0;
+  auto draw_size = [&]() -> int64_t {
+    const int kind = int(rng() % 100);
+    if (kind < 75) return int64_t(rng() % (64 * kKiB));
+    if (kind < 97) return int64_t(64 * kKiB + rng() % (kMiB + kMiB / 2));
+    return int64_t(kMiB + rng() % (12 * kMiB));
+  };
+  // Returns false when the block's bytes were overwritten (by an overlapping block).
+  auto free_one = [&](size_t i) {
+    const bool intact = holds(live[i].a.ptr, live[i].nbytes, live[i].seed);
+    f.arena->deallocate(live[i].a.block);
+    live_requested -= live[i].nbytes;
+    live[i] = live.back();
+    live.pop_back();
+    return intact;
+  };
+  for (int op = 0; op < 20000; ++op) {
+    const bool alloc = live.empty() || (live.size() < 300 && rng() % 100 < 55);
+    if (alloc) {
+      const int64_t n = draw_size();
+      Allocation a = f.arena->allocate(n);
+      ASSERT_NE(a.ptr, nullptr);
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(a.ptr) % 64, 0u);
+      ASSERT_GE(a.size, std::max<int64_t>(n, 512));
+      ASSERT_EQ(a.size % 512, 0);
+      fill(a.ptr, n, next_seed);
+      live.push_back({a, n, next_seed++});
+      live_requested += n;
+    } else {
+      ASSERT_TRUE(free_one(size_t(rng() % live.size()))) << "a block was overwritten, at op " << op;
+    }
+    if (op % 250 == 0) {
+      ASSERT_NO_THROW(f.arena->check_invariants()) << "after op " << op;
+      const auto s = f.arena->stats();
+      ASSERT_EQ(s.requested.current, live_requested);
+      ASSERT_EQ(s.active_blocks.current, int64_t(live.size()));
+      ASSERT_EQ(s.reserved.current, f.ledger->live_bytes);
+    }
+  }
+  while (!live.empty()) ASSERT_TRUE(free_one(live.size() - 1)) << "a block was overwritten";
+  f.arena->check_invariants();
+  auto s = f.arena->stats();
+  EXPECT_EQ(s.allocated.current, 0);
+  EXPECT_EQ(s.requested.current, 0);
+  EXPECT_EQ(s.num_allocs, s.num_frees);
+  EXPECT_GT(s.reserved.current, 0);  // cached, not returned
+  // Every segment is one free block again, so emptying the cache returns all of them.
+  for (const auto& b : f.arena->snapshot()) EXPECT_FALSE(b.allocated);
+  EXPECT_EQ(f.arena->snapshot().size(), size_t(s.segments.current));
+  f.arena->empty_cache();
+  s = f.arena->stats();
+  EXPECT_EQ(s.reserved.current, 0);
+  EXPECT_EQ(s.segments.current, 0);
+  EXPECT_EQ(f.ledger->live_bytes, 0);
+  EXPECT_EQ(f.ledger->allocs, f.ledger->frees);
+}
+
+// The arena is shared with a data-loader thread: concurrent use must leave it consistent. Each thread checks
+// its blocks' first bytes (a block handed to two threads loses one pattern); most time goes to the allocator,
+// so a missing lock shows up as corruption.
+TEST(Arena, ConcurrentThreadsKeepInvariants) {
+  Fixture f;
+  constexpr int kThreads = 4, kOps = 20000;
+  constexpr int64_t kChecked = 64;
+  auto worker = [&](uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::pair<Allocation, uint64_t>> live;
+    int corrupted = 0;
+    for (int op = 0; op < kOps; ++op) {
+      if (live.empty() || (live.size() < 32 && rng() % 2)) {
+        const int64_t n = int64_t(rng() % 100000);
+        Allocation a = f.arena->allocate(n);
+        live.push_back({a, seed * kOps + uint64_t(op)});
+        fill(a.ptr, kChecked, live.back().second);
+      } else {
+        const size_t i = size_t(rng() % live.size());
+        corrupted += !holds(live[i].first.ptr, kChecked, live[i].second);
+        f.arena->deallocate(live[i].first.block);
+        live[i] = live.back();
+        live.pop_back();
+      }
+    }
+    for (auto& [a, s] : live) f.arena->deallocate(a.block);
+    EXPECT_EQ(corrupted, 0) << "thread " << seed;
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, uint64_t(t + 1));
+  for (auto& t : threads) t.join();
+  EXPECT_NO_THROW(f.arena->check_invariants());
+  EXPECT_EQ(f.arena->stats().allocated.current, 0);
+  EXPECT_EQ(f.arena->stats().num_allocs, f.arena->stats().num_frees);
+}
+
+// (b) A freed block merges with its free neighbours; three adjacent blocks end as one free segment again.
+TEST(Arena, SplitsAndMergesNeighbours) {
+  Fixture f;
+  Allocation a = f.arena->allocate(1000), b = f.arena->allocate(2048), c = f.arena->allocate(512);
+  ASSERT_EQ(a.size, 1024);
+  EXPECT_EQ(static_cast<char*>(b.ptr), static_cast<char*>(a.ptr) + 1024);
+  EXPECT_EQ(static_cast<char*>(c.ptr), static_cast<char*>(b.ptr) + 2048);
+  auto snap = f.arena->snapshot();
+  ASSERT_EQ(snap.size(), 4u);  // a, b, c, the free tail of the 2 MiB segment
+  EXPECT_FALSE(snap[3].allocated);
+  EXPECT_EQ(snap[3].size, 2 * kMiB - 1024 - 2048 - 512);
+
+  f.arena->deallocate(b.block);
+  f.arena->check_invariants();
+  snap = f.arena->snapshot();
+  ASSERT_EQ(snap.size(), 4u);  // b's hole sits between two live blocks: nothing to merge with
+  EXPECT_FALSE(snap[1].allocated);
+  EXPECT_EQ(snap[1].size, 2048);
+
+  // Best fit: a 2000-byte request takes b's hole, not the big tail.
+  Allocation b2 = f.arena->allocate(2000);
+  EXPECT_EQ(b2.ptr, b.ptr);
+  f.arena->deallocate(b2.block);
+
+  f.arena->deallocate(a.block);  // merges with b's hole
+  f.arena->check_invariants();
+  snap = f.arena->snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_EQ(snap[0].address, reinterpret_cast<uintptr_t>(a.ptr));
+  EXPECT_EQ(snap[0].size, 1024 + 2048);
+  EXPECT_FALSE(snap[0].allocated);
+
+  f.arena->deallocate(c.block);  // merges with both sides
+  f.arena->check_invariants();
+  snap = f.arena->snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  EXPECT_EQ(snap[0].address, reinterpret_cast<uintptr_t>(a.ptr));
+  EXPECT_EQ(snap[0].size, 2 * kMiB);
+  EXPECT_FALSE(snap[0].allocated);
+  EXPECT_EQ(f.arena->stats().largest_free_block, 2 * kMiB);
+  EXPECT_EQ(f.arena->stats().fragmentation, 0.0);
+}
+
+// (c) Rounding, the choice of pool, and segment sizes.
+TEST(Arena, RoundsRequestsAndPicksPoolAndSegmentSize) {
+  {
+    Fixture f;
+    EXPECT_EQ(f.arena->allocate(0).size, 512);
+    EXPECT_EQ(f.arena->allocate(1).size, 512);
+    EXPECT_EQ(f.arena->allocate(512).size, 512);
+    EXPECT_EQ(f.arena->allocate(513).size, 1024);
+    EXPECT_EQ(f.arena->allocate(kMiB).size, kMiB);  // the largest small request
+    auto s = f.arena->stats();
+    EXPECT_EQ(s.segments.current, 1);  // all of them share one 2 MiB small segment
+    EXPECT_EQ(s.reserved.current, 2 * kMiB);
+    EXPECT_EQ(s.requested.current, 0 + 1 + 512 + 513 + kMiB);
+    EXPECT_EQ(s.allocated.current, 512 + 512 + 512 + 1024 + kMiB);
+    f.arena->check_invariants();
+  }
+  {
+    Fixture f;  // just over 1 MiB is large: a 20 MiB segment, split
+    Allocation a = f.arena->allocate(kMiB + 1);
+    EXPECT_EQ(a.size, kMiB + 512);
+    EXPECT_EQ(f.arena->stats().reserved.current, 20 * kMiB);
+    EXPECT_EQ(f.ledger->allocs, 1);
+    // A small request never comes from the large pool's free space.
+    f.arena->allocate(4 * kKiB);
+    EXPECT_EQ(f.arena->stats().segments.current, 2);
+    EXPECT_EQ(f.arena->stats().reserved.current, 22 * kMiB);
+    // Another large request does: best fit in the tail of the 20 MiB segment.
+    Allocation b = f.arena->allocate(3 * kMiB);
+    EXPECT_EQ(static_cast<char*>(b.ptr), static_cast<char*>(a.ptr) + a.size);
+    EXPECT_EQ(f.arena->stats().segments.current, 2);
+    f.arena->check_invariants();
+  }
+  {
+    Fixture f;  // under 10 MiB: the shared 20 MiB segment
+    f.arena->allocate(10 * kMiB - 512);
+    EXPECT_EQ(f.arena->stats().reserved.current, 20 * kMiB);
+  }
+  {
+    Fixture f;  // 10 MiB and up: a segment of its own, rounded to 2 MiB
+    EXPECT_EQ(f.arena->allocate(10 * kMiB).size, 10 * kMiB);
+    EXPECT_EQ(f.arena->stats().reserved.current, 10 * kMiB);
+  }
+  {
+    Fixture f;  // a large block is not split for a tail of 1 MiB or less: the caller gets the whole segment
+    Allocation a = f.arena->allocate(11 * kMiB + 1);
+    EXPECT_EQ(f.arena->stats().reserved.current, 12 * kMiB);
+    EXPECT_EQ(a.size, 12 * kMiB);
+    EXPECT_EQ(f.arena->stats().allocated.current, 12 * kMiB);
+    EXPECT_EQ(f.arena->snapshot().size(), 1u);
+    f.arena->check_invariants();
+  }
+  {
+    Fixture f;
+    EXPECT_THROW(f.arena->allocate(-1), Error);
+  }
+}
+
+// (d) empty_cache returns the fully free segments and only those; live blocks keep their bytes.
+TEST(Arena, EmptyCacheReturnsFreeSegmentsAndKeepsLiveBlocks) {
+  Fixture f;
+  Allocation big1 = f.arena->allocate(12 * kMiB);     // own 12 MiB segment
+  Allocation big2 = f.arena->allocate(16 * kMiB);     // own 16 MiB segment
+  Allocation small1 = f.arena->allocate(100 * kKiB);  // small segment
+  Allocation small2 = f.arena->allocate(200 * kKiB);  // same small segment
+  fill(big2.ptr, 16 * kMiB, 7);
+  fill(small1.ptr, 100 * kKiB, 8);
+  EXPECT_EQ(f.arena->stats().reserved.current, 30 * kMiB);
+  f.arena->deallocate(big1.block);
+  f.arena->deallocate(small2.block);                        // its segment still holds small1
+  EXPECT_EQ(f.arena->stats().reserved.current, 30 * kMiB);  // cached
+  const auto before = f.arena->stats();
+  f.arena->empty_cache();
+  const auto s = f.arena->stats();
+  EXPECT_EQ(s.reserved.current, 16 * kMiB + 2 * kMiB);
+  EXPECT_EQ(s.segments.current, 2);
+  EXPECT_EQ(s.num_segment_frees, before.num_segment_frees + 1);
+  EXPECT_EQ(s.num_cache_flushes, before.num_cache_flushes + 1);
+  EXPECT_EQ(s.allocated.current, before.allocated.current);
+  EXPECT_EQ(f.ledger->live_bytes, s.reserved.current);
+  EXPECT_TRUE(holds(big2.ptr, 16 * kMiB, 7));
+  EXPECT_TRUE(holds(small1.ptr, 100 * kKiB, 8));
+  f.arena->check_invariants();
+  f.arena->deallocate(big2.block);
+  f.arena->deallocate(small1.block);
+  f.arena->empty_cache();
+  EXPECT_EQ(f.arena->stats().reserved.current, 0);
+  EXPECT_EQ(f.ledger->live_bytes, 0);
+}
+
+// Destroying an arena returns every segment, live or cached.
+TEST(Arena, DestructorReturnsEverySegment) {
+  auto ledger = std::make_shared<BackingLedger>();
+  {
+    auto arena = memory::make_arena(kCPU, std::make_unique<TestBacking>(ledger));
+    arena->allocate(100);
+    arena->deallocate(arena->allocate(30 * kMiB).block);
+    EXPECT_EQ(ledger->live_bytes, 2 * kMiB + 30 * kMiB);
+  }
+  EXPECT_EQ(ledger->live_bytes, 0);
+  EXPECT_EQ(ledger->allocs, ledger->frees);
+}
+
+// (e) A request beyond the limit throws a helpful OutOfMemoryError and changes nothing.
+TEST(Arena, LimitThrowsOutOfMemoryAndLeavesStateIntact) {
+  Fixture f;
+  f.arena->set_limit(8 * kMiB);
+  EXPECT_EQ(f.arena->limit(), 8 * kMiB);
+  // Under a limit a large request takes the smallest segment that holds it (not the usual 20 MiB).
+  Allocation a = f.arena->allocate(kMiB + kKiB);
+  EXPECT_EQ(f.arena->stats().reserved.current, 2 * kMiB);
+  Allocation b = f.arena->allocate(4 * kKiB);
+  fill(a.ptr, kMiB + kKiB, 1);
+  fill(b.ptr, 4 * kKiB, 2);
+  const auto before = f.arena->stats();
+  try {
+    f.arena->allocate(8 * kMiB);  // needs an 8 MiB segment; 4 MiB are already reserved
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cpu"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("8388608 bytes (8.00 MiB)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("limit 8.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("reserved 4.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("allocated"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("free in cache"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("gradient accumulation (--accum)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("memory::set_memory_limit"), std::string::npos) << msg;
+  }
+  const auto after = f.arena->stats();
+  expect_same_stats(before, after);
+  EXPECT_EQ(after.num_ooms, before.num_ooms + 1);
+  EXPECT_EQ(after.num_cache_flushes, before.num_cache_flushes + 1);  // it tried emptying the cache first
+  EXPECT_EQ(f.ledger->live_bytes, after.reserved.current);           // nothing leaked
+  EXPECT_TRUE(holds(a.ptr, kMiB + kKiB, 1));
+  EXPECT_TRUE(holds(b.ptr, 4 * kKiB, 2));
+  f.arena->check_invariants();
+  Allocation c = f.arena->allocate(3 * kMiB);  // smaller: fits
+  EXPECT_EQ(f.arena->stats().reserved.current, 8 * kMiB);
+  f.arena->deallocate(c.block);
+  f.arena->check_invariants();
+}
+
+TEST(Arena, LimitFlushesTheCacheBeforeGivingUp) {
+  Fixture f;
+  f.arena->set_limit(4 * kMiB);
+  Allocation a = f.arena->allocate(kMiB);         // a 2 MiB small segment
+  Allocation b = f.arena->allocate(kMiB + kKiB);  // a 2 MiB large segment
+  f.arena->deallocate(a.block);
+  f.arena->deallocate(b.block);
+  EXPECT_EQ(f.arena->stats().reserved.current, 4 * kMiB);  // both cached
+  const auto before = f.arena->stats();
+  Allocation c = f.arena->allocate(3 * kMiB);  // a 4 MiB segment: fits only once the cache is gone
+  const auto s = f.arena->stats();
+  EXPECT_EQ(s.num_cache_flushes, before.num_cache_flushes + 1);
+  EXPECT_EQ(s.num_segment_frees, before.num_segment_frees + 2);
+  EXPECT_EQ(s.num_ooms, 0);
+  EXPECT_EQ(s.reserved.current, 4 * kMiB);
+  EXPECT_EQ(f.ledger->live_bytes, 4 * kMiB);
+  fill(c.ptr, 3 * kMiB, 3);
+  EXPECT_TRUE(holds(c.ptr, 3 * kMiB, 3));
+  f.arena->check_invariants();
+  f.arena->set_limit(0);  // removed
+  EXPECT_EQ(f.arena->limit(), 0);
+  f.arena->allocate(40 * kMiB);
+}
+
+TEST(Arena, BackingRefusalIsOutOfMemory) {
+  Fixture f;
+  f.ledger->budget = 5 * kMiB;                 // no limit set: the "device" itself is full
+  Allocation a = f.arena->allocate(3 * kMiB);  // 20 MiB refused; 4 MiB fits
+  EXPECT_EQ(f.arena->stats().reserved.current, 4 * kMiB);
+  try {
+    f.arena->allocate(3 * kMiB);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("3145728 bytes (3.00 MiB)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("no memory left"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("limit none"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(f.arena->stats().num_ooms, 1);
+  f.arena->check_invariants();
+  f.arena->deallocate(a.block);
+  f.arena->allocate(3 * kMiB);  // the cached block is reused
+  EXPECT_EQ(f.ledger->allocs, 1);
+}
+
+// (f) Tags: nested scopes join with '/', blocks carry them, per-tag bytes are exact.
+TEST(Memory, TagsNameAllocations) {
+  Fixture f;
+  EXPECT_EQ(memory::current_tag(), 0u);
+  EXPECT_EQ(memory::tag_name(0), "");
+  Allocation x, y, z;
+  uint32_t fwd_id = 0;
+  {
+    memory::Tag fwd("fwd");
+    fwd_id = memory::current_tag();
+    EXPECT_EQ(memory::tag_name(fwd_id), "fwd");
+    {
+      memory::Tag block("block3");
+      EXPECT_EQ(memory::tag_name(memory::current_tag()), "fwd/block3");
+      x = f.arena->allocate(1000);
+      // Another thread has its own tag scope.
+      std::thread([&] {
+        EXPECT_EQ(memory::current_tag(), 0u);
+        memory::Tag loader("loader");
+        EXPECT_EQ(memory::tag_name(memory::current_tag()), "loader");
+      }).join();
+      EXPECT_EQ(memory::tag_name(memory::current_tag()), "fwd/block3");
+    }
+    EXPECT_EQ(memory::current_tag(), fwd_id);
+    y = f.arena->allocate(2000);
+  }
+  EXPECT_EQ(memory::current_tag(), 0u);
+  {
+    memory::Tag again("fwd");
+    EXPECT_EQ(memory::current_tag(), fwd_id);  // interned
+  }
+  z = f.arena->allocate(100);
+
+  const auto snap = f.arena->snapshot();
+  ASSERT_NE(find_block(snap, x.ptr), nullptr);
+  EXPECT_EQ(find_block(snap, x.ptr)->tag, "fwd/block3");
+  EXPECT_EQ(find_block(snap, x.ptr)->requested, 1000);
+  EXPECT_EQ(find_block(snap, y.ptr)->tag, "fwd");
+  EXPECT_EQ(find_block(snap, z.ptr)->tag, "");
+
+  auto tag_bytes = [&](const std::string& name) {
+    for (const auto& t : f.arena->tag_stats())
+      if (t.tag == name) return t.allocated;
+    ADD_FAILURE() << "no tag " << name;
+    return memory::Stat{};
+  };
+  EXPECT_EQ(tag_bytes("fwd/block3").current, 1024);
+  EXPECT_EQ(tag_bytes("fwd").current, 2048);
+  EXPECT_EQ(tag_bytes("").current, 512);
+  EXPECT_EQ(f.arena->tag_stats().size(), 3u);  // "loader" allocated nothing here
+  f.arena->deallocate(x.block);
+  EXPECT_EQ(tag_bytes("fwd/block3").current, 0);
+  EXPECT_EQ(tag_bytes("fwd/block3").peak, 1024);
+  f.arena->reset_tag_peaks();
+  EXPECT_EQ(tag_bytes("fwd/block3").peak, 0);
+  EXPECT_EQ(tag_bytes("fwd").peak, 2048);
+  f.arena->check_invariants();
+  EXPECT_THROW(memory::tag_name(1u << 30), IndexError);
+}
+
+// (g) Statistics are exact after a known sequence; reset_peak brings peaks down to the current values.
+TEST(Arena, StatsAreExact) {
+  Fixture f;
+  Allocation a = f.arena->allocate(100), b = f.arena->allocate(1000), c = f.arena->allocate(3 * kMiB);
+  auto s = f.arena->stats();
+  EXPECT_EQ(s.requested.current, 100 + 1000 + 3 * kMiB);
+  EXPECT_EQ(s.allocated.current, 512 + 1024 + 3 * kMiB);
+  EXPECT_EQ(s.reserved.current, 2 * kMiB + 20 * kMiB);
+  EXPECT_EQ(s.active_blocks.current, 3);
+  EXPECT_EQ(s.segments.current, 2);
+  EXPECT_EQ(s.num_allocs, 3);
+  EXPECT_EQ(s.num_segment_allocs, 2);
+  EXPECT_EQ(s.free_bytes, s.reserved.current - s.allocated.current);
+  EXPECT_EQ(s.largest_free_block, 17 * kMiB);
+
+  f.arena->deallocate(c.block);
+  s = f.arena->stats();
+  EXPECT_EQ(s.requested.current, 1100);
+  EXPECT_EQ(s.requested.peak, 1100 + 3 * kMiB);
+  EXPECT_EQ(s.allocated.current, 1536);
+  EXPECT_EQ(s.allocated.peak, 1536 + 3 * kMiB);
+  EXPECT_EQ(s.active_blocks.peak, 3);
+  EXPECT_EQ(s.num_frees, 1);
+  EXPECT_EQ(s.largest_free_block, 20 * kMiB);  // merged back whole
+  EXPECT_EQ(s.free_bytes, 22 * kMiB - 1536);
+  EXPECT_DOUBLE_EQ(s.fragmentation, 1.0 - double(20 * kMiB) / double(22 * kMiB - 1536));
+
+  f.arena->reset_peak();
+  s = f.arena->stats();
+  EXPECT_EQ(s.requested.peak, 1100);
+  EXPECT_EQ(s.allocated.peak, 1536);
+  EXPECT_EQ(s.active_blocks.peak, 2);
+  EXPECT_EQ(s.reserved.peak, 22 * kMiB);
+  f.arena->deallocate(a.block);
+  f.arena->deallocate(b.block);
+  s = f.arena->stats();
+  EXPECT_EQ(s.allocated.current, 0);
+  EXPECT_EQ(s.allocated.peak, 1536);
+  f.arena->check_invariants();
+}
+
+// (h) The system allocator: one backing call per block, the same statistics, the same limit.
+TEST(SystemAllocator, CountsExactlyAndHonoursTheLimit) {
+  auto ledger = std::make_shared<BackingLedger>();
+  auto sys = memory::make_system_allocator(kCPU, std::make_unique<TestBacking>(ledger));
+  EXPECT_STREQ(sys->kind(), "system");
+  Allocation a = sys->allocate(100), b = sys->allocate(0);
+  EXPECT_EQ(a.size, 128);
+  EXPECT_EQ(b.size, 64);
+  EXPECT_NE(a.ptr, b.ptr);
+  auto s = sys->stats();
+  EXPECT_EQ(s.requested.current, 100);
+  EXPECT_EQ(s.allocated.current, 192);
+  EXPECT_EQ(s.reserved.current, 192);
+  EXPECT_EQ(s.segments.current, 2);
+  EXPECT_EQ(s.active_blocks.current, 2);
+  EXPECT_EQ(s.num_segment_allocs, 2);
+  EXPECT_EQ(ledger->allocs, 2);
+  EXPECT_EQ(sys->snapshot().size(), 2u);
+  sys->check_invariants();
+  sys->deallocate(a.block);
+  EXPECT_EQ(ledger->live_bytes, 64);  // returned at once, not cached
+  s = sys->stats();
+  EXPECT_EQ(s.reserved.current, 64);
+  EXPECT_EQ(s.reserved.peak, 192);
+  EXPECT_EQ(s.num_frees, 1);
+  sys->empty_cache();
+  EXPECT_EQ(sys->stats().num_segment_frees, 1);
+
+  sys->set_limit(4096);
+  Allocation c = sys->allocate(3990);  // 4032 + 64 = 4096
+  fill(c.ptr, 3990, 9);
+  const auto before = sys->stats();
+  try {
+    sys->allocate(1);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("1 bytes (1 B)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("limit 4.00 KiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("recompute segments (--recompute)"), std::string::npos) << msg;
+  }
+  expect_same_stats(before, sys->stats());
+  EXPECT_EQ(sys->stats().num_ooms, 1);
+  EXPECT_TRUE(holds(c.ptr, 3990, 9));
+  sys->deallocate(b.block);
+  sys->deallocate(sys->allocate(1).block);  // fits now
+  sys->check_invariants();
+  sys.reset();
+  EXPECT_EQ(ledger->live_bytes, 0);  // c returned by the destructor
+}
+
+// Storage draws from the device's registered allocator and gives its block back.
+TEST(Memory, StorageAllocatesFromTheDeviceAllocator) {
+  const auto before = memory::stats(kCPU);
+  {
+    Storage st(1000, kCPU);
+    ASSERT_NE(st.data(), nullptr);
+    std::memset(st.data(), 1, 1000);
+    EXPECT_EQ(st.nbytes(), 1000);
+    EXPECT_EQ(memory::stats(kCPU).requested.current, before.requested.current + 1000);
+  }
+  EXPECT_EQ(memory::stats(kCPU).requested.current, before.requested.current);
+  memory::allocator(kCPU).check_invariants();
+}
+
+// memory::reset_peak(device) resets the device's peaks and its per-tag peaks.
+TEST(Memory, ResetPeakOfADeviceResetsTagPeaksToo) {
+  {
+    memory::Tag t("reset_peak_probe");
+    Storage st(3 * kMiB, kCPU);
+  }
+  auto probe = [] {
+    for (const auto& t : memory::tag_stats(kCPU))
+      if (t.tag == "reset_peak_probe") return t.allocated;
+    ADD_FAILURE() << "tag missing";
+    return memory::Stat{};
+  };
+  EXPECT_EQ(probe().peak, 3 * kMiB);
+  EXPECT_GE(memory::stats(kCPU).allocated.peak, 3 * kMiB);
+  memory::reset_peak(kCPU);
+  const auto s = memory::stats(kCPU);
+  EXPECT_EQ(s.allocated.peak, s.allocated.current);
+  EXPECT_EQ(s.requested.peak, s.requested.current);
+  EXPECT_EQ(probe().current, 0);
+  EXPECT_EQ(probe().peak, 0);
+}
+
+// (i) format_bytes and the summary table.
+TEST(Memory, FormatBytes) {
+  EXPECT_EQ(memory::format_bytes(0), "0 B");
+  EXPECT_EQ(memory::format_bytes(512), "512 B");
+  EXPECT_EQ(memory::format_bytes(1023), "1023 B");
+  EXPECT_EQ(memory::format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(memory::format_bytes(3 * kMiB), "3.00 MiB");
+  EXPECT_EQ(memory::format_bytes(2 * 1024 * kMiB), "2.00 GiB");
+  EXPECT_EQ(memory::format_bytes(int64_t(3) << 40), "3.00 TiB");
+}
+
+TEST(Memory, SummaryHasEveryRow) {
+  Allocator& cpu = memory::allocator(kCPU);
+  Allocation big, small;
+  {
+    memory::Tag t("summary_big");
+    big = cpu.allocate(5 * kMiB);
+  }
+  {
+    memory::Tag t("summary_small");
+    small = cpu.allocate(1000);
+  }
+  const std::string s = memory::memory_summary(kCPU);
+  for (const char* row : {"cpu", "limit", "requested", "allocated", "reserved", "active blocks", "segments",
+                          "allocs", "frees", "segment allocs", "segment frees", "cache flushes", "OOMs",
+                          "largest free block", "fragmentation", "live bytes by tag", "current", "peak"})
+    EXPECT_NE(s.find(row), std::string::npos) << "no '" << row << "' in\n" << s;
+  EXPECT_NE(s.find(cpu.kind()), std::string::npos) << s;
+  EXPECT_NE(s.find("5.00 MiB"), std::string::npos) << s;
+  // Sorted by peak, biggest first.
+  ASSERT_NE(s.find("summary_big"), std::string::npos) << s;
+  ASSERT_NE(s.find("summary_small"), std::string::npos) << s;
+  EXPECT_LT(s.find("summary_big"), s.find("summary_small")) << s;
+  cpu.deallocate(big.block);
+  cpu.deallocate(small.block);
+}
+
+// (j) One allocator per device, for every thread; FRUGAL_ALLOCATOR's values.
+TEST(Memory, DeviceAllocatorIsASingleton) {
+  Allocator* here = &memory::allocator(kCPU);
+  Allocator* there = nullptr;
+  std::thread([&] { there = &memory::allocator(kCPU); }).join();
+  EXPECT_EQ(here, &memory::allocator(kCPU));
+  EXPECT_EQ(here, there);
+  memory::set_memory_limit(kCPU, 123 * kMiB);
+  EXPECT_EQ(memory::memory_limit(kCPU), 123 * kMiB);
+  memory::set_memory_limit(kCPU, 0);
+  EXPECT_EQ(memory::memory_limit(kCPU), 0);
+  // Too late to swap the CPU backing: the allocator exists.
+  EXPECT_THROW(memory::register_backing(DeviceType::CPU, [](int) { return memory::make_host_backing(); }),
+               Error);
+}
+
+TEST(Memory, AllocatorKindFromEnvironment) {
+  EXPECT_STREQ(detail::allocator_kind_from_env(nullptr), "arena");
+  EXPECT_STREQ(detail::allocator_kind_from_env(""), "arena");
+  EXPECT_STREQ(detail::allocator_kind_from_env("arena"), "arena");
+  EXPECT_STREQ(detail::allocator_kind_from_env("system"), "system");
+  try {
+    detail::allocator_kind_from_env("cudaMalloc");
+    FAIL() << "expected Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("FRUGAL_ALLOCATOR='cudaMalloc'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'arena'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'system'"), std::string::npos) << msg;
+  }
+}
+
+// (k) Without a CUDA backend, asking for a GPU allocator is a clear DeviceError.
+#ifndef FRUGAL_HAVE_CUDA
+TEST(Memory, CudaAllocatorWithoutBackendIsADeviceError) {
+  try {
+    memory::allocator(cuda(0));
+    FAIL() << "expected DeviceError";
+  } catch (const DeviceError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("no CUDA backend: frugal was built without CUDA or no GPU is present"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(memory::allocator(Device(DeviceType::CUDA, 5000)), DeviceError);
+}
+#endif
+
+// The internal assertion says it is a bug, and where.
+TEST(Memory, InternalErrorNamesTheBugAndPlace) {
+  try {
+    FRUGAL_ASSERT(1 + 1 == 3, "arithmetic is off by ", 1);
+    FAIL() << "expected InternalError";
+  } catch (const InternalError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("internal error (a bug in frugal): 1 + 1 == 3 failed at "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("test_memory.cpp:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(": arithmetic is off by 1"), std::string::npos) << msg;
+  }
+}
+
+// A double free is caught as a bug, not silently corrupting the pools.
+TEST(Arena, DoubleFreeIsAnInternalError) {
+  Fixture f;
+  Allocation a = f.arena->allocate(100);
+  Allocation keep = f.arena->allocate(100);  // so a's block is not merged away and stays a distinct record
+  f.arena->deallocate(a.block);
+  EXPECT_THROW(f.arena->deallocate(a.block), InternalError);
+  f.arena->check_invariants();
+  f.arena->deallocate(keep.block);
+}
+
+}  // namespace
+}  // namespace frugal

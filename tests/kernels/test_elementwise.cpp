@@ -1,0 +1,284 @@
+// Elementwise ops against naive f64 references: every op, every dtype, broadcast and non-contiguous operands,
+// scalar and in-place forms, promotion, and bad inputs.
+#include <cmath>
+
+#include "tests/test_util.h"
+
+namespace frugal {
+namespace {
+
+using testing::expect_close;
+using testing::expect_error;
+using testing::tol_for;
+using testing::uniform;
+
+const DType kFloatTypes[] = {DType::F32, DType::F64, DType::F16, DType::BF16};
+
+struct UnaryCase {
+  const char* name;
+  Tensor (*fn)(const Tensor&);
+  double (*ref)(double);
+  double lo, hi;  // input range
+};
+
+double gelu_ref(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+double gelu_tanh_ref(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+const UnaryCase kUnary[] = {
+    {"neg", neg, [](double x) { return -x; }, -3, 3},
+    {"abs", abs, [](double x) { return std::fabs(x); }, -3, 3},
+    {"exp", exp, [](double x) { return std::exp(x); }, -5, 5},
+    {"log", log, [](double x) { return std::log(x); }, 0.01, 10},
+    {"sqrt", sqrt, [](double x) { return std::sqrt(x); }, 0, 10},
+    {"rsqrt", rsqrt, [](double x) { return 1 / std::sqrt(x); }, 0.05, 10},
+    {"relu", relu, [](double x) { return x > 0 ? x : 0; }, -3, 3},
+    {"gelu", gelu, gelu_ref, -5, 5},
+    {"gelu_tanh", gelu_tanh, gelu_tanh_ref, -5, 5},
+    {"sigmoid", sigmoid, [](double x) { return 1 / (1 + std::exp(-x)); }, -10, 10},
+    {"tanh", tanh, [](double x) { return std::tanh(x); }, -5, 5},
+    {"silu", silu, [](double x) { return x / (1 + std::exp(-x)); }, -10, 10},
+};
+
+std::vector<double> map_values(const std::vector<double>& v, double (*f)(double)) {
+  std::vector<double> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = f(v[i]);
+  return r;
+}
+
+TEST(Unary, MatchesReferenceForEveryFloatDtype) {
+  for (const auto& c : kUnary)
+    for (DType t : kFloatTypes) {
+      const Tensor x = uniform({37, 300}, c.lo, c.hi, t);  // 11100 elements: several buffered chunks
+      expect_close(c.fn(x), map_values(x.to_vector<double>(), c.ref), tol_for(t),
+                   std::string(c.name) + " " + dtype_name(t));
+    }
+}
+
+TEST(Unary, NonContiguousInputs) {
+  for (const auto& c : kUnary)
+    for (DType t : {DType::F32, DType::BF16}) {
+      const Tensor base = uniform({40, 60}, c.lo, c.hi, t);
+      for (const Tensor& x : {base.t(), base.slice(1, 1, 60, 3), base.select(1, 7)}) {
+        ASSERT_FALSE(x.is_contiguous());
+        const Tensor y = c.fn(x);
+        EXPECT_EQ(y.shape(), x.shape());
+        expect_close(y, map_values(x.to_vector<double>(), c.ref), tol_for(t),
+                     std::string(c.name) + " strided");
+      }
+    }
+}
+
+TEST(Unary, LargeInputUsesThreadsAndStaysCorrect) {
+  const Tensor x = uniform({1 << 20}, -4, 4);
+  expect_close(tanh(x), map_values(x.to_vector<double>(), [](double v) { return std::tanh(v); }),
+               tol_for(DType::F32), "tanh 1M");
+}
+
+TEST(Unary, IntegerForms) {
+  const Tensor x = tensor<int64_t>({-3, 0, 5, -7});
+  EXPECT_EQ(neg(x).to_vector<int64_t>(), (std::vector<int64_t>{3, 0, -5, 7}));
+  EXPECT_EQ(abs(x).to_vector<int64_t>(), (std::vector<int64_t>{3, 0, 5, 7}));
+  EXPECT_EQ(relu(x).to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 5, 0}));
+  EXPECT_EQ(clamp(x.to(DType::I32), -4, 2).to_vector<int32_t>(), (std::vector<int32_t>{-3, 0, 2, -4}));
+}
+
+TEST(Unary, Clamp) {
+  for (DType t : kFloatTypes) {
+    const Tensor x = uniform({500}, -3, 3, t);
+    expect_close(clamp(x, -1, 0.5),
+                 map_values(x.to_vector<double>(), [](double v) { return std::clamp(v, -1.0, 0.5); }),
+                 tol_for(t), "clamp");
+    expect_close(clamp_min(x, 0),
+                 map_values(x.to_vector<double>(), [](double v) { return std::max(v, 0.0); }), tol_for(t),
+                 "clamp_min");
+    expect_close(clamp_max(x, 0),
+                 map_values(x.to_vector<double>(), [](double v) { return std::min(v, 0.0); }), tol_for(t),
+                 "clamp_max");
+  }
+}
+
+TEST(Unary, SpecialValues) {
+  const Tensor x = tensor<float>({0.f, -0.f, INFINITY, -INFINITY, NAN, 1e-40f});
+  const auto e = exp(x).to_vector<float>();
+  EXPECT_EQ(e[0], 1.f);
+  EXPECT_EQ(e[2], INFINITY);
+  EXPECT_EQ(e[3], 0.f);
+  EXPECT_TRUE(std::isnan(e[4]));
+  const auto s = sigmoid(tensor<float>({-100.f, 100.f})).to_vector<float>();
+  EXPECT_LT(s[0], 1e-40f);  // e^-100: a float subnormal
+  EXPECT_EQ(s[1], 1.f);
+  EXPECT_TRUE(std::isnan(log(tensor<float>({-1.f})).item<float>()));
+}
+
+struct BinaryCase {
+  const char* name;
+  Tensor (*fn)(const Tensor&, const Tensor&);
+  double (*ref)(double, double);
+  double lo, hi;
+};
+
+const BinaryCase kBinary[] = {
+    {"add", add, [](double a, double b) { return a + b; }, -3, 3},
+    {"sub", sub, [](double a, double b) { return a - b; }, -3, 3},
+    {"mul", mul, [](double a, double b) { return a * b; }, -3, 3},
+    {"div", div, [](double a, double b) { return a / b; }, 0.5, 3},
+    {"pow", pow, [](double a, double b) { return std::pow(a, b); }, 0.1, 2},
+    {"maximum", maximum, [](double a, double b) { return std::max(a, b); }, -3, 3},
+    {"minimum", minimum, [](double a, double b) { return std::min(a, b); }, -3, 3},
+};
+
+TEST(Binary, BroadcastingEveryDtype) {
+  const std::pair<Shape, Shape> shapes[] = {{{7, 300}, {7, 300}}, {{7, 300}, {300}}, {{7, 1}, {1, 300}},
+                                            {{2, 3, 4}, {3, 1}},  {{5}, {}},         {{}, {4, 1}}};
+  for (const auto& c : kBinary)
+    for (DType t : kFloatTypes)
+      for (const auto& [sa, sb] : shapes) {
+        const Tensor a = uniform(sa, c.lo, c.hi, t, 3), b = uniform(sb, c.lo, c.hi, t, 4);
+        const Tensor y = c.fn(a, b);
+        EXPECT_EQ(y.shape(), broadcast_shapes(sa, sb, "test"));
+        EXPECT_EQ(y.dtype(), t);
+        expect_close(y, testing::reference_binary(a, b, c.ref), tol_for(t),
+                     std::string(c.name) + " " + dtype_name(t) + " " + sa.str() + " " + sb.str());
+      }
+}
+
+TEST(Binary, NonContiguousOperands) {
+  for (const auto& c : kBinary) {
+    const Tensor a = uniform({30, 20}, c.lo, c.hi, DType::F32, 5).t();                 // [20, 30], transposed
+    const Tensor b = uniform({20, 60}, c.lo, c.hi, DType::F32, 6).slice(1, 0, 60, 2);  // [20, 30], step 2
+    expect_close(c.fn(a, b), testing::reference_binary(a, b, c.ref), tol_for(DType::F32),
+                 std::string(c.name) + " strided");
+  }
+}
+
+TEST(Binary, IntegerArithmeticAndPromotion) {
+  const Tensor a = tensor<int64_t>({1, -2, 3}), b = tensor<int64_t>({4, 5, -6});
+  EXPECT_EQ(add(a, b).to_vector<int64_t>(), (std::vector<int64_t>{5, 3, -3}));
+  EXPECT_EQ(mul(a, b).dtype(), DType::I64);
+  EXPECT_EQ(pow(tensor<int32_t>({2, 3, -1}), tensor<int32_t>({10, 3, 3})).to_vector<int32_t>(),
+            (std::vector<int32_t>{1024, 27, -1}));
+  const Tensor q = div(a, b);  // true division
+  EXPECT_EQ(q.dtype(), DType::F32);
+  expect_close(q, {0.25, -0.4, -0.5}, tol_for(DType::F32), "int div");
+  EXPECT_EQ(add(a, tensor<float>({0.5f, 0.5f, 0.5f})).dtype(), DType::F32);
+  EXPECT_EQ(add(a, 2.5).dtype(), DType::F32);
+  EXPECT_EQ(add(a, 2.0).dtype(), DType::I64);
+  EXPECT_EQ(add(tensor<float>({1.f}).to(DType::BF16), tensor<float>({1.f}).to(DType::F16)).dtype(),
+            DType::F32);
+  EXPECT_EQ(add(uniform({2}, 0, 1, DType::BF16), 3.0).dtype(), DType::BF16);
+}
+
+TEST(Binary, ScalarForms) {
+  const Tensor x = uniform({100}, 0.5, 2);
+  const auto v = x.to_vector<double>();
+  auto each = [&](auto f) {
+    std::vector<double> r;
+    for (double e : v) r.push_back(f(e));
+    return r;
+  };
+  const testing::Tol t = tol_for(DType::F32);
+  expect_close(x + 2.0, each([](double e) { return e + 2; }), t, "x + 2");
+  expect_close(2.0 - x, each([](double e) { return 2 - e; }), t, "2 - x");
+  expect_close(x * 3.0, each([](double e) { return e * 3; }), t, "x * 3");
+  expect_close(1.0 / x, each([](double e) { return 1 / e; }), t, "1 / x");
+  expect_close(pow(x, 2.0), each([](double e) { return e * e; }), t, "x^2");
+  expect_close(-x, each([](double e) { return -e; }), t, "-x");
+}
+
+TEST(Compare, EveryOpAndWhere) {
+  const Tensor a = uniform({6, 50}, -1, 1, DType::F32, 7), b = uniform({50}, -1, 1, DType::F32, 8);
+  struct C {
+    Tensor (*fn)(const Tensor&, const Tensor&);
+    double (*ref)(double, double);
+  };
+  const C cases[] = {{eq, [](double x, double y) { return double(x == y); }},
+                     {ne, [](double x, double y) { return double(x != y); }},
+                     {lt, [](double x, double y) { return double(x < y); }},
+                     {le, [](double x, double y) { return double(x <= y); }},
+                     {gt, [](double x, double y) { return double(x > y); }},
+                     {ge, [](double x, double y) { return double(x >= y); }}};
+  for (const auto& c : cases) {
+    const Tensor r = c.fn(a, b);
+    EXPECT_EQ(r.dtype(), DType::Bool);
+    EXPECT_EQ(r.to_vector<double>(), testing::reference_binary(a, b, c.ref));
+  }
+  EXPECT_EQ(eq(tensor<int64_t>({1, 2, 3}), 2.0).to_vector<bool>(), (std::vector<bool>{false, true, false}));
+  const Tensor w = where(gt(a, b), a, b);
+  EXPECT_EQ(w.to_vector<double>(),
+            testing::reference_binary(a, b, [](double x, double y) { return std::max(x, y); }));
+  const Tensor s = where(tensor<bool>({true, false}), scalar_tensor(1.0), zeros({3, 2}));
+  EXPECT_EQ(s.shape(), (Shape{3, 2}));
+  EXPECT_EQ(s.to_vector<float>(), (std::vector<float>{1, 0, 1, 0, 1, 0}));
+}
+
+TEST(Cast, EveryPairRoundTrips) {
+  const std::vector<double> vals = {0, 1, 2, 3, 7, 100, 0, 1};
+  const DType all[] = {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8};
+  for (DType from : all)
+    for (DType to : all) {
+      const Tensor x = tensor<double>(vals).to(from);
+      EXPECT_EQ(cast(x, to).dtype(), to);
+      EXPECT_EQ(cast(x, to).to_vector<double>(), vals) << dtype_name(from) << " -> " << dtype_name(to);
+    }
+  EXPECT_EQ(cast(tensor<float>({0.f, -2.5f, 0.1f}), DType::Bool).to_vector<bool>(),
+            (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(cast(tensor<float>({-2.7f, 2.7f}), DType::I64).to_vector<int64_t>(),
+            (std::vector<int64_t>{-2, 2}));
+  EXPECT_EQ(cast(tensor<float>({65536.f * 2}), DType::F16).item<float>(), INFINITY);
+}
+
+TEST(InPlace, WritesSelfAndBumpsVersion) {
+  Tensor x = uniform({4, 5}, -1, 1);
+  const auto before = x.to_vector<double>();
+  const Tensor row = uniform({5}, -1, 1, DType::F32, 9);
+  const uint64_t v0 = x.storage()->version();
+  Tensor* same = &add_(x, row);
+  EXPECT_EQ(same, &x);
+  EXPECT_GT(x.storage()->version(), v0);
+  expect_close(x,
+               testing::reference_binary(tensor<double>(before, {4, 5}), row,
+                                         [](double a, double b) { return a + b; }),
+               tol_for(DType::F32), "add_");
+  Tensor view = x.select(0, 1);
+  mul_(view, 0.0);
+  EXPECT_EQ(x.select(0, 1).to_vector<float>(), std::vector<float>(5, 0.f));  // the base sees the write
+  Tensor r = tensor<float>({-1.f, 2.f});
+  relu_(r);
+  EXPECT_EQ(r.to_vector<float>(), (std::vector<float>{0.f, 2.f}));
+  Tensor i = tensor<int64_t>({1, 2});
+  add_(i, tensor<float>({0.7f, 0.7f}));  // computed in self's dtype
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{1, 2}));
+}
+
+TEST(Elementwise, EmptyTensors) {
+  const Tensor e = zeros({0, 3});
+  EXPECT_EQ(exp(e).shape(), (Shape{0, 3}));
+  EXPECT_EQ(add(e, ones({3})).shape(), (Shape{0, 3}));
+}
+
+TEST(Elementwise, BadInputs) {
+  expect_error<ShapeError>([] { add(ones({2, 3}), ones({4})); }, {"add", "[2, 3]", "[4]", "broadcast"});
+  expect_error<DTypeError>([] { exp(arange(3)); }, {"exp", "i64", "floating"});
+  expect_error<DTypeError>([] { neg(tensor<bool>({true})); }, {"neg", "bool", "cpu", "supports"});
+  expect_error<DTypeError>([] { where(ones({2}), ones({2}), ones({2})); }, {"where", "bool", "f32"});
+  expect_error<ShapeError>(
+      [] {
+        Tensor x = ones({3});
+        add_(x, ones({2, 3}));
+      },
+      {"add", "[2, 3]", "[3]"});
+  expect_error<Error>([] { clamp(ones({2}), 1, 0); }, {"clamp", "min"});
+  expect_error<Error>([] { add(Tensor(), ones({2})); }, {"add", "undefined"});
+  // Nothing is corrupted by a failed op: the inputs keep their values.
+  Tensor x = tensor<float>({1.f, 2.f});
+  try {
+    add_(x, ones({3}));
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{1.f, 2.f}));
+}
+
+}  // namespace
+}  // namespace frugal

@@ -1,0 +1,153 @@
+// Indexing and joining against loops written from the definitions: index_select, gather, scatter_add, cat,
+// stack, one_hot; every dtype, negative indices, non-contiguous inputs, and bad inputs.
+#include "tests/test_util.h"
+
+namespace frugal {
+namespace {
+
+using testing::expect_error;
+using testing::uniform;
+
+const DType kAll[] = {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8};
+
+TEST(IndexSelect, EveryDimAndDtype) {
+  for (DType t : kAll)
+    for (int d = 0; d < 3; ++d) {
+      const Tensor x = uniform({4, 5, 6}, 0, 50, DType::F32, 41).to(t);
+      const Tensor idx = tensor<int64_t>({2, 0, -1, 2});
+      const Tensor y = index_select(x, d, idx);
+      Shape expect = x.shape();
+      expect[d] = 4;
+      ASSERT_EQ(y.shape(), expect);
+      const auto xv = x.to_vector<double>(), yv = y.to_vector<double>();
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        auto p = testing::unravel(i, y.shape());
+        int64_t k = std::vector<int64_t>{2, 0, -1, 2}[size_t(p[size_t(d)])];
+        p[size_t(d)] = k < 0 ? k + x.shape()[d] : k;
+        EXPECT_EQ(yv[size_t(i)], xv[size_t((p[0] * 5 + p[1]) * 6 + p[2])]) << dtype_name(t) << " dim " << d;
+      }
+    }
+}
+
+TEST(IndexSelect, NonContiguousAndI32Index) {
+  const Tensor x = uniform({6, 8}, -1, 1).t();  // [8, 6]
+  const Tensor y = index_select(x, 0, tensor<int32_t>({7, 1}));
+  EXPECT_EQ(y.to_vector<float>(),
+            cat({x.select(0, 7).unsqueeze(0), x.select(0, 1).unsqueeze(0)}, 0).to_vector<float>());
+}
+
+TEST(Gather, MatchesDefinition) {
+  for (DType t : {DType::F32, DType::I64, DType::BF16}) {
+    const Tensor x = uniform({3, 4, 5}, 0, 100, DType::F32, 42).to(t);
+    for (int d = 0; d < 3; ++d) {
+      Shape is = x.shape();
+      is[d] = 7;
+      is[(d + 1) % 3] -= 1;  // index may be smaller than x outside dim
+      const Tensor idx = randint(-x.shape()[d], x.shape()[d], is);
+      const Tensor y = gather(x, d, idx);
+      ASSERT_EQ(y.shape(), is);
+      const auto xv = x.to_vector<double>(), yv = y.to_vector<double>();
+      const auto iv = idx.to_vector<int64_t>();
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        auto p = testing::unravel(i, is);
+        const int64_t k = iv[size_t(i)];
+        p[size_t(d)] = k < 0 ? k + x.shape()[d] : k;
+        EXPECT_EQ(yv[size_t(i)], xv[size_t((p[0] * 4 + p[1]) * 5 + p[2])]);
+      }
+    }
+  }
+}
+
+TEST(ScatterAdd, AccumulatesDuplicates) {
+  for (DType t : {DType::F32, DType::F64, DType::I64, DType::I32}) {
+    const Tensor x = uniform({3, 5}, 0, 10, DType::F32, 43).to(t);
+    const Tensor src = uniform({3, 4}, 0, 10, DType::F32, 44).to(t);
+    const Tensor idx = tensor<int64_t>({0, 0, 4, -1, 1, 2, 2, 2, 3, 3, 0, 1}, {3, 4});
+    const Tensor y = scatter_add(x, 1, idx, src);
+    std::vector<double> expect = x.to_vector<double>();
+    const auto sv = src.to_vector<double>();
+    const auto iv = idx.to_vector<int64_t>();
+    for (int64_t r = 0; r < 3; ++r)
+      for (int64_t c = 0; c < 4; ++c) {
+        const int64_t k = iv[size_t(r * 4 + c)];
+        expect[size_t(r * 5 + (k < 0 ? k + 5 : k))] += sv[size_t(r * 4 + c)];
+      }
+    testing::expect_close(y, expect, testing::tol_for(t), std::string("scatter_add ") + dtype_name(t));
+    EXPECT_NE(x.to_vector<double>(), expect);  // the input is not modified
+  }
+  // Along dim 0, with src larger than the index (only the index's part is used).
+  const Tensor z = scatter_add(zeros({2, 3}), 0, tensor<int64_t>({1, 0, 1}, {1, 3}), ones({2, 3}));
+  EXPECT_EQ(z.to_vector<float>(), (std::vector<float>{0, 1, 0, 1, 0, 1}));
+}
+
+TEST(CatStack, MatchesDefinition) {
+  const Tensor a = uniform({2, 3}, -1, 1, DType::F32, 45), b = uniform({4, 3}, -1, 1, DType::F32, 46);
+  const Tensor c = cat({a, b}, 0);
+  ASSERT_EQ(c.shape(), (Shape{6, 3}));
+  auto av = a.to_vector<float>(), bv = b.to_vector<float>();
+  av.insert(av.end(), bv.begin(), bv.end());
+  EXPECT_EQ(c.to_vector<float>(), av);
+  const Tensor c1 = cat({a.t(), b.t()}, -1);  // non-contiguous inputs, joined along the last dim
+  EXPECT_EQ(c1.shape(), (Shape{3, 6}));
+  EXPECT_EQ(c1.t().contiguous().to_vector<float>(), av);
+  EXPECT_EQ(cat({a, b.to(DType::F64)}, 0).dtype(), DType::F64);  // promotes
+  const Tensor s = stack({a, a * 2.0, a * 3.0}, 1);
+  ASSERT_EQ(s.shape(), (Shape{2, 3, 3}));
+  for (int k = 0; k < 3; ++k)
+    EXPECT_EQ(s.select(1, k).contiguous().to_vector<float>(), (a * double(k + 1)).to_vector<float>());
+  EXPECT_EQ(stack({scalar_tensor(1), scalar_tensor(2)}).to_vector<float>(), (std::vector<float>{1, 2}));
+}
+
+TEST(OneHot, MatchesDefinition) {
+  const Tensor i = tensor<int64_t>({2, 0, 1, 2}, {2, 2});
+  const Tensor o = one_hot(i);
+  ASSERT_EQ(o.shape(), (Shape{2, 2, 3}));
+  EXPECT_EQ(o.dtype(), DType::I64);
+  EXPECT_EQ(o.to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1}));
+  EXPECT_EQ(one_hot(tensor<int32_t>({1}), 4).to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 0, 0}));
+}
+
+TEST(Index, BadInputs) {
+  expect_error<IndexError>(
+      [] {
+        index_select(ones({3, 4}), 1, tensor<int64_t>({0, 4}));
+      },
+      {"index_select", "index 4", "dim 1 of size 4", "[3, 4]"});
+  expect_error<IndexError>(
+      [] {
+        index_select(ones({3, 4}), 0, tensor<int64_t>({-4}));
+      },
+      {"index_select", "-4"});
+  expect_error<DTypeError>([] { index_select(ones({3}), 0, tensor<float>({0.f})); },
+                           {"index_select", "i64", "f32"});
+  expect_error<ShapeError>(
+      [] {
+        index_select(ones({3}), 0, zeros({1, 1}, DType::I64));
+      },
+      {"index_select", "1-d"});
+  expect_error<IndexError>([] { index_select(ones({3}), 1, tensor<int64_t>({0})); },
+                           {"index_select", "dim 1"});
+  expect_error<ShapeError>(
+      [] {
+        gather(ones({3, 4}), 1, zeros({3}, DType::I64));
+      },
+      {"gather", "[3]", "[3, 4]"});
+  expect_error<IndexError>(
+      [] {
+        gather(ones({3, 4}), 0, full({1, 1}, 3, DType::I64));
+      },
+      {"gather", "index 3"});
+  expect_error<ShapeError>(
+      [] {
+        scatter_add(ones({3, 4}), 1, zeros({2, 4}, DType::I64), ones({3, 4}));
+      },
+      {"scatter_add", "[2, 4]"});
+  expect_error<ShapeError>([] { cat({ones({2, 3}), ones({2, 4})}, 0); }, {"cat", "[2, 4]", "[2, 3]"});
+  expect_error<Error>([] { cat({}, 0); }, {"cat", "at least one"});
+  expect_error<ShapeError>([] { stack({ones({2}), ones({3})}); }, {"stack", "[3]", "[2]"});
+  expect_error<IndexError>([] { one_hot(tensor<int64_t>({0, 3}), 3); }, {"one_hot", "[0, 3)"});
+  expect_error<DTypeError>([] { one_hot(ones({2})); }, {"one_hot", "integer"});
+}
+
+}  // namespace
+}  // namespace frugal

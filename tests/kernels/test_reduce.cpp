@@ -1,0 +1,175 @@
+// Reductions against a naive reference that visits every element in f64: all dims subsets, keepdim,
+// non-contiguous inputs, every dtype, the parallel and column-accumulating paths, and bad inputs.
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "tests/test_util.h"
+
+namespace frugal {
+namespace {
+
+using testing::expect_close;
+using testing::expect_error;
+using testing::tol_for;
+using testing::uniform;
+
+enum class Kind { Sum, Mean, Max, Min, Var, ArgMax, ArgMin };
+
+// Groups every element by its output position (the multi-index with reduced dims removed), then reduces.
+std::vector<double> reference(const Tensor& x, const std::vector<int>& dims, Kind kind,
+                              int64_t correction = 1) {
+  const auto v = x.to_vector<double>();
+  std::map<std::vector<int64_t>, std::vector<double>> groups;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    auto idx = testing::unravel(i, x.shape());
+    std::vector<int64_t> key;
+    for (int d = 0; d < x.dim(); ++d)
+      if (std::find(dims.begin(), dims.end(), d) == dims.end()) key.push_back(idx[size_t(d)]);
+    groups[key].push_back(v[size_t(i)]);
+  }
+  std::vector<double> out;
+  for (const auto& [key, g] : groups) {
+    double r = 0;
+    switch (kind) {
+      case Kind::Sum:
+      case Kind::Mean:
+        for (double e : g) r += e;
+        if (kind == Kind::Mean) r /= double(g.size());
+        break;
+      case Kind::Max:
+        r = *std::max_element(g.begin(), g.end());
+        break;
+      case Kind::Min:
+        r = *std::min_element(g.begin(), g.end());
+        break;
+      case Kind::ArgMax:
+        r = double(std::max_element(g.begin(), g.end()) - g.begin());
+        break;
+      case Kind::ArgMin:
+        r = double(std::min_element(g.begin(), g.end()) - g.begin());
+        break;
+      case Kind::Var: {
+        double m = 0;
+        for (double e : g) m += e;
+        m /= double(g.size());
+        for (double e : g) r += (e - m) * (e - m);
+        r /= double(int64_t(g.size()) - correction);
+      }
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+Shape to_shape(const std::vector<int>& dims) {
+  Shape s;
+  for (int d : dims) s.push_back(d);
+  return s;
+}
+
+// Tolerance for a reduction of n elements stored in t (the 16-bit results round once at the end).
+testing::Tol reduce_tol(DType t) {
+  testing::Tol tol = tol_for(t);
+  if (t == DType::F32) tol = {1e-4, 1e-5};
+  return tol;
+}
+
+const std::vector<std::vector<int>> kDimSets = {{}, {0}, {1}, {2}, {0, 2}, {1, 2}, {0, 1, 2}};
+
+TEST(Reduce, SumMeanMaxMinVarEveryDimSetAndDtype) {
+  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
+    for (const auto& dims : kDimSets)
+      for (bool keepdim : {false, true}) {
+        const Tensor x = uniform({5, 6, 7}, -2, 2, t);
+        const std::vector<int> all = dims.empty() ? std::vector<int>{0, 1, 2} : dims;
+        const std::string what = std::string(dtype_name(t)) + " dims " + to_shape(dims).str();
+        const Tensor s = sum(x, to_shape(dims), keepdim);
+        EXPECT_EQ(s.dim(), keepdim ? 3 : 3 - int(all.size())) << what;
+        expect_close(s, reference(x, all, Kind::Sum), reduce_tol(t), "sum " + what);
+        expect_close(mean(x, to_shape(dims), keepdim), reference(x, all, Kind::Mean), reduce_tol(t),
+                     "mean " + what);
+        expect_close(max(x, to_shape(dims), keepdim), reference(x, all, Kind::Max), tol_for(t),
+                     "max " + what);
+        expect_close(min(x, to_shape(dims), keepdim), reference(x, all, Kind::Min), tol_for(t),
+                     "min " + what);
+        expect_close(var(x, to_shape(dims), 1, keepdim), reference(x, all, Kind::Var), reduce_tol(t),
+                     "var " + what);
+        expect_close(var(x, to_shape(dims), 0, keepdim), reference(x, all, Kind::Var, 0), reduce_tol(t),
+                     "var0 " + what);
+      }
+}
+
+TEST(Reduce, NonContiguousInputs) {
+  const Tensor base = uniform({6, 8, 10}, -2, 2);
+  for (const Tensor& x : {base.permute({2, 0, 1}), base.slice(2, 1, 10, 2).transpose(0, 1)}) {
+    ASSERT_FALSE(x.is_contiguous());
+    for (const auto& dims : kDimSets) {
+      const std::vector<int> all = dims.empty() ? std::vector<int>{0, 1, 2} : dims;
+      expect_close(sum(x, to_shape(dims)), reference(x, all, Kind::Sum), reduce_tol(DType::F32),
+                   "sum strided");
+      expect_close(max(x, to_shape(dims)), reference(x, all, Kind::Max), tol_for(DType::F32), "max strided");
+      expect_close(var(x, to_shape(dims)), reference(x, all, Kind::Var), reduce_tol(DType::F32),
+                   "var strided");
+    }
+  }
+}
+
+TEST(Reduce, ArgMaxArgMin) {
+  const Tensor x = uniform({4, 9, 5}, -1, 1, DType::F32, 11);
+  for (int d = 0; d < 3; ++d) {
+    const Tensor a = argmax(x, d);
+    EXPECT_EQ(a.dtype(), DType::I64);
+    EXPECT_EQ(a.to_vector<double>(), reference(x, {d}, Kind::ArgMax)) << d;
+    EXPECT_EQ(argmin(x, d).to_vector<double>(), reference(x, {d}, Kind::ArgMin)) << d;
+    EXPECT_EQ(argmax(x, d, true).dim(), 3);
+  }
+  EXPECT_EQ(argmax(x).item<double>(), reference(x.reshape({-1}), {0}, Kind::ArgMax)[0]);
+  EXPECT_EQ(argmax(x.transpose(0, 2), 1).to_vector<double>(),
+            reference(x.transpose(0, 2), {1}, Kind::ArgMax));
+  EXPECT_EQ(argmax(tensor<float>({1.f, 3.f, 3.f, 2.f})).item<int64_t>(), 1);  // ties: the first
+  EXPECT_EQ(argmax(tensor<float>({1.f, NAN, 3.f})).item<int64_t>(), 1);       // nan wins, as in PyTorch
+  EXPECT_TRUE(std::isnan(max(tensor<float>({1.f, NAN, 3.f})).item<float>()));
+}
+
+TEST(Reduce, IntegerAndBool) {
+  const Tensor i = tensor<int32_t>({3, -1, 4, 1, -5, 9}, {2, 3});
+  EXPECT_EQ(sum(i).dtype(), DType::I64);
+  EXPECT_EQ(sum(i).item<int64_t>(), 11);
+  EXPECT_EQ(sum(i, {0}).to_vector<int64_t>(), (std::vector<int64_t>{4, -6, 13}));
+  EXPECT_EQ(max(i, {1}).to_vector<int32_t>(), (std::vector<int32_t>{4, 9}));
+  EXPECT_EQ(min(i).item<int32_t>(), -5);
+  EXPECT_EQ(sum(tensor<bool>({true, false, true})).item<int64_t>(), 2);
+  EXPECT_EQ(sum(tensor<uint8_t>(std::vector<uint8_t>(1000, 255))).item<int64_t>(), 255000);  // no u8 overflow
+}
+
+TEST(Reduce, LargeSumsParallelAndColumnPaths) {
+  const Tensor x = uniform({1 << 20}, 0, 1, DType::F32, 13);  // one long run, split across threads
+  double expected = 0;
+  for (double v : x.to_vector<double>()) expected += v;
+  EXPECT_NEAR(sum(x).item<double>(), expected, 1e-6 * expected);
+  const Tensor m = uniform({1000, 300}, -1, 1, DType::F32, 14);  // reduce the outer dim: accumulated rows
+  expect_close(sum(m, {0}), reference(m, {0}, Kind::Sum), {1e-3, 1e-5}, "column sum");
+  const Tensor wide = uniform({3, 5000}, -1, 1, DType::F32, 15);  // columns split across threads
+  expect_close(sum(wide, {0}), reference(wide, {0}, Kind::Sum), {1e-4, 1e-5}, "wide column sum");
+}
+
+TEST(Reduce, EmptyAndSizeOne) {
+  EXPECT_EQ(sum(zeros({0, 3}), {0}).to_vector<float>(), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(sum(zeros({0})).item<float>(), 0.f);
+  EXPECT_EQ(sum(ones({1, 4}), {0}).to_vector<float>(), (std::vector<float>{1, 1, 1, 1}));
+  EXPECT_EQ(sum(scalar_tensor(2.5)).item<float>(), 2.5f);
+  EXPECT_TRUE(std::isnan(var(ones({1})).item<float>()));  // n - 1 = 0
+}
+
+TEST(Reduce, BadInputs) {
+  expect_error<IndexError>([] { sum(ones({2, 3}), {2}); }, {"sum", "dim 2", "2 dimension"});
+  expect_error<IndexError>([] { sum(ones({2, 3}), {0, -2}); }, {"sum", "more than once"});
+  expect_error<DTypeError>([] { mean(arange(4)); }, {"mean", "i64", "floating"});
+  expect_error<DTypeError>([] { var(arange(4)); }, {"var", "i64"});
+  expect_error<ShapeError>([] { max(zeros({0, 3}), {0}); }, {"max", "size 0", "[0, 3]"});
+  expect_error<IndexError>([] { argmax(ones({2, 3}), 3); }, {"argmax", "dim 3"});
+}
+
+}  // namespace
+}  // namespace frugal
