@@ -32,7 +32,8 @@ if(NOT FRUGAL_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})  # one C++ compiler (and ABI) for .cpp and .cu
     endif()
     enable_language(CUDA)
-    # CMake < 3.26 knows nvcc's flags only up to C++17, though nvcc >= 12 compiles C++20 (as the core headers are).
+    # Debian 12's CMake (3.25) knows nvcc's -std flags only up to C++17; nvcc >= 12 compiles C++20, which the
+    # core headers are.
     if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
       set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
       set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
