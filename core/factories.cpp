@@ -56,9 +56,9 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
 Tensor linspace(Scalar start, Scalar end, int64_t steps, TensorOptions opts) {
   FRUGAL_CHECK(steps >= 0, "linspace: steps must be non-negative, got ", steps);
   const double step = steps > 1 ? (end - start) / double(steps - 1) : 0;
-  // Fill from both ends so that the last value is exactly `end`, as PyTorch does.
+  // Fill from both ends so that the last value is exactly `end`, as PyTorch does (one step gives `start`).
   return from_function(steps, opts, [&](int64_t i) {
-    return i < steps / 2 ? start + step * double(i) : end - step * double(steps - 1 - i);
+    return steps == 1 || i < steps / 2 ? start + step * double(i) : end - step * double(steps - 1 - i);
   });
 }
 
@@ -69,22 +69,22 @@ inline double u01(uint32_t hi, uint32_t lo) {  // 53 random bits in [0, 1)
   return double((uint64_t(hi) << 21) ^ (lo >> 11)) * 0x1.0p-53;
 }
 
-// Draws n values on the cpu in f32 or f64 (by `wide`) with `per_block(words, out4)` turning one Philox block
-// of four 32-bit words into four values; elements depend only on (seed, offset, index).
-template <typename T, typename F>
+// Draws n values of T on the cpu with `per_block(words, out)` turning one Philox block of four 32-bit words
+// into kPerBlock values (four 32-bit or two 64-bit ones); elements depend only on (seed, offset, index).
+template <typename T, int kPerBlock, typename F>
 Tensor draw(const Shape& shape, Generator* gen, F per_block) {
   Generator& g = gen ? *gen : default_generator();
   Tensor t = empty(shape, dtype_v<T>);
-  const int64_t n = t.numel(), blocks = (n + 3) / 4;
+  const int64_t n = t.numel(), blocks = (n + kPerBlock - 1) / kPerBlock;
   const uint64_t seed = g.seed(), base = g.reserve(uint64_t(blocks));
   T* p = t.data<T>();
   parallel_for(0, blocks, 4096, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
       uint32_t w[4];
-      T v[4];
+      T v[kPerBlock];
       Generator::block(seed, base + uint64_t(j), w);
       per_block(w, v);
-      for (int k = 0; k < 4 && 4 * j + k < n; ++k) p[4 * j + k] = v[k];
+      for (int k = 0; k < kPerBlock && kPerBlock * j + k < n; ++k) p[kPerBlock * j + k] = v[k];
     }
   });
   return t;
@@ -98,14 +98,20 @@ void check_float(TensorOptions opts, const char* op) {
 
 Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
   check_float(opts, "rand");
-  Tensor t = opts.dtype_ == DType::F64 ? draw<double>(shape, gen,
-                                                      [](const uint32_t* w, double* v) {
-                                                        v[0] = v[2] = u01(w[0], w[1]);
-                                                        v[1] = v[3] = u01(w[2], w[3]);
-                                                      })
-                                       : draw<float>(shape, gen, [](const uint32_t* w, float* v) {
-                                           for (int k = 0; k < 4; ++k) v[k] = float(w[k] >> 8) * 0x1.0p-24f;
-                                         });
+  if (opts.dtype_ == DType::F64) {
+    Tensor t = draw<double, 2>(shape, gen, [](const uint32_t* w, double* v) {
+      v[0] = u01(w[0], w[1]);
+      v[1] = u01(w[2], w[3]);
+    });
+    return t.to(opts.device_);
+  }
+  // As many random bits as the dtype has significand bits (24, 11, 8), so that every value is exact in it and
+  // rounding never reaches 1.0 (f32 values near 1 would round up to 1 in f16 / bf16). PyTorch does the same.
+  const int bits = opts.dtype_ == DType::F16 ? 11 : opts.dtype_ == DType::BF16 ? 8 : 24;
+  const float scale = std::ldexp(1.0f, -bits);
+  Tensor t = draw<float, 4>(shape, gen, [&](const uint32_t* w, float* v) {
+    for (int k = 0; k < 4; ++k) v[k] = float(w[k] >> (32 - bits)) * scale;
+  });
   return t.to(opts.dtype_).to(opts.device_);
 }
 
@@ -117,13 +123,11 @@ Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
     v[0] = std::remove_reference_t<decltype(*v)>(r * std::cos(kTwoPi * u2));
     v[1] = std::remove_reference_t<decltype(*v)>(r * std::sin(kTwoPi * u2));
   };
-  Tensor t = opts.dtype_ == DType::F64 ? draw<double>(shape, gen,
-                                                      [&](const uint32_t* w, double* v) {
-                                                        box_muller(u01(w[0], w[1]), u01(w[2], w[3]), v);
-                                                        v[2] = v[0];
-                                                        v[3] = v[1];
-                                                      })
-                                       : draw<float>(shape, gen, [&](const uint32_t* w, float* v) {
+  Tensor t = opts.dtype_ == DType::F64 ? draw<double, 2>(shape, gen,
+                                                         [&](const uint32_t* w, double* v) {
+                                                           box_muller(u01(w[0], w[1]), u01(w[2], w[3]), v);
+                                                         })
+                                       : draw<float, 4>(shape, gen, [&](const uint32_t* w, float* v) {
                                            box_muller(w[0] * 0x1.0p-32, w[1] * 0x1.0p-32, v);
                                            box_muller(w[2] * 0x1.0p-32, w[3] * 0x1.0p-32, v + 2);
                                          });
@@ -133,10 +137,10 @@ Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {
   FRUGAL_CHECK(low < high, "randint: expected low < high, got low=", low, " high=", high);
   const uint64_t range = uint64_t(high - low);
-  Tensor t = draw<int64_t>(shape, gen, [&](const uint32_t* w, int64_t* v) {
+  Tensor t = draw<int64_t, 2>(shape, gen, [&](const uint32_t* w, int64_t* v) {
     // 64 random bits per pair of words: the modulo bias is below 2^-32 for any range under 2^32.
-    v[0] = v[2] = low + int64_t(((uint64_t(w[0]) << 32) | w[1]) % range);
-    v[1] = v[3] = low + int64_t(((uint64_t(w[2]) << 32) | w[3]) % range);
+    v[0] = low + int64_t(((uint64_t(w[0]) << 32) | w[1]) % range);
+    v[1] = low + int64_t(((uint64_t(w[2]) << 32) | w[3]) % range);
   });
   return t.to(opts.dtype_).to(opts.device_);
 }

@@ -1,8 +1,11 @@
-// Printing tensors the way PyTorch does: tensor([[ 1.0000, -0.5000], ...], dtype=f64), abbreviated with "..."
-// past 1000 elements.
+// Printing tensors the way PyTorch does (torch/_tensor_str.py with its default options): tensor([[ 1.0000,
+// -0.5000], ...], dtype=f64), rows wrapped at 80 columns, abbreviated with "..." past 1000 elements.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -12,6 +15,7 @@ namespace {
 
 constexpr int64_t kSummarizeAbove = 1000;
 constexpr int64_t kEdgeItems = 3;
+constexpr int kLineWidth = 80;
 
 struct Format {
   bool is_bool = false, is_int = false, whole = false, sci = false;
@@ -64,19 +68,23 @@ struct Printer {
       return;
     }
     os << '[';
-    bool first = true;
     const bool last_dim = dim == shape.size() - 1;
+    // A row wraps after as many elements (", " included) as fit in the line past the indent.
+    const int64_t per_line = std::max(1, (kLineWidth - indent) / (fmt.width + 2));
+    int64_t item = 0;
     for_each_shown(dim, [&](int64_t i) {
-      if (!first) {
+      if (item > 0) {
         os << ',';
-        if (last_dim)
-          os << ' ';
-        else
+        if (!last_dim)
           os << std::string(size_t(shape.size() - dim - 1), '\n') << std::string(size_t(indent + 1), ' ');
+        else if (item % per_line == 0)
+          os << '\n' << std::string(size_t(indent + 1), ' ');
+        else
+          os << ' ';
       }
-      first = false;
+      ++item;
       if (i < 0)
-        os << "...";
+        os << (last_dim ? " ..." : "...");  // PyTorch pads the ellipsis inside a row
       else
         print(dim + 1, offset + i * strides[dim], indent + 1);
     });
@@ -108,31 +116,62 @@ std::string Tensor::str() const {
   p.fmt.is_int = is_integral(dtype());
   std::vector<double> shown;
   if (numel() > 0) p.collect(0, 0, shown);
-  if (is_floating(dtype())) {
+  // Floats: the format and width come from the finite non-zero values only (PyTorch's _Formatter).
+  std::vector<double> measured;
+  for (double v : shown)
+    if (!is_floating(dtype()) || (std::isfinite(v) && v != 0)) measured.push_back(v);
+  if (is_floating(dtype()) && !measured.empty()) {
     double max_abs = 0, min_abs = INFINITY;
     bool whole = true;
-    for (double v : shown) {
-      if (!std::isfinite(v)) continue;
+    for (double v : measured) {
       max_abs = std::max(max_abs, std::fabs(v));
-      if (v != 0) min_abs = std::min(min_abs, std::fabs(v));
+      min_abs = std::min(min_abs, std::fabs(v));
       whole = whole && v == std::floor(v);
     }
     p.fmt.whole = whole;
-    p.fmt.sci = max_abs >= 1e8 || (min_abs < 1e-4 && !whole) ||
-                (min_abs != INFINITY && max_abs / min_abs > 1000 && !whole);
+    p.fmt.sci = max_abs / min_abs > 1000 || max_abs > 1e8 || (!whole && min_abs < 1e-4);
+  } else {
+    p.fmt.whole = true;  // only zeros, infs and nans: "0.", "inf"
   }
-  for (double v : shown) p.fmt.width = std::max(p.fmt.width, int(p.fmt(v).size()));
+  for (double v : measured) p.fmt.width = std::max(p.fmt.width, int(p.fmt(v).size()));
 
-  os << "tensor(";
+  const std::string prefix = "tensor(";
+  os << prefix;
   if (numel() == 0)
     os << "[]";
   else
-    p.print(0, 0, 7);
-  if (numel() == 0 && dim() != 1) os << ", size=" << shape();
-  if (dtype() != DType::F32 && dtype() != DType::I64 && dtype() != DType::Bool) os << ", dtype=" << dtype();
-  if (!device().is_cpu()) os << ", device='" << device() << "'";
-  os << ')';
-  return os.str();
+    p.print(0, 0, int(prefix.size()));
+
+  std::vector<std::string> suffixes;
+  if (!device().is_cpu()) suffixes.push_back(detail::str_cat("device='", device(), "'"));
+  if (numel() == 0) {
+    if (dim() != 1) {  // a Python tuple: (0, 3)
+      std::string size = "size=(";
+      for (int d = 0; d < dim(); ++d) size += (d ? ", " : "") + std::to_string(shape()[d]);
+      suffixes.push_back(size + ")");
+    }
+    // With no elements to show, every dtype but the default one is named.
+    if (dtype() != DType::F32) suffixes.push_back(detail::str_cat("dtype=", dtype()));
+  } else if (dtype() != DType::F32 && dtype() != DType::I64 && dtype() != DType::Bool) {
+    suffixes.push_back(detail::str_cat("dtype=", dtype()));
+  }
+  // A suffix that would pass column 80 starts a new line. The arithmetic is PyTorch's _add_suffixes (which
+  // counts the last line as two longer than it is), so that lines break where PyTorch's do.
+  std::string out = os.str();
+  const size_t last_newline = out.rfind('\n');
+  int64_t last_line =
+      int64_t(out.size()) - (last_newline == std::string::npos ? -1 : int64_t(last_newline)) + 1;
+  for (const std::string& suffix : suffixes) {
+    const int64_t len = int64_t(suffix.size());
+    if (last_line + len + 2 > kLineWidth) {
+      out += ",\n" + std::string(prefix.size(), ' ') + suffix;
+      last_line = int64_t(prefix.size()) + len;
+    } else {
+      out += ", " + suffix;
+      last_line += len + 2;
+    }
+  }
+  return out + ")";
 }
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }

@@ -24,6 +24,7 @@ int64_t Tensor::size(int64_t dim) const { return shape()[wrap_dim(dim, this->dim
 int64_t Tensor::stride(int64_t dim) const { return strides()[wrap_dim(dim, this->dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element is out of place (PyTorch agrees)
   const Shape& sh = shape();
   const Shape& st = strides();
   int64_t expected = 1;
@@ -244,6 +245,8 @@ Tensor Tensor::squeeze(int64_t dim_) const {
 }
 
 Tensor Tensor::unsqueeze(int64_t dim_) const {
+  FRUGAL_CHECK_SHAPE(dim() < kMaxDims, "unsqueeze: a tensor of shape ", shape(),
+                     " already has the most dims, ", kMaxDims);
   const int d = wrap_dim(dim_, dim() + 1, "unsqueeze");
   Shape sh = shape(), st = strides();
   const int64_t s = d < dim() ? strides()[d] * shape()[d] : 1;
