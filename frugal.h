@@ -2,14 +2,18 @@
 //
 //   #include "frugal.h"
 //   using namespace frugal;
-//   Tensor y = relu(matmul(randn({4, 3}), randn({3, 2})) + 1.0);
+//   Tensor w = randn({3, 2}).requires_grad_();
+//   Tensor loss = sum(relu(matmul(randn({4, 3}), w) + 1.0));
+//   loss.backward();  // w.grad()
 #pragma once
 
+#include "autograd/functions.h"
+#include "autograd/gradcheck.h"
+#include "autograd/graph.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/memory.h"
-#include "core/ops.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "core/shape.h"

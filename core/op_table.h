@@ -98,9 +98,11 @@ class OpTable {
 };
 
 // Elementwise ops of one input (X(name)); each has a table op_<name>. clamp reads its bounds from OpArgs.
+// clang-format off
 #define FRUGAL_UNARY_OPS(X) \
-  X(neg)                    \
-  X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(relu) X(gelu) X(gelu_tanh) X(sigmoid) X(tanh) X(silu) X(clamp)
+  X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(relu) X(gelu) X(gelu_tanh) X(sigmoid) X(tanh) X(silu) X(erf) \
+  X(clamp)
+// clang-format on
 // Elementwise ops of two inputs with the same dtype out.
 #define FRUGAL_BINARY_OPS(X) X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum)
 // Comparisons: two inputs of one dtype (the table's key), a bool output.

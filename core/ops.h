@@ -10,7 +10,7 @@
 
 #include "core/tensor.h"
 
-namespace frugal {
+namespace frugal::ops {
 
 // Elementwise, one input. exp..silu need a floating dtype; neg, abs, relu, clamp also take integers.
 Tensor neg(const Tensor& x);
@@ -25,6 +25,7 @@ Tensor gelu_tanh(const Tensor& x);  // the tanh approximation
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor silu(const Tensor& x);
+Tensor erf(const Tensor& x);
 Tensor clamp(const Tensor& x, Scalar min, Scalar max);
 Tensor clamp_min(const Tensor& x, Scalar min);
 Tensor clamp_max(const Tensor& x, Scalar max);
@@ -70,19 +71,31 @@ Tensor& add_(Tensor& self, Scalar other);
 Tensor& mul_(Tensor& self, Scalar other);
 Tensor& relu_(Tensor& self);
 Tensor& clamp_(Tensor& self, Scalar min, Scalar max);
+// self = src, broadcast and converted to self's dtype; self = value.
+Tensor& copy_(Tensor& self, const Tensor& src);
+Tensor& fill_(Tensor& self, Scalar value);
+// A 0-d tensor for a Scalar operand beside `like`: like's dtype, unless like is integral or bool and the
+// value is not a whole number (then f32), or like is bool (then i64).
+Tensor wrap_scalar(const Tensor& like, Scalar value);
 
-Tensor operator+(const Tensor& a, const Tensor& b);
-Tensor operator-(const Tensor& a, const Tensor& b);
-Tensor operator*(const Tensor& a, const Tensor& b);
-Tensor operator/(const Tensor& a, const Tensor& b);
-Tensor operator+(const Tensor& a, Scalar b);
-Tensor operator-(const Tensor& a, Scalar b);
-Tensor operator*(const Tensor& a, Scalar b);
-Tensor operator/(const Tensor& a, Scalar b);
-Tensor operator+(Scalar a, const Tensor& b);
-Tensor operator-(Scalar a, const Tensor& b);
-Tensor operator*(Scalar a, const Tensor& b);
-Tensor operator/(Scalar a, const Tensor& b);
+// Views: share storage with x, no copy (see the Tensor methods of the same names).
+Tensor view(const Tensor& x, const Shape& shape);
+Tensor reshape(const Tensor& x, const Shape& shape);  // a copy when no view fits
+Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+Tensor permute(const Tensor& x, const Shape& dims);
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor select(const Tensor& x, int64_t dim, int64_t index);
+Tensor expand(const Tensor& x, const Shape& shape);
+Tensor squeeze(const Tensor& x);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor as_strided(const Tensor& x, const Shape& shape, const Shape& strides, int64_t element_offset);
+// Copies.
+Tensor contiguous(const Tensor& x);  // x itself when already contiguous
+Tensor clone(const Tensor& x);
+Tensor to(const Tensor& x, Device device);  // x itself when already there
 
 // Reductions over `dims` (empty = all dims); keepdim keeps them as size 1.
 // sum of integers or bools gives i64; mean and var need a floating dtype; var divides by n - correction.
@@ -115,10 +128,9 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 // A copy of x with src's elements added at the positions index names along dim (duplicates accumulate).
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
-// Joins tensors along an existing dim (cat) or a new one (stack); shapes must match elsewhere.
+// Joins tensors along an existing dim; shapes must match elsewhere, dtypes promote.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // i64 tensor of shape index.shape + [num_classes] with a 1 at each index; num_classes < 0 infers max + 1.
 Tensor one_hot(const Tensor& index, int64_t num_classes = -1);
 
-}  // namespace frugal
+}  // namespace frugal::ops

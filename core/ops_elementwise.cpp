@@ -4,7 +4,7 @@
 #include "core/op_table.h"
 #include "core/ops.h"
 
-namespace frugal {
+namespace frugal::ops {
 
 namespace {
 
@@ -75,10 +75,6 @@ Tensor compare(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor&
   return out;
 }
 
-Tensor scalar_like(const Tensor& a, Scalar v) {
-  return scalar_tensor(v, a.options().dtype(scalar_dtype(a.dtype(), v)));
-}
-
 // self = op(self, other), computed in self's dtype; other must broadcast to self's shape.
 Tensor& inplace(OpTable<ElementwiseKernel>& table, Tensor& self, const Tensor& other) {
   check_defined(self, table.name(), "first");
@@ -95,6 +91,10 @@ Tensor& inplace(OpTable<ElementwiseKernel>& table, Tensor& self, const Tensor& o
 
 }  // namespace
 
+Tensor wrap_scalar(const Tensor& like, Scalar value) {
+  return scalar_tensor(value, like.options().dtype(scalar_dtype(like.dtype(), value)));
+}
+
 #define FRUGAL_UNARY(name, floating_only) \
   Tensor name(const Tensor& x) { return unary(op_##name, x, floating_only); }
 FRUGAL_UNARY(neg, false)
@@ -109,6 +109,7 @@ FRUGAL_UNARY(gelu_tanh, true)
 FRUGAL_UNARY(sigmoid, true)
 FRUGAL_UNARY(tanh, true)
 FRUGAL_UNARY(silu, true)
+FRUGAL_UNARY(erf, true)
 #undef FRUGAL_UNARY
 
 Tensor clamp(const Tensor& x, Scalar min, Scalar max) {
@@ -120,7 +121,7 @@ Tensor clamp_max(const Tensor& x, Scalar max) { return clamp(x, -INFINITY, max);
 
 #define FRUGAL_BINARY(name, true_division)                                                         \
   Tensor name(const Tensor& a, const Tensor& b) { return binary(op_##name, a, b, true_division); } \
-  Tensor name(const Tensor& a, Scalar b) { return binary(op_##name, a, scalar_like(a, b), true_division); }
+  Tensor name(const Tensor& a, Scalar b) { return binary(op_##name, a, wrap_scalar(a, b), true_division); }
 FRUGAL_BINARY(add, false)
 FRUGAL_BINARY(sub, false)
 FRUGAL_BINARY(mul, false)
@@ -132,7 +133,7 @@ FRUGAL_BINARY(minimum, false)
 
 #define FRUGAL_COMPARE(name)                                                         \
   Tensor name(const Tensor& a, const Tensor& b) { return compare(op_##name, a, b); } \
-  Tensor name(const Tensor& a, Scalar b) { return compare(op_##name, a, scalar_like(a, b)); }
+  Tensor name(const Tensor& a, Scalar b) { return compare(op_##name, a, wrap_scalar(a, b)); }
 FRUGAL_COMPARE_OPS(FRUGAL_COMPARE)
 #undef FRUGAL_COMPARE
 
@@ -159,21 +160,21 @@ Tensor cast(const Tensor& x, DType dtype) {
   return out;
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+Tensor& copy_(Tensor& self, const Tensor& src) {
   check_defined(src, "copy_", "source");
-  const Shape shape = broadcast_shapes(this->shape(), src.shape(), "copy_");
-  FRUGAL_CHECK_SHAPE(shape == this->shape(), "copy_: a source of shape ", src.shape(),
-                     " does not broadcast to the destination's shape ", this->shape());
-  check_same_device("copy_", *this, src);
-  op_cast.get(device(), dtype())(make_loop({this, &src}), {double(int(src.dtype()))});
-  storage()->bump_version();
-  return *this;
+  const Shape shape = broadcast_shapes(self.shape(), src.shape(), "copy_");
+  FRUGAL_CHECK_SHAPE(shape == self.shape(), "copy_: a source of shape ", src.shape(),
+                     " does not broadcast to the destination's shape ", self.shape());
+  check_same_device("copy_", self, src);
+  op_cast.get(self.device(), self.dtype())(make_loop({&self, &src}), {double(int(src.dtype()))});
+  self.storage()->bump_version();
+  return self;
 }
 
-Tensor& Tensor::fill_(Scalar value) {
-  op_fill.get(device(), dtype())(make_loop({this}), {value});
-  storage()->bump_version();
-  return *this;
+Tensor& fill_(Tensor& self, Scalar value) {
+  op_fill.get(self.device(), self.dtype())(make_loop({&self}), {value});
+  self.storage()->bump_version();
+  return self;
 }
 
 Tensor& add_(Tensor& self, const Tensor& other) { return inplace(op_add, self, other); }
@@ -201,17 +202,4 @@ Tensor& clamp_(Tensor& self, Scalar min, Scalar max) {
   return self;
 }
 
-Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
-Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
-Tensor operator+(Scalar a, const Tensor& b) { return add(b, a); }
-Tensor operator-(Scalar a, const Tensor& b) { return sub(scalar_like(b, a), b); }
-Tensor operator*(Scalar a, const Tensor& b) { return mul(b, a); }
-Tensor operator/(Scalar a, const Tensor& b) { return div(scalar_like(b, a), b); }
-
-}  // namespace frugal
+}  // namespace frugal::ops

@@ -1,8 +1,8 @@
-// Indexing and joining: index_select, gather, scatter_add, cat, stack, one_hot.
+// Indexing and joining: index_select, gather, scatter_add, cat, one_hot.
 #include "core/op_table.h"
 #include "core/ops.h"
 
-namespace frugal {
+namespace frugal::ops {
 
 namespace {
 
@@ -142,22 +142,6 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   return out;
 }
 
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
-  FRUGAL_CHECK(!tensors.empty(), "stack: expected at least one tensor");
-  FRUGAL_CHECK(tensors[0].defined(), "stack: tensor 0 is undefined");
-  const int d = wrap_dim(dim, tensors[0].dim() + 1, "stack");
-  std::vector<Tensor> parts;
-  parts.reserve(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    FRUGAL_CHECK(tensors[i].defined(), "stack: tensor ", i, " is undefined");
-    FRUGAL_CHECK_SHAPE(tensors[i].shape() == tensors[0].shape(), "stack: tensor ", i, " has shape ",
-                       tensors[i].shape(), " but tensor 0 has shape ", tensors[0].shape(),
-                       "; all shapes must be equal");
-    parts.push_back(tensors[i].unsqueeze(d));
-  }
-  return cat(parts, d);
-}
-
 Tensor one_hot(const Tensor& index, int64_t num_classes) {
   FRUGAL_CHECK(index.defined(), "one_hot: the index tensor is undefined");
   FRUGAL_CHECK_DTYPE(is_integral(index.dtype()), "one_hot: the index must be an integer tensor, got ",
@@ -172,4 +156,4 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
   return eq(index.unsqueeze(-1), classes).to(DType::I64);
 }
 
-}  // namespace frugal
+}  // namespace frugal::ops

@@ -2,7 +2,7 @@
 #include "core/op_table.h"
 #include "core/ops.h"
 
-namespace frugal {
+namespace frugal::ops {
 
 namespace {
 
@@ -131,4 +131,4 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
 Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
 
-}  // namespace frugal
+}  // namespace frugal::ops

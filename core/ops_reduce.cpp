@@ -4,7 +4,7 @@
 #include "core/op_table.h"
 #include "core/ops.h"
 
-namespace frugal {
+namespace frugal::ops {
 
 namespace {
 
@@ -114,4 +114,4 @@ Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) { return arg_reduce(op
 Tensor argmax(const Tensor& x) { return arg_reduce(op_argmax, x.reshape({-1}), 0, false); }
 Tensor argmin(const Tensor& x) { return arg_reduce(op_argmin, x.reshape({-1}), 0, false); }
 
-}  // namespace frugal
+}  // namespace frugal::ops

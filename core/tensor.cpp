@@ -96,186 +96,182 @@ Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from, cons
 
 }  // namespace
 
-Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, int64_t element_offset) const {
-  return Tensor(storage(), byte_offset() + element_offset * element_size(), shape, strides, dtype());
+namespace ops {
+
+Tensor as_strided(const Tensor& x, const Shape& shape, const Shape& strides, int64_t element_offset) {
+  return Tensor(x.storage(), x.byte_offset() + element_offset * x.element_size(), shape, strides, x.dtype());
 }
 
-Tensor Tensor::view(const Shape& requested) const {
-  const Shape shape = infer_shape(requested, numel(), this->shape(), "view");
+Tensor view(const Tensor& x, const Shape& requested) {
+  const Shape shape = infer_shape(requested, x.numel(), x.shape(), "view");
   Shape st;
-  FRUGAL_CHECK_SHAPE(view_strides(this->shape(), strides(), shape, st), "view: a tensor of shape ",
-                     this->shape(), " with strides ", strides(), " cannot be viewed as ", shape,
+  FRUGAL_CHECK_SHAPE(view_strides(x.shape(), x.strides(), shape, st), "view: a tensor of shape ", x.shape(),
+                     " with strides ", x.strides(), " cannot be viewed as ", shape,
                      " without a copy; use reshape() (which copies when needed) or contiguous() first");
-  return as_strided(shape, st, 0);
+  return as_strided(x, shape, st, 0);
 }
 
-Tensor Tensor::reshape(const Shape& requested) const {
-  const Shape shape = infer_shape(requested, numel(), this->shape(), "reshape");
+Tensor reshape(const Tensor& x, const Shape& requested) {
+  const Shape shape = infer_shape(requested, x.numel(), x.shape(), "reshape");
   Shape st;
-  if (view_strides(this->shape(), strides(), shape, st)) return as_strided(shape, st, 0);
-  return contiguous().view(shape);
+  if (view_strides(x.shape(), x.strides(), shape, st)) return as_strided(x, shape, st, 0);
+  return view(contiguous(x), shape);
 }
 
-Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
-  if (dim() == 0) return reshape({1});
-  const int s = wrap_dim(start_dim, dim(), "flatten"), e = wrap_dim(end_dim, dim(), "flatten");
+Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
+  if (x.dim() == 0) return reshape(x, {1});
+  const int s = wrap_dim(start_dim, x.dim(), "flatten"), e = wrap_dim(end_dim, x.dim(), "flatten");
   FRUGAL_CHECK_INDEX(s <= e, "flatten: start_dim ", start_dim, " comes after end_dim ", end_dim,
-                     " for shape ", shape());
+                     " for shape ", x.shape());
   Shape out;
   int64_t merged = 1;
-  for (int i = 0; i < dim(); ++i) {
-    if (i < s || i > e) out.push_back(shape()[i]);
-    if (i >= s && i <= e) merged *= shape()[i];
+  for (int i = 0; i < x.dim(); ++i) {
+    if (i < s || i > e) out.push_back(x.shape()[i]);
+    if (i >= s && i <= e) merged *= x.shape()[i];
     if (i == e) out.push_back(merged);
   }
-  return reshape(out);
+  return reshape(x, out);
 }
 
-Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
-  const int a = wrap_dim(dim0, dim(), "transpose"), b = wrap_dim(dim1, dim(), "transpose");
-  if (dim() == 0) return *this;
-  Shape sh = shape(), st = strides();
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
+  const int a = wrap_dim(dim0, x.dim(), "transpose"), b = wrap_dim(dim1, x.dim(), "transpose");
+  if (x.dim() == 0) return x;
+  Shape sh = x.shape(), st = x.strides();
   std::swap(sh[a], sh[b]);
   std::swap(st[a], st[b]);
-  return as_strided(sh, st, 0);
+  return as_strided(x, sh, st, 0);
 }
 
-Tensor Tensor::t() const {
-  FRUGAL_CHECK_SHAPE(dim() <= 2, "t: expected a tensor of at most 2 dims, got shape ", shape(),
-                     "; use transpose(dim0, dim1)");
-  return dim() < 2 ? *this : transpose(0, 1);
-}
-
-Tensor Tensor::permute(const Shape& dims) const {
-  FRUGAL_CHECK_SHAPE(dims.size() == dim(), "permute: expected ", dim(), " dims for a tensor of shape ",
-                     shape(), ", got ", dims);
-  Shape sh = shape(), st = strides();
+Tensor permute(const Tensor& x, const Shape& dims) {
+  FRUGAL_CHECK_SHAPE(dims.size() == x.dim(), "permute: expected ", x.dim(), " dims for a tensor of shape ",
+                     x.shape(), ", got ", dims);
+  Shape sh = x.shape(), st = x.strides();
   bool seen[kMaxDims] = {};
   for (int i = 0; i < dims.size(); ++i) {
-    const int d = wrap_dim(dims[i], dim(), "permute");
+    const int d = wrap_dim(dims[i], x.dim(), "permute");
     FRUGAL_CHECK_INDEX(!seen[d], "permute: dim ", dims[i], " appears twice in ", dims);
     seen[d] = true;
-    sh[i] = shape()[d];
-    st[i] = strides()[d];
+    sh[i] = x.shape()[d];
+    st[i] = x.strides()[d];
   }
-  return as_strided(sh, st, 0);
+  return as_strided(x, sh, st, 0);
 }
 
-Tensor Tensor::narrow(int64_t dim_, int64_t start, int64_t length) const {
-  FRUGAL_CHECK_INDEX(dim() > 0, "narrow: cannot narrow a 0-d tensor");
-  const int d = wrap_dim(dim_, dim(), "narrow");
-  const int64_t n = shape()[d];
+Tensor narrow(const Tensor& x, int64_t dim_, int64_t start, int64_t length) {
+  FRUGAL_CHECK_INDEX(x.dim() > 0, "narrow: cannot narrow a 0-d tensor");
+  const int d = wrap_dim(dim_, x.dim(), "narrow");
+  const int64_t n = x.shape()[d];
   if (start < 0) start += n;
   FRUGAL_CHECK_INDEX(start >= 0 && length >= 0 && start + length <= n, "narrow: start ", start,
                      " and length ", length, " are out of range for dim ", dim_, " of size ", n, " (shape ",
-                     shape(), ")");
-  Shape sh = shape();
+                     x.shape(), ")");
+  Shape sh = x.shape();
   sh[d] = length;
-  return as_strided(sh, strides(), start * strides()[d]);
+  return as_strided(x, sh, x.strides(), start * x.strides()[d]);
 }
 
-Tensor Tensor::slice(int64_t dim_, int64_t start, int64_t end, int64_t step) const {
-  FRUGAL_CHECK_INDEX(dim() > 0, "slice: cannot slice a 0-d tensor");
+Tensor slice(const Tensor& x, int64_t dim_, int64_t start, int64_t end, int64_t step) {
+  FRUGAL_CHECK_INDEX(x.dim() > 0, "slice: cannot slice a 0-d tensor");
   FRUGAL_CHECK_INDEX(step > 0, "slice: step must be positive, got ", step);
-  const int d = wrap_dim(dim_, dim(), "slice");
-  const int64_t n = shape()[d];
+  const int d = wrap_dim(dim_, x.dim(), "slice");
+  const int64_t n = x.shape()[d];
   if (start < 0) start += n;
   if (end < 0) end += n;
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
-  Shape sh = shape(), st = strides();
+  Shape sh = x.shape(), st = x.strides();
   sh[d] = (end - start + step - 1) / step;
-  st[d] = strides()[d] * step;
-  return as_strided(sh, st, start * strides()[d]);
+  st[d] = x.strides()[d] * step;
+  return as_strided(x, sh, st, start * x.strides()[d]);
 }
 
-Tensor Tensor::select(int64_t dim_, int64_t index) const {
-  FRUGAL_CHECK_INDEX(dim() > 0, "select: cannot select from a 0-d tensor");
-  const int d = wrap_dim(dim_, dim(), "select");
-  const int64_t n = shape()[d];
+Tensor select(const Tensor& x, int64_t dim_, int64_t index) {
+  FRUGAL_CHECK_INDEX(x.dim() > 0, "select: cannot select from a 0-d tensor");
+  const int d = wrap_dim(dim_, x.dim(), "select");
+  const int64_t n = x.shape()[d];
   FRUGAL_CHECK_INDEX(index >= -n && index < n, "select: index ", index, " is out of range for dim ", dim_,
-                     " of size ", n, " (shape ", shape(), ")");
+                     " of size ", n, " (shape ", x.shape(), ")");
   if (index < 0) index += n;
-  Shape sh = shape(), st = strides();
+  Shape sh = x.shape(), st = x.strides();
   sh.erase(d);
   st.erase(d);
-  return as_strided(sh, st, index * strides()[d]);
+  return as_strided(x, sh, st, index * x.strides()[d]);
 }
 
-Tensor Tensor::expand(const Shape& requested) const {
-  FRUGAL_CHECK_SHAPE(requested.size() >= dim(), "expand: the target shape ", requested,
-                     " has fewer dims than ", shape());
-  const int lead = requested.size() - dim();
+Tensor expand(const Tensor& x, const Shape& requested) {
+  FRUGAL_CHECK_SHAPE(requested.size() >= x.dim(), "expand: the target shape ", requested,
+                     " has fewer dims than ", x.shape());
+  const int lead = requested.size() - x.dim();
   Shape sh = requested, st = Shape::filled(requested.size(), 0);
   for (int i = 0; i < requested.size(); ++i) {
     if (i < lead) {
       FRUGAL_CHECK_SHAPE(requested[i] >= 0, "expand: a new leading dim cannot be -1, got ", requested);
       continue;
     }
-    const int64_t have = shape()[i - lead];
+    const int64_t have = x.shape()[i - lead];
     if (requested[i] == -1 || requested[i] == have) {
       sh[i] = have;
-      st[i] = strides()[i - lead];
+      st[i] = x.strides()[i - lead];
     } else {
-      FRUGAL_CHECK_SHAPE(have == 1, "expand: cannot expand shape ", shape(), " to ", requested, " (dim ", i,
+      FRUGAL_CHECK_SHAPE(have == 1, "expand: cannot expand shape ", x.shape(), " to ", requested, " (dim ", i,
                          " has size ", have, "; only size-1 dims expand)");
     }
   }
-  return as_strided(sh, st, 0);
+  return as_strided(x, sh, st, 0);
 }
 
-Tensor Tensor::squeeze() const {
+Tensor squeeze(const Tensor& x) {
   Shape sh, st;
-  for (int i = 0; i < dim(); ++i)
-    if (shape()[i] != 1) {
-      sh.push_back(shape()[i]);
-      st.push_back(strides()[i]);
+  for (int i = 0; i < x.dim(); ++i)
+    if (x.shape()[i] != 1) {
+      sh.push_back(x.shape()[i]);
+      st.push_back(x.strides()[i]);
     }
-  return as_strided(sh, st, 0);
+  return as_strided(x, sh, st, 0);
 }
 
-Tensor Tensor::squeeze(int64_t dim_) const {
-  if (dim() == 0) return *this;
-  const int d = wrap_dim(dim_, dim(), "squeeze");
-  if (shape()[d] != 1) return *this;
-  Shape sh = shape(), st = strides();
+Tensor squeeze(const Tensor& x, int64_t dim_) {
+  if (x.dim() == 0) return x;
+  const int d = wrap_dim(dim_, x.dim(), "squeeze");
+  if (x.shape()[d] != 1) return x;
+  Shape sh = x.shape(), st = x.strides();
   sh.erase(d);
   st.erase(d);
-  return as_strided(sh, st, 0);
+  return as_strided(x, sh, st, 0);
 }
 
-Tensor Tensor::unsqueeze(int64_t dim_) const {
-  FRUGAL_CHECK_SHAPE(dim() < kMaxDims, "unsqueeze: a tensor of shape ", shape(),
+Tensor unsqueeze(const Tensor& x, int64_t dim_) {
+  FRUGAL_CHECK_SHAPE(x.dim() < kMaxDims, "unsqueeze: a tensor of shape ", x.shape(),
                      " already has the most dims, ", kMaxDims);
-  const int d = wrap_dim(dim_, dim() + 1, "unsqueeze");
-  Shape sh = shape(), st = strides();
-  const int64_t s = d < dim() ? strides()[d] * shape()[d] : 1;
+  const int d = wrap_dim(dim_, x.dim() + 1, "unsqueeze");
+  Shape sh = x.shape(), st = x.strides();
+  const int64_t s = d < x.dim() ? x.strides()[d] * x.shape()[d] : 1;
   sh.insert(d, 1);
   st.insert(d, s);
-  return as_strided(sh, st, 0);
+  return as_strided(x, sh, st, 0);
 }
 
-Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+Tensor contiguous(const Tensor& x) { return x.is_contiguous() ? x : clone(x); }
 
-Tensor Tensor::clone() const {
-  Tensor out = empty(shape(), options());
-  out.copy_(*this);
+Tensor clone(const Tensor& x) {
+  Tensor out = empty(x.shape(), x.options());
+  copy_(out, x);
   return out;
 }
 
-Tensor Tensor::to(DType t) const { return t == dtype() ? *this : cast(*this, t); }
-
-Tensor Tensor::to(Device d) const {
-  if (d == device()) return *this;
-  Tensor out = empty(shape(), options().device(d));  // throws DeviceError when that device has no backend
-  out.copy_(*this);
+Tensor to(const Tensor& x, Device d) {
+  if (d == x.device()) return x;
+  Tensor out = empty(x.shape(), x.options().device(d));  // throws DeviceError when that device has no backend
+  copy_(out, x);
   return out;
 }
+
+}  // namespace ops
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   FRUGAL_CHECK(device().is_cpu(), "to_vector: the tensor is on ", device(), "; move it with .to(kCPU) first");
-  const Tensor c = to(dtype_v<T>).contiguous();
+  const Tensor c = ops::contiguous(ops::cast(*this, dtype_v<T>));
   const T* p = static_cast<const T*>(c.raw_data());
   return std::vector<T>(p, p + c.numel());
 }
@@ -298,19 +294,5 @@ FRUGAL_INSTANTIATE(int32_t)
 FRUGAL_INSTANTIATE(uint8_t)
 FRUGAL_INSTANTIATE(bool)
 #undef FRUGAL_INSTANTIATE
-
-// Methods that forward to the free functions of core/ops.h.
-Tensor Tensor::operator-() const { return neg(*this); }
-Tensor Tensor::sum() const { return frugal::sum(*this); }
-Tensor Tensor::mean() const { return frugal::mean(*this); }
-Tensor Tensor::sum(const Shape& dims, bool keepdim) const { return frugal::sum(*this, dims, keepdim); }
-Tensor Tensor::mean(const Shape& dims, bool keepdim) const { return frugal::mean(*this, dims, keepdim); }
-Tensor Tensor::matmul(const Tensor& other) const { return frugal::matmul(*this, other); }
-Tensor& Tensor::add_(const Tensor& other) { return frugal::add_(*this, other); }
-Tensor& Tensor::add_(Scalar other) { return frugal::add_(*this, other); }
-Tensor& Tensor::sub_(const Tensor& other) { return frugal::sub_(*this, other); }
-Tensor& Tensor::mul_(const Tensor& other) { return frugal::mul_(*this, other); }
-Tensor& Tensor::mul_(Scalar other) { return frugal::mul_(*this, other); }
-Tensor& Tensor::div_(const Tensor& other) { return frugal::div_(*this, other); }
 
 }  // namespace frugal

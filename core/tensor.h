@@ -128,6 +128,18 @@ class Tensor {
   Tensor& mul_(Scalar other);
   Tensor& div_(const Tensor& other);
 
+  // Autograd (defined in autograd/; see autograd/graph.h).
+  bool requires_grad() const;               // a leaf marked so, or the result of a recorded op
+  Tensor& requires_grad_(bool on = true);   // leaves with a floating dtype only
+  bool is_leaf() const;                     // not produced by a recorded op
+  Tensor grad() const;                      // accumulated by backward(); undefined until then
+  void set_grad(const Tensor& grad) const;  // replaces .grad (e.g. after clipping); undefined clears it
+  void zero_grad(bool set_to_none = true) const;
+  void retain_grad() const;          // keep .grad on a non-leaf too
+  Tensor detach() const;             // the same data, outside the graph
+  const char* grad_fn_name() const;  // the op that produced this tensor, "" for a leaf
+  void backward(const Tensor& grad = {}, bool retain_graph = false) const;
+
   // Autograd metadata (filled in by autograd/).
   const std::shared_ptr<AutogradMeta>& autograd_meta() const { return impl().autograd; }
   void set_autograd_meta(std::shared_ptr<AutogradMeta> meta) const { impl().autograd = std::move(meta); }

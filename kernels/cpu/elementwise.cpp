@@ -91,6 +91,7 @@ void map_kernel(const Loop& loop, F f) {
   X(sigmoid, o = x.logistic())                                                                          \
   X(tanh, o = x.tanh())                                                                                 \
   X(silu, o = x * x.logistic())                                                                         \
+  X(erf, o = x.erf())                                                                                   \
   X(clamp, o = x.max(clamp_bound<C>(A.a)).min(clamp_bound<C>(A.b)))
 
 #define FRUGAL_BINARY_MATH(X) \
@@ -242,6 +243,7 @@ const bool kRegistered = [] {
   FRUGAL_REG(sigmoid, floating)
   FRUGAL_REG(tanh, floating)
   FRUGAL_REG(silu, floating)
+  FRUGAL_REG(erf, floating)
   FRUGAL_REG(add, numeric)
   FRUGAL_REG(sub, numeric)
   FRUGAL_REG(mul, numeric)

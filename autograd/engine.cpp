@@ -1,0 +1,99 @@
+// backward(): visits the nodes reachable from the root, newest first (a node's consumers are always newer, so
+// each node runs once with its whole gradient), and releases each node's saved tensors as soon as its rule
+// has run. Iterative: no recursion, whatever the depth.
+#include <queue>
+#include <unordered_map>
+
+#include "autograd/functions.h"
+#include "autograd/graph.h"
+
+namespace frugal::autograd {
+
+namespace {
+
+// Adds g into slot (out of place: the tensor already there may be shared, e.g. add's two input gradients).
+void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add(slot, g) : g; }
+
+void accumulate_leaf(AutogradMeta& meta, const Tensor& g) {
+  // Outside grad mode: gradient accumulation into .grad is not itself part of any graph.
+  NoGradGuard guard;
+  accumulate(meta.grad, g);
+}
+
+struct Newest {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
+};
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
+  FRUGAL_CHECK(root.defined(), "backward: the tensor is undefined");
+  const auto& meta = root.autograd_meta();
+  FRUGAL_CHECK(
+      meta && (meta->requires_grad || meta->grad_fn), "backward: the tensor (shape ", root.shape(),
+      ") does not require grad and has no grad_fn; call "
+      "requires_grad_() on the leaves you want gradients for, and make sure no NoGradGuard was active "
+      "when it was computed");
+  Tensor grad = grad_in;
+  if (!grad.defined()) {
+    FRUGAL_CHECK_SHAPE(root.numel() == 1,
+                       "backward: a gradient can be created implicitly only for a tensor of "
+                       "one element, got shape ",
+                       root.shape(), "; pass the gradient explicitly: y.backward(grad)");
+    grad = ones_like(root);
+  }
+  FRUGAL_CHECK_SHAPE(grad.shape() == root.shape(), "backward: the gradient's shape ", grad.shape(),
+                     " differs from the tensor's shape ", root.shape());
+  FRUGAL_CHECK_DTYPE(grad.dtype() == root.dtype(), "backward: the gradient's dtype ",
+                     dtype_name(grad.dtype()), " differs from the tensor's ", dtype_name(root.dtype()));
+  FRUGAL_CHECK_T(DeviceError, grad.device() == root.device(), "backward: the gradient is on ", grad.device(),
+                 " but the tensor is on ", root.device());
+
+  if (!meta->grad_fn) {  // a leaf
+    accumulate_leaf(*meta, grad);
+    return;
+  }
+
+  // The rules run without recording (no create_graph): their ops only compute gradients.
+  NoGradGuard no_grad;
+  std::priority_queue<Node*, std::vector<Node*>, Newest> ready;
+  std::unordered_map<Node*, Tensor> pending;  // gradient flowing into each queued node's output
+  Node* first = meta->grad_fn.get();
+  pending[first] = grad;
+  ready.push(first);
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    auto it = pending.find(node);
+    const Tensor g = std::move(it->second);
+    pending.erase(it);
+    FRUGAL_CHECK(
+        !node->released, "backward: trying to run backward through ", node->name,
+        " a second time, but its saved tensors were already freed; pass retain_graph=true to the first "
+        "backward() if you need to call backward twice");
+    if (auto out = node->output.lock(); out && out->retains_grad) accumulate_leaf(*out, g);
+
+    Grads saved;
+    saved.reserve(node->saved.size());
+    for (const auto& s : node->saved) saved.push_back(s.unpack(node->name));
+    Grads grads = node->backward(saved, g);
+    saved.clear();
+    if (!retain_graph) node->release();  // its saved activations go back to the arena now
+    FRUGAL_ASSERT(grads.size() == node->inputs.size(), node->name, " returned ", grads.size(),
+                  " gradients for ", node->inputs.size(), " inputs");
+
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const Edge& e = node->inputs[i];
+      if (!grads[i].defined() || (!e.fn && !e.leaf)) continue;
+      if (e.leaf) {
+        accumulate_leaf(*e.leaf, grads[i]);
+        continue;
+      }
+      auto [slot, inserted] = pending.try_emplace(e.fn.get());
+      accumulate(slot->second, grads[i]);
+      if (inserted) ready.push(e.fn.get());
+    }
+  }
+}
+
+}  // namespace frugal::autograd

@@ -1,0 +1,127 @@
+// The differentiable ops: what a user calls. Each runs core's forward (frugal::ops, core/ops.h) and, when
+// grad mode is on and an input requires grad, records a node whose backward rule sits beside it in
+// autograd/grad_<family>.cpp. Semantics (shapes, dtypes, errors) are those of the forward op in core/ops.h.
+//
+//   Tensor w = randn({784, 10}).requires_grad_();
+//   Tensor loss = mean(log_softmax(matmul(x, w), -1));
+//   loss.backward();
+#pragma once
+
+#include <vector>
+
+#include "autograd/graph.h"
+#include "core/ops.h"
+
+namespace frugal {
+
+// Elementwise, one input.
+Tensor neg(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x);
+Tensor gelu_tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor silu(const Tensor& x);
+Tensor erf(const Tensor& x);
+Tensor clamp(const Tensor& x, Scalar min, Scalar max);
+Tensor clamp_min(const Tensor& x, Scalar min);
+Tensor clamp_max(const Tensor& x, Scalar max);
+
+// Elementwise, two inputs (broadcasting, promotion).
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, Scalar b);
+Tensor pow(const Tensor& a, Scalar b);
+Tensor maximum(const Tensor& a, Scalar b);
+Tensor minimum(const Tensor& a, Scalar b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// Comparisons (not differentiable: bool results).
+using ops::eq;
+using ops::ge;
+using ops::gt;
+using ops::le;
+using ops::lt;
+using ops::ne;
+
+// In place. Not recorded: they throw while grad mode is on and `self` requires grad (use them on data, under
+// NoGradGuard, e.g. in optimizers).
+Tensor& add_(Tensor& self, const Tensor& other);
+Tensor& sub_(Tensor& self, const Tensor& other);
+Tensor& mul_(Tensor& self, const Tensor& other);
+Tensor& div_(Tensor& self, const Tensor& other);
+Tensor& add_(Tensor& self, Scalar other);
+Tensor& mul_(Tensor& self, Scalar other);
+Tensor& relu_(Tensor& self);
+Tensor& clamp_(Tensor& self, Scalar min, Scalar max);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, Scalar b);
+Tensor operator-(const Tensor& a, Scalar b);
+Tensor operator*(const Tensor& a, Scalar b);
+Tensor operator/(const Tensor& a, Scalar b);
+Tensor operator+(Scalar a, const Tensor& b);
+Tensor operator-(Scalar a, const Tensor& b);
+Tensor operator*(Scalar a, const Tensor& b);
+Tensor operator/(Scalar a, const Tensor& b);
+
+// Reductions.
+Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor min(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor var(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
+using ops::argmax;  // integer results: not differentiable
+using ops::argmin;
+
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+Tensor cast(const Tensor& x, DType dtype);
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+using ops::one_hot;
+
+// Views (the methods of Tensor call these).
+Tensor view(const Tensor& x, const Shape& shape);
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+Tensor permute(const Tensor& x, const Shape& dims);
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor select(const Tensor& x, int64_t dim, int64_t index);
+Tensor expand(const Tensor& x, const Shape& shape);
+Tensor squeeze(const Tensor& x);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor contiguous(const Tensor& x);
+Tensor clone(const Tensor& x);
+Tensor to(const Tensor& x, Device device);
+
+namespace autograd {
+// Backpropagates from root (a scalar, or any tensor with an explicit gradient of its shape) into the .grad of
+// every leaf that requires grad. Without retain_graph, each node frees its saved tensors once used.
+void backward(const Tensor& root, const Tensor& grad = {}, bool retain_graph = false);
+}  // namespace autograd
+
+}  // namespace frugal
