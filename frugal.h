@@ -10,6 +10,7 @@
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "autograd/graph.h"
+#include "autograd/recompute.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"

@@ -13,19 +13,16 @@ using autograd::recorded;
 
 namespace {
 
-// A gradient for input x: broadcast dims summed away and converted to x's dtype (inputs were promoted).
-Tensor fit(const Tensor& g, const Tensor& x) { return autograd::sum_to(g, x.shape()).to(x.dtype()); }
-
 Tensor zeros_as(const Tensor& g) { return zeros_like(g); }
 Tensor one_minus(const Tensor& t) { return 1.0 - t; }
 
 // Records a one-input op y = f(x) whose rule reads the saved tensors (x and/or y, by `save`).
-enum class Save { Input, Output, Both };
+enum class Save { None, Input, Output, Both };
 template <typename Rule>
 Tensor unary(const char* name, const Tensor& x, Tensor y, Save save, Rule rule) {
   if (Node* n = recorded(name, {&x}, y)) {
-    if (save != Save::Output) n->save(x);
-    if (save != Save::Input) n->save_output(y);
+    if (save == Save::Input || save == Save::Both) n->save(x);
+    if (save == Save::Output || save == Save::Both) n->save_output(y);
     n->backward = [rule](const Grads& s, const Tensor& g) -> Grads { return {rule(s, g)}; };
   }
   return y;
@@ -38,7 +35,7 @@ constexpr double kGeluTanhK = 0.79788456080286535588;  // sqrt(2 / pi)
 }  // namespace
 
 Tensor neg(const Tensor& x) {
-  return unary("neg", x, forward_only([&] { return ops::neg(x); }), Save::Input,
+  return unary("neg", x, forward_only([&] { return ops::neg(x); }), Save::None,
                [](const Grads&, const Tensor& g) { return neg(g); });
 }
 Tensor abs(const Tensor& x) {
@@ -119,17 +116,25 @@ Tensor clamp_min(const Tensor& x, Scalar min) { return clamp(x, min, INFINITY); 
 Tensor clamp_max(const Tensor& x, Scalar max) { return clamp(x, -INFINITY, max); }
 
 namespace {
-// Records a two-input op; the rule gets (a, b, y) as saved by `save_y`, and returns both gradients at the
-// output's shape (fit() reduces them).
+// What a two-input rule reads: nothing (add, sub), the inputs, or the inputs and the output (pow).
+enum class Keep { None, Inputs, InputsAndOutput };
+
+// Records a two-input op; the rule gets (a, b, y) (undefined where not kept) and returns both gradients at
+// the output's shape; they are then reduced to each input's shape and dtype.
 template <typename Rule>
-Tensor binary(const char* name, const Tensor& a, const Tensor& b, Tensor y, bool save_y, Rule rule) {
+Tensor binary(const char* name, const Tensor& a, const Tensor& b, Tensor y, Keep keep, Rule rule) {
   if (Node* n = recorded(name, {&a, &b}, y)) {
-    n->save(a);
-    n->save(b);
-    if (save_y) n->save_output(y);
-    n->backward = [rule](const Grads& s, const Tensor& g) -> Grads {
-      auto [da, db] = rule(s[0], s[1], s.size() > 2 ? s[2] : Tensor(), g);
-      return {da.defined() ? fit(da, s[0]) : da, db.defined() ? fit(db, s[1]) : db};
+    if (keep != Keep::None) {
+      n->save(a);
+      n->save(b);
+    }
+    if (keep == Keep::InputsAndOutput) n->save_output(y);
+    n->backward = [rule, sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype()](
+                      const Grads& s, const Tensor& g) -> Grads {
+      auto at = [&](size_t i) { return i < s.size() ? s[i] : Tensor(); };
+      auto [da, db] = rule(at(0), at(1), at(2), g);
+      return {da.defined() ? autograd::sum_to(da, sa).to(ta) : da,
+              db.defined() ? autograd::sum_to(db, sb).to(tb) : db};
     };
   }
   return y;
@@ -138,32 +143,32 @@ using Pair = std::pair<Tensor, Tensor>;
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  return binary("add", a, b, forward_only([&] { return ops::add(a, b); }), false,
+  return binary("add", a, b, forward_only([&] { return ops::add(a, b); }), Keep::None,
                 [](const Tensor&, const Tensor&, const Tensor&, const Tensor& g) {
                   return Pair{g, g};
                 });
 }
 Tensor sub(const Tensor& a, const Tensor& b) {
-  return binary("sub", a, b, forward_only([&] { return ops::sub(a, b); }), false,
+  return binary("sub", a, b, forward_only([&] { return ops::sub(a, b); }), Keep::None,
                 [](const Tensor&, const Tensor&, const Tensor&, const Tensor& g) {
                   return Pair{g, neg(g)};
                 });
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
-  return binary("mul", a, b, forward_only([&] { return ops::mul(a, b); }), false,
+  return binary("mul", a, b, forward_only([&] { return ops::mul(a, b); }), Keep::Inputs,
                 [](const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g) {
                   return Pair{mul(g, b), mul(g, a)};
                 });
 }
 Tensor div(const Tensor& a, const Tensor& b) {
-  return binary("div", a, b, forward_only([&] { return ops::div(a, b); }), false,
+  return binary("div", a, b, forward_only([&] { return ops::div(a, b); }), Keep::Inputs,
                 [](const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g) {
                   const Tensor ga = div(g, b);
                   return Pair{ga, neg(div(mul(ga, a), b))};
                 });
 }
 Tensor pow(const Tensor& a, const Tensor& b) {  // da = b a^(b-1); db = y log(a), taken as 0 where a = 0
-  return binary("pow", a, b, forward_only([&] { return ops::pow(a, b); }), true,
+  return binary("pow", a, b, forward_only([&] { return ops::pow(a, b); }), Keep::InputsAndOutput,
                 [](const Tensor& a, const Tensor& b, const Tensor& y, const Tensor& g) {
                   const Tensor da = mul(g, mul(b, pow(a, sub(b, 1.0))));
                   const Tensor db = where(eq(a, 0.0), zeros_as(g), mul(g, mul(y, log(a))));
@@ -172,7 +177,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {  // da = b a^(b-1); db = y log(a)
 }
 // Ties split the gradient evenly, as PyTorch does.
 Tensor maximum(const Tensor& a, const Tensor& b) {
-  return binary("maximum", a, b, forward_only([&] { return ops::maximum(a, b); }), false,
+  return binary("maximum", a, b, forward_only([&] { return ops::maximum(a, b); }), Keep::Inputs,
                 [](const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g) {
                   const Tensor half = mul(g, 0.5), z = zeros_as(g);
                   return Pair{where(gt(a, b), g, where(eq(a, b), half, z)),
@@ -180,7 +185,7 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
                 });
 }
 Tensor minimum(const Tensor& a, const Tensor& b) {
-  return binary("minimum", a, b, forward_only([&] { return ops::minimum(a, b); }), false,
+  return binary("minimum", a, b, forward_only([&] { return ops::minimum(a, b); }), Keep::Inputs,
                 [](const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g) {
                   const Tensor half = mul(g, 0.5), z = zeros_as(g);
                   return Pair{where(lt(a, b), g, where(eq(a, b), half, z)),
@@ -192,11 +197,10 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor y = forward_only([&] { return ops::where(cond, a, b); });
   if (Node* n = recorded("where", {&a, &b}, y)) {
     n->save(cond);
-    n->save(a);
-    n->save(b);
-    n->backward = [](const Grads& s, const Tensor& g) -> Grads {
+    n->backward = [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype()](const Grads& s,
+                                                                                   const Tensor& g) -> Grads {
       const Tensor z = zeros_as(g);
-      return {fit(where(s[0], g, z), s[1]), fit(where(s[0], z, g), s[2])};
+      return {autograd::sum_to(where(s[0], g, z), sa).to(ta), autograd::sum_to(where(s[0], z, g), sb).to(tb)};
     };
   }
   return y;
