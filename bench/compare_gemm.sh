@@ -21,4 +21,4 @@ for r in $(seq "$rounds"); do
   printf 'round %d: frugal %.1f GFLOP/s, pytorch %.1f (default threads) / %.1f (OPENBLAS_NUM_THREADS=1), ratio %s\n' \
     "$r" "$f" "$t1" "$t2" "$ratio"
 done
-python3 -c "import statistics; print('W5 median ratio frugal/pytorch:', statistics.median([${ratios[*]// /,}]))"
+python3 -c "import statistics; print('W5 median ratio frugal/pytorch:', statistics.median([$(IFS=,; echo "${ratios[*]}")]))"
