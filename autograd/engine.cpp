@@ -14,10 +14,14 @@ namespace {
 // Adds g into slot (out of place: the tensor already there may be shared, e.g. add's two input gradients).
 void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add(slot, g) : g; }
 
-void accumulate_leaf(AutogradMeta& meta, const Tensor& g) {
-  // Outside grad mode: gradient accumulation into .grad is not itself part of any graph.
-  NoGradGuard guard;
-  accumulate(meta.grad, g);
+// A leaf's .grad is its own contiguous tensor, so in-place updates of it (clipping, optimizers) can touch no
+// other gradient: the first gradient is taken over only when nothing else can see it, and copied otherwise.
+void accumulate_leaf(AutogradMeta& meta, Tensor g) {
+  NoGradGuard guard;  // accumulating into .grad is not itself part of any graph
+  if (meta.grad.defined())
+    meta.grad = add(meta.grad, g);
+  else
+    meta.grad = g.is_unique() && g.is_contiguous() ? std::move(g) : g.clone();
 }
 
 struct Newest {
@@ -86,7 +90,7 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
       const Edge& e = node->inputs[i];
       if (!grads[i].defined() || (!e.fn && !e.leaf)) continue;
       if (e.leaf) {
-        accumulate_leaf(*e.leaf, grads[i]);
+        accumulate_leaf(*e.leaf, std::move(grads[i]));
         continue;
       }
       auto [slot, inserted] = pending.try_emplace(e.fn.get());

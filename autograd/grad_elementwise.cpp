@@ -167,10 +167,12 @@ Tensor div(const Tensor& a, const Tensor& b) {
                   return Pair{ga, neg(div(mul(ga, a), b))};
                 });
 }
-Tensor pow(const Tensor& a, const Tensor& b) {  // da = b a^(b-1); db = y log(a), taken as 0 where a = 0
+// da = b a^(b-1), taken as 0 where b = 0 (a^0 is constant; 0 * 0^-1 would give nan at a = 0; PyTorch's rule);
+// db = y log(a), taken as 0 where a = 0.
+Tensor pow(const Tensor& a, const Tensor& b) {
   return binary("pow", a, b, forward_only([&] { return ops::pow(a, b); }), Keep::InputsAndOutput,
                 [](const Tensor& a, const Tensor& b, const Tensor& y, const Tensor& g) {
-                  const Tensor da = mul(g, mul(b, pow(a, sub(b, 1.0))));
+                  const Tensor da = where(eq(b, 0.0), zeros_as(g), mul(g, mul(b, pow(a, sub(b, 1.0)))));
                   const Tensor db = where(eq(a, 0.0), zeros_as(g), mul(g, mul(y, log(a))));
                   return Pair{da, db};
                 });

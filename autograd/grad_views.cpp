@@ -14,6 +14,9 @@ namespace {
 // Records y as a function of x whose gradient is `rule(g)` (no saved tensors: views only need shapes).
 template <typename Rule>
 Tensor shaped(const char* name, const Tensor& x, Tensor y, Rule rule) {
+  // core returns x itself for a view that changes nothing (squeeze of a dim not of size 1, transpose of a 0-d
+  // tensor): x already carries its own gradient, and it must not be recorded as its own output.
+  if (y.is_same(x)) return y;
   if (Node* n = recorded(name, {&x}, y))
     n->backward = [rule](const Grads&, const Tensor& g) -> Grads { return {rule(g)}; };
   return y;

@@ -59,7 +59,7 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
   y.backward(v);
   y = Tensor();
 
-  double worst_excess = 0;
+  double worst_excess = 0, worst_element_error = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (!t.defined() || !t.requires_grad()) continue;
@@ -85,6 +85,7 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
         r.element = e;
         r.analytical = analytical[size_t(e)];
         r.numerical = numerical;
+        worst_element_error = err;
       }
       r.worst_error = std::max(r.worst_error, std::isnan(err) ? INFINITY : err);
       if (!(excess <= 1)) r.ok = false;
@@ -97,7 +98,7 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
   os.precision(10);
   os << "gradcheck " << (r.ok ? "passed" : "FAILED") << ": worst element is input " << r.input << ", element "
      << r.element << ": analytical " << r.analytical << " vs numerical " << r.numerical << " (error "
-     << r.worst_error << ", tolerance " << options.atol << " + " << options.rtol << " * |numerical|)";
+     << worst_element_error << ", tolerance " << options.atol << " + " << options.rtol << " * |numerical|)";
   r.message = os.str();
   return r;
 }

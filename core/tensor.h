@@ -70,6 +70,8 @@ class Tensor {
   TensorOptions options() const { return TensorOptions(dtype()).device(device()); }
   // True when both handles are the same tensor object (not merely equal values).
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  // True when this handle is the only one to the tensor and to its storage: nothing else can see its bytes.
+  bool is_unique() const { return impl_.use_count() == 1 && impl().storage.use_count() == 1; }
 
   void* raw_data() const { return static_cast<char*>(impl().storage->data()) + impl().offset; }
   template <typename T>

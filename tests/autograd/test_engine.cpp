@@ -21,6 +21,23 @@ TEST(Backward, SimpleGradients) {
   EXPECT_TRUE(x.grad().is_contiguous());
 }
 
+TEST(Backward, LeafGradientsNeverAlias) {
+  Tensor a = ones({2, 3}).requires_grad_(), b = ones({2, 3}).requires_grad_();
+  sum(a + b).backward();  // add hands the same gradient tensor to both inputs
+  EXPECT_NE(a.grad().storage(), b.grad().storage());
+  {
+    NoGradGuard guard;
+    Tensor ga = a.grad();
+    ga.mul_(10.0);
+  }
+  EXPECT_EQ(b.grad().to_vector<float>(), std::vector<float>(6, 1.f));
+  Tensor c = ones({3, 2}).requires_grad_();
+  const Tensor g = ones({2, 3});
+  c.t().backward(g);  // the gradient arrives as a transposed view of the caller's tensor
+  EXPECT_NE(c.grad().storage(), g.storage());
+  EXPECT_TRUE(c.grad().is_contiguous());
+}
+
 TEST(Backward, ParameterUsedTwiceAccumulatesWithinOneBackward) {
   Tensor w = tensor<double>({1.5, -2.0}).requires_grad_();
   (sum(w * w) + sum(w * 3.0)).backward();  // d = 2w + 3
