@@ -16,12 +16,15 @@ void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add(slo
 
 // A leaf's .grad is its own contiguous tensor, so in-place updates of it (clipping, optimizers) can touch no
 // other gradient: the first gradient is taken over only when nothing else can see it, and copied otherwise.
+// Its bytes are counted under the memory tag "gradients", wherever backward runs.
 void accumulate_leaf(AutogradMeta& meta, Tensor g) {
   NoGradGuard guard;  // accumulating into .grad is not itself part of any graph
   if (meta.grad.defined())
-    meta.grad = add(meta.grad, g);
+    ops::add_(meta.grad, g);  // .grad is this leaf's own tensor: add in place, no new buffer
   else
     meta.grad = g.is_unique() && g.is_contiguous() ? std::move(g) : g.clone();
+  static const uint32_t kGradientsTag = memory::intern_tag("gradients");
+  meta.grad.storage()->retag(kGradientsTag);
 }
 
 struct Newest {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "autograd/graph.h"
+#include "core/memory.h"
 #include "core/rng.h"
 
 namespace frugal::autograd {
@@ -33,6 +34,7 @@ class Segment {
     {
       // Backward runs with recording off; the segment must record again for its ops to save their tensors.
       EnableGradGuard grad_on;
+      memory::Tag tag("recompute");
       SavedTensorHooks collect(
           [this](const Tensor& t) -> std::any {
             saved_.push_back(t);

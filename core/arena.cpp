@@ -116,6 +116,15 @@ class AllocatorBase : public Allocator {
     std::lock_guard lock(mu_);
     for (TagStat& t : tags_) t.allocated.peak = t.allocated.current;
   }
+  void retag(Block* b, uint32_t tag) override {
+    std::lock_guard lock(mu_);
+    FRUGAL_ASSERT(b != nullptr && b->allocated, "retag: the block is not live");
+    if (tag >= tags_.size()) tags_.resize(tag + 1);
+    add(tags_[b->tag].allocated, -b->size);
+    b->tag = tag;
+    tags_[tag].seen = true;
+    add(tags_[tag].allocated, b->size);
+  }
 
  protected:
   struct TagStat {

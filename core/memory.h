@@ -87,6 +87,8 @@ class Allocator {
   virtual std::vector<BlockInfo> snapshot() const = 0;
   virtual std::vector<TagStats> tag_stats() const = 0;
   virtual void reset_tag_peaks() = 0;
+  // Moves a live block's bytes to another tag (a gradient buffer becoming a parameter's .grad, say).
+  virtual void retag(Block* block, uint32_t tag) = 0;
   // Throws InternalError if any invariant is broken (blocks overlap, a byte unaccounted, stats off). For
   // tests.
   virtual void check_invariants() const = 0;
@@ -130,6 +132,8 @@ class Tag {
 // The id of this thread's current tag (0 = none) and the name behind an id; ids are interned and never
 // reused.
 uint32_t current_tag();
+// The id of a full tag name (not joined with the current scope), interning it on first use.
+uint32_t intern_tag(std::string_view name);
 std::string tag_name(uint32_t id);
 
 }  // namespace frugal::memory

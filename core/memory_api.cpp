@@ -198,6 +198,14 @@ std::string memory_summary(Device device) {
   return out;
 }
 
+uint32_t intern_tag(std::string_view name) {
+  TagTable& table = tag_table();
+  std::lock_guard lock(table.mu);
+  auto [it, inserted] = table.ids.try_emplace(std::string(name), uint32_t(table.names.size()));
+  if (inserted) table.names.push_back(it->first);
+  return it->second;
+}
+
 Tag::Tag(std::string_view name) : previous_(t_current_tag) {
   TagTable& table = tag_table();
   std::lock_guard lock(table.mu);

@@ -22,6 +22,8 @@ class Storage {
   Device device() const { return device_; }
   uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
+  // Counts these bytes under another memory tag from now on (memory::intern_tag gives the id).
+  void retag(uint32_t tag) { allocator_->retag(alloc_.block, tag); }
 
  private:
   memory::Allocation alloc_;

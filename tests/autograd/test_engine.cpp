@@ -38,6 +38,23 @@ TEST(Backward, LeafGradientsNeverAlias) {
   EXPECT_TRUE(c.grad().is_contiguous());
 }
 
+TEST(Backward, LeafGradientsAreTaggedAsGradients) {
+  auto gradient_bytes = [] {
+    for (const auto& t : memory::tag_stats())
+      if (t.tag == "gradients") return t.allocated.current;
+    return int64_t(0);
+  };
+  const int64_t before = gradient_bytes();
+  Tensor w = uniform({64, 64}, -1, 1).requires_grad_();
+  {
+    memory::Tag tag("backward");
+    sum(matmul(uniform({8, 64}, -1, 1), w)).backward();
+  }
+  EXPECT_EQ(gradient_bytes() - before, 64 * 64 * 4);
+  w.zero_grad();
+  EXPECT_EQ(gradient_bytes(), before);
+}
+
 TEST(Backward, ParameterUsedTwiceAccumulatesWithinOneBackward) {
   Tensor w = tensor<double>({1.5, -2.0}).requires_grad_();
   (sum(w * w) + sum(w * 3.0)).backward();  // d = 2w + 3
