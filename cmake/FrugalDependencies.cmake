@@ -2,6 +2,9 @@
 include(GNUInstallDirs)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+find_package(ZLIB REQUIRED)                  # gzip'd IDX data files
+find_package(nlohmann_json 3 REQUIRED)       # safetensors headers
+find_package(CLI11 QUIET)                    # the examples' command lines
 
 # Random123 (Philox counter-based RNG) is header-only and ships no CMake config.
 find_path(RANDOM123_INCLUDE_DIR Random123/philox.h REQUIRED)

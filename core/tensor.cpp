@@ -20,6 +20,16 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, int64_t byte_offset, const Shap
   impl_->dtype = dtype;
 }
 
+void Tensor::set_data(const Tensor& src) const {
+  FRUGAL_CHECK(src.defined(), "set_data: the source tensor is undefined");
+  Impl& me = impl();
+  me.storage = src.storage();
+  me.offset = src.byte_offset();
+  me.shape = src.shape();
+  me.strides = src.strides();
+  me.dtype = src.dtype();
+}
+
 int64_t Tensor::size(int64_t dim) const { return shape()[wrap_dim(dim, this->dim(), "size")]; }
 int64_t Tensor::stride(int64_t dim) const { return strides()[wrap_dim(dim, this->dim(), "stride")]; }
 

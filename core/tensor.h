@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -107,6 +108,10 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor as_strided(const Shape& shape, const Shape& strides, int64_t element_offset) const;
 
+  // Points this tensor (and every handle to it) at src's data, shape and dtype, keeping its autograd
+  // identity: how a module converts its parameters in place. Not recorded by autograd.
+  void set_data(const Tensor& src) const;
+
   // Copies.
   Tensor contiguous() const;  // this tensor itself when already contiguous
   Tensor clone() const;
@@ -165,6 +170,9 @@ class Tensor {
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// Named tensors: a module's parameters and buffers, an optimizer's state, the contents of a safetensors file.
+using StateDict = std::map<std::string, Tensor>;
 
 // Factories. Random ones draw from the default generator (core/rng.h) unless one is given.
 Tensor empty(const Shape& shape, TensorOptions opts = {});

@@ -1,0 +1,224 @@
+// nn::Module: registration, traversal, modes, conversion and state dicts.
+#include "nn/module.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace frugal::nn {
+
+Tensor Module::forward(const Tensor&) {
+  throw Error(
+      detail::str_cat(type_name_, ": this module has no forward(const Tensor&); call its own forward"));
+}
+
+void Module::check_name(const std::string& name) const {
+  FRUGAL_CHECK(!name.empty() && name.find('.') == std::string::npos, type_name_, ": invalid name '", name,
+               "' (names are non-empty and contain no '.')");
+  auto taken = [&](const auto& list) {
+    return std::any_of(list.begin(), list.end(), [&](const auto& p) { return p.first == name; });
+  };
+  FRUGAL_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name_, ": the name '", name,
+               "' is already registered");
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor tensor, bool requires_grad) {
+  check_name(name);
+  FRUGAL_CHECK(tensor.defined(), type_name_, ": parameter '", name, "' is undefined");
+  FRUGAL_CHECK(tensor.is_leaf(), type_name_, ": parameter '", name, "' must be a leaf; detach() it first");
+  tensor.requires_grad_(requires_grad);
+  parameters_.emplace_back(name, tensor);
+  return tensor;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor tensor) {
+  check_name(name);
+  buffers_.emplace_back(name, tensor);
+  return tensor;
+}
+
+void Module::set_buffer(const std::string& name, Tensor tensor) {
+  for (auto& [n, t] : buffers_)
+    if (n == name) {
+      t = std::move(tensor);
+      return;
+    }
+  throw Error(detail::str_cat(type_name_, ": no buffer named '", name, "'"));
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
+  check_name(name);
+  FRUGAL_CHECK(module != nullptr, type_name_, ": child module '", name, "' is null");
+  children_.emplace_back(name, std::move(module));
+}
+
+namespace {
+// Walks the module tree depth first without recursion, calling f(prefix, module) ("" for the root).
+template <typename F>
+void walk(const Module& root, bool recurse, F f) {
+  std::vector<std::pair<std::string, const Module*>> stack{{"", &root}};
+  while (!stack.empty()) {
+    auto [prefix, m] = stack.back();
+    stack.pop_back();
+    f(prefix, *m);
+    if (!recurse) break;
+    const auto kids = m->named_children();
+    for (auto it = kids.rbegin(); it != kids.rend(); ++it)
+      stack.emplace_back(prefix.empty() ? it->first : prefix + "." + it->first, it->second.get());
+  }
+}
+std::string join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  walk(*this, recurse, [&](const std::string& prefix, const Module& m) {
+    for (const auto& [n, t] : m.parameters_) out.emplace_back(join(prefix, n), t);
+  });
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  walk(*this, recurse, [&](const std::string& prefix, const Module& m) {
+    for (const auto& [n, t] : m.buffers_)
+      if (t.defined()) out.emplace_back(join(prefix, n), t);
+  });
+  return out;
+}
+
+std::vector<std::shared_ptr<Module>> Module::children() const {
+  std::vector<std::shared_ptr<Module>> out;
+  for (const auto& [n, m] : children_) out.push_back(m);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
+  return children_;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() const {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> stack;
+  for (auto it = children_.rbegin(); it != children_.rend(); ++it) stack.push_back(*it);
+  while (!stack.empty()) {
+    auto [path, m] = stack.back();
+    stack.pop_back();
+    out.emplace_back(path, m);
+    const auto kids = m->named_children();
+    for (auto it = kids.rbegin(); it != kids.rend(); ++it)
+      stack.emplace_back(path + "." + it->first, it->second);
+  }
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, m] : children_) m->train(on);
+}
+
+Module& Module::to(DType dtype) {
+  NoGradGuard no_grad;
+  auto convert = [&](const Tensor& t) {
+    if (t.defined() && is_floating(t.dtype()) && t.dtype() != dtype) {
+      t.set_data(ops::cast(t, dtype));
+      t.set_grad(Tensor());  // a gradient of the old dtype no longer fits
+    }
+  };
+  for (auto& [n, t] : named_parameters()) convert(t);
+  for (auto& [n, t] : named_buffers()) convert(t);
+  return *this;
+}
+
+Module& Module::to(Device device) {
+  NoGradGuard no_grad;
+  auto move = [&](const Tensor& t) {
+    if (t.defined() && t.device() != device) {
+      t.set_data(ops::to(t, device));
+      t.set_grad(Tensor());
+    }
+  };
+  for (auto& [n, t] : named_parameters()) move(t);
+  for (auto& [n, t] : named_buffers()) move(t);
+  return *this;
+}
+
+void Module::zero_grad(bool set_to_none) {
+  for (const Tensor& p : parameters()) p.zero_grad(set_to_none);
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  for (auto& [n, t] : named_parameters()) out[n] = t;
+  for (auto& [n, t] : named_buffers()) out[n] = t;
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& state, bool strict) {
+  NoGradGuard no_grad;
+  const StateDict mine = state_dict();
+  std::vector<std::string> missing, unexpected, misshaped;
+  for (const auto& [n, t] : mine) {
+    auto it = state.find(n);
+    if (it == state.end()) {
+      missing.push_back(n);
+    } else if (it->second.shape() != t.shape()) {
+      misshaped.push_back(n + " (expected " + t.shape().str() + ", got " + it->second.shape().str() + ")");
+    }
+  }
+  for (const auto& [n, t] : state)
+    if (!mine.count(n)) unexpected.push_back(n);
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s.empty() ? std::string("none") : s;
+  };
+  FRUGAL_CHECK_SHAPE(misshaped.empty() && (!strict || (missing.empty() && unexpected.empty())), type_name_,
+                     ": load_state_dict: missing keys: ", list(missing),
+                     "; unexpected keys: ", list(unexpected), "; mis-shaped keys: ", list(misshaped),
+                     strict ? "" : " (strict=false ignores missing and unexpected keys, not shapes)");
+  for (const auto& [n, t] : mine) {
+    auto it = state.find(n);
+    if (it == state.end()) continue;
+    Tensor dst = t;
+    ops::copy_(dst, it->second.to(t.device()));  // converts the dtype; the handles stay the same
+  }
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  return n;
+}
+
+int64_t Module::parameter_bytes() const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.nbytes();
+  return n;
+}
+
+std::string Module::summary() const {
+  std::ostringstream os;
+  char line[256];
+  auto row = [&](const std::string& path, const Module& m) {
+    std::snprintf(line, sizeof line, "%-32s %-18s %12lld %14s\n", path.c_str(), m.type_name().c_str(),
+                  static_cast<long long>(m.num_parameters()),
+                  memory::format_bytes(m.parameter_bytes()).c_str());
+    os << line;
+  };
+  std::snprintf(line, sizeof line, "%-32s %-18s %12s %14s\n", "module", "type", "parameters", "bytes");
+  os << line;
+  row("(root)", *this);
+  for (const auto& [path, m] : named_modules()) row(path, *m);
+  return os.str();
+}
+
+}  // namespace frugal::nn
