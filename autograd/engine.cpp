@@ -2,7 +2,6 @@
 // each node runs once with its whole gradient), and releases each node's saved tensors as soon as its rule
 // has run. Iterative: no recursion, whatever the depth.
 #include <queue>
-#include <unordered_map>
 
 #include "autograd/functions.h"
 #include "autograd/graph.h"
@@ -64,24 +63,34 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
   // The rules run without recording (no create_graph): their ops only compute gradients.
   NoGradGuard no_grad;
   std::priority_queue<Node*, std::vector<Node*>, Newest> ready;
-  std::unordered_map<Node*, Tensor> pending;  // gradient flowing into each queued node's output
+  // If a rule throws, the nodes still queued must not keep a half-summed gradient for the next backward.
+  struct Drain {
+    std::priority_queue<Node*, std::vector<Node*>, Newest>& q;
+    ~Drain() {
+      for (; !q.empty(); q.pop()) {
+        q.top()->pending_grad = Tensor();
+        q.top()->queued = false;
+      }
+    }
+  } drain{ready};
   Node* first = meta->grad_fn.get();
-  pending[first] = grad;
+  first->pending_grad = grad;
+  first->queued = true;
   ready.push(first);
+  Grads saved;  // reused for every node
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
-    auto it = pending.find(node);
-    const Tensor g = std::move(it->second);
-    pending.erase(it);
+    const Tensor g = std::move(node->pending_grad);
+    node->pending_grad = Tensor();
+    node->queued = false;
     FRUGAL_CHECK(
         !node->released, "backward: trying to run backward through ", node->name,
         " a second time, but its saved tensors were already freed; pass retain_graph=true to the first "
         "backward() if you need to call backward twice");
     if (auto out = node->output.lock(); out && out->retains_grad) accumulate_leaf(*out, g);
 
-    Grads saved;
-    saved.reserve(node->saved.size());
+    saved.clear();
     for (const auto& s : node->saved) saved.push_back(s.unpack(node->name));
     Grads grads = node->backward(saved, g);
     saved.clear();
@@ -96,9 +105,12 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
         accumulate_leaf(*e.leaf, std::move(grads[i]));
         continue;
       }
-      auto [slot, inserted] = pending.try_emplace(e.fn.get());
-      accumulate(slot->second, grads[i]);
-      if (inserted) ready.push(e.fn.get());
+      Node* next = e.fn.get();
+      accumulate(next->pending_grad, grads[i]);
+      if (!next->queued) {
+        next->queued = true;
+        ready.push(next);
+      }
     }
   }
 }

@@ -74,6 +74,9 @@ struct Node {
   BackwardFn backward;                 // null once released
   std::weak_ptr<AutogradMeta> output;  // for retain_grad()
   bool released = false;
+  // Used by backward() only: the gradient flowing into this node's output, summed over its consumers.
+  Tensor pending_grad;
+  bool queued = false;
 
   void save(const Tensor& input) { saved.emplace_back(input, false); }
   void save_output(const Tensor& output) { saved.emplace_back(output, true); }
