@@ -1,0 +1,137 @@
+// DataLoader: per-epoch order (Fisher-Yates over a counter-based generator) and the prefetching worker.
+#include "data/dataloader.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/memory.h"
+#include "core/rng.h"
+
+namespace frugal::data {
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options)
+    : dataset_(std::move(dataset)), options_(options) {
+  FRUGAL_CHECK(dataset_ != nullptr, "DataLoader: the dataset is null");
+  FRUGAL_CHECK(options_.batch_size_ >= 1, "DataLoader: batch_size must be at least 1, got ",
+               options_.batch_size_);
+  FRUGAL_CHECK(options_.prefetch_ >= 0, "DataLoader: prefetch must be >= 0 (0 = no worker thread), got ",
+               options_.prefetch_);
+}
+
+DataLoader::~DataLoader() { stop_worker(); }
+
+int64_t DataLoader::num_batches() const {
+  const int64_t n = dataset_->size(), b = options_.batch_size_;
+  return options_.drop_last_ ? n / b : (n + b - 1) / b;
+}
+
+std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
+  FRUGAL_CHECK(epoch >= 0, "DataLoader: epoch must be >= 0, got ", epoch);
+  std::vector<int64_t> order(size_t(dataset_->size()));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  if (!options_.shuffle_) return order;
+  // Note [epoch order]: each epoch draws from its own stretch of the generator's counter (2^32 blocks, enough
+  // for 2^33 examples), so its order depends on (seed, epoch) only, never on how many epochs ran before.
+  Generator gen(options_.seed_);
+  gen.set_state({options_.seed_, uint64_t(epoch) << 32});
+  uint32_t words[4];
+  int used = 4;
+  const auto next_u64 = [&] {
+    if (used == 4) {
+      Generator::block(gen.seed(), gen.reserve(1), words);
+      used = 0;
+    }
+    const uint64_t v = uint64_t(words[used]) << 32 | words[used + 1];
+    used += 2;
+    return v;
+  };
+  // Fisher-Yates; j = floor(r * (i + 1) / 2^64) is uniform on [0, i] up to a bias below 2^-30.
+  for (size_t i = order.size(); i-- > 1;) {
+    const size_t j = size_t((unsigned __int128)next_u64() * (i + 1) >> 64);
+    std::swap(order[i], order[j]);
+  }
+  return order;
+}
+
+Batch DataLoader::make_batch(int64_t b) const {
+  const int64_t begin = b * options_.batch_size_;
+  const int64_t end = std::min<int64_t>(begin + options_.batch_size_, int64_t(order_.size()));
+  return dataset_->get_batch(std::span<const int64_t>(order_.data() + begin, size_t(end - begin)),
+                             options_.dtype_);
+}
+
+void DataLoader::begin_epoch(int64_t epoch) {
+  stop_worker();
+  order_ = epoch_order(epoch);
+  started_ = true;
+  delivered_ = 0;
+  if (options_.prefetch_ > 0 && num_batches() > 0)
+    worker_ = std::thread([this, n = num_batches()] { run_worker(n); });
+}
+
+void DataLoader::run_worker(int64_t num_batches) {
+  // Tags are per thread: the batches this thread allocates count under "data" in memory::tag_stats().
+  memory::Tag tag("data");
+  for (int64_t b = 0; b < num_batches; ++b) {
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stop_ || int64_t(queue_.size()) < options_.prefetch_; });
+      if (stop_) return;
+    }
+    Slot slot;
+    try {
+      slot.batch = make_batch(b);
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+    const bool failed = slot.error != nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(slot));
+    }
+    cv_.notify_all();
+    if (failed) return;  // next() rethrows it and ends the epoch
+  }
+}
+
+std::optional<Batch> DataLoader::next() {
+  FRUGAL_CHECK(started_, "DataLoader::next: call begin_epoch(epoch) first (or iterate over loader.epoch(e))");
+  if (delivered_ >= num_batches()) return std::nullopt;
+  if (options_.prefetch_ == 0) {
+    memory::Tag tag("data");
+    const int64_t b = delivered_;
+    delivered_ = num_batches();  // an exception below ends the epoch, as it does with the worker
+    Batch batch = make_batch(b);
+    delivered_ = b + 1;
+    return batch;
+  }
+  Slot slot;
+  {
+    std::unique_lock lock(mutex_);
+    // The worker pushes every batch of the epoch, or stops after pushing an error, so this wait ends.
+    cv_.wait(lock, [&] { return !queue_.empty(); });
+    slot = std::move(queue_.front());
+    queue_.pop_front();
+  }
+  cv_.notify_all();
+  ++delivered_;
+  if (slot.error) {
+    delivered_ = num_batches();
+    std::rethrow_exception(slot.error);
+  }
+  return std::move(slot.batch);
+}
+
+void DataLoader::stop_worker() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  std::lock_guard lock(mutex_);
+  queue_.clear();
+  stop_ = false;
+}
+
+}  // namespace frugal::data
