@@ -19,3 +19,8 @@
 #include "core/rng.h"
 #include "core/shape.h"
 #include "core/tensor.h"
+#include "data/dataloader.h"
+#include "data/dataset.h"
+#include "data/idx.h"
+#include "io/file.h"
+#include "io/safetensors.h"
