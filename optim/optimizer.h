@@ -4,7 +4,8 @@
 //   optim::Adam opt(model->parameters(), optim::AdamOptions(1e-3));
 //   for (...) { opt.zero_grad(); Tensor loss = ...; loss.backward(); opt.step(); }
 //   StateDict s = opt.state_dict();  // "state.0.exp_avg", "state.0.step", "param_groups.0.lr", ...
-//   optim::SGD sgd({{model->encoder_params()}, {head_params, optim::SGDOptions(1e-2)}},
+//   optim::SGD sgd({{body->parameters()}, {head->parameters(), optim::SGDOptions(1e-2)}},  // per-group lr
+//                  optim::SGDOptions(1e-3));
 //   optim::SGDOptions(1e-3));
 #pragma once
 

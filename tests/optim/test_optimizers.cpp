@@ -27,7 +27,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const nlohmann::json& cfg,
   auto get = [&](const char* key, double fallback) {
     return o.contains(key) ? o[key].get<double>() : fallback;
   };
-  std::vector<optim::ParamGroup> groups;
   const bool per_param_lr = !cfg["group_lrs"].is_null();
   auto groups_with = [&](const optim::OptimizerOptions& base) {
     std::vector<optim::ParamGroup> g;
