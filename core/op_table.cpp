@@ -21,6 +21,8 @@ constinit OpTable<ElementwiseKernel> op_cast{"cast"};
 constinit OpTable<ElementwiseKernel> op_fill{"fill"};
 constinit OpTable<GemmKernel> op_gemm{"matmul"};
 constinit OpTable<SoftmaxKernel> op_softmax{"softmax"};
+constinit OpTable<SgdStepKernel> op_sgd_step{"sgd_step"};
+constinit OpTable<AdamStepKernel> op_adam_step{"adam_step"};
 constinit OpTable<IndexKernel> op_index_select{"index_select"};
 constinit OpTable<IndexKernel> op_gather{"gather"};
 constinit OpTable<IndexKernel> op_scatter_add{"scatter_add"};

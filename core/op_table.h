@@ -124,6 +124,36 @@ extern OpTable<ElementwiseKernel> op_cast;  // operands: out, in; keyed by the O
 extern OpTable<ElementwiseKernel> op_fill;  // operands: out; args.a = the value
 extern OpTable<GemmKernel> op_gemm;
 extern OpTable<SoftmaxKernel> op_softmax;
+// Optimizer updates (optim/): one fused pass over a parameter, its gradient and its state, each contiguous
+// with n elements. Keyed by the parameter's dtype; the gradient has that dtype too, the state is f32 for
+// f16/bf16 parameters and the parameter's dtype otherwise (the compute type, acc_t). Formulas: optim/sgd.h,
+// optim/adam.h.
+struct SgdStepArgs {
+  void* param = nullptr;
+  const void* grad = nullptr;
+  void* momentum_buffer = nullptr;  // null when momentum is 0
+  int64_t n = 0;
+  double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+  bool first_step = false;  // the buffer starts as the gradient
+};
+using SgdStepKernel = void(const SgdStepArgs& args);
+extern OpTable<SgdStepKernel> op_sgd_step;
+struct AdamStepArgs {
+  void* param = nullptr;
+  const void* grad = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  void* max_exp_avg_sq = nullptr;  // amsgrad only
+  int64_t n = 0;
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  double step_size = 0;                 // lr / (1 - beta1^step)
+  double bias_correction2_sqrt = 1;     // sqrt(1 - beta2^step)
+  bool decoupled_weight_decay = false;  // AdamW
+  bool amsgrad = false;
+};
+using AdamStepKernel = void(const AdamStepArgs& args);
+extern OpTable<AdamStepKernel> op_adam_step;
 extern OpTable<IndexKernel> op_index_select;
 extern OpTable<IndexKernel> op_gather;
 extern OpTable<IndexKernel> op_scatter_add;

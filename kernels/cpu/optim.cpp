@@ -1,0 +1,87 @@
+// CPU optimizer updates: SGD and Adam/AdamW fused into one pass over param, grad and state per element,
+// with PyTorch's formulas (optim/sgd.h, optim/adam.h) and operation order. f16/bf16 parameters compute in
+// f32 with f32 state. The composite references (several frugal::ops passes) are in
+// tests/optim/test_kernels.cpp.
+#include <algorithm>
+#include <cmath>
+
+#include "core/op_table.h"
+#include "core/parallel.h"
+#include "kernels/cpu/register.h"
+
+namespace frugal {
+namespace {
+
+using cpu::for_types;
+
+// param, grad (n, T); momentum_buffer (n, acc_t<T>) or null.
+template <typename T>
+void sgd_step_cpu(const SgdStepArgs& a) {
+  using C = acc_t<T>;
+  T* param = static_cast<T*>(a.param);
+  const T* grad = static_cast<const T*>(a.grad);
+  C* buf = static_cast<C*>(a.momentum_buffer);
+  const C lr = C(a.lr), wd = C(a.weight_decay), momentum = C(a.momentum), keep = C(1 - a.dampening);
+  const bool decay = a.weight_decay != 0, nesterov = a.nesterov, first = a.first_step;
+  parallel_for(0, a.n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const C p = C(param[i]);
+      C d = C(grad[i]);
+      if (decay) d = d + wd * p;
+      if (buf) {
+        const C b = first ? d : buf[i] * momentum + keep * d;
+        buf[i] = b;
+        d = nesterov ? d + momentum * b : b;
+      }
+      param[i] = T(p - lr * d);
+    }
+  });
+}
+
+// param, grad (n, T); exp_avg, exp_avg_sq, max_exp_avg_sq (n, acc_t<T>; the last only with amsgrad).
+template <typename T>
+void adam_step_cpu(const AdamStepArgs& a) {
+  using C = acc_t<T>;
+  T* param = static_cast<T*>(a.param);
+  const T* grad = static_cast<const T*>(a.grad);
+  C* exp_avg = static_cast<C*>(a.exp_avg);
+  C* exp_avg_sq = static_cast<C*>(a.exp_avg_sq);
+  C* max_sq = static_cast<C*>(a.max_exp_avg_sq);
+  const C beta1 = C(a.beta1), beta2 = C(a.beta2), one_minus_beta1 = C(1 - a.beta1),
+          one_minus_beta2 = C(1 - a.beta2), eps = C(a.eps), wd = C(a.weight_decay),
+          shrink = C(1 - a.lr * a.weight_decay), step_size = C(a.step_size),
+          bc2_sqrt = C(a.bias_correction2_sqrt);
+  const bool coupled = a.weight_decay != 0 && !a.decoupled_weight_decay,
+             decoupled = a.weight_decay != 0 && a.decoupled_weight_decay, amsgrad = a.amsgrad;
+  parallel_for(0, a.n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      C p = C(param[i]);
+      C g = C(grad[i]);
+      if (coupled) g = g + wd * p;
+      if (decoupled) p = p * shrink;
+      const C m = exp_avg[i] * beta1 + one_minus_beta1 * g;
+      const C v = exp_avg_sq[i] * beta2 + one_minus_beta2 * (g * g);
+      exp_avg[i] = m;
+      exp_avg_sq[i] = v;
+      C v_used = v;
+      if (amsgrad) {
+        v_used = std::max(max_sq[i], v);
+        max_sq[i] = v_used;
+      }
+      const C denom = std::sqrt(v_used) / bc2_sqrt + eps;
+      param[i] = T(p - step_size * (m / denom));
+    }
+  });
+}
+
+const bool kRegistered = [] {
+  for_types<float, double, Half, BFloat16>([](auto t) {
+    using T = decltype(t);
+    op_sgd_step.set(DeviceType::CPU, dtype_v<T>, sgd_step_cpu<T>);
+    op_adam_step.set(DeviceType::CPU, dtype_v<T>, adam_step_cpu<T>);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace frugal

@@ -1,0 +1,55 @@
+// clip_grad_norm_ and clip_grad_value_: per-gradient norms with frugal::ops, combined in f64.
+#include "optim/clip_grad.h"
+
+#include <cmath>
+
+#include "autograd/graph.h"
+#include "core/ops.h"
+
+namespace frugal::optim {
+
+namespace {
+
+// ||g||_p of one gradient; 16-bit gradients are summed in f32 so that squares cannot overflow.
+double grad_norm(const Tensor& grad, double p) {
+  const Tensor g = grad.dtype() == DType::F16 || grad.dtype() == DType::BF16 ? grad.to(DType::F32) : grad;
+  if (std::isinf(p)) return ops::max(ops::abs(g)).item<double>();
+  if (p == 1) return ops::sum(ops::abs(g)).item<double>();
+  if (p == 2) return std::sqrt(ops::sum(ops::mul(g, g)).item<double>());
+  return std::pow(ops::sum(ops::pow(ops::abs(g), p)).item<double>(), 1 / p);
+}
+
+}  // namespace
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  FRUGAL_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be > 0 or INFINITY, got ", norm_type);
+  FRUGAL_CHECK(max_norm >= 0, "clip_grad_norm_: max_norm must be >= 0, got ", max_norm);
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params)
+    if (p.defined() && p.grad().defined() && p.grad().numel() > 0) grads.push_back(p.grad());
+  if (grads.empty()) return 0;
+  // As PyTorch: the norm of the per-gradient norms.
+  double total = 0;
+  for (const Tensor& g : grads) {
+    const double n = grad_norm(g, norm_type);
+    total = std::isinf(norm_type) ? std::max(total, n) : total + std::pow(n, norm_type);
+  }
+  if (!std::isinf(norm_type)) total = norm_type == 2 ? std::sqrt(total) : std::pow(total, 1 / norm_type);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1)
+    for (Tensor& g : grads) ops::mul_(g, coef);
+  return total;
+}
+
+void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
+  FRUGAL_CHECK(clip_value >= 0, "clip_grad_value_: clip_value must be >= 0, got ", clip_value);
+  NoGradGuard no_grad;
+  for (const Tensor& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    Tensor g = p.grad();
+    ops::clamp_(g, -clip_value, clip_value);
+  }
+}
+
+}  // namespace frugal::optim

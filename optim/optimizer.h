@@ -1,0 +1,140 @@
+// optim::Optimizer: what SGD, Adam and AdamW share — parameter groups with their own options, per-parameter
+// state kept in arena tensors (counted under the memory tag "optimizer"), zero_grad, and state dicts.
+//
+//   optim::Adam opt(model->parameters(), optim::AdamOptions(1e-3));
+//   for (...) { opt.zero_grad(); Tensor loss = ...; loss.backward(); opt.step(); }
+//   StateDict s = opt.state_dict();  // "state.0.exp_avg", "state.0.step", "param_groups.0.lr", ...
+//   optim::SGD sgd({{body->parameters()}, {head->parameters(), optim::SGDOptions(1e-2)}},  // per-group lr
+//                  optim::SGDOptions(1e-3));
+//   optim::SGDOptions(1e-3));
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace frugal::optim {
+
+// Declares a hyperparameter of an options class, libtorch style: a chainable setter name(v) and a getter
+// name().
+#define FRUGAL_OPTIM_ARG(T, name, init)     \
+ public:                                    \
+  auto& name(const T& value) {              \
+    name##_ = value;                        \
+    return *this;                           \
+  }                                         \
+  const T& name() const { return name##_; } \
+                                            \
+ private:                                   \
+  T name##_ = init
+
+// One hyperparameter by name, for state dicts: a number (saved as 0-d f64) or a flag (0-d i64).
+struct HyperParam {
+  std::string name;
+  double* number = nullptr;
+  bool* flag = nullptr;
+};
+
+// The options of one optimizer (SGDOptions, AdamOptions, ...); each parameter group holds its own copy.
+class OptimizerOptions {
+ public:
+  virtual ~OptimizerOptions() = default;
+  virtual std::unique_ptr<OptimizerOptions> clone() const = 0;
+  virtual double get_lr() const = 0;
+  virtual void set_lr(double lr) = 0;
+  // Every hyperparameter, by the name it has in a state dict ("lr", "momentum", ...).
+  virtual std::vector<HyperParam> hyperparams() = 0;
+  // Throws Error naming the first invalid value (the optimizer calls it for every group).
+  virtual void validate() const = 0;
+};
+
+// Parameters that share options. Without options a group takes the optimizer's defaults.
+struct ParamGroup {
+  ParamGroup(std::vector<Tensor> params);  // NOLINT: implicit, so {{a, b}, {c, SGDOptions(0.1)}} reads well
+  ParamGroup(std::vector<Tensor> params, const OptimizerOptions& options);
+  ParamGroup(const ParamGroup& other);
+  ParamGroup& operator=(const ParamGroup& other);
+  ParamGroup(ParamGroup&&) = default;
+  ParamGroup& operator=(ParamGroup&&) = default;
+
+  OptimizerOptions& options() { return *options_; }
+  const OptimizerOptions& options() const { return *options_; }
+  bool has_options() const { return options_ != nullptr; }
+
+  std::vector<Tensor> params;
+  // The lr the first LR schedule found on this group (PyTorch's group["initial_lr"]): what schedules scale.
+  std::optional<double> initial_lr;
+
+ private:
+  friend class Optimizer;
+  std::unique_ptr<OptimizerOptions> options_;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient (those without are skipped), without recording.
+  virtual void step();
+  // Clears the gradients: set_to_none drops them (memory is freed), otherwise they are filled with zeros.
+  void zero_grad(bool set_to_none = true);
+  // A group added later gets the defaults unless it has options; its parameters must be new.
+  void add_param_group(ParamGroup group);
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  const OptimizerOptions& defaults() const { return *defaults_; }
+  const char* name() const { return name_; }
+
+  // The state as tensors, parameters numbered across groups in order (as in PyTorch):
+  //   state.<i>.<name>      the state tensors of parameter i ("exp_avg", "momentum_buffer", ...)
+  //   state.<i>.step        updates applied to parameter i (0-d i64)
+  //   param_groups.<g>.<h>  hyperparameter h of group g (0-d f64; flags 0-d i64)
+  //   param_groups.<g>.params  the indices of the group's parameters (1-D i64)
+  // Tensors are copies: later steps do not change a saved dict.
+  StateDict state_dict() const;
+  // Replaces the state and hyperparameters with those of a dict from state_dict() of an optimizer of the
+  // same kind over parameters of the same shapes. Throws Error naming what does not match (and changes
+  // nothing then).
+  void load_state_dict(const StateDict& dict);
+  // Bytes held by the state tensors.
+  int64_t num_state_bytes() const;
+
+ protected:
+  // The state of one parameter: created zeroed on its first update.
+  struct ParamState {
+    bool initialized = false;
+    int64_t step = 0;
+    std::map<std::string, Tensor> tensors;
+  };
+
+  Optimizer(const char* name, std::vector<ParamGroup> groups, std::unique_ptr<OptimizerOptions> defaults);
+
+  // Applies one update to a parameter (contiguous) from its gradient (contiguous, same shape and dtype).
+  virtual void update(const OptimizerOptions& options, Tensor& param, const Tensor& grad,
+                      ParamState& state) = 0;
+  // The state tensors a parameter has under these options (what load_state_dict expects).
+  virtual std::vector<std::string> state_names(const OptimizerOptions& options) const = 0;
+
+  // A zeroed state tensor for param: its shape, f32 for f16/bf16 parameters (else its dtype), counted under
+  // the memory tag "optimizer".
+  static Tensor new_state(const Tensor& param);
+  static DType state_dtype(DType param_dtype);
+
+ private:
+  void check_new_params(const std::vector<Tensor>& params) const;
+
+  const char* name_;
+  std::vector<ParamGroup> groups_;
+  std::vector<std::vector<ParamState>> state_;  // parallel to groups_[g].params
+  std::unique_ptr<OptimizerOptions> defaults_;
+};
+
+}  // namespace frugal::optim
