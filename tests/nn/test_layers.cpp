@@ -85,6 +85,25 @@ TEST(Layers, EmbeddingRowsPaddingAndDenseGradient) {
   EXPECT_NEAR(var(big.weight).item<double>(), 1.0, 0.03);
 }
 
+TEST(Layers, EmbeddingDropoutFlattenGradcheck) {
+  const Tensor idx = tensor(std::vector<int64_t>{3, 0, 3, 1, 4, 2}, {3, 2});
+  for (Layout layout : testing::kLayouts) {
+    const std::string l = testing::layout_name(layout);
+    expect_grads_ok([&](const std::vector<Tensor>& in) { return F::embedding(idx, in[0]); },
+                    {testing::leaf({5, 4}, -1, 1, 40, layout)}, "embedding " + l);
+    // (padding_idx withholds the padding row's gradient on purpose, so it is checked by value above, not
+    // here.) The mask must not change between gradcheck's calls: each call draws it from the same seed.
+    expect_grads_ok(
+        [](const std::vector<Tensor>& in) {
+          manual_seed(42);
+          return F::dropout(in[0], 0.4, true);
+        },
+        {testing::leaf({6, 5}, -1, 1, 42, layout)}, "dropout " + l);
+    expect_grads_ok([](const std::vector<Tensor>& in) { return nn::Flatten()(in[0]); },
+                    {testing::leaf({2, 3, 4}, -1, 1, 43, layout)}, "flatten " + l);
+  }
+}
+
 TEST(Layers, DropoutStatisticsEvalAndRecompute) {
   manual_seed(5);
   nn::Dropout drop(0.3);
