@@ -26,6 +26,8 @@ constinit OpTable<AdamStepKernel> op_adam_step{"adam_step"};
 constinit OpTable<IndexKernel> op_index_select{"index_select"};
 constinit OpTable<IndexKernel> op_gather{"gather"};
 constinit OpTable<IndexKernel> op_scatter_add{"scatter_add"};
+constinit OpTable<CrossEntropyKernel> op_cross_entropy{"cross_entropy"};
+constinit OpTable<CrossEntropyKernel> op_cross_entropy_backward{"cross_entropy_backward"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

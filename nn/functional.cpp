@@ -1,0 +1,155 @@
+// nn::functional layers (linear, dropout, layer_norm, batch_norm, embedding): composites of differentiable
+// ops, so their gradients come from autograd/ and recompute segments replay them. Losses are in
+// nn/functional_losses.cpp.
+#include "nn/functional.h"
+
+namespace frugal::nn::functional {
+
+namespace {
+bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
+// f16/bf16 normalisation computes in f32 (PyTorch does the same); other dtypes as they are.
+Tensor compute_dtype(const Tensor& x) { return is_half(x.dtype()) ? x.to(DType::F32) : x; }
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  FRUGAL_CHECK(x.defined() && weight.defined(), "linear: the input or the weight is undefined");
+  FRUGAL_CHECK_SHAPE(weight.dim() == 2, "linear: the weight must be 2-D [out, in], got shape ",
+                     weight.shape());
+  FRUGAL_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input shape ", x.shape(),
+                     " does not fit weight shape ", weight.shape(), "; the input's last dim must be ",
+                     weight.size(1));
+  FRUGAL_CHECK_SHAPE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
+                     "linear: the bias must have shape [", weight.size(0), "], got ",
+                     bias.defined() ? bias.shape() : Shape{});
+  // Leading dims are folded into one so that matmul runs one GEMM and its backward one GEMM per operand (a
+  // batched matmul against a 2-D weight would sum a [batch, in, out] gradient).
+  const bool fold = x.dim() > 2;
+  const Tensor x2 = fold ? x.reshape({-1, x.size(-1)}) : x;
+  Tensor y = matmul(x2, weight.t());
+  if (bias.defined()) y = add(y, bias);
+  if (fold) {
+    Shape s = x.shape();
+    s[s.size() - 1] = weight.size(0);
+    y = y.reshape(s);
+  }
+  return y;
+}
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  FRUGAL_CHECK(x.defined(), "dropout: the input is undefined");
+  FRUGAL_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", p);
+  FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), "dropout: expected a floating input, got ",
+                     dtype_name(x.dtype()), " (shape ", x.shape(), ")");
+  if (!training || p == 0) return x;
+  if (p == 1) return mul(x, 0.0);
+  // Note [recompute and RNG]: the mask comes from the default generator, whose state a recompute segment
+  // saves and restores, so the segment's second run draws the same mask.
+  const Tensor u = rand(x.shape(), x.dtype() == DType::F64 ? DType::F64 : DType::F32);
+  return where(ge(u, p), mul(x, 1.0 / (1.0 - p)), scalar_tensor(0, x.dtype()));
+}
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  FRUGAL_CHECK(x.defined(), "layer_norm: the input is undefined");
+  FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), "layer_norm: expected a floating input, got ",
+                     dtype_name(x.dtype()), " (shape ", x.shape(), ")");
+  const int k = normalized_shape.size();
+  bool fits = k >= 1 && x.dim() >= k;
+  for (int i = 0; fits && i < k; ++i) fits = x.shape()[x.dim() - k + i] == normalized_shape[i];
+  FRUGAL_CHECK_SHAPE(fits, "layer_norm: input shape ", x.shape(), " does not end with normalized_shape ",
+                     normalized_shape);
+  FRUGAL_CHECK_SHAPE(!weight.defined() || weight.shape() == normalized_shape, "layer_norm: weight shape ",
+                     weight.defined() ? weight.shape() : Shape{}, " must equal normalized_shape ",
+                     normalized_shape);
+  FRUGAL_CHECK_SHAPE(!bias.defined() || bias.shape() == normalized_shape, "layer_norm: bias shape ",
+                     bias.defined() ? bias.shape() : Shape{}, " must equal normalized_shape ",
+                     normalized_shape);
+  Shape dims;
+  for (int i = 0; i < k; ++i) dims.push_back(x.dim() - k + i);
+  const Tensor xf = compute_dtype(x);
+  const Tensor mu = mean(xf, dims, true);
+  const Tensor v = var(xf, dims, 0, true);
+  Tensor y = mul(sub(xf, mu), rsqrt(add(v, eps)));
+  if (weight.defined()) y = mul(y, weight);
+  if (bias.defined()) y = add(y, bias);
+  return y.to(x.dtype());
+}
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
+  FRUGAL_CHECK(x.defined(), "batch_norm: the input is undefined");
+  FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), "batch_norm: expected a floating input, got ",
+                     dtype_name(x.dtype()), " (shape ", x.shape(), ")");
+  FRUGAL_CHECK_SHAPE(x.dim() >= 2,
+                     "batch_norm: expected an input [N, C, ...] with at least 2 dims, got shape ", x.shape());
+  const int64_t c = x.size(1);
+  auto check_param = [&](const Tensor& t, const char* name) {
+    FRUGAL_CHECK_SHAPE(!t.defined() || t.shape() == Shape{c}, "batch_norm: ", name, " must have shape [", c,
+                       "] for input shape ", x.shape(), ", got ", t.defined() ? t.shape() : Shape{});
+  };
+  check_param(running_mean, "running_mean");
+  check_param(running_var, "running_var");
+  check_param(weight, "weight");
+  check_param(bias, "bias");
+  FRUGAL_CHECK(training || (running_mean.defined() && running_var.defined()),
+               "batch_norm: without training, running_mean and running_var must be defined");
+  Shape dims{0}, bshape = Shape::filled(x.dim(), 1);
+  for (int d = 2; d < x.dim(); ++d) dims.push_back(d);
+  bshape[1] = c;
+  const Tensor xf = compute_dtype(x);
+  Tensor mu, v;
+  if (training) {
+    const int64_t n = x.numel() / std::max<int64_t>(c, 1);
+    FRUGAL_CHECK_SHAPE(n > 1,
+                       "batch_norm: expected more than 1 value per channel when training, got input shape ",
+                       x.shape());
+    mu = mean(xf, dims, true);
+    v = var(xf, dims, 0, true);
+    if (running_mean.defined()) {
+      NoGradGuard no_grad;
+      Tensor rm = running_mean, rv = running_var;
+      ops::mul_(rm, 1 - momentum);
+      ops::add_(rm, ops::mul(mu.detach().reshape({c}), momentum));
+      ops::mul_(rv, 1 - momentum);
+      ops::add_(rv, ops::mul(v.detach().reshape({c}), momentum * double(n) / double(n - 1)));
+    }
+  } else {
+    mu = running_mean.reshape(bshape).to(xf.dtype());
+    v = running_var.reshape(bshape).to(xf.dtype());
+  }
+  Tensor y = mul(sub(xf, mu), rsqrt(add(v, eps)));
+  if (weight.defined()) y = mul(y, weight.reshape(bshape));
+  if (bias.defined()) y = add(y, bias.reshape(bshape));
+  return y.to(x.dtype());
+}
+
+Tensor embedding(const Tensor& input, const Tensor& weight, std::optional<int64_t> padding_idx) {
+  FRUGAL_CHECK(input.defined() && weight.defined(), "embedding: the input or the weight is undefined");
+  FRUGAL_CHECK_SHAPE(weight.dim() == 2, "embedding: the weight must be 2-D [num_embeddings, dim], got shape ",
+                     weight.shape());
+  FRUGAL_CHECK_DTYPE(input.dtype() == DType::I64 || input.dtype() == DType::I32,
+                     "embedding: the indices must be i64 or i32, got ", dtype_name(input.dtype()), " (shape ",
+                     input.shape(), ")");
+  const int64_t num = weight.size(0);
+  const Tensor flat = input.reshape({-1});
+  if (flat.numel() > 0) {
+    const int64_t lo = ops::min(flat).item<int64_t>(), hi = ops::max(flat).item<int64_t>();
+    FRUGAL_CHECK_INDEX(lo >= 0 && hi < num, "embedding: index ", lo < 0 ? lo : hi, " is out of range for ",
+                       num, " embeddings (weight shape ", weight.shape(), "); valid indices are [0, ",
+                       num - 1, "]");
+  }
+  Shape out_shape = input.shape();
+  out_shape.push_back(weight.size(1));
+  Tensor y = index_select(weight, 0, flat);
+  if (padding_idx) {
+    const int64_t pad = *padding_idx < 0 ? *padding_idx + num : *padding_idx;
+    FRUGAL_CHECK_INDEX(pad >= 0 && pad < num, "embedding: padding_idx ", *padding_idx,
+                       " is out of range for ", num, " embeddings");
+    // The padding row's value passes through, its gradient does not.
+    const Tensor is_pad = ops::eq(flat, double(pad)).unsqueeze(1);
+    y = where(is_pad, y.detach(), y);
+  }
+  return y.reshape(out_shape);
+}
+
+}  // namespace frugal::nn::functional

@@ -1,0 +1,85 @@
+// nn::functional: the stateless forms of the layers (linear, dropout, norms, embedding) and the losses. Most
+// are composites of differentiable ops (their gradients come from autograd/); cross_entropy on [N, C] logits
+// runs the fused one-pass kernel (op_cross_entropy, kernels/cpu/cross_entropy.cpp).
+//
+//   namespace F = frugal::nn::functional;
+//   Tensor logits = F::linear(x, w, b);                       // x [N, in], w [out, in], b [out]
+//   Tensor loss = F::cross_entropy(logits, labels);           // labels: i64 [N]
+//   Tensor l2 = F::mse_loss(pred, target, F::Reduction::Sum);
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "autograd/functions.h"
+#include "core/rng.h"
+
+namespace frugal::nn::functional {
+
+// How a loss reduces its per-element values. BatchMean (sum / batch size) is kl_div's only.
+enum class Reduction { None, Mean, Sum, BatchMean };
+const char* reduction_name(Reduction r);
+
+// ---- Layers ----
+
+// y = x @ weight^T + bias; x [..., in], weight [out, in], bias [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+
+// Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training; x itself
+// otherwise. Drawn from the default generator, so recompute segments replay the same mask.
+Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
+
+// Normalises over the trailing dims named by normalized_shape: (x - mean) / sqrt(var + eps) * weight + bias
+// (biased variance; weight and bias of normalized_shape, or undefined). f16/bf16 inputs compute in f32.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+
+// Batch norm over x [N, C, ...] per channel. Training: batch statistics over every dim but C (biased variance
+// to normalise), and running_mean / running_var (if defined) updated in place as
+// r = (1 - momentum) r + momentum s, with the unbiased variance. Not training: the running statistics.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight = {}, const Tensor& bias = {}, bool training = false,
+                  double momentum = 0.1, double eps = 1e-5);
+
+// Rows of weight [num_embeddings, dim] at the integer indices `input` (any shape): input.shape + [dim]. The
+// row padding_idx gets no gradient. A dense gradient.
+Tensor embedding(const Tensor& input, const Tensor& weight,
+                 std::optional<int64_t> padding_idx = std::nullopt);
+
+// ---- Losses ----
+// Every loss checks shapes and dtypes and throws an Error naming the op and what it was given.
+
+// Softmax cross-entropy of logits [N, C] (or [N, C, d...], or [C] with a 0-d target) against class indices
+// (i64, [N] or [N, d...]), as PyTorch defines it: targets equal to ignore_index contribute nothing and Mean
+// divides by the number of the others; label smoothing eps mixes the one-hot target with the uniform
+// distribution: loss = (1 - eps) * nll + eps * mean_j(-log p_j). Runs the fused kernel.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction = Reduction::Mean,
+                     int64_t ignore_index = -100, double label_smoothing = 0.0);
+// The same loss composed from log_softmax, gather and masks: the reference the fused kernel is tested
+// against.
+Tensor cross_entropy_composite(const Tensor& logits, const Tensor& target,
+                               Reduction reduction = Reduction::Mean, int64_t ignore_index = -100,
+                               double label_smoothing = 0.0);
+// The fused op itself: per-row losses [N] of logits [N, C] (f32 for f16/bf16 logits), 0 at ignored rows.
+Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                          double label_smoothing = 0.0);
+
+// Negative log-likelihood of log-probabilities [N, C] (or [N, C, d...]) at class indices: -input[n,
+// target[n]].
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction = Reduction::Mean,
+                int64_t ignore_index = -100);
+// (input - target)^2 and |input - target|; shapes must match.
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+// KL divergence with input as log-probabilities: target * (log target - input) (0 where target is 0), or
+// exp(target) * (target - input) when log_target. BatchMean divides the sum by input.size(0), which is the
+// true KL divergence per sample; Mean divides by the element count, as PyTorch does.
+Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+              bool log_target = false);
+// Binary cross-entropy on logits, in the stable form
+//   (1 - t) x + (1 + (pos_weight - 1) t) (log(1 + exp(-|x|)) + max(-x, 0));
+// pos_weight (optional) broadcasts against the last dim (one weight per class).
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        Reduction reduction = Reduction::Mean, const Tensor& pos_weight = {});
+
+}  // namespace frugal::nn::functional

@@ -1,0 +1,175 @@
+// nn layers in the style of PyTorch's C++ frontend: each a Module that registers its parameters (with
+// PyTorch's default initialisation) and buffers, configured by an options struct, and runs nn::functional.
+//
+//   nn::Linear fc(nn::LinearOptions(784, 256).bias(false));
+//   nn::LayerNorm ln(nn::LayerNormOptions({128}).eps(1e-6));
+//   nn::BatchNorm2d bn(32);
+//   Tensor y = nn::GELU(nn::GELUOptions().approximate("tanh"))(ln(fc(x)));
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "nn/functional.h"
+#include "nn/module.h"
+
+// An option with a chaining setter and a getter, as libtorch's TORCH_ARG: opts.bias(false); opts.bias().
+#define FRUGAL_ARG(T, name)                 \
+ public:                                    \
+  auto& name(const T& value) {              \
+    name##_ = value;                        \
+    return *this;                           \
+  }                                         \
+  const T& name() const { return name##_; } \
+                                            \
+ private:                                   \
+  T name##_
+
+namespace frugal::nn {
+
+struct LinearOptions {
+  LinearOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
+  FRUGAL_ARG(int64_t, in_features);
+  FRUGAL_ARG(int64_t, out_features);
+  FRUGAL_ARG(bool, bias) = true;
+};
+
+// y = x W^T + b; weight [out, in] and bias [out] drawn from U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's
+// kaiming_uniform_ with a = sqrt(5)).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features) : Linear(LinearOptions(in_features, out_features)) {}
+  explicit Linear(const LinearOptions& options);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+  LinearOptions options;
+  Tensor weight, bias;  // bias undefined without bias(true)
+};
+
+struct EmbeddingOptions {
+  EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  FRUGAL_ARG(int64_t, num_embeddings);
+  FRUGAL_ARG(int64_t, embedding_dim);
+  FRUGAL_ARG(std::optional<int64_t>, padding_idx);
+};
+
+// A lookup table: integer indices of any shape -> their rows of weight [num, dim], drawn from N(0, 1) (the
+// padding row, if any, zero and never trained). The gradient is dense.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim)
+      : Embedding(EmbeddingOptions(num_embeddings, embedding_dim)) {}
+  explicit Embedding(const EmbeddingOptions& options);
+  Tensor forward(const Tensor& indices) override;
+  void reset_parameters();
+  EmbeddingOptions options;
+  Tensor weight;
+};
+
+struct DropoutOptions {
+  DropoutOptions(double p = 0.5) : p_(p) {}  // NOLINT: implicit, as in libtorch (Dropout(0.2))
+  FRUGAL_ARG(double, p);
+};
+
+// Zeroes elements with probability p and scales the rest by 1 / (1 - p) in training; the identity in eval.
+class Dropout : public Module {
+ public:
+  explicit Dropout(const DropoutOptions& options = {});
+  Tensor forward(const Tensor& x) override;
+  DropoutOptions options;
+};
+
+struct FlattenOptions {
+  FRUGAL_ARG(int64_t, start_dim) = 1;
+  FRUGAL_ARG(int64_t, end_dim) = -1;
+};
+
+// Merges dims start_dim..end_dim into one (a view when possible).
+class Flatten : public Module {
+ public:
+  explicit Flatten(const FlattenOptions& options = {});
+  Tensor forward(const Tensor& x) override;
+  FlattenOptions options;
+};
+
+struct LayerNormOptions {
+  explicit LayerNormOptions(Shape normalized_shape) : normalized_shape_(normalized_shape) {}
+  FRUGAL_ARG(Shape, normalized_shape);
+  FRUGAL_ARG(double, eps) = 1e-5;
+  FRUGAL_ARG(bool, elementwise_affine) = true;
+};
+
+// Normalises over the trailing normalized_shape dims; weight 1 and bias 0 when elementwise_affine.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape) : LayerNorm(LayerNormOptions(normalized_shape)) {}
+  explicit LayerNorm(const LayerNormOptions& options);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+  LayerNormOptions options;
+  Tensor weight, bias;
+};
+
+struct BatchNorm2dOptions {
+  BatchNorm2dOptions(int64_t num_features) : num_features_(num_features) {}  // NOLINT: implicit by design
+  FRUGAL_ARG(int64_t, num_features);
+  FRUGAL_ARG(double, eps) = 1e-5;
+  // nullopt: running statistics are the cumulative average over all batches seen.
+  FRUGAL_ARG(std::optional<double>, momentum) = 0.1;
+  FRUGAL_ARG(bool, affine) = true;
+  FRUGAL_ARG(bool, track_running_stats) = true;
+};
+
+// Batch norm over [N, C, H, W] per channel. Training: statistics of the batch (over N, H, W), and the running
+// ones updated (unbiased variance) with num_batches_tracked counting the steps; eval: the running statistics.
+// Inside a recompute segment the update runs again when the segment is recomputed (as in PyTorch).
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(const BatchNorm2dOptions& options);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+  void reset_running_stats();
+  BatchNorm2dOptions options;
+  Tensor weight, bias;                                    // undefined without affine
+  Tensor running_mean, running_var, num_batches_tracked;  // undefined without track_running_stats
+};
+
+// Activations.
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Tensor forward(const Tensor& x) override { return relu(x); }
+};
+
+struct GELUOptions {
+  FRUGAL_ARG(std::string, approximate) = "none";  // "none" (the erf form) or "tanh"
+};
+class GELU : public Module {
+ public:
+  explicit GELU(const GELUOptions& options = {});
+  Tensor forward(const Tensor& x) override;
+  GELUOptions options;
+};
+
+class SiLU : public Module {
+ public:
+  SiLU() : Module("SiLU") {}
+  Tensor forward(const Tensor& x) override { return silu(x); }
+};
+
+class Tanh : public Module {
+ public:
+  Tanh() : Module("Tanh") {}
+  Tensor forward(const Tensor& x) override { return tanh(x); }
+};
+
+class Sigmoid : public Module {
+ public:
+  Sigmoid() : Module("Sigmoid") {}
+  Tensor forward(const Tensor& x) override { return sigmoid(x); }
+};
+
+}  // namespace frugal::nn
