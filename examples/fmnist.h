@@ -1,0 +1,193 @@
+// The Fashion-MNIST trainer's parts (models W1 and W2 of shared/WORKLOADS.md, one training step with gradient
+// accumulation, evaluation, the memory report by category, checkpoints), shared by examples/train_fmnist.cpp
+// and its tests. Uses the public header only.
+#pragma once
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "frugal.h"
+
+namespace fmnist {
+
+using namespace frugal;
+
+// W1: Linear 784->256, ReLU, Linear 256->256, ReLU, Linear 256->10.
+inline std::shared_ptr<nn::Sequential> make_mlp() {
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Flatten>());
+  net->push_back(std::make_shared<nn::Linear>(784, 256));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::Linear>(256, 256));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::Linear>(256, 10));
+  return net;
+}
+
+// W2: Conv 1->32 3x3 pad 1, ReLU, MaxPool 2; Conv 32->64 3x3 pad 1, ReLU, MaxPool 2; Linear 3136->128, ReLU,
+// Linear 128->10.
+inline std::shared_ptr<nn::Sequential> make_cnn() {
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(1, 32, 3).padding(1)));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::MaxPool2d>(2));
+  net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(32, 64, 3).padding(1)));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::MaxPool2d>(2));
+  net->push_back(std::make_shared<nn::Flatten>());
+  net->push_back(std::make_shared<nn::Linear>(3136, 128));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::Linear>(128, 10));
+  return net;
+}
+
+inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& kind, const std::vector<Tensor>& params,
+                                                        double lr) {
+  if (kind == "sgd") return std::make_unique<optim::SGD>(params, optim::SGDOptions(lr).momentum(0.9));
+  if (kind == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions(lr));
+  if (kind == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(lr));
+  throw Error("unknown optimizer '" + kind + "'; valid: sgd, adam, adamw");
+}
+
+// One optimizer step over a batch split into `accum` micro-batches whose gradients add up (each loss is
+// scaled by its share of the batch, so the update equals the full batch's). Returns the batch's mean loss
+// and the number of correct predictions.
+struct StepResult {
+  double loss = 0;
+  int64_t correct = 0;
+};
+inline StepResult train_step(nn::Module& model, optim::Optimizer& opt, const data::Batch& batch, int accum) {
+  const int64_t n = batch.input.size(0);
+  FRUGAL_CHECK(accum >= 1 && accum <= n, "train_step: --accum ", accum, " must be in [1, batch size ", n, "]");
+  StepResult r;
+  opt.zero_grad();
+  const int64_t per = (n + accum - 1) / accum;
+  for (int64_t start = 0; start < n; start += per) {
+    const int64_t len = std::min(per, n - start);
+    const Tensor x = batch.input.narrow(0, start, len), y = batch.target.narrow(0, start, len);
+    Tensor loss;
+    {
+      memory::Tag tag("activations");
+      const Tensor logits = model.forward(x);
+      loss = nn::functional::cross_entropy(logits, y) * (double(len) / double(n));
+      r.correct += ops::sum(ops::eq(ops::argmax(logits.detach(), 1), y)).item<int64_t>();
+    }
+    memory::Tag tag("backward");
+    loss.backward();
+    r.loss += loss.item<double>();
+  }
+  memory::Tag tag("optimizer step");
+  opt.step();
+  return r;
+}
+
+// One epoch (or its first max_steps steps, when > 0) of train_step over the loader's shuffled batches; calls
+// on_step(step, result) after each step and returns the losses.
+inline std::vector<double> train_epoch(nn::Module& model, optim::Optimizer& opt, data::DataLoader& loader,
+                                       int64_t epoch, int64_t max_steps, int accum,
+                                       const std::function<void(int64_t, const data::Batch&, const StepResult&)>& on_step = {}) {
+  model.train();
+  std::vector<double> losses;
+  loader.begin_epoch(epoch);
+  while (max_steps <= 0 || int64_t(losses.size()) < max_steps) {
+    std::optional<data::Batch> b = loader.next();
+    if (!b) break;
+    const StepResult r = train_step(model, opt, *b, accum);
+    losses.push_back(r.loss);
+    if (on_step) on_step(int64_t(losses.size()), *b, r);
+  }
+  return losses;
+}
+
+// Test-set accuracy, without recording and with the model in eval mode.
+inline double evaluate(nn::Module& model, data::DataLoader& loader) {
+  InferenceMode no_record;
+  memory::Tag tag("evaluation");
+  const bool was_training = model.is_training();
+  model.eval();
+  int64_t correct = 0, total = 0;
+  for (data::Batch& b : loader.epoch(0)) {
+    correct += ops::sum(ops::eq(ops::argmax(model.forward(b.input), 1), b.target)).item<int64_t>();
+    total += b.target.numel();
+  }
+  model.train(was_training);
+  return total ? double(correct) / double(total) : 0.0;
+}
+
+// Peak and current bytes per category, from the arena's tags: parameters, gradients (the leaves' .grad),
+// optimizer state, activations (what the forward keeps for backward, and its recomputation), and other
+// (backward temporaries, data batches, evaluation, untagged). A category's peak is the largest sum its tags
+// reached at once per tag, so the column is an upper bound when a category spans several tags.
+inline std::string memory_report() {
+  struct Row {
+    int64_t current = 0, peak = 0;
+  };
+  std::map<std::string, Row> rows;
+  const char* order[] = {"parameters", "gradients", "optimizer state", "activations", "data", "other"};
+  for (const char* c : order) rows[c];
+  for (const auto& t : memory::tag_stats()) {
+    std::string cat = "other";
+    if (t.tag == "parameters") cat = "parameters";
+    else if (t.tag == "gradients") cat = "gradients";
+    else if (t.tag == "optimizer") cat = "optimizer state";
+    else if (t.tag.rfind("activations", 0) == 0 || t.tag.find("recompute") != std::string::npos) cat = "activations";
+    else if (t.tag == "data") cat = "data";
+    rows[cat].current += t.allocated.current;
+    rows[cat].peak += t.allocated.peak;
+  }
+  std::string out = "memory by category (arena tags)          current            peak\n";
+  char line[160];
+  for (const char* c : order) {
+    std::snprintf(line, sizeof line, "  %-34s %12s %15s\n", c, memory::format_bytes(rows[c].current).c_str(),
+                  memory::format_bytes(rows[c].peak).c_str());
+    out += line;
+  }
+  const memory::Stats s = memory::stats();
+  std::snprintf(line, sizeof line, "  %-34s %12s %15s\n  %-34s %12s %15s\n", "all allocated (exact)",
+                memory::format_bytes(s.allocated.current).c_str(), memory::format_bytes(s.allocated.peak).c_str(),
+                "reserved from the system", memory::format_bytes(s.reserved.current).c_str(),
+                memory::format_bytes(s.reserved.peak).c_str());
+  out += line;
+  return out;
+}
+
+// Checkpoints: the weights in `path` (safetensors), the training state beside them in `path`.state.
+struct TrainingState {
+  int64_t epoch = 0;  // epochs completed
+  Generator::State rng;
+};
+inline void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
+                            const TrainingState& st, const std::string& model_name) {
+  io::save_safetensors(path, model.state_dict(), {{"model", model_name}, {"format", "frugal"}});
+  StateDict state;
+  for (auto& [k, t] : opt.state_dict()) state["optimizer." + k] = t;
+  state["trainer.epoch"] = tensor<int64_t>({st.epoch}, Shape{});
+  state["trainer.rng_seed"] = tensor<int64_t>({int64_t(st.rng.seed)}, Shape{});
+  state["trainer.rng_offset"] = tensor<int64_t>({int64_t(st.rng.offset)}, Shape{});
+  io::save_safetensors(path + ".state", state, {{"optimizer", opt.name()}, {"model", model_name}});
+}
+
+inline TrainingState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt) {
+  model.load_state_dict(io::load_safetensors(path).tensors);
+  const io::SafetensorsFile file = io::load_safetensors(path + ".state");
+  StateDict opt_state;
+  for (auto& [k, t] : file.tensors)
+    if (k.rfind("optimizer.", 0) == 0) opt_state[k.substr(10)] = t;
+  opt.load_state_dict(opt_state);
+  auto get = [&](const char* key) {
+    auto it = file.tensors.find(key);
+    FRUGAL_CHECK(it != file.tensors.end(), "resume: ", path, ".state has no '", key, "'");
+    return it->second.item<int64_t>();
+  };
+  TrainingState st;
+  st.epoch = get("trainer.epoch");
+  st.rng.seed = uint64_t(get("trainer.rng_seed"));
+  st.rng.offset = uint64_t(get("trainer.rng_offset"));
+  return st;
+}
+
+}  // namespace fmnist

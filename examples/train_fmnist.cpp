@@ -1,0 +1,166 @@
+// train_fmnist: trains workload W1 (MLP) or W2 (CNN) of shared/WORKLOADS.md on Fashion-MNIST, shows progress,
+// the test accuracy per epoch and where the memory went, and ends with the line `test_accuracy=0.XXXX`.
+//
+//   build/examples/train_fmnist --model mlp --epochs 5
+//   build/examples/train_fmnist --batch 4096 --memory-limit 96M --accum 8   # fits where --accum 1 does not
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "examples/fmnist.h"
+
+using namespace frugal;
+
+namespace {
+
+// "64M", "1.5G", "512K", "1000": bytes.
+int64_t parse_bytes(const std::string& s) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    throw Error("--memory-limit: cannot read '" + s + "'; use bytes or a suffix K, M, G (e.g. 64M)");
+  }
+  const std::string unit = s.substr(used);
+  double scale = 1;
+  if (unit == "K" || unit == "k" || unit == "KiB") scale = 1024.0;
+  else if (unit == "M" || unit == "m" || unit == "MiB") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
+  else if (!unit.empty()) throw Error("--memory-limit: unknown unit '" + unit + "'; use K, M or G");
+  FRUGAL_CHECK(v > 0, "--memory-limit must be positive, got ", s);
+  return int64_t(v * scale);
+}
+
+// One line, redrawn in place on a terminal; otherwise a plain line every tenth of the epoch.
+class Progress {
+ public:
+  Progress(int epoch, int epochs, int64_t steps, bool tty) : epoch_(epoch), epochs_(epochs), steps_(steps), tty_(tty) {}
+  void update(int64_t step, double loss, double acc, double samples_per_s) {
+    const double eta = samples_per_s > 0 ? double(steps_ - step) * batch_ / samples_per_s : 0;
+    if (tty_) {
+      const int width = 30, done = int(width * step / std::max<int64_t>(steps_, 1));
+      std::printf("\repoch %d/%d [%s%s] %lld/%lld loss %.4f acc %.3f %.0f samples/s ETA %.0fs ", epoch_, epochs_,
+                  std::string(size_t(done), '=').c_str(), std::string(size_t(width - done), ' ').c_str(),
+                  static_cast<long long>(step), static_cast<long long>(steps_), loss, acc, samples_per_s, eta);
+      std::fflush(stdout);
+    } else if (step == steps_ || step % std::max<int64_t>(steps_ / 10, 1) == 0) {
+      std::printf("epoch %d/%d step %lld/%lld loss %.4f acc %.3f %.0f samples/s\n", epoch_, epochs_,
+                  static_cast<long long>(step), static_cast<long long>(steps_), loss, acc, samples_per_s);
+    }
+  }
+  void finish() {
+    if (tty_) std::printf("\n");
+  }
+  void set_batch(int64_t b) { batch_ = double(b); }
+
+ private:
+  int epoch_, epochs_;
+  int64_t steps_;
+  bool tty_;
+  double batch_ = 1;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train workload W1 (mlp) or W2 (cnn) on Fashion-MNIST with frugal"};
+  std::string model_name = "mlp", optimizer = "adam", memory_limit, save, resume,
+              data_dir = data::kFashionMNISTRoot;
+  int epochs = 3, accum = 1, threads = 0;
+  int64_t batch = 0, max_steps = 0;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  bool recompute = false;
+  app.add_option("--model", model_name, "mlp (W1) or cnn (W2)")->check(CLI::IsMember({"mlp", "cnn"}));
+  app.add_option("--epochs", epochs, "epochs to train")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "batch size (default: 128 for mlp, 64 for cnn)");
+  app.add_option("--lr", lr, "learning rate");
+  app.add_option("--optimizer", optimizer, "sgd (momentum 0.9), adam or adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  app.add_option("--accum", accum, "micro-batches per step (gradient accumulation)")->check(CLI::PositiveNumber);
+  app.add_flag("--recompute", recompute, "recompute activations in backward instead of keeping them");
+  app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M or 1G: beyond it, OutOfMemoryError");
+  app.add_option("--save", save, "write the weights here (and the training state to <path>.state) each epoch");
+  app.add_option("--resume", resume, "continue from a checkpoint written by --save");
+  app.add_option("--threads", threads, "CPU threads (default: all cores)");
+  app.add_option("--seed", seed, "seed for the initial weights and the shuffling");
+  app.add_option("--data", data_dir, "folder with the Fashion-MNIST files");
+  app.add_option("--max-steps", max_steps, "stop each epoch after this many steps (for quick runs)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (threads > 0) set_num_threads(threads);
+    if (!memory_limit.empty()) memory::set_memory_limit(kCPU, parse_bytes(memory_limit));
+    if (batch == 0) batch = model_name == "mlp" ? 128 : 64;
+    manual_seed(seed);
+
+    auto train_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Train);
+    auto test_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Test);
+    data::DataLoader train(train_set, data::DataLoaderOptions().batch_size(batch).shuffle(true).seed(seed).drop_last(true));
+    data::DataLoader test(test_set, data::DataLoaderOptions().batch_size(1000));
+
+    std::shared_ptr<nn::Sequential> model;
+    {
+      memory::Tag tag("parameters");
+      model = model_name == "mlp" ? fmnist::make_mlp() : fmnist::make_cnn();
+    }
+    if (recompute) model->recompute_every(2);
+    auto opt = fmnist::make_optimizer(optimizer, model->parameters(), lr);
+    std::printf("frugal: training %s (%lld parameters, %s) on Fashion-MNIST, batch %lld, %s lr %g, accum %d%s, "
+                "%d threads\n",
+                model_name.c_str(), static_cast<long long>(model->num_parameters()),
+                memory::format_bytes(model->parameter_bytes()).c_str(), static_cast<long long>(batch),
+                optimizer.c_str(), lr, accum, recompute ? ", recompute" : "", num_threads());
+
+    fmnist::TrainingState st;
+    if (!resume.empty()) {
+      st = fmnist::load_checkpoint(resume, *model, *opt);
+      default_generator().set_state(st.rng);
+      std::printf("resumed from %s after epoch %lld\n", resume.c_str(), static_cast<long long>(st.epoch));
+    }
+
+    const bool tty = isatty(STDOUT_FILENO);
+    double accuracy = 0;
+    for (int64_t epoch = st.epoch; epoch < epochs; ++epoch) {
+      const int64_t steps = max_steps > 0 ? std::min(max_steps, train.num_batches()) : train.num_batches();
+      Progress bar(int(epoch + 1), epochs, steps, tty);
+      bar.set_batch(batch);
+      const auto t0 = std::chrono::steady_clock::now();
+      double loss_sum = 0;
+      int64_t correct = 0, seen = 0;
+      const std::vector<double> losses = fmnist::train_epoch(
+          *model, *opt, train, epoch, max_steps, accum,
+          [&](int64_t step, const data::Batch& b, const fmnist::StepResult& r) {
+            loss_sum += r.loss;
+            correct += r.correct;
+            seen += b.target.numel();
+            const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            bar.update(step, loss_sum / double(step), double(correct) / double(seen), double(seen) / secs);
+          });
+      const int64_t step = int64_t(losses.size());
+      bar.finish();
+      accuracy = fmnist::evaluate(*model, test);
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("epoch %lld: train loss %.4f, train accuracy %.4f, test accuracy %.4f (%.1f s)\n",
+                  static_cast<long long>(epoch + 1), loss_sum / double(std::max<int64_t>(step, 1)),
+                  double(correct) / double(std::max<int64_t>(seen, 1)), accuracy, secs);
+      st.epoch = epoch + 1;
+      st.rng = default_generator().state();
+      if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, model_name);
+    }
+    std::printf("\n%s", fmnist::memory_report().c_str());
+    std::printf("test_accuracy=%.4f\n", accuracy);
+    return 0;
+  } catch (const OutOfMemoryError& e) {
+    std::fprintf(stderr, "\n%s\n", e.what());
+    std::fprintf(stderr, "%s", memory::memory_summary(kCPU).c_str());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

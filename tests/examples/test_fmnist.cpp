@@ -1,0 +1,119 @@
+// The Fashion-MNIST trainer: its first 10 losses equal PyTorch's from the same weights and batches (golden
+// fixture tests/fixtures/fmnist_golden.json), a resumed run continues the same loss sequence, and a memory
+// limit below what a step needs fails with the advice while gradient accumulation fits under it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "examples/fmnist.h"
+
+namespace {
+
+using namespace frugal;
+
+bool have_data() {
+  return std::filesystem::exists(std::string(data::kFashionMNISTRoot) + "/train-images-idx3-ubyte.gz");
+}
+
+// Element i of a parameter with fan-in f and seed s: (2u - 1) / sqrt(f), u = ((i * 2654435761 + s * 40503)
+// mod 2^32) / 2^32 -- the formula tests/fixtures/gen_fmnist_golden.py uses.
+void fill_hashed(const Tensor& t, int64_t fan_in, uint64_t seed) {
+  std::vector<float> v(size_t(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint64_t h = (uint64_t(i) * 2654435761ull + seed * 40503ull) % (uint64_t(1) << 32);
+    v[i] = float((2.0 * (double(h) / 4294967296.0) - 1.0) / std::sqrt(double(fan_in)));
+  }
+  NoGradGuard guard;
+  Tensor dst = t;
+  dst.copy_(tensor<float>(v, t.shape()));
+}
+
+TEST(Fmnist, FirstTenLossesMatchPyTorch) {
+  if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
+  std::ifstream in(std::string(FRUGAL_FIXTURES_DIR) + "/fmnist_golden.json");
+  ASSERT_TRUE(in) << "missing tests/fixtures/fmnist_golden.json";
+  const auto golden = nlohmann::json::parse(in)["losses"].get<std::vector<double>>();
+  ASSERT_EQ(golden.size(), 10u);
+
+  auto model = fmnist::make_mlp();
+  const int64_t fan_in[] = {784, 256, 256};
+  for (int k = 0; k < 3; ++k) {
+    const auto linear = (*model)[size_t(1 + 2 * k)];
+    const StateDict p = linear->state_dict();
+    fill_hashed(p.at("weight"), fan_in[k], uint64_t(2 * k));
+    fill_hashed(p.at("bias"), fan_in[k], uint64_t(2 * k + 1));
+  }
+  optim::Adam opt(model->parameters(), optim::AdamOptions(1e-3));
+  data::DataLoader loader(std::make_shared<data::FashionMNIST>(), data::DataLoaderOptions().batch_size(128));
+  const std::vector<double> losses = fmnist::train_epoch(*model, opt, loader, 0, 10, 1);
+  ASSERT_EQ(losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i)
+    EXPECT_NEAR(losses[i], golden[i], 2e-5 * golden[i]) << "step " << i;  // f32 sums in another order
+}
+
+TEST(Fmnist, ResumedRunContinuesTheSameLosses) {
+  if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  auto train = std::make_shared<data::FashionMNIST>();
+  auto run = [&](int64_t from_epoch, int64_t to_epoch, const std::string& resume, const std::string& save) {
+    manual_seed(5);
+    auto model = fmnist::make_mlp();
+    auto opt = fmnist::make_optimizer("adam", model->parameters(), 1e-3);
+    data::DataLoader loader(train, data::DataLoaderOptions().batch_size(64).shuffle(true).seed(3));
+    fmnist::TrainingState st;
+    if (!resume.empty()) st = fmnist::load_checkpoint(resume, *model, *opt);
+    EXPECT_EQ(st.epoch, from_epoch);
+    std::vector<double> losses;
+    for (int64_t e = from_epoch; e < to_epoch; ++e) {
+      const auto l = fmnist::train_epoch(*model, *opt, loader, e, 6, 1);
+      losses.insert(losses.end(), l.begin(), l.end());
+      st.epoch = e + 1;
+      st.rng = default_generator().state();
+      if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, "mlp");
+    }
+    return losses;
+  };
+  const std::string path = std::filesystem::temp_directory_path() / ("frugal_resume_" + std::to_string(getpid()));
+  const std::vector<double> straight = run(0, 3, "", "");
+  const std::vector<double> first = run(0, 1, "", path);
+  const std::vector<double> rest = run(1, 3, path, "");
+  std::vector<double> joined = first;
+  joined.insert(joined.end(), rest.begin(), rest.end());
+  EXPECT_EQ(joined, straight);  // bit for bit
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".state");
+}
+
+TEST(Fmnist, MemoryLimitFailsWithAdviceAndAccumulationFits) {
+  if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  auto train = std::make_shared<data::FashionMNIST>();
+  // One step of the MLP on a batch of 2048 under a limit, from a clean arena; returns whether it fit.
+  auto fits = [&](int accum, int64_t limit, std::string* message) {
+    memory::empty_cache();
+    memory::set_memory_limit(kCPU, limit);
+    bool ok = true;
+    try {
+      manual_seed(1);
+      auto model = fmnist::make_mlp();
+      optim::Adam opt(model->parameters(), optim::AdamOptions(1e-3));
+      data::DataLoader loader(train, data::DataLoaderOptions().batch_size(2048).prefetch(0));
+      fmnist::train_epoch(*model, opt, loader, 0, 1, accum);
+    } catch (const OutOfMemoryError& e) {
+      ok = false;
+      if (message) *message = e.what();
+    }
+    memory::set_memory_limit(kCPU, 0);
+    return ok;
+  };
+  const int64_t limit = 40 << 20;
+  std::string message;
+  EXPECT_FALSE(fits(1, limit, &message));
+  EXPECT_NE(message.find("limit"), std::string::npos) << message;
+  EXPECT_NE(message.find("accum"), std::string::npos) << message;
+  EXPECT_TRUE(fits(16, limit, nullptr));
+}
+
+}  // namespace
