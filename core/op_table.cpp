@@ -24,6 +24,13 @@ constinit OpTable<SoftmaxKernel> op_softmax{"softmax"};
 constinit OpTable<IndexKernel> op_index_select{"index_select"};
 constinit OpTable<IndexKernel> op_gather{"gather"};
 constinit OpTable<IndexKernel> op_scatter_add{"scatter_add"};
+constinit OpTable<ConvKernel> op_conv2d{"conv2d"};
+constinit OpTable<ConvKernel> op_conv2d_backward_data{"conv2d_backward_data"};
+constinit OpTable<ConvKernel> op_conv2d_backward_weight{"conv2d_backward_weight"};
+constinit OpTable<PoolKernel> op_max_pool2d{"max_pool2d"};
+constinit OpTable<PoolKernel> op_max_pool2d_backward{"max_pool2d_backward"};
+constinit OpTable<PoolKernel> op_avg_pool2d{"avg_pool2d"};
+constinit OpTable<PoolKernel> op_avg_pool2d_backward{"avg_pool2d_backward"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;
