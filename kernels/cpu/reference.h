@@ -113,8 +113,8 @@ void conv2d_backward_weight(const ConvArgs& a) {
 
 namespace frugal {
 // The registered f32 convolution kernels' layout policy for oneDNN: true lets oneDNN pick its blocked layout
-// (format_tag::any, with reorders from and to NCHW), false makes it compute on NCHW directly. For the tests
-// and the benchmark that compares both; a no-op without oneDNN.
+// (format_tag::any, with reorders from and to NCHW; the default), false makes it compute on NCHW directly.
+// For the tests and the benchmark that compares both; a no-op without oneDNN.
 void set_conv_onednn_any_layout(bool any);
 // The portable f32 convolution (im2col + the registered GEMM), the build's fallback when oneDNN is absent,
 // callable beside the registered kernels.

@@ -116,7 +116,7 @@ TEST(Conv2d, RegisteredF32MatchesReferenceInBothLayouts) {
                      conv_tol(c.n * c.oh() * c.ow()), any ? "f32 (any layout)" : "f32 (nchw)");
     }
   }
-  set_conv_onednn_any_layout(false);
+  set_conv_onednn_any_layout(true);  // the default
 }
 
 TEST(Conv2d, Im2colFallbackMatchesReference) {
