@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstring>
 
+#include <omp.h>
+
 #include "core/error.h"
 #include "core/op_table.h"
 #include "core/parallel.h"
@@ -96,93 +98,123 @@ void run_gemm(GemmKernel* gemm, GemmArgs g) {
   gemm(g);
 }
 
+// Images run in parallel, each thread with its own column buffer and a single-threaded GEMM (oneDNN's and
+// Eigen's GEMMs run on one thread inside a parallel region): one fork/join per call instead of one per
+// image and GEMM, which matters most on a busy machine.
+int im2col_threads(const ConvArgs& a) {
+  return omp_in_parallel() ? 1 : int(std::clamp<int64_t>(a.n, 1, omp_get_max_threads()));
+}
+
 template <typename T>
 void conv2d_forward_im2col(const ConvArgs& a) {
   const GroupDims d(a);
-  Tensor col_buf = workspace(a.c * a.kh * a.kw * d.ohw * int64_t(sizeof(T)));
-  T* col = static_cast<T*>(col_buf.raw_data());
+  const int nt = im2col_threads(a);
+  const int64_t col_size = a.c * a.kh * a.kw * d.ohw;
+  Tensor col_buf = workspace(nt * col_size * int64_t(sizeof(T)));
   GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
-  for (int64_t n = 0; n < a.n; ++n) {
-    im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
-    T* y = static_cast<T*>(a.y) + n * a.o * d.ohw;
-    GemmArgs g;  // y_g = weight_g @ col_g for each group (the batch)
-    g.batch = a.groups;
-    g.m = d.og;
-    g.n = d.ohw;
-    g.k = d.k;
-    g.a = a.weight;
-    g.a_batch = d.og * d.k;
-    g.a_row = d.k;
-    g.b = col;
-    g.b_batch = d.k * d.ohw;
-    g.b_row = d.ohw;
-    g.c = y;
-    g.c_batch = d.og * d.ohw;
-    g.c_row = d.ohw;
-    run_gemm(gemm, g);
-    if (a.bias)
-      for (int64_t o = 0; o < a.o; ++o) {
-        const T b = static_cast<const T*>(a.bias)[o];
-        for (int64_t p = 0; p < d.ohw; ++p) y[o * d.ohw + p] += b;
-      }
+#pragma omp parallel num_threads(nt)
+  {
+    T* col = static_cast<T*>(col_buf.raw_data()) + omp_get_thread_num() * col_size;
+    for (int64_t n = omp_get_thread_num(); n < a.n; n += omp_get_num_threads()) {
+      im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
+      T* y = static_cast<T*>(a.y) + n * a.o * d.ohw;
+      GemmArgs g;  // y_g = weight_g @ col_g for each group (the batch)
+      g.batch = a.groups;
+      g.m = d.og;
+      g.n = d.ohw;
+      g.k = d.k;
+      g.a = a.weight;
+      g.a_batch = d.og * d.k;
+      g.a_row = d.k;
+      g.b = col;
+      g.b_batch = d.k * d.ohw;
+      g.b_row = d.ohw;
+      g.c = y;
+      g.c_batch = d.og * d.ohw;
+      g.c_row = d.ohw;
+      run_gemm(gemm, g);
+      if (a.bias)
+        for (int64_t o = 0; o < a.o; ++o) {
+          const T b = static_cast<const T*>(a.bias)[o];
+          for (int64_t p = 0; p < d.ohw; ++p) y[o * d.ohw + p] += b;
+        }
+    }
   }
 }
 
 template <typename T>
 void conv2d_backward_data_im2col(const ConvArgs& a) {
   const GroupDims d(a);
-  Tensor col_buf = workspace(a.c * a.kh * a.kw * d.ohw * int64_t(sizeof(T)));
-  T* col = static_cast<T*>(col_buf.raw_data());
+  const int nt = im2col_threads(a);
+  const int64_t col_size = a.c * a.kh * a.kw * d.ohw;
+  Tensor col_buf = workspace(nt * col_size * int64_t(sizeof(T)));
   GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
-  std::fill_n(static_cast<T*>(a.dx), a.n * a.c * a.h * a.w, T(0));
-  for (int64_t n = 0; n < a.n; ++n) {
-    GemmArgs g;  // col_g = weight_g^T @ dy_g
-    g.batch = a.groups;
-    g.m = d.k;
-    g.n = d.ohw;
-    g.k = d.og;
-    g.a = a.weight;
-    g.a_batch = d.og * d.k;
-    g.a_row = 1;
-    g.a_col = d.k;
-    g.b = static_cast<const T*>(a.dy) + n * a.o * d.ohw;
-    g.b_batch = d.og * d.ohw;
-    g.b_row = d.ohw;
-    g.c = col;
-    g.c_batch = d.k * d.ohw;
-    g.c_row = d.ohw;
-    run_gemm(gemm, g);
-    col2im_add(a, col, static_cast<T*>(a.dx) + n * a.c * a.h * a.w);
+#pragma omp parallel num_threads(nt)
+  {
+    T* col = static_cast<T*>(col_buf.raw_data()) + omp_get_thread_num() * col_size;
+    for (int64_t n = omp_get_thread_num(); n < a.n; n += omp_get_num_threads()) {
+      GemmArgs g;  // col_g = weight_g^T @ dy_g
+      g.batch = a.groups;
+      g.m = d.k;
+      g.n = d.ohw;
+      g.k = d.og;
+      g.a = a.weight;
+      g.a_batch = d.og * d.k;
+      g.a_row = 1;
+      g.a_col = d.k;
+      g.b = static_cast<const T*>(a.dy) + n * a.o * d.ohw;
+      g.b_batch = d.og * d.ohw;
+      g.b_row = d.ohw;
+      g.c = col;
+      g.c_batch = d.k * d.ohw;
+      g.c_row = d.ohw;
+      run_gemm(gemm, g);
+      T* dx = static_cast<T*>(a.dx) + n * a.c * a.h * a.w;
+      std::fill_n(dx, a.c * a.h * a.w, T(0));
+      col2im_add(a, col, dx);
+    }
   }
 }
 
+// Each thread sums its images' weight gradients into its own buffer; the buffers are added at the end.
 template <typename T>
 void conv2d_backward_weight_im2col(const ConvArgs& a) {
   const GroupDims d(a);
-  Tensor col_buf = workspace(a.c * a.kh * a.kw * d.ohw * int64_t(sizeof(T)));
-  T* col = static_cast<T*>(col_buf.raw_data());
+  const int nt = im2col_threads(a);
+  const int64_t col_size = a.c * a.kh * a.kw * d.ohw, dw_size = a.o * d.k;
+  Tensor buf = workspace(nt * (col_size + dw_size) * int64_t(sizeof(T)));
+  T* partials = static_cast<T*>(buf.raw_data()) + nt * col_size;
   GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
-  for (int64_t n = 0; n < a.n; ++n) {
-    im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
-    GemmArgs g;  // dweight_g (+)= dy_g @ col_g^T
-    g.batch = a.groups;
-    g.m = d.og;
-    g.n = d.k;
-    g.k = d.ohw;
-    g.a = static_cast<const T*>(a.dy) + n * a.o * d.ohw;
-    g.a_batch = d.og * d.ohw;
-    g.a_row = d.ohw;
-    g.b = col;
-    g.b_batch = d.k * d.ohw;
-    g.b_row = 1;
-    g.b_col = d.ohw;
-    g.c = a.dweight;
-    g.c_batch = d.og * d.k;
-    g.c_row = d.k;
-    g.beta = n == 0 ? 0.f : 1.f;
-    run_gemm(gemm, g);
+  std::fill_n(partials, nt * dw_size, T(0));
+#pragma omp parallel num_threads(nt)
+  {
+    T* col = static_cast<T*>(buf.raw_data()) + omp_get_thread_num() * col_size;
+    T* dw = partials + omp_get_thread_num() * dw_size;
+    for (int64_t n = omp_get_thread_num(); n < a.n; n += omp_get_num_threads()) {
+      im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
+      GemmArgs g;  // dweight_g += dy_g @ col_g^T
+      g.batch = a.groups;
+      g.m = d.og;
+      g.n = d.k;
+      g.k = d.ohw;
+      g.a = static_cast<const T*>(a.dy) + n * a.o * d.ohw;
+      g.a_batch = d.og * d.ohw;
+      g.a_row = d.ohw;
+      g.b = col;
+      g.b_batch = d.k * d.ohw;
+      g.b_row = 1;
+      g.b_col = d.ohw;
+      g.c = dw;
+      g.c_batch = d.og * d.k;
+      g.c_row = d.k;
+      g.beta = 1;
+      run_gemm(gemm, g);
+    }
   }
-  if (a.n == 0) std::fill_n(static_cast<T*>(a.dweight), a.o * d.k, T(0));
+  T* dweight = static_cast<T*>(a.dweight);
+  std::copy_n(partials, dw_size, dweight);
+  for (int t = 1; t < nt; ++t)
+    for (int64_t i = 0; i < dw_size; ++i) dweight[i] += partials[t * dw_size + i];
   if (a.dbias) {
     T* db = static_cast<T*>(a.dbias);
     parallel_for(0, a.o, 1, [&](int64_t b, int64_t e) {
