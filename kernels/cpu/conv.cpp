@@ -6,7 +6,6 @@
 // statistics under the caller's tag and go back to the cache when the call returns.
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 
 #include <omp.h>
 

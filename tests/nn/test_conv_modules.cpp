@@ -83,6 +83,21 @@ TEST(PoolModules, ShapesAndForward) {
   EXPECT_EQ(avg.type_name(), "AvgPool2d");
 }
 
+TEST(ConvModules, W2FeatureStackTrains) {
+  // W2's feature extractor at batch 4: [4, 1, 28, 28] -> [4, 64, 7, 7], gradients into both convolutions.
+  nn::Conv2d conv1(nn::Conv2dOptions(1, 32, 3).padding(1)), conv2(nn::Conv2dOptions(32, 64, 3).padding(1));
+  nn::MaxPool2d pool(2);
+  const Tensor x = uniform({4, 1, 28, 28}, 0, 1);
+  const Tensor h = pool(relu(conv2(pool(relu(conv1(x))))));
+  EXPECT_EQ(h.shape(), (Shape{4, 64, 7, 7}));
+  mean(h).backward();
+  for (nn::Conv2d* c : {&conv1, &conv2})
+    for (const Tensor& p : c->parameters()) {
+      ASSERT_TRUE(p.grad().defined());
+      EXPECT_GT(sum(abs(p.grad())).item<double>(), 0);
+    }
+}
+
 TEST(ConvModules, BadOptions) {
   expect_error<Error>([] { nn::Conv2d(nn::Conv2dOptions(0, 4, 3)); },
                       {"Conv2d", "in_channels (0)", "positive"});
