@@ -25,6 +25,7 @@
 #include "io/file.h"
 #include "io/safetensors.h"
 #include "nn/containers.h"
+#include "nn/conv.h"
 #include "nn/functional.h"
 #include "nn/init.h"
 #include "nn/layers.h"

@@ -118,6 +118,14 @@ Tensor contiguous(const Tensor& x);
 Tensor clone(const Tensor& x);
 Tensor to(const Tensor& x, Device device);
 
+// Convolution and pooling (PyTorch semantics; see core/ops.h). Gradients are first order only.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Size2 stride = 1,
+              Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
+Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {}, Size2 padding = 0,
+                  Size2 dilation = 1);
+Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {}, Size2 padding = 0,
+                  bool count_include_pad = true);
+
 namespace autograd {
 // Backpropagates from root (a scalar, or any tensor with an explicit gradient of its shape) into the .grad of
 // every leaf that requires grad. Without retain_graph, each node frees its saved tensors once used.

@@ -28,6 +28,13 @@ constinit OpTable<IndexKernel> op_gather{"gather"};
 constinit OpTable<IndexKernel> op_scatter_add{"scatter_add"};
 constinit OpTable<CrossEntropyKernel> op_cross_entropy{"cross_entropy"};
 constinit OpTable<CrossEntropyKernel> op_cross_entropy_backward{"cross_entropy_backward"};
+constinit OpTable<ConvKernel> op_conv2d{"conv2d"};
+constinit OpTable<ConvKernel> op_conv2d_backward_data{"conv2d_backward_data"};
+constinit OpTable<ConvKernel> op_conv2d_backward_weight{"conv2d_backward_weight"};
+constinit OpTable<PoolKernel> op_max_pool2d{"max_pool2d"};
+constinit OpTable<PoolKernel> op_max_pool2d_backward{"max_pool2d_backward"};
+constinit OpTable<PoolKernel> op_avg_pool2d{"avg_pool2d"};
+constinit OpTable<PoolKernel> op_avg_pool2d_backward{"avg_pool2d_backward"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

@@ -6,6 +6,8 @@
 //   Tensor i = argmax(p, -1);
 #pragma once
 
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -132,5 +134,48 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // i64 tensor of shape index.shape + [num_classes] with a 1 at each index; num_classes < 0 infers max + 1.
 Tensor one_hot(const Tensor& index, int64_t num_classes = -1);
+
+}  // namespace frugal::ops
+
+namespace frugal {
+// A (height, width) pair of sizes for the 2-D ops; one number means both: Size2 k = 3; Size2 s{2, 1};
+struct Size2 {
+  int64_t h = 0, w = 0;
+  Size2() = default;
+  Size2(int64_t both) : h(both), w(both) {}  // NOLINT: implicit by design, as PyTorch's ExpandingArray
+  Size2(int64_t h_, int64_t w_) : h(h_), w(w_) {}
+  friend bool operator==(const Size2&, const Size2&) = default;
+};
+}  // namespace frugal
+
+namespace frugal::ops {
+
+// 2-D convolution (cross-correlation, as PyTorch's conv2d): x [N, C, H, W], weight [O, C / groups, kH, kW],
+// bias [O] or undefined; y [N, O, OH, OW] with OH = (H + 2 padding.h - dilation.h (kH - 1) - 1) / stride.h +
+// 1 (OW likewise). Floating dtypes; f16/bf16 compute in f32 where the device has no native kernel.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Size2 stride = 1,
+              Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
+// Its gradients: d x (of shape x_shape) and d weight (of shape weight_shape) from d y, and d bias (the sum of
+// d y over N, OH, OW; undefined unless with_bias).
+Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const Shape& x_shape, Size2 stride,
+                            Size2 padding, Size2 dilation, int64_t groups);
+std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& grad_out, const Tensor& x,
+                                                 const Shape& weight_shape, Size2 stride, Size2 padding,
+                                                 Size2 dilation, int64_t groups, bool with_bias);
+
+// 2-D pooling over x [N, C, H, W] (or [C, H, W]); stride defaults to the kernel; padding at most half the
+// (effective) kernel. max_pool2d_with_indices also returns, as i64, where each maximum came from (h * W + w
+// within its plane), which max_pool2d_backward scatters d y back to.
+Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {}, Size2 padding = 0,
+                  Size2 dilation = 1);
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Size2 kernel,
+                                                  std::optional<Size2> stride = {}, Size2 padding = 0,
+                                                  Size2 dilation = 1);
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape);
+// count_include_pad: padding zeros count in each window's divisor.
+Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {}, Size2 padding = 0,
+                  bool count_include_pad = true);
+Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, Size2 kernel, Size2 stride,
+                           Size2 padding, bool count_include_pad);
 
 }  // namespace frugal::ops

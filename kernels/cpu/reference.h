@@ -21,7 +21,107 @@ void gemm(const GemmArgs& g) {
       }
 }
 
+// Convolution straight from the definition in core/op_table.h (ConvArgs), each element summed in f64. Also
+// the f64 kernel, so that gradcheck in f64 checks the autograd rules against the definition itself.
+template <typename T>
+void conv2d_forward(const ConvArgs& a) {
+  const T* x = static_cast<const T*>(a.x);
+  const T* w = static_cast<const T*>(a.weight);
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+  const int64_t cg = a.c / a.groups, og = a.o / a.groups;
+  for (int64_t n = 0; n < a.n; ++n)
+    for (int64_t o = 0; o < a.o; ++o)
+      for (int64_t oh = 0; oh < a.oh; ++oh)
+        for (int64_t ow = 0; ow < a.ow; ++ow) {
+          double s = bias ? double(bias[o]) : 0.0;
+          for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t kh = 0; kh < a.kh; ++kh)
+              for (int64_t kw = 0; kw < a.kw; ++kw) {
+                const int64_t ih = oh * a.stride_h - a.pad_h + kh * a.dil_h;
+                const int64_t iw = ow * a.stride_w - a.pad_w + kw * a.dil_w;
+                if (ih < 0 || ih >= a.h || iw < 0 || iw >= a.w) continue;
+                const int64_t c = (o / og) * cg + ci;
+                s += double(x[((n * a.c + c) * a.h + ih) * a.w + iw]) *
+                     double(w[((o * cg + ci) * a.kh + kh) * a.kw + kw]);
+              }
+          y[((n * a.o + o) * a.oh + oh) * a.ow + ow] = T(s);
+        }
+}
+
+template <typename T>
+void conv2d_backward_data(const ConvArgs& a) {
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* w = static_cast<const T*>(a.weight);
+  T* dx = static_cast<T*>(a.dx);
+  const int64_t cg = a.c / a.groups, og = a.o / a.groups;
+  for (int64_t n = 0; n < a.n; ++n)
+    for (int64_t c = 0; c < a.c; ++c)
+      for (int64_t ih = 0; ih < a.h; ++ih)
+        for (int64_t iw = 0; iw < a.w; ++iw) {
+          double s = 0;
+          const int64_t g = c / cg, ci = c % cg;
+          for (int64_t o = g * og; o < (g + 1) * og; ++o)
+            for (int64_t kh = 0; kh < a.kh; ++kh)
+              for (int64_t kw = 0; kw < a.kw; ++kw) {
+                // The output position that reads x[ih, iw] through tap (kh, kw), if any.
+                const int64_t th = ih + a.pad_h - kh * a.dil_h, tw = iw + a.pad_w - kw * a.dil_w;
+                if (th < 0 || tw < 0 || th % a.stride_h || tw % a.stride_w) continue;
+                const int64_t oh = th / a.stride_h, ow = tw / a.stride_w;
+                if (oh >= a.oh || ow >= a.ow) continue;
+                s += double(dy[((n * a.o + o) * a.oh + oh) * a.ow + ow]) *
+                     double(w[((o * cg + ci) * a.kh + kh) * a.kw + kw]);
+              }
+          dx[((n * a.c + c) * a.h + ih) * a.w + iw] = T(s);
+        }
+}
+
+template <typename T>
+void conv2d_backward_weight(const ConvArgs& a) {
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* x = static_cast<const T*>(a.x);
+  T* dw = static_cast<T*>(a.dweight);
+  T* db = static_cast<T*>(a.dbias);
+  const int64_t cg = a.c / a.groups, og = a.o / a.groups;
+  for (int64_t o = 0; o < a.o; ++o) {
+    for (int64_t ci = 0; ci < cg; ++ci)
+      for (int64_t kh = 0; kh < a.kh; ++kh)
+        for (int64_t kw = 0; kw < a.kw; ++kw) {
+          double s = 0;
+          const int64_t c = (o / og) * cg + ci;
+          for (int64_t n = 0; n < a.n; ++n)
+            for (int64_t oh = 0; oh < a.oh; ++oh)
+              for (int64_t ow = 0; ow < a.ow; ++ow) {
+                const int64_t ih = oh * a.stride_h - a.pad_h + kh * a.dil_h;
+                const int64_t iw = ow * a.stride_w - a.pad_w + kw * a.dil_w;
+                if (ih < 0 || ih >= a.h || iw < 0 || iw >= a.w) continue;
+                s += double(dy[((n * a.o + o) * a.oh + oh) * a.ow + ow]) *
+                     double(x[((n * a.c + c) * a.h + ih) * a.w + iw]);
+              }
+          dw[((o * cg + ci) * a.kh + kh) * a.kw + kw] = T(s);
+        }
+    if (db) {
+      double s = 0;
+      for (int64_t n = 0; n < a.n; ++n)
+        for (int64_t p = 0; p < a.oh * a.ow; ++p) s += double(dy[(n * a.o + o) * a.oh * a.ow + p]);
+      db[o] = T(s);
+    }
+  }
+}
+
 }  // namespace frugal::reference
+
+namespace frugal {
+// The registered f32 convolution kernels' layout policy for oneDNN: true lets oneDNN pick its blocked layout
+// (format_tag::any, with reorders from and to NCHW; the default), false makes it compute on NCHW directly.
+// For the tests and the benchmark that compares both; a no-op without oneDNN.
+void set_conv_onednn_any_layout(bool any);
+// The portable f32 convolution (im2col + the registered GEMM), the build's fallback when oneDNN is absent,
+// callable beside the registered kernels.
+void conv2d_forward_im2col_cpu(const ConvArgs& a);
+void conv2d_backward_data_im2col_cpu(const ConvArgs& a);
+void conv2d_backward_weight_im2col_cpu(const ConvArgs& a);
+}  // namespace frugal
 
 namespace frugal {
 // The Eigen f32 GEMM (the build's fallback when oneDNN is absent), callable beside the registered kernel.

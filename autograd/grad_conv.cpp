@@ -1,0 +1,68 @@
+// Differentiable convolution and pooling (conv2d, max_pool2d, avg_pool2d), each beside its backward rule,
+// which calls the backward ops of core/ops.h (first-order only: the rules are not themselves recorded).
+#include <tuple>
+
+#include "autograd/functions.h"
+
+namespace frugal {
+
+using autograd::forward_only;
+using autograd::Grads;
+using autograd::Node;
+using autograd::recorded;
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
+              Size2 dilation, int64_t groups) {
+  // Unbatched [C, H, W]: a batch of one through differentiable views, so the rule below sees 4-D only.
+  if (x.defined() && x.dim() == 3)
+    return squeeze(conv2d(unsqueeze(x, 0), weight, bias, stride, padding, dilation, groups), 0);
+  Tensor y = forward_only([&] { return ops::conv2d(x, weight, bias, stride, padding, dilation, groups); });
+  if (Node* n = recorded("conv2d", {&x, &weight, &bias}, y)) {
+    const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
+               need_b = autograd::needs_grad({&bias});
+    // Save only what the needed gradients read: dx reads the weight, dweight reads x, dbias neither.
+    if (need_x) n->save(weight);
+    if (need_w) n->save(x);
+    const Shape xs = x.shape(), ws = weight.shape();
+    n->backward = [=](const Grads& s, const Tensor& g) -> Grads {
+      Tensor dx, dw, db;
+      if (need_x) dx = ops::conv2d_backward_data(g, s[0], xs, stride, padding, dilation, groups);
+      if (need_w) {
+        std::tie(dw, db) =
+            ops::conv2d_backward_weight(g, s[need_x ? 1 : 0], ws, stride, padding, dilation, groups, need_b);
+      } else if (need_b) {
+        db = ops::sum(g, {0, 2, 3});
+      }
+      return {dx, dw, db};
+    };
+  }
+  return y;
+}
+
+Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Size2 padding, Size2 dilation) {
+  auto [y, indices] =
+      forward_only([&] { return ops::max_pool2d_with_indices(x, kernel, stride, padding, dilation); });
+  if (Node* n = recorded("max_pool2d", {&x}, y)) {
+    n->save(indices);
+    const Shape xs = x.shape();
+    n->backward = [xs](const Grads& s, const Tensor& g) -> Grads {
+      return {ops::max_pool2d_backward(g, s[0], xs)};
+    };
+  }
+  return y;
+}
+
+Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Size2 padding,
+                  bool count_include_pad) {
+  Tensor y = forward_only([&] { return ops::avg_pool2d(x, kernel, stride, padding, count_include_pad); });
+  if (Node* n = recorded("avg_pool2d", {&x}, y)) {
+    const Shape xs = x.shape();
+    const Size2 st = stride.value_or(kernel);
+    n->backward = [=](const Grads&, const Tensor& g) -> Grads {
+      return {ops::avg_pool2d_backward(g, xs, kernel, st, padding, count_include_pad)};
+    };
+  }
+  return y;
+}
+
+}  // namespace frugal

@@ -1,0 +1,476 @@
+// CPU convolution kernels: f32 through oneDNN's convolution primitives when built with it, im2col + the
+// registered GEMM otherwise; f64 is the naive reference itself (kernels/cpu/reference.h), for gradcheck.
+//
+// Unlike most kernels these take working memory (im2col columns; oneDNN's reordered operands and its
+// scratchpad), and they take it from the arena as U8 tensors, so that the bytes show in the memory
+// statistics under the caller's tag and go back to the cache when the call returns.
+#include <algorithm>
+#include <atomic>
+
+#include <omp.h>
+
+#include "core/error.h"
+#include "core/op_table.h"
+#include "core/parallel.h"
+#include "core/tensor.h"
+#include "kernels/cpu/reference.h"
+
+#ifdef FRUGAL_HAVE_ONEDNN
+#include <array>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include <dnnl.hpp>
+#endif
+
+namespace frugal {
+namespace {
+
+Tensor workspace(int64_t bytes) { return empty({std::max<int64_t>(bytes, 1)}, DType::U8); }
+
+// ---- im2col + GEMM -------------------------------------------------------------------------------------
+
+// col [c * kh * kw, oh * ow] of one image x [c, h, w]: row (c, i, j) holds the input each output position
+// reads through tap (i, j), zero where that falls in the padding.
+template <typename T>
+void im2col(const ConvArgs& a, const T* x, T* col) {
+  const int64_t ohw = a.oh * a.ow;
+  for (int64_t c = 0; c < a.c; ++c)
+    for (int64_t i = 0; i < a.kh; ++i)
+      for (int64_t j = 0; j < a.kw; ++j) {
+        T* row = col + ((c * a.kh + i) * a.kw + j) * ohw;
+        for (int64_t oh = 0; oh < a.oh; ++oh) {
+          const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dil_h;
+          T* out = row + oh * a.ow;
+          if (ih < 0 || ih >= a.h) {
+            std::fill(out, out + a.ow, T(0));
+            continue;
+          }
+          const T* in = x + (c * a.h + ih) * a.w;
+          for (int64_t ow = 0; ow < a.ow; ++ow) {
+            const int64_t iw = ow * a.stride_w - a.pad_w + j * a.dil_w;
+            out[ow] = iw >= 0 && iw < a.w ? in[iw] : T(0);
+          }
+        }
+      }
+}
+
+// The adjoint of im2col: adds each column entry back into the input position it was read from.
+template <typename T>
+void col2im_add(const ConvArgs& a, const T* col, T* x) {
+  const int64_t ohw = a.oh * a.ow;
+  for (int64_t c = 0; c < a.c; ++c)
+    for (int64_t i = 0; i < a.kh; ++i)
+      for (int64_t j = 0; j < a.kw; ++j) {
+        const T* row = col + ((c * a.kh + i) * a.kw + j) * ohw;
+        for (int64_t oh = 0; oh < a.oh; ++oh) {
+          const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dil_h;
+          if (ih < 0 || ih >= a.h) continue;
+          T* out = x + (c * a.h + ih) * a.w;
+          for (int64_t ow = 0; ow < a.ow; ++ow) {
+            const int64_t iw = ow * a.stride_w - a.pad_w + j * a.dil_w;
+            if (iw >= 0 && iw < a.w) out[iw] += row[oh * a.ow + ow];
+          }
+        }
+      }
+}
+
+// Per group g: weight_g [og, K] with K = cg * kh * kw, col_g [K, ohw], y_g [og, ohw].
+struct GroupDims {
+  int64_t cg, og, k, ohw;
+  explicit GroupDims(const ConvArgs& a)
+      : cg(a.c / a.groups), og(a.o / a.groups), k(a.c / a.groups * a.kh * a.kw), ohw(a.oh * a.ow) {}
+};
+
+// A size-1 dim's stride is free; the GEMM kernels read it to tell row- from column-major (as ops::matmul
+// picks it), so give it the value that makes the layout unambiguous.
+void run_gemm(GemmKernel* gemm, GemmArgs g) {
+  auto fix = [](int64_t rows, int64_t cols, int64_t& rs, int64_t& cs) {
+    if (cols == 1) cs = 1;
+    if (rows == 1) rs = cols;
+  };
+  fix(g.m, g.k, g.a_row, g.a_col);
+  fix(g.k, g.n, g.b_row, g.b_col);
+  gemm(g);
+}
+
+// Images run in parallel, each thread with its own column buffer and a single-threaded GEMM (oneDNN's and
+// Eigen's GEMMs run on one thread inside a parallel region): one fork/join per call instead of one per
+// image and GEMM, which matters most on a busy machine.
+int im2col_threads(const ConvArgs& a) {
+  return omp_in_parallel() ? 1 : int(std::clamp<int64_t>(a.n, 1, omp_get_max_threads()));
+}
+
+template <typename T>
+void conv2d_forward_im2col(const ConvArgs& a) {
+  const GroupDims d(a);
+  const int nt = im2col_threads(a);
+  const int64_t col_size = a.c * a.kh * a.kw * d.ohw;
+  Tensor col_buf = workspace(nt * col_size * int64_t(sizeof(T)));
+  GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
+#pragma omp parallel num_threads(nt)
+  {
+    T* col = static_cast<T*>(col_buf.raw_data()) + omp_get_thread_num() * col_size;
+    for (int64_t n = omp_get_thread_num(); n < a.n; n += omp_get_num_threads()) {
+      im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
+      T* y = static_cast<T*>(a.y) + n * a.o * d.ohw;
+      GemmArgs g;  // y_g = weight_g @ col_g for each group (the batch)
+      g.batch = a.groups;
+      g.m = d.og;
+      g.n = d.ohw;
+      g.k = d.k;
+      g.a = a.weight;
+      g.a_batch = d.og * d.k;
+      g.a_row = d.k;
+      g.b = col;
+      g.b_batch = d.k * d.ohw;
+      g.b_row = d.ohw;
+      g.c = y;
+      g.c_batch = d.og * d.ohw;
+      g.c_row = d.ohw;
+      run_gemm(gemm, g);
+      if (a.bias)
+        for (int64_t o = 0; o < a.o; ++o) {
+          const T b = static_cast<const T*>(a.bias)[o];
+          for (int64_t p = 0; p < d.ohw; ++p) y[o * d.ohw + p] += b;
+        }
+    }
+  }
+}
+
+template <typename T>
+void conv2d_backward_data_im2col(const ConvArgs& a) {
+  const GroupDims d(a);
+  const int nt = im2col_threads(a);
+  const int64_t col_size = a.c * a.kh * a.kw * d.ohw;
+  Tensor col_buf = workspace(nt * col_size * int64_t(sizeof(T)));
+  GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
+#pragma omp parallel num_threads(nt)
+  {
+    T* col = static_cast<T*>(col_buf.raw_data()) + omp_get_thread_num() * col_size;
+    for (int64_t n = omp_get_thread_num(); n < a.n; n += omp_get_num_threads()) {
+      GemmArgs g;  // col_g = weight_g^T @ dy_g
+      g.batch = a.groups;
+      g.m = d.k;
+      g.n = d.ohw;
+      g.k = d.og;
+      g.a = a.weight;
+      g.a_batch = d.og * d.k;
+      g.a_row = 1;
+      g.a_col = d.k;
+      g.b = static_cast<const T*>(a.dy) + n * a.o * d.ohw;
+      g.b_batch = d.og * d.ohw;
+      g.b_row = d.ohw;
+      g.c = col;
+      g.c_batch = d.k * d.ohw;
+      g.c_row = d.ohw;
+      run_gemm(gemm, g);
+      T* dx = static_cast<T*>(a.dx) + n * a.c * a.h * a.w;
+      std::fill_n(dx, a.c * a.h * a.w, T(0));
+      col2im_add(a, col, dx);
+    }
+  }
+}
+
+// Each thread sums its images' weight gradients into its own buffer; the buffers are added at the end.
+template <typename T>
+void conv2d_backward_weight_im2col(const ConvArgs& a) {
+  const GroupDims d(a);
+  const int nt = im2col_threads(a);
+  const int64_t col_size = a.c * a.kh * a.kw * d.ohw, dw_size = a.o * d.k;
+  Tensor buf = workspace(nt * (col_size + dw_size) * int64_t(sizeof(T)));
+  T* partials = static_cast<T*>(buf.raw_data()) + nt * col_size;
+  GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
+  std::fill_n(partials, nt * dw_size, T(0));
+#pragma omp parallel num_threads(nt)
+  {
+    T* col = static_cast<T*>(buf.raw_data()) + omp_get_thread_num() * col_size;
+    T* dw = partials + omp_get_thread_num() * dw_size;
+    for (int64_t n = omp_get_thread_num(); n < a.n; n += omp_get_num_threads()) {
+      im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
+      GemmArgs g;  // dweight_g += dy_g @ col_g^T
+      g.batch = a.groups;
+      g.m = d.og;
+      g.n = d.k;
+      g.k = d.ohw;
+      g.a = static_cast<const T*>(a.dy) + n * a.o * d.ohw;
+      g.a_batch = d.og * d.ohw;
+      g.a_row = d.ohw;
+      g.b = col;
+      g.b_batch = d.k * d.ohw;
+      g.b_row = 1;
+      g.b_col = d.ohw;
+      g.c = dw;
+      g.c_batch = d.og * d.k;
+      g.c_row = d.k;
+      g.beta = 1;
+      run_gemm(gemm, g);
+    }
+  }
+  T* dweight = static_cast<T*>(a.dweight);
+  std::copy_n(partials, dw_size, dweight);
+  for (int t = 1; t < nt; ++t)
+    for (int64_t i = 0; i < dw_size; ++i) dweight[i] += partials[t * dw_size + i];
+  if (a.dbias) {
+    T* db = static_cast<T*>(a.dbias);
+    parallel_for(0, a.o, 1, [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        double s = 0;
+        for (int64_t n = 0; n < a.n; ++n) {
+          const T* dy = static_cast<const T*>(a.dy) + (n * a.o + o) * d.ohw;
+          for (int64_t p = 0; p < d.ohw; ++p) s += dy[p];
+        }
+        db[o] = T(s);
+      }
+    });
+  }
+}
+
+// ---- oneDNN ---------------------------------------------------------------------------------------------
+#ifdef FRUGAL_HAVE_ONEDNN
+
+// Letting oneDNN pick its blocked layout (and reordering NCHW in and out) is the default: on the W2 shapes
+// (bench/bench_conv.cpp, one thread, so that the host's other load does not count) it is 1.2-4x faster in
+// every direction, e.g. conv 32->64 14x14 batch 64 forward 4.5 vs 6.4 ms, backward data 4.6 vs 9.0 ms, and
+// conv 1->32 backward weight 0.55 vs 2.2 ms. On an oversubscribed host plain NCHW can win, as it runs one
+// parallel region per call instead of up to four.
+std::atomic<bool> g_any_layout{true};
+
+enum class Direction { Forward, BackwardData, BackwardWeight };
+
+// One oneDNN argument of a primitive: where its bytes sit in the user's NCHW tensor, the layout the primitive
+// wants, and the reorder between them when they differ.
+struct Operand {
+  int arg = 0;  // DNNL_ARG_*
+  bool output = false;
+  dnnl::memory::desc user, compute;
+  std::optional<dnnl::reorder> reorder;  // user -> compute for inputs, compute -> user for outputs
+};
+
+// A created primitive and what running it needs; immutable once built, so threads may share it (the
+// scratchpad is user-managed: each call brings its own).
+struct ConvPlan {
+  dnnl::primitive primitive;
+  std::vector<Operand> operands;
+  dnnl::memory::desc scratchpad;
+};
+
+struct ConvKey {
+  std::array<int64_t, 18> v;
+  bool operator==(const ConvKey&) const = default;
+};
+struct ConvKeyHash {
+  size_t operator()(const ConvKey& k) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t x : k.v) h = (h ^ size_t(x)) * 1099511628211ull;
+    return h;
+  }
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+ConvKey key_of(const ConvArgs& a, Direction dir, bool any) {
+  const bool bias = dir == Direction::Forward ? a.bias != nullptr : a.dbias != nullptr;
+  return {{int64_t(dir), any, bias, a.n, a.c, a.h, a.w, a.o, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_h,
+           a.pad_w, a.dil_h, a.dil_w, a.groups, 0}};
+}
+
+std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, bool any) {
+  using tag = dnnl::memory::format_tag;
+  using dt = dnnl::memory::data_type;
+  using md = dnnl::memory::desc;
+  const dnnl::memory::dims x_dims{a.n, a.c, a.h, a.w}, y_dims{a.n, a.o, a.oh, a.ow}, b_dims{a.o};
+  const dnnl::memory::dims w_dims =
+      a.groups > 1 ? dnnl::memory::dims{a.groups, a.o / a.groups, a.c / a.groups, a.kh, a.kw}
+                   : dnnl::memory::dims{a.o, a.c, a.kh, a.kw};
+  const tag w_tag = a.groups > 1 ? tag::goihw : tag::oihw;
+  const md x_user(x_dims, dt::f32, tag::nchw), y_user(y_dims, dt::f32, tag::nchw);
+  const md w_user(w_dims, dt::f32, w_tag), b_user(b_dims, dt::f32, tag::x);
+  const md x_want = any ? md(x_dims, dt::f32, tag::any) : x_user;
+  const md y_want = any ? md(y_dims, dt::f32, tag::any) : y_user;
+  const md w_want = any ? md(w_dims, dt::f32, tag::any) : w_user;
+  // oneDNN counts dilation from 0; PyTorch's right padding equals the left, and oneDNN accepts an output
+  // size computed with floor division from it.
+  const dnnl::memory::dims strides{a.stride_h, a.stride_w}, dilates{a.dil_h - 1, a.dil_w - 1},
+      pad{a.pad_h, a.pad_w};
+  const auto algo = dnnl::algorithm::convolution_direct;
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  auto& eng = cpu_engine();
+
+  const bool fwd_bias = dir == Direction::Forward && a.bias;
+  const dnnl::convolution_forward::desc fwd_desc(dnnl::prop_kind::forward_training, algo, x_want, w_want,
+                                                 fwd_bias ? b_user : md(), y_want, strides, dilates, pad,
+                                                 pad);
+  const dnnl::convolution_forward::primitive_desc fwd_pd(fwd_desc, attr, eng);
+
+  auto plan = std::make_shared<ConvPlan>();
+  auto add = [&](int arg, const md& user, const md& compute, bool output) {
+    Operand op;
+    op.arg = arg;
+    op.output = output;
+    op.user = user;
+    op.compute = compute;
+    if (user != compute)
+      op.reorder = output ? dnnl::reorder(dnnl::reorder::primitive_desc(eng, compute, eng, user))
+                          : dnnl::reorder(dnnl::reorder::primitive_desc(eng, user, eng, compute));
+    plan->operands.push_back(std::move(op));
+  };
+  if (dir == Direction::Forward) {
+    plan->primitive = dnnl::convolution_forward(fwd_pd);
+    plan->scratchpad = fwd_pd.scratchpad_desc();
+    add(DNNL_ARG_SRC, x_user, fwd_pd.src_desc(), false);
+    add(DNNL_ARG_WEIGHTS, w_user, fwd_pd.weights_desc(), false);
+    if (a.bias) add(DNNL_ARG_BIAS, b_user, fwd_pd.bias_desc(), false);
+    add(DNNL_ARG_DST, y_user, fwd_pd.dst_desc(), true);
+  } else if (dir == Direction::BackwardData) {
+    const dnnl::convolution_backward_data::desc desc(algo, x_want, w_want, y_want, strides, dilates, pad,
+                                                     pad);
+    const dnnl::convolution_backward_data::primitive_desc pd(desc, attr, eng, fwd_pd);
+    plan->primitive = dnnl::convolution_backward_data(pd);
+    plan->scratchpad = pd.scratchpad_desc();
+    add(DNNL_ARG_DIFF_DST, y_user, pd.diff_dst_desc(), false);
+    add(DNNL_ARG_WEIGHTS, w_user, pd.weights_desc(), false);
+    add(DNNL_ARG_DIFF_SRC, x_user, pd.diff_src_desc(), true);
+  } else {
+    const dnnl::convolution_backward_weights::desc desc(algo, x_want, w_want, a.dbias ? b_user : md(), y_want,
+                                                        strides, dilates, pad, pad);
+    const dnnl::convolution_backward_weights::primitive_desc pd(desc, attr, eng, fwd_pd);
+    plan->primitive = dnnl::convolution_backward_weights(pd);
+    plan->scratchpad = pd.scratchpad_desc();
+    add(DNNL_ARG_SRC, x_user, pd.src_desc(), false);
+    add(DNNL_ARG_DIFF_DST, y_user, pd.diff_dst_desc(), false);
+    add(DNNL_ARG_DIFF_WEIGHTS, w_user, pd.diff_weights_desc(), true);
+    if (a.dbias) add(DNNL_ARG_DIFF_BIAS, b_user, pd.diff_bias_desc(), true);
+  }
+  return plan;
+}
+
+// Plans by shape and arguments, so a training loop creates each primitive once. Bounded: a program that
+// sweeps many shapes starts over rather than growing without end. A null plan means oneDNN declined the
+// shape (im2col runs instead).
+std::shared_ptr<const ConvPlan> plan_for(const ConvArgs& a, Direction dir) {
+  constexpr size_t kMaxPlans = 128;
+  static std::mutex mutex;
+  static std::unordered_map<ConvKey, std::shared_ptr<const ConvPlan>, ConvKeyHash> plans;
+  const bool any = g_any_layout.load(std::memory_order_relaxed);
+  const ConvKey key = key_of(a, dir, any);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+  }
+  std::shared_ptr<const ConvPlan> plan;
+  try {
+    plan = build_plan(a, dir, any);
+  } catch (const dnnl::error&) {
+    plan = nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (plans.size() >= kMaxPlans) plans.clear();
+  plans.emplace(key, plan);
+  return plan;
+}
+
+const void* user_pointer(const ConvArgs& a, int arg) {
+  switch (arg) {
+    case DNNL_ARG_SRC:
+      return a.x;
+    case DNNL_ARG_WEIGHTS:
+      return a.weight;
+    case DNNL_ARG_BIAS:
+      return a.bias;
+    case DNNL_ARG_DST:
+      return a.y;
+    case DNNL_ARG_DIFF_DST:
+      return a.dy;
+    case DNNL_ARG_DIFF_SRC:
+      return a.dx;
+    case DNNL_ARG_DIFF_WEIGHTS:
+      return a.dweight;
+    case DNNL_ARG_DIFF_BIAS:
+      return a.dbias;
+    default:
+      FRUGAL_ASSERT(false, "conv2d: unexpected oneDNN argument ", arg);
+      return nullptr;
+  }
+}
+
+// Runs the plan: reorders inputs into the primitive's layouts (arena buffers), executes, reorders outputs
+// back into the user's tensors.
+bool run_onednn(const ConvArgs& a, Direction dir) {
+  const auto plan = plan_for(a, dir);
+  if (!plan) return false;
+  auto& eng = cpu_engine();
+  thread_local dnnl::stream stream(cpu_engine());
+  std::vector<Tensor> buffers;  // alive until the stream is done
+  std::unordered_map<int, dnnl::memory> args;
+  std::vector<std::pair<const Operand*, dnnl::memory>> outputs;  // (operand, user memory) to reorder into
+  for (const Operand& op : plan->operands) {
+    dnnl::memory user(op.user, eng, const_cast<void*>(user_pointer(a, op.arg)));  // inputs are only read
+    if (!op.reorder) {
+      args.emplace(op.arg, user);
+      continue;
+    }
+    buffers.push_back(workspace(int64_t(op.compute.get_size())));
+    dnnl::memory compute(op.compute, eng, buffers.back().raw_data());
+    if (op.output)
+      outputs.emplace_back(&op, user);
+    else
+      op.reorder->execute(stream, user, compute);
+    args.emplace(op.arg, compute);
+  }
+  if (plan->scratchpad.get_size() > 0) {
+    buffers.push_back(workspace(int64_t(plan->scratchpad.get_size())));
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(plan->scratchpad, eng, buffers.back().raw_data()));
+  }
+  plan->primitive.execute(stream, args);
+  for (auto& [op, user] : outputs) op->reorder->execute(stream, args.at(op->arg), user);
+  stream.wait();
+  return true;
+}
+
+void conv2d_forward_f32(const ConvArgs& a) {
+  if (!run_onednn(a, Direction::Forward)) conv2d_forward_im2col<float>(a);
+}
+void conv2d_backward_data_f32(const ConvArgs& a) {
+  if (!run_onednn(a, Direction::BackwardData)) conv2d_backward_data_im2col<float>(a);
+}
+void conv2d_backward_weight_f32(const ConvArgs& a) {
+  if (!run_onednn(a, Direction::BackwardWeight)) conv2d_backward_weight_im2col<float>(a);
+}
+#endif  // FRUGAL_HAVE_ONEDNN
+
+const bool kRegistered = [] {
+#ifdef FRUGAL_HAVE_ONEDNN
+  op_conv2d.set(DeviceType::CPU, DType::F32, conv2d_forward_f32);
+  op_conv2d_backward_data.set(DeviceType::CPU, DType::F32, conv2d_backward_data_f32);
+  op_conv2d_backward_weight.set(DeviceType::CPU, DType::F32, conv2d_backward_weight_f32);
+#else
+  op_conv2d.set(DeviceType::CPU, DType::F32, conv2d_forward_im2col<float>);
+  op_conv2d_backward_data.set(DeviceType::CPU, DType::F32, conv2d_backward_data_im2col<float>);
+  op_conv2d_backward_weight.set(DeviceType::CPU, DType::F32, conv2d_backward_weight_im2col<float>);
+#endif
+  op_conv2d.set(DeviceType::CPU, DType::F64, reference::conv2d_forward<double>);
+  op_conv2d_backward_data.set(DeviceType::CPU, DType::F64, reference::conv2d_backward_data<double>);
+  op_conv2d_backward_weight.set(DeviceType::CPU, DType::F64, reference::conv2d_backward_weight<double>);
+  return true;
+}();
+
+}  // namespace
+
+void set_conv_onednn_any_layout([[maybe_unused]] bool any) {
+#ifdef FRUGAL_HAVE_ONEDNN
+  g_any_layout.store(any, std::memory_order_relaxed);
+#endif
+}
+void conv2d_forward_im2col_cpu(const ConvArgs& a) { conv2d_forward_im2col<float>(a); }
+void conv2d_backward_data_im2col_cpu(const ConvArgs& a) { conv2d_backward_data_im2col<float>(a); }
+void conv2d_backward_weight_im2col_cpu(const ConvArgs& a) { conv2d_backward_weight_im2col<float>(a); }
+
+}  // namespace frugal

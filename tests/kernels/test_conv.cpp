@@ -1,0 +1,305 @@
+// conv2d forward, backward data and backward weight/bias: the registered f32 kernels (oneDNN in both layout
+// policies, or im2col) and the im2col fallback against the naive f64 reference over a grid of shapes and
+// arguments; f16/bf16 against f32; gradcheck in f64 for every argument combination and layout; bad inputs.
+#include <thread>
+
+#include "autograd/functions.h"
+#include "kernels/cpu/reference.h"
+#include "tests/autograd/gradcheck_helpers.h"
+#include "tests/test_util.h"
+
+namespace frugal {
+namespace {
+
+using testing::expect_close;
+using testing::expect_error;
+using testing::Layout;
+using testing::uniform;
+
+struct Case {
+  int64_t n, c, h, w, o, kh, kw;
+  Size2 stride = 1, pad = 0, dil = 1;
+  int64_t groups = 1;
+  bool bias = true;
+  std::string str() const {
+    return detail::str_cat("x [", n, ", ", c, ", ", h, ", ", w, "] w [", o, ", ", c / groups, ", ", kh, ", ",
+                           kw, "] stride (", stride.h, ", ", stride.w, ") pad (", pad.h, ", ", pad.w,
+                           ") dil (", dil.h, ", ", dil.w, ") groups ", groups, bias ? " bias" : " no bias");
+  }
+  Shape x_shape() const { return {n, c, h, w}; }
+  Shape w_shape() const { return {o, c / groups, kh, kw}; }
+  int64_t oh() const { return (h + 2 * pad.h - dil.h * (kh - 1) - 1) / stride.h + 1; }
+  int64_t ow() const { return (w + 2 * pad.w - dil.w * (kw - 1) - 1) / stride.w + 1; }
+  Shape y_shape() const { return {n, o, oh(), ow()}; }
+  ConvArgs args() const {
+    ConvArgs a;
+    a.n = n, a.c = c, a.h = h, a.w = w, a.o = o, a.kh = kh, a.kw = kw, a.oh = oh(), a.ow = ow();
+    a.stride_h = stride.h, a.stride_w = stride.w, a.pad_h = pad.h, a.pad_w = pad.w;
+    a.dil_h = dil.h, a.dil_w = dil.w, a.groups = groups;
+    return a;
+  }
+};
+
+// Groups, dilation, strides, padding (also wider than the kernel), batch 1, non-square everything, 1x1, a
+// kernel as large as the input, depthwise, and the W2 layers at a small batch.
+const std::vector<Case> kCases = {
+    {2, 3, 7, 9, 4, 3, 3},
+    {1, 4, 8, 8, 6, 3, 3, 2, 1, 1, 2},
+    {2, 4, 10, 7, 4, 3, 2, {2, 1}, {1, 0}, {2, 1}, 4, false},
+    {3, 2, 5, 5, 3, 1, 1},
+    {1, 6, 9, 11, 6, 3, 3, 3, 2, 2, 3},
+    {1, 3, 6, 6, 5, 5, 5, 1, 2, 1, 1, false},
+    {1, 2, 4, 4, 3, 2, 2, 1, 3, 1, 1},
+    {2, 3, 5, 5, 2, 5, 5},
+    {1, 5, 6, 13, 7, 2, 4, {1, 3}, {0, 2}, {3, 1}, 1},
+    {2, 1, 28, 28, 8, 3, 3, 1, 1},
+    {2, 32, 14, 14, 16, 3, 3, 1, 1},
+};
+
+// f32 vs f64 tolerance for sums of k products of values in [-1, 1].
+testing::Tol conv_tol(int64_t k) { return {2e-6 * double(k), 1e-4}; }
+
+struct Tensors {
+  Tensor x, w, b, dy;
+};
+Tensors inputs(const Case& c, DType t, uint64_t seed = 1) {
+  return {uniform(c.x_shape(), -1, 1, t, seed), uniform(c.w_shape(), -1, 1, t, seed + 1),
+          c.bias ? uniform({c.o}, -1, 1, t, seed + 2) : Tensor(), uniform(c.y_shape(), -1, 1, t, seed + 3)};
+}
+
+// The three directions through the naive f64 reference, from the (any dtype) inputs.
+struct Results {
+  Tensor y, dx, dw, db;
+};
+Results reference_results(const Case& c, const Tensors& in) {
+  const Tensor x = in.x.to(DType::F64).contiguous(), w = in.w.to(DType::F64).contiguous(),
+               dy = in.dy.to(DType::F64).contiguous();
+  const Tensor b = c.bias ? in.b.to(DType::F64).contiguous() : Tensor();
+  Results r{empty(c.y_shape(), DType::F64), empty(c.x_shape(), DType::F64), empty(c.w_shape(), DType::F64),
+            c.bias ? empty({c.o}, DType::F64) : Tensor()};
+  ConvArgs a = c.args();
+  a.x = x.raw_data(), a.weight = w.raw_data(), a.bias = c.bias ? b.raw_data() : nullptr, a.dy = dy.raw_data();
+  a.y = r.y.raw_data(), a.dx = r.dx.raw_data(), a.dweight = r.dw.raw_data();
+  a.dbias = c.bias ? r.db.raw_data() : nullptr;
+  reference::conv2d_forward<double>(a);
+  reference::conv2d_backward_data<double>(a);
+  reference::conv2d_backward_weight<double>(a);
+  return r;
+}
+
+Results op_results(const Case& c, const Tensors& in) {
+  Results r;
+  r.y = ops::conv2d(in.x, in.w, in.b, c.stride, c.pad, c.dil, c.groups);
+  r.dx = ops::conv2d_backward_data(in.dy, in.w, c.x_shape(), c.stride, c.pad, c.dil, c.groups);
+  std::tie(r.dw, r.db) =
+      ops::conv2d_backward_weight(in.dy, in.x, c.w_shape(), c.stride, c.pad, c.dil, c.groups, c.bias);
+  return r;
+}
+
+void expect_results(const Results& got, const Results& ref, const Case& c, testing::Tol fwd,
+                    testing::Tol bwd_w, const std::string& what) {
+  EXPECT_EQ(got.y.shape(), c.y_shape()) << what;
+  expect_close(got.y, ref.y.to_vector<double>(), fwd, what + " forward, " + c.str());
+  expect_close(got.dx, ref.dx.to_vector<double>(), fwd, what + " backward data, " + c.str());
+  expect_close(got.dw, ref.dw.to_vector<double>(), bwd_w, what + " backward weight, " + c.str());
+  if (c.bias) expect_close(got.db, ref.db.to_vector<double>(), bwd_w, what + " backward bias, " + c.str());
+  EXPECT_EQ(got.db.defined(), c.bias) << what;
+}
+
+TEST(Conv2d, RegisteredF32MatchesReferenceInBothLayouts) {
+  for (bool any : {false, true}) {
+    set_conv_onednn_any_layout(any);
+    for (const Case& c : kCases) {
+      const Tensors in = inputs(c, DType::F32);
+      const int64_t k_fwd = c.c / c.groups * c.kh * c.kw + c.o / c.groups * c.kh * c.kw;
+      expect_results(op_results(c, in), reference_results(c, in), c, conv_tol(k_fwd),
+                     conv_tol(c.n * c.oh() * c.ow()), any ? "f32 (any layout)" : "f32 (nchw)");
+    }
+  }
+  set_conv_onednn_any_layout(true);  // the default
+}
+
+TEST(Conv2d, Im2colFallbackMatchesReference) {
+  for (const Case& c : kCases) {
+    const Tensors in = inputs(c, DType::F32);
+    Results got{empty(c.y_shape()), empty(c.x_shape()), empty(c.w_shape()), c.bias ? empty({c.o}) : Tensor()};
+    ConvArgs a = c.args();
+    a.x = in.x.raw_data(), a.weight = in.w.raw_data(), a.bias = c.bias ? in.b.raw_data() : nullptr;
+    a.dy = in.dy.raw_data(), a.y = got.y.raw_data(), a.dx = got.dx.raw_data(), a.dweight = got.dw.raw_data();
+    a.dbias = c.bias ? got.db.raw_data() : nullptr;
+    conv2d_forward_im2col_cpu(a);
+    conv2d_backward_data_im2col_cpu(a);
+    conv2d_backward_weight_im2col_cpu(a);
+    const int64_t k_fwd = c.c / c.groups * c.kh * c.kw + c.o / c.groups * c.kh * c.kw;
+    expect_results(got, reference_results(c, in), c, conv_tol(k_fwd), conv_tol(c.n * c.oh() * c.ow()),
+                   "im2col");
+  }
+}
+
+TEST(Conv2d, F64IsTheReference) {
+  for (const Case& c : {kCases[1], kCases[4]}) {
+    const Tensors in = inputs(c, DType::F64);
+    expect_results(op_results(c, in), reference_results(c, in), c, {1e-12, 1e-10}, {1e-11, 1e-10}, "f64");
+  }
+}
+
+TEST(Conv2d, HalfPrecisionMatchesF32) {
+  for (DType t : {DType::F16, DType::BF16})
+    for (const Case& c : {kCases[0], kCases[2], kCases[4]}) {
+      const Tensors in = inputs(c, t);
+      const Results got = op_results(c, in);
+      EXPECT_EQ(got.y.dtype(), t);
+      EXPECT_EQ(got.dw.dtype(), t);
+      // Reference from the rounded inputs: only the result's rounding (and f32 accumulation) differs.
+      const testing::Tol tol = testing::tol_for(t);
+      expect_results(got, reference_results(c, in), c, {tol.atol * 4, tol.rtol * 2},
+                     {tol.atol * 16, tol.rtol * 2}, dtype_name(t));
+    }
+}
+
+TEST(Conv2d, NonContiguousInputsUnbatchedAndEmptyBatch) {
+  const Case c = kCases[1];
+  const Tensors in = inputs(c, DType::F32);
+  // The same values behind permuted strides.
+  const Tensor x_nhwc = in.x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+  const Tensor w_strided =
+      uniform({c.o, c.c / c.groups, c.kh, 2 * c.kw}, -1, 1, DType::F32, 9).slice(3, 0, 2 * c.kw, 2);
+  ASSERT_FALSE(x_nhwc.is_contiguous());
+  ASSERT_FALSE(w_strided.is_contiguous());
+  const Tensor want = ops::conv2d(in.x, w_strided.contiguous(), in.b, c.stride, c.pad, c.dil, c.groups);
+  expect_close(ops::conv2d(x_nhwc, w_strided, in.b, c.stride, c.pad, c.dil, c.groups),
+               want.to_vector<double>(), {1e-6, 1e-6}, "strided x and w");
+  // [C, H, W] is a batch of one.
+  const Tensor one = ops::conv2d(in.x.select(0, 0), in.w, in.b, c.stride, c.pad, c.dil, c.groups);
+  EXPECT_EQ(one.shape(), (Shape{c.o, c.oh(), c.ow()}));
+  expect_close(
+      one,
+      ops::conv2d(in.x.narrow(0, 0, 1), in.w, in.b, c.stride, c.pad, c.dil, c.groups).to_vector<double>(),
+      {1e-6, 1e-6}, "unbatched");
+  const Tensor none = ops::conv2d(zeros({0, c.c, c.h, c.w}), in.w, in.b, c.stride, c.pad, c.dil, c.groups);
+  EXPECT_EQ(none.shape(), (Shape{0, c.o, c.oh(), c.ow()}));
+  auto [dw, db] = ops::conv2d_backward_weight(zeros({0, c.o, c.oh(), c.ow()}), zeros({0, c.c, c.h, c.w}),
+                                              c.w_shape(), c.stride, c.pad, c.dil, c.groups, true);
+  EXPECT_EQ(sum(abs(dw)).item<double>() + sum(abs(db)).item<double>(), 0.0);
+}
+
+TEST(Conv2d, CachedPrimitivesAreSharedAcrossThreads) {
+  const Case c = kCases[9];
+  const Tensors in = inputs(c, DType::F32);
+  const std::vector<double> want = reference_results(c, in).y.to_vector<double>();
+  std::vector<std::thread> threads;
+  std::vector<std::vector<double>> got(4);
+  for (size_t t = 0; t < got.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 5; ++i)
+        got[t] = ops::conv2d(in.x, in.w, in.b, c.stride, c.pad, c.dil, c.groups).to_vector<double>();
+    });
+  for (auto& th : threads) th.join();
+  for (const auto& g : got) expect_close(g, want, conv_tol(20), "threaded");
+}
+
+// ---- gradients -------------------------------------------------------------------------------------------
+
+// Small f64 cases covering each argument on its own and together.
+const std::vector<Case> kGradCases = {
+    {2, 2, 5, 6, 3, 3, 3},
+    {1, 4, 6, 5, 4, 3, 2, {2, 1}, {1, 0}, 1, 2},
+    {2, 3, 7, 7, 3, 3, 3, 2, 2, 2, 3, false},
+    {1, 2, 5, 5, 4, 2, 2, 1, 3, 1, 1},
+    {2, 4, 6, 6, 2, 3, 3, {1, 2}, 1, {2, 1}, 2},
+};
+
+TEST(Conv2dGrad, GradcheckEveryCombinationAndLayout) {
+  for (const Case& c : kGradCases)
+    for (Layout layout : testing::kLayouts) {
+      std::vector<Tensor> in = {testing::leaf(c.x_shape(), -1, 1, 11, layout),
+                                testing::leaf(c.w_shape(), -1, 1, 12, layout)};
+      if (c.bias) in.push_back(testing::leaf({c.o}, -1, 1, 13));
+      testing::expect_grads_ok(
+          [&](const std::vector<Tensor>& v) {
+            return conv2d(v[0], v[1], c.bias ? v[2] : Tensor(), c.stride, c.pad, c.dil, c.groups);
+          },
+          in, c.str() + " " + testing::layout_name(layout));
+    }
+}
+
+TEST(Conv2dGrad, OnlySomeInputsNeedGradAndUnbatched) {
+  const Case c = kGradCases[1];
+  const Tensor x = uniform(c.x_shape(), -1, 1, DType::F64, 3), w = uniform(c.w_shape(), -1, 1, DType::F64, 4);
+  const Tensor b = uniform({c.o}, -1, 1, DType::F64, 5);
+  auto fn = [&](const std::vector<Tensor>& v) {
+    return conv2d(v[0], v[1], v[2], c.stride, c.pad, c.dil, c.groups);
+  };
+  // Each of x, weight, bias alone requiring grad: the rule computes only what is needed.
+  for (int which = 0; which < 3; ++which) {
+    std::vector<Tensor> in = {x.detach(), w.detach(), b.detach()};
+    in[size_t(which)].requires_grad_();
+    testing::expect_grads_ok(fn, in, "only input " + std::to_string(which));
+  }
+  testing::expect_grads_ok(
+      [&](const std::vector<Tensor>& v) { return conv2d(v[0], v[1], {}, c.stride, c.pad, c.dil, c.groups); },
+      {testing::leaf({c.c, c.h, c.w}, -1, 1, 6), testing::leaf(c.w_shape(), -1, 1, 7)}, "unbatched");
+}
+
+TEST(Conv2dGrad, LowPrecisionGradientsMatchF64) {
+  const Case c = kGradCases[1];
+  const std::vector<Tensor> in = {testing::leaf(c.x_shape(), -1, 1, 21),
+                                  testing::leaf(c.w_shape(), -1, 1, 22), testing::leaf({c.o}, -1, 1, 23)};
+  auto fn = [&](const std::vector<Tensor>& v) {
+    return conv2d(v[0], v[1], v[2], c.stride, c.pad, c.dil, c.groups);
+  };
+  testing::expect_grads_match_f64(fn, in, DType::F32, {1e-5, 1e-5}, "conv2d");
+  testing::expect_grads_match_f64(fn, in, DType::BF16, {0.1, 2e-2}, "conv2d");
+  testing::expect_grads_match_f64(fn, in, DType::F16, {1e-2, 4e-3}, "conv2d");
+}
+
+// ---- bad inputs ------------------------------------------------------------------------------------------
+
+TEST(Conv2d, BadInputs) {
+  const Tensor x = ones({2, 4, 8, 8}), w = ones({6, 2, 3, 3});
+  expect_error<ShapeError>([&] { ops::conv2d(ones({4, 8}), w); }, {"conv2d", "4-D input", "[4, 8]"});
+  expect_error<ShapeError>([&] { ops::conv2d(x, ones({6, 4, 3})); }, {"conv2d", "4-D weight", "[6, 4, 3]"});
+  expect_error<ShapeError>([&] { ops::conv2d(x, w); },
+                           {"conv2d", "[2, 4, 8, 8]", "4 channels", "[6, 2, 3, 3]", "expects 2"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::conv2d(ones({2, 3, 8, 8}), ones({4, 1, 3, 3}), {}, 1, 0, 1, 3);
+      },
+      {"conv2d", "out_channels (4", "divisible by groups (3)"});
+  expect_error<Error>([&] { ops::conv2d(x, w, {}, 1, 0, 1, 0); }, {"conv2d", "groups must be positive", "0"});
+  expect_error<Error>([&] { ops::conv2d(x, w, {}, {1, 0}, 0, 1, 2); }, {"conv2d", "stride", "(1, 0)"});
+  expect_error<Error>([&] { ops::conv2d(x, w, {}, 1, -1, 1, 2); }, {"conv2d", "padding", "(-1, -1)"});
+  expect_error<Error>([&] { ops::conv2d(x, w, {}, 1, 0, 0, 2); }, {"conv2d", "dilation", "(0, 0)"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::conv2d(ones({1, 4, 2, 8}), w, {}, 1, 0, 1, 2);
+      },
+      {"conv2d", "padded input (2 x 8", "dilated kernel (3 x 3", "empty"});
+  expect_error<ShapeError>([&] { ops::conv2d(x, w, {}, 1, 0, 4, 2); }, {"conv2d", "dilated kernel (9 x 9"});
+  expect_error<ShapeError>([&] { ops::conv2d(x, w, ones({5}), 1, 0, 1, 2); },
+                           {"conv2d", "bias of shape [6]", "[5]"});
+  expect_error<DTypeError>([&] { ops::conv2d(x.to(DType::F64), w, {}, 1, 0, 1, 2); },
+                           {"conv2d", "dtypes differ", "f64", "f32"});
+  expect_error<DTypeError>([&] { ops::conv2d(x, w, ones({6}, DType::F64), 1, 0, 1, 2); },
+                           {"conv2d", "bias", "f64"});
+  expect_error<DTypeError>(
+      [&] {
+        ops::conv2d(ones({2, 4, 8, 8}, DType::I64), ones({6, 2, 3, 3}, DType::I64));
+      },
+      {"conv2d", "floating dtype", "i64"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::conv2d_backward_data(ones({2, 6, 5, 5}), w, x.shape(), 1, 0, 1, 2);
+      },
+      {"conv2d_backward_data", "[2, 6, 5, 5]", "[2, 6, 6, 6]"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::conv2d_backward_weight(ones({2, 6, 6, 6}), x, {6, 4, 3, 3}, 1, 0, 1, 2, true);
+      },
+      {"conv2d_backward_weight", "expects 8"});
+  // Through autograd, the same messages.
+  expect_error<ShapeError>([&] { conv2d(x, w.detach().requires_grad_()); }, {"conv2d", "expects 2"});
+}
+
+}  // namespace
+}  // namespace frugal

@@ -1,0 +1,257 @@
+// max_pool2d and avg_pool2d, forward and backward, against loops written from PyTorch's definition (ties,
+// NaN, padding, dilation, count_include_pad), in every dtype; gradcheck in f64 on every layout; bad inputs.
+#include <cmath>
+#include <limits>
+
+#include "autograd/functions.h"
+#include "tests/autograd/gradcheck_helpers.h"
+#include "tests/test_util.h"
+
+namespace frugal {
+namespace {
+
+using testing::expect_close;
+using testing::expect_error;
+using testing::Layout;
+using testing::uniform;
+
+struct PoolCase {
+  Shape x;  // [N, C, H, W] or [C, H, W]
+  Size2 kernel, stride, pad = 0, dil = 1;
+  std::string str() const {
+    return detail::str_cat("x ", x, " kernel (", kernel.h, ", ", kernel.w, ") stride (", stride.h, ", ",
+                           stride.w, ") pad (", pad.h, ", ", pad.w, ") dil (", dil.h, ", ", dil.w, ")");
+  }
+};
+
+const std::vector<PoolCase> kCases = {
+    {{2, 3, 8, 8}, 2, 2},                    // W2's pool
+    {{1, 2, 7, 9}, 3, 2, 1},                 // overlapping, padded
+    {{2, 2, 9, 7}, {3, 2}, {1, 2}, {1, 0}},  // non-square everything
+    {{3, 5, 6}, 2, 1},                       // unbatched, stride 1
+    {{1, 1, 10, 11}, 3, {2, 3}, 1, {2, 1}},  // dilation (max only)
+    {{2, 4, 5, 5}, 5, 1, 2},                 // window as large as the input
+    {{1, 3, 1, 1}, 1, 1},                    // 1 x 1
+};
+
+// Naive max pool in f64: per window the first largest element (strictly greater wins) or a NaN; also the
+// flat index within the plane.
+void reference_max(const Tensor& x_in, const PoolCase& c, std::vector<double>& y, std::vector<int64_t>& idx) {
+  const Tensor x = x_in.dim() == 3 ? x_in.unsqueeze(0) : x_in;
+  const auto v = x.to_vector<double>();
+  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t oh = (h + 2 * c.pad.h - c.dil.h * (c.kernel.h - 1) - 1) / c.stride.h + 1;
+  const int64_t ow = (w + 2 * c.pad.w - c.dil.w * (c.kernel.w - 1) - 1) / c.stride.w + 1;
+  y.clear();
+  idx.clear();
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        double best = -INFINITY;
+        int64_t at = -1;
+        for (int64_t a = 0; a < c.kernel.h; ++a)
+          for (int64_t b = 0; b < c.kernel.w; ++b) {
+            const int64_t ih = i * c.stride.h - c.pad.h + a * c.dil.h,
+                          iw = j * c.stride.w - c.pad.w + b * c.dil.w;
+            if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+            const double e = v[size_t((p * h + ih) * w + iw)];
+            if (at < 0 || e > best || std::isnan(e)) {
+              at = ih * w + iw;
+              best = e;
+            }
+          }
+        y.push_back(best);
+        idx.push_back(at);
+      }
+}
+
+// Naive average pool in f64: the divisor counts the window's taps inside the padded input
+// (count_include_pad) or inside the input.
+std::vector<double> reference_avg(const Tensor& x_in, const PoolCase& c, bool include_pad) {
+  const Tensor x = x_in.dim() == 3 ? x_in.unsqueeze(0) : x_in;
+  const auto v = x.to_vector<double>();
+  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t oh = (h + 2 * c.pad.h - c.kernel.h) / c.stride.h + 1;
+  const int64_t ow = (w + 2 * c.pad.w - c.kernel.w) / c.stride.w + 1;
+  std::vector<double> y;
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        double s = 0;
+        int64_t inside = 0, padded = 0;
+        for (int64_t a = 0; a < c.kernel.h; ++a)
+          for (int64_t b = 0; b < c.kernel.w; ++b) {
+            const int64_t ih = i * c.stride.h - c.pad.h + a, iw = j * c.stride.w - c.pad.w + b;
+            if (ih >= -c.pad.h && ih < h + c.pad.h && iw >= -c.pad.w && iw < w + c.pad.w) ++padded;
+            if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+            s += v[size_t((p * h + ih) * w + iw)];
+            ++inside;
+          }
+        y.push_back(s / double(include_pad ? padded : inside));
+      }
+  return y;
+}
+
+TEST(MaxPool2d, MatchesReferenceInEveryDtype) {
+  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
+    for (const PoolCase& c : kCases) {
+      const Tensor x = uniform(c.x, -2, 2, t, 3);
+      std::vector<double> want;
+      std::vector<int64_t> want_idx;
+      reference_max(x, c, want, want_idx);
+      auto [y, idx] = ops::max_pool2d_with_indices(x, c.kernel, c.stride, c.pad, c.dil);
+      EXPECT_EQ(y.dtype(), t);
+      EXPECT_EQ(idx.dtype(), DType::I64);
+      EXPECT_EQ(y.dim(), x.dim());
+      expect_close(y, want, {0, 0}, std::string(dtype_name(t)) + " " + c.str());  // max is exact
+      EXPECT_EQ(idx.to_vector<int64_t>(), want_idx) << c.str();
+    }
+}
+
+TEST(MaxPool2d, TiesTakeTheFirstAndNanPropagates) {
+  // Every window of a constant input ties: PyTorch's index is the window's first in-range element.
+  const PoolCase c{{1, 1, 4, 5}, 3, 2, 1};
+  const Tensor x = full({1, 1, 4, 5}, 0.5);
+  auto [y, idx] = ops::max_pool2d_with_indices(x, c.kernel, c.stride, c.pad);
+  std::vector<double> want;
+  std::vector<int64_t> want_idx;
+  reference_max(x, c, want, want_idx);
+  EXPECT_EQ(idx.to_vector<int64_t>(), want_idx);
+  EXPECT_EQ(idx.to_vector<int64_t>()[0], 0);
+  // -inf everywhere still names an element of the window, so backward has somewhere to go.
+  auto [yi, ii] = ops::max_pool2d_with_indices(full({1, 1, 2, 2}, -INFINITY), 2);
+  EXPECT_EQ(ii.to_vector<int64_t>()[0], 0);
+  EXPECT_EQ(yi.to_vector<double>()[0], -INFINITY);
+  Tensor n = uniform({1, 1, 4, 4}, 0, 1);
+  n.data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+  const auto yn = ops::max_pool2d(n, 2).to_vector<double>();
+  EXPECT_TRUE(std::isnan(yn[0]));
+  EXPECT_FALSE(std::isnan(yn[1]));
+}
+
+TEST(AvgPool2d, MatchesReferenceInEveryDtype) {
+  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
+    for (bool include_pad : {true, false})
+      for (const PoolCase& c : kCases) {
+        if (c.dil.h != 1 || c.dil.w != 1) continue;  // avg_pool2d has no dilation
+        const Tensor x = uniform(c.x, -2, 2, t, 4);
+        const Tensor y = ops::avg_pool2d(x, c.kernel, c.stride, c.pad, include_pad);
+        EXPECT_EQ(y.dtype(), t);
+        const testing::Tol tol = t == DType::F32 ? testing::Tol{1e-6, 1e-6} : testing::tol_for(t);
+        expect_close(y, reference_avg(x, c, include_pad), tol,
+                     std::string(dtype_name(t)) + " " + c.str() + (include_pad ? " incl pad" : " excl pad"));
+      }
+}
+
+TEST(Pool2d, StrideDefaultsToKernelAndNonContiguousInputs) {
+  const Tensor x = uniform({2, 3, 8, 6}, -1, 1);
+  expect_close(ops::max_pool2d(x, 2), ops::max_pool2d(x, 2, Size2(2)).to_vector<double>(), {0, 0}, "max");
+  expect_close(ops::avg_pool2d(x, {2, 3}), ops::avg_pool2d(x, {2, 3}, Size2{2, 3}).to_vector<double>(),
+               {0, 0}, "avg");
+  const Tensor nhwc = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+  ASSERT_FALSE(nhwc.is_contiguous());
+  expect_close(ops::max_pool2d(nhwc, 3, 2, 1), ops::max_pool2d(x, 3, 2, 1).to_vector<double>(), {0, 0},
+               "strided max");
+  expect_close(ops::avg_pool2d(nhwc, 3, 2, 1), ops::avg_pool2d(x, 3, 2, 1).to_vector<double>(), {0, 0},
+               "strided avg");
+  EXPECT_EQ(ops::max_pool2d(zeros({0, 3, 8, 6}), 2).shape(), (Shape{0, 3, 4, 3}));
+}
+
+TEST(Pool2d, BackwardMatchesReference) {
+  for (const PoolCase& c : kCases) {
+    const Tensor x = uniform(c.x, -2, 2, DType::F32, 5);
+    auto [y, idx] = ops::max_pool2d_with_indices(x, c.kernel, c.stride, c.pad, c.dil);
+    const Tensor dy = uniform(y.shape(), -1, 1, DType::F32, 6);
+    // max: dy scattered to the winners; overlapping windows add.
+    std::vector<double> want(size_t(x.numel()), 0.0);
+    const int64_t hw = x.size(-1) * x.size(-2), ohw = y.size(-1) * y.size(-2);
+    const auto iv = idx.to_vector<int64_t>();
+    const auto gv = dy.to_vector<double>();
+    for (size_t i = 0; i < iv.size(); ++i) want[size_t(int64_t(i) / ohw * hw + iv[i])] += gv[i];
+    expect_close(ops::max_pool2d_backward(dy, idx, x.shape()), want, {1e-6, 1e-6}, "max backward " + c.str());
+    if (c.dil.h != 1 || c.dil.w != 1) continue;
+    // avg: backward is the transpose of forward, so <dy, avg(x)> = <avg_backward(dy), x> for every x.
+    for (bool include_pad : {true, false}) {
+      const Tensor ya = ops::avg_pool2d(x, c.kernel, c.stride, c.pad, include_pad);
+      const Tensor dxa = ops::avg_pool2d_backward(dy, x.shape(), c.kernel, c.stride, c.pad, include_pad);
+      EXPECT_NEAR(ops::sum(ops::mul(ya, dy)).item<double>(), ops::sum(ops::mul(dxa, x)).item<double>(), 1e-4)
+          << "avg backward " << c.str();
+    }
+  }
+}
+
+TEST(Pool2dGrad, GradcheckEveryCaseAndLayout) {
+  for (const PoolCase& c : kCases)
+    for (Layout layout : testing::kLayouts) {
+      const std::string what = c.str() + " " + testing::layout_name(layout);
+      // Distinct values (uniform draws) keep every max away from a tie under the finite difference.
+      const Tensor x = testing::leaf(c.x, -1, 1, 31, layout);
+      testing::expect_grads_ok(
+          [&](const std::vector<Tensor>& v) { return max_pool2d(v[0], c.kernel, c.stride, c.pad, c.dil); },
+          {x}, "max " + what);
+      if (c.dil.h != 1 || c.dil.w != 1) continue;
+      for (bool include_pad : {true, false})
+        testing::expect_grads_ok(
+            [&](const std::vector<Tensor>& v) {
+              return avg_pool2d(v[0], c.kernel, c.stride, c.pad, include_pad);
+            },
+            {x}, "avg " + what);
+    }
+}
+
+TEST(Pool2dGrad, LowPrecisionGradientsMatchF64) {
+  const PoolCase c = kCases[1];
+  const std::vector<Tensor> in = {testing::leaf(c.x, -1, 1, 41)};
+  auto max_fn = [&](const std::vector<Tensor>& v) { return max_pool2d(v[0], c.kernel, c.stride, c.pad); };
+  auto avg_fn = [&](const std::vector<Tensor>& v) {
+    return avg_pool2d(v[0], c.kernel, c.stride, c.pad, false);
+  };
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    testing::expect_grads_match_f64(max_fn, in, t, testing::tol_for(t), "max_pool2d");
+    testing::expect_grads_match_f64(avg_fn, in, t, testing::tol_for(t), "avg_pool2d");
+  }
+}
+
+TEST(Pool2d, BadInputs) {
+  const Tensor x = ones({2, 3, 8, 8});
+  expect_error<ShapeError>([&] { ops::max_pool2d(ones({8, 8}), 2); }, {"max_pool2d", "3-D", "4-D", "[8, 8]"});
+  expect_error<Error>([&] { ops::max_pool2d(x, 0); },
+                      {"max_pool2d", "kernel size must be positive", "(0, 0)"});
+  expect_error<Error>([&] { ops::max_pool2d(x, 2, Size2{0, 1}); }, {"max_pool2d", "stride", "(0, 1)"});
+  expect_error<Error>([&] { ops::avg_pool2d(x, 2, 2, -1); }, {"avg_pool2d", "padding", "(-1, -1)"});
+  expect_error<Error>([&] { ops::max_pool2d(x, 2, 2, 0, 0); }, {"max_pool2d", "dilation", "(0, 0)"});
+  expect_error<Error>([&] { ops::max_pool2d(x, 3, 1, 2); },
+                      {"max_pool2d", "padding (2, 2)", "at most half", "(1, 1)"});
+  expect_error<Error>([&] { ops::avg_pool2d(x, 2, 1, 2); },
+                      {"avg_pool2d", "padding (2, 2)", "at most (1, 1)"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::max_pool2d(ones({1, 1, 2, 8}), 3);
+      },
+      {"max_pool2d", "[1, 1, 2, 8]", "output size is too small"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::avg_pool2d(ones({1, 0, 4, 4}), 2);
+      },
+      {"avg_pool2d", "non-empty", "[1, 0, 4, 4]"});
+  expect_error<DTypeError>(
+      [&] {
+        ops::max_pool2d(ones({1, 1, 4, 4}, DType::I64), 2);
+      },
+      {"max_pool2d", "i64"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::max_pool2d_backward(ones({1, 1, 2, 2}), zeros({1, 1, 3, 3}, DType::I64), {1, 1, 4, 4});
+      },
+      {"max_pool2d_backward", "[1, 1, 2, 2]", "[1, 1, 3, 3]"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::avg_pool2d_backward(ones({1, 1, 3, 3}), {1, 1, 4, 4}, 2, 2, 0, true);
+      },
+      {"avg_pool2d_backward", "[1, 1, 3, 3]", "[1, 1, 2, 2]"});
+  expect_error<Error>([&] { max_pool2d(x.detach().requires_grad_(), 3, 1, 2); },
+                      {"max_pool2d", "at most half"});
+}
+
+}  // namespace
+}  // namespace frugal
