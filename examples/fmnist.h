@@ -45,60 +45,64 @@ inline std::shared_ptr<nn::Sequential> make_cnn() {
   return net;
 }
 
-inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& kind, const std::vector<Tensor>& params,
-                                                        double lr) {
+inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& kind,
+                                                        const std::vector<Tensor>& params, double lr) {
   if (kind == "sgd") return std::make_unique<optim::SGD>(params, optim::SGDOptions(lr).momentum(0.9));
   if (kind == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions(lr));
   if (kind == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(lr));
   throw Error("unknown optimizer '" + kind + "'; valid: sgd, adam, adamw");
 }
 
-// One optimizer step over a batch split into `accum` micro-batches whose gradients add up (each loss is
-// scaled by its share of the batch, so the update equals the full batch's). Returns the batch's mean loss
-// and the number of correct predictions.
+// Forward and backward of one micro-batch, its loss scaled by `scale` (1 / micro-batches per step, so that
+// the accumulated gradient is the mean over the whole batch). Returns the scaled loss and the correct
+// predictions.
 struct StepResult {
   double loss = 0;
   int64_t correct = 0;
 };
-inline StepResult train_step(nn::Module& model, optim::Optimizer& opt, const data::Batch& batch, int accum) {
-  const int64_t n = batch.input.size(0);
-  FRUGAL_CHECK(accum >= 1 && accum <= n, "train_step: --accum ", accum, " must be in [1, batch size ", n, "]");
+inline StepResult forward_backward(nn::Module& model, const data::Batch& batch, double scale) {
   StepResult r;
-  opt.zero_grad();
-  const int64_t per = (n + accum - 1) / accum;
-  for (int64_t start = 0; start < n; start += per) {
-    const int64_t len = std::min(per, n - start);
-    const Tensor x = batch.input.narrow(0, start, len), y = batch.target.narrow(0, start, len);
-    Tensor loss;
-    {
-      memory::Tag tag("activations");
-      const Tensor logits = model.forward(x);
-      loss = nn::functional::cross_entropy(logits, y) * (double(len) / double(n));
-      r.correct += ops::sum(ops::eq(ops::argmax(logits.detach(), 1), y)).item<int64_t>();
-    }
-    memory::Tag tag("backward");
-    loss.backward();
-    r.loss += loss.item<double>();
+  Tensor loss;
+  {
+    memory::Tag tag("activations");
+    const Tensor logits = model.forward(batch.input);
+    loss = nn::functional::cross_entropy(logits, batch.target) * scale;
+    r.correct = ops::sum(ops::eq(ops::argmax(logits.detach(), 1), batch.target)).item<int64_t>();
   }
-  memory::Tag tag("optimizer step");
-  opt.step();
+  memory::Tag tag("backward");
+  loss.backward();
+  r.loss = loss.item<double>();
   return r;
 }
 
-// One epoch (or its first max_steps steps, when > 0) of train_step over the loader's shuffled batches; calls
-// on_step(step, result) after each step and returns the losses.
-inline std::vector<double> train_epoch(nn::Module& model, optim::Optimizer& opt, data::DataLoader& loader,
-                                       int64_t epoch, int64_t max_steps, int accum,
-                                       const std::function<void(int64_t, const data::Batch&, const StepResult&)>& on_step = {}) {
+// One epoch (or its first max_steps optimizer steps, when > 0). The loader yields micro-batches; every
+// `accum` of them make one step (gradient accumulation: the batch never has to fit in memory at once, not
+// even as data). Calls on_step(step, samples, result) after each step and returns the step losses.
+inline std::vector<double> train_epoch(
+    nn::Module& model, optim::Optimizer& opt, data::DataLoader& loader, int64_t epoch, int64_t max_steps,
+    int accum, const std::function<void(int64_t, int64_t, const StepResult&)>& on_step = {}) {
+  FRUGAL_CHECK(accum >= 1, "train_epoch: accum must be at least 1, got ", accum);
   model.train();
   std::vector<double> losses;
   loader.begin_epoch(epoch);
   while (max_steps <= 0 || int64_t(losses.size()) < max_steps) {
-    std::optional<data::Batch> b = loader.next();
-    if (!b) break;
-    const StepResult r = train_step(model, opt, *b, accum);
-    losses.push_back(r.loss);
-    if (on_step) on_step(int64_t(losses.size()), *b, r);
+    StepResult step;
+    int64_t samples = 0;
+    int micro = 0;
+    opt.zero_grad();
+    for (; micro < accum; ++micro) {
+      std::optional<data::Batch> b = loader.next();
+      if (!b) break;
+      const StepResult r = forward_backward(model, *b, 1.0 / accum);
+      step.loss += r.loss;
+      step.correct += r.correct;
+      samples += b->target.numel();
+    }
+    if (micro < accum) break;  // the epoch ended inside a step: drop the partial step, as drop_last does
+    memory::Tag tag("optimizer step");
+    opt.step();
+    losses.push_back(step.loss);
+    if (on_step) on_step(int64_t(losses.size()), samples, step);
   }
   return losses;
 }
@@ -119,9 +123,10 @@ inline double evaluate(nn::Module& model, data::DataLoader& loader) {
 }
 
 // Peak and current bytes per category, from the arena's tags: parameters, gradients (the leaves' .grad),
-// optimizer state, activations (what the forward keeps for backward, and its recomputation), and other
-// (backward temporaries, data batches, evaluation, untagged). A category's peak is the largest sum its tags
-// reached at once per tag, so the column is an upper bound when a category spans several tags.
+// optimizer state, activations (what the forward keeps for backward, and its recomputation), data (the
+// dataset held in memory and the batches made from it), and other (backward temporaries, evaluation,
+// untagged). A category's peak is the largest sum its tags reached at once per tag, so the column is an upper
+// bound when a category spans several tags.
 inline std::string memory_report() {
   struct Row {
     int64_t current = 0, peak = 0;
@@ -131,11 +136,16 @@ inline std::string memory_report() {
   for (const char* c : order) rows[c];
   for (const auto& t : memory::tag_stats()) {
     std::string cat = "other";
-    if (t.tag == "parameters") cat = "parameters";
-    else if (t.tag == "gradients") cat = "gradients";
-    else if (t.tag == "optimizer") cat = "optimizer state";
-    else if (t.tag.rfind("activations", 0) == 0 || t.tag.find("recompute") != std::string::npos) cat = "activations";
-    else if (t.tag == "data") cat = "data";
+    if (t.tag == "parameters")
+      cat = "parameters";
+    else if (t.tag == "gradients")
+      cat = "gradients";
+    else if (t.tag == "optimizer")
+      cat = "optimizer state";
+    else if (t.tag.rfind("activations", 0) == 0 || t.tag.find("recompute") != std::string::npos)
+      cat = "activations";
+    else if (t.tag == "data" || t.tag == "dataset")
+      cat = "data";
     rows[cat].current += t.allocated.current;
     rows[cat].peak += t.allocated.peak;
   }
@@ -148,8 +158,9 @@ inline std::string memory_report() {
   }
   const memory::Stats s = memory::stats();
   std::snprintf(line, sizeof line, "  %-34s %12s %15s\n  %-34s %12s %15s\n", "all allocated (exact)",
-                memory::format_bytes(s.allocated.current).c_str(), memory::format_bytes(s.allocated.peak).c_str(),
-                "reserved from the system", memory::format_bytes(s.reserved.current).c_str(),
+                memory::format_bytes(s.allocated.current).c_str(),
+                memory::format_bytes(s.allocated.peak).c_str(), "reserved from the system",
+                memory::format_bytes(s.reserved.current).c_str(),
                 memory::format_bytes(s.reserved.peak).c_str());
   out += line;
   return out;

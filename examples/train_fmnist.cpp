@@ -27,10 +27,14 @@ int64_t parse_bytes(const std::string& s) {
   }
   const std::string unit = s.substr(used);
   double scale = 1;
-  if (unit == "K" || unit == "k" || unit == "KiB") scale = 1024.0;
-  else if (unit == "M" || unit == "m" || unit == "MiB") scale = 1024.0 * 1024;
-  else if (unit == "G" || unit == "g" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (!unit.empty()) throw Error("--memory-limit: unknown unit '" + unit + "'; use K, M or G");
+  if (unit == "K" || unit == "k" || unit == "KiB")
+    scale = 1024.0;
+  else if (unit == "M" || unit == "m" || unit == "MiB")
+    scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g" || unit == "GiB")
+    scale = 1024.0 * 1024 * 1024;
+  else if (!unit.empty())
+    throw Error("--memory-limit: unknown unit '" + unit + "'; use K, M or G");
   FRUGAL_CHECK(v > 0, "--memory-limit must be positive, got ", s);
   return int64_t(v * scale);
 }
@@ -38,14 +42,16 @@ int64_t parse_bytes(const std::string& s) {
 // One line, redrawn in place on a terminal; otherwise a plain line every tenth of the epoch.
 class Progress {
  public:
-  Progress(int epoch, int epochs, int64_t steps, bool tty) : epoch_(epoch), epochs_(epochs), steps_(steps), tty_(tty) {}
+  Progress(int epoch, int epochs, int64_t steps, bool tty)
+      : epoch_(epoch), epochs_(epochs), steps_(steps), tty_(tty) {}
   void update(int64_t step, double loss, double acc, double samples_per_s) {
     const double eta = samples_per_s > 0 ? double(steps_ - step) * batch_ / samples_per_s : 0;
     if (tty_) {
       const int width = 30, done = int(width * step / std::max<int64_t>(steps_, 1));
-      std::printf("\repoch %d/%d [%s%s] %lld/%lld loss %.4f acc %.3f %.0f samples/s ETA %.0fs ", epoch_, epochs_,
-                  std::string(size_t(done), '=').c_str(), std::string(size_t(width - done), ' ').c_str(),
-                  static_cast<long long>(step), static_cast<long long>(steps_), loss, acc, samples_per_s, eta);
+      std::printf("\repoch %d/%d [%s%s] %lld/%lld loss %.4f acc %.3f %.0f samples/s ETA %.0fs ", epoch_,
+                  epochs_, std::string(size_t(done), '=').c_str(),
+                  std::string(size_t(width - done), ' ').c_str(), static_cast<long long>(step),
+                  static_cast<long long>(steps_), loss, acc, samples_per_s, eta);
       std::fflush(stdout);
     } else if (step == steps_ || step % std::max<int64_t>(steps_ / 10, 1) == 0) {
       std::printf("epoch %d/%d step %lld/%lld loss %.4f acc %.3f %.0f samples/s\n", epoch_, epochs_,
@@ -70,21 +76,26 @@ int main(int argc, char** argv) {
   CLI::App app{"Train workload W1 (mlp) or W2 (cnn) on Fashion-MNIST with frugal"};
   std::string model_name = "mlp", optimizer = "adam", memory_limit, save, resume,
               data_dir = data::kFashionMNISTRoot;
-  int epochs = 3, accum = 1, threads = 0;
+  int epochs = 5, accum = 1, threads = 0;
   int64_t batch = 0, max_steps = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
   bool recompute = false;
+  std::string schedule = "cosine";
   app.add_option("--model", model_name, "mlp (W1) or cnn (W2)")->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--epochs", epochs, "epochs to train")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "batch size (default: 128 for mlp, 64 for cnn)");
   app.add_option("--lr", lr, "learning rate");
   app.add_option("--optimizer", optimizer, "sgd (momentum 0.9), adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
-  app.add_option("--accum", accum, "micro-batches per step (gradient accumulation)")->check(CLI::PositiveNumber);
+  app.add_option("--schedule", schedule, "learning rate over the run: cosine (decays to 0 per step) or none")
+      ->check(CLI::IsMember({"cosine", "none"}));
+  app.add_option("--accum", accum, "micro-batches per step (gradient accumulation)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--recompute", recompute, "recompute activations in backward instead of keeping them");
   app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M or 1G: beyond it, OutOfMemoryError");
-  app.add_option("--save", save, "write the weights here (and the training state to <path>.state) each epoch");
+  app.add_option("--save", save,
+                 "write the weights here (and the training state to <path>.state) each epoch");
   app.add_option("--resume", resume, "continue from a checkpoint written by --save");
   app.add_option("--threads", threads, "CPU threads (default: all cores)");
   app.add_option("--seed", seed, "seed for the initial weights and the shuffling");
@@ -98,10 +109,18 @@ int main(int argc, char** argv) {
     if (batch == 0) batch = model_name == "mlp" ? 128 : 64;
     manual_seed(seed);
 
-    auto train_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Train);
-    auto test_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Test);
-    data::DataLoader train(train_set, data::DataLoaderOptions().batch_size(batch).shuffle(true).seed(seed).drop_last(true));
-    data::DataLoader test(test_set, data::DataLoaderOptions().batch_size(1000));
+    FRUGAL_CHECK(batch % accum == 0, "--batch ", batch, " must be a multiple of --accum ", accum);
+    std::shared_ptr<data::FashionMNIST> train_set, test_set;
+    {
+      memory::Tag tag("dataset");
+      train_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Train);
+      test_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Test);
+    }
+    // The loader yields micro-batches; `accum` of them make one step of `batch` examples.
+    data::DataLoader train(
+        train_set,
+        data::DataLoaderOptions().batch_size(batch / accum).shuffle(true).seed(seed).drop_last(true));
+    data::DataLoader test(test_set, data::DataLoaderOptions().batch_size(250));
 
     std::shared_ptr<nn::Sequential> model;
     {
@@ -110,11 +129,12 @@ int main(int argc, char** argv) {
     }
     if (recompute) model->recompute_every(2);
     auto opt = fmnist::make_optimizer(optimizer, model->parameters(), lr);
-    std::printf("frugal: training %s (%lld parameters, %s) on Fashion-MNIST, batch %lld, %s lr %g, accum %d%s, "
-                "%d threads\n",
-                model_name.c_str(), static_cast<long long>(model->num_parameters()),
-                memory::format_bytes(model->parameter_bytes()).c_str(), static_cast<long long>(batch),
-                optimizer.c_str(), lr, accum, recompute ? ", recompute" : "", num_threads());
+    std::printf(
+        "frugal: training %s (%lld parameters, %s) on Fashion-MNIST, batch %lld, %s lr %g, accum %d%s, "
+        "%d threads\n",
+        model_name.c_str(), static_cast<long long>(model->num_parameters()),
+        memory::format_bytes(model->parameter_bytes()).c_str(), static_cast<long long>(batch),
+        optimizer.c_str(), lr, accum, recompute ? ", recompute" : "", num_threads());
 
     fmnist::TrainingState st;
     if (!resume.empty()) {
@@ -123,10 +143,18 @@ int main(int argc, char** argv) {
       std::printf("resumed from %s after epoch %lld\n", resume.c_str(), static_cast<long long>(st.epoch));
     }
 
+    const int64_t per_epoch = train.num_batches() / accum;
+    const int64_t steps_per_epoch = max_steps > 0 ? std::min(max_steps, per_epoch) : per_epoch;
+    std::unique_ptr<optim::CosineAnnealingLR> sched;
+    if (schedule == "cosine") {
+      sched = std::make_unique<optim::CosineAnnealingLR>(*opt, epochs * steps_per_epoch);
+      if (st.epoch > 0) sched->step_to(st.epoch * steps_per_epoch);
+    }
+
     const bool tty = isatty(STDOUT_FILENO);
     double accuracy = 0;
     for (int64_t epoch = st.epoch; epoch < epochs; ++epoch) {
-      const int64_t steps = max_steps > 0 ? std::min(max_steps, train.num_batches()) : train.num_batches();
+      const int64_t steps = steps_per_epoch;
       Progress bar(int(epoch + 1), epochs, steps, tty);
       bar.set_batch(batch);
       const auto t0 = std::chrono::steady_clock::now();
@@ -134,10 +162,11 @@ int main(int argc, char** argv) {
       int64_t correct = 0, seen = 0;
       const std::vector<double> losses = fmnist::train_epoch(
           *model, *opt, train, epoch, max_steps, accum,
-          [&](int64_t step, const data::Batch& b, const fmnist::StepResult& r) {
+          [&](int64_t step, int64_t samples, const fmnist::StepResult& r) {
             loss_sum += r.loss;
             correct += r.correct;
-            seen += b.target.numel();
+            seen += samples;
+            if (sched) sched->step();
             const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             bar.update(step, loss_sum / double(step), double(correct) / double(seen), double(seen) / secs);
           });
