@@ -1,6 +1,6 @@
-// The Fashion-MNIST trainer: its first 10 losses equal PyTorch's from the same weights and batches (golden
-// fixture tests/fixtures/fmnist_golden.json), a resumed run continues the same loss sequence, and a memory
-// limit below what a step needs fails with the advice while gradient accumulation fits under it.
+// The Fashion-MNIST trainer: the first 10 losses of W1 and W2 equal PyTorch's from the same weights and
+// batches (golden fixture tests/fixtures/fmnist_golden.json), a resumed run continues the same loss sequence,
+// and a memory limit below what a step needs fails with the advice while gradient accumulation fits under it.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -32,28 +32,34 @@ void fill_hashed(const Tensor& t, int64_t fan_in, uint64_t seed) {
   dst.copy_(tensor<float>(v, t.shape()));
 }
 
-TEST(Fmnist, FirstTenLossesMatchPyTorch) {
+// The first 10 losses of a model from hashed weights (parameter k takes seed k; a bias uses its weight's
+// fan-in) on the training set in file order, against tests/fixtures/fmnist_golden.json.
+void expect_golden(const char* workload, nn::Sequential& model, int64_t batch) {
   if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
   std::ifstream in(std::string(FRUGAL_FIXTURES_DIR) + "/fmnist_golden.json");
   ASSERT_TRUE(in) << "missing tests/fixtures/fmnist_golden.json";
-  const auto golden = nlohmann::json::parse(in)["losses"].get<std::vector<double>>();
+  const auto fixture = nlohmann::json::parse(in)[workload];
+  ASSERT_EQ(fixture["batch"].get<int64_t>(), batch);
+  const auto golden = fixture["losses"].get<std::vector<double>>();
   ASSERT_EQ(golden.size(), 10u);
-
-  auto model = fmnist::make_mlp();
-  const int64_t fan_in[] = {784, 256, 256};
-  for (int k = 0; k < 3; ++k) {
-    const auto linear = (*model)[size_t(1 + 2 * k)];
-    const StateDict p = linear->state_dict();
-    fill_hashed(p.at("weight"), fan_in[k], uint64_t(2 * k));
-    fill_hashed(p.at("bias"), fan_in[k], uint64_t(2 * k + 1));
+  const std::vector<Tensor> params = model.parameters();
+  int64_t fan_in = 1;
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (params[k].dim() > 1) fan_in = params[k].numel() / params[k].size(0);
+    fill_hashed(params[k], fan_in, uint64_t(k));
   }
-  optim::Adam opt(model->parameters(), optim::AdamOptions(1e-3));
-  data::DataLoader loader(std::make_shared<data::FashionMNIST>(), data::DataLoaderOptions().batch_size(128));
-  const std::vector<double> losses = fmnist::train_epoch(*model, opt, loader, 0, 10, 1);
+  optim::Adam opt(params, optim::AdamOptions(1e-3));
+  data::DataLoader loader(std::make_shared<data::FashionMNIST>(),
+                          data::DataLoaderOptions().batch_size(batch));
+  const std::vector<double> losses = fmnist::train_epoch(model, opt, loader, 0, 10, 1);
   ASSERT_EQ(losses.size(), 10u);
   for (size_t i = 0; i < 10; ++i)
-    EXPECT_NEAR(losses[i], golden[i], 2e-5 * golden[i]) << "step " << i;  // f32 sums in another order
+    EXPECT_NEAR(losses[i], golden[i], 2e-5 * golden[i])
+        << workload << " step " << i;  // f32 sums in another order
 }
+
+TEST(Fmnist, FirstTenLossesMatchPyTorchMlp) { expect_golden("W1", *fmnist::make_mlp(), 128); }
+TEST(Fmnist, FirstTenLossesMatchPyTorchCnn) { expect_golden("W2", *fmnist::make_cnn(), 64); }
 
 TEST(Fmnist, ResumedRunContinuesTheSameLosses) {
   if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed";
