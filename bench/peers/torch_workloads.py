@@ -1,0 +1,118 @@
+"""The reference workloads of shared/WORKLOADS.md in PyTorch, printing the same JSON lines as bench/workloads:
+    python3 bench/peers/torch_workloads.py W1 W4 W4r
+Run it through bench/compare.sh, which alternates it with frugal and sets the environment WORKLOADS.md asks for."""
+import gzip
+import json
+import os
+import resource
+import statistics
+import struct
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = "/usr/share/datasets/fashion-mnist"
+
+
+def steps_or(default):
+    return max(1, int(os.environ["FRUGAL_BENCH_STEPS"])) if "FRUGAL_BENCH_STEPS" in os.environ else default
+
+
+def peak_rss():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def read_idx(path):
+    data = gzip.open(path).read()
+    ndim = data[3]
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return torch.frombuffer(bytearray(data[4 + 4 * ndim:]), dtype=torch.uint8).reshape(dims)
+
+
+def fashion(name, cnn):
+    torch.manual_seed(0)
+    xtr, ytr = read_idx(f"{ROOT}/train-images-idx3-ubyte.gz"), read_idx(f"{ROOT}/train-labels-idx1-ubyte.gz").long()
+    xte, yte = read_idx(f"{ROOT}/t10k-images-idx3-ubyte.gz"), read_idx(f"{ROOT}/t10k-labels-idx1-ubyte.gz").long()
+    if cnn:
+        model = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1),
+                              nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+        batch = 64
+    else:
+        model = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                              nn.Linear(256, 10))
+        batch = 128
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    perm = torch.randperm(60000)
+    steps = steps_or(60000 // batch)
+    times = []
+    t0 = time.perf_counter()
+    for i in range(steps):
+        t = time.perf_counter()
+        idx = perm[i * batch:(i + 1) * batch]
+        x = xtr[idx].float().div_(255).unsqueeze(1)  # u8 in memory, converted per batch (as frugal's loader)
+        loss = F.cross_entropy(model(x), ytr[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append((time.perf_counter() - t) * 1e3)
+    epoch_s = time.perf_counter() - t0
+    with torch.no_grad():
+        correct = sum((model(xte[j:j + 250].float().div(255).unsqueeze(1)).argmax(1) == yte[j:j + 250]).sum().item()
+                      for j in range(0, 10000, 250))
+    return {"name": name, "median_step_ms": statistics.median(times), "steps": steps, "epoch_s": epoch_s,
+            "test_accuracy": correct / 10000, "peak_rss_bytes": peak_rss(), "threads": torch.get_num_threads()}
+
+
+def deep(name, segments):
+    from torch.utils.checkpoint import checkpoint_sequential
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(32):
+        layers += [nn.Linear(1024, 1024), nn.ReLU()]
+    net = nn.Sequential(*layers)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+    x, target = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    times, steps = [], steps_or(8)
+    for s in range(steps + 2):
+        t = time.perf_counter()
+        opt.zero_grad()
+        y = checkpoint_sequential(net, segments, x, use_reentrant=False) if segments else net(x)
+        loss = F.mse_loss(y, target)
+        loss.backward()
+        opt.step()
+        if s >= 2:
+            times.append((time.perf_counter() - t) * 1e3)
+    med = statistics.median(times)
+    return {"name": name, "median_step_ms": med, "steps": steps, "gflops": 3 * 2 * 1024**3 * 32 / (med * 1e6),
+            "loss": loss.item(), "peak_rss_bytes": peak_rss(), "threads": torch.get_num_threads()}
+
+
+def gemm():
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    times = []
+    for i in range(23):
+        t = time.perf_counter()
+        a @ b
+        if i >= 3:
+            times.append((time.perf_counter() - t) * 1e3)
+    med = statistics.median(times)
+    return {"name": "W5", "median_ms": med, "gflops": 2 * 1024**3 / (med * 1e6), "threads": torch.get_num_threads()}
+
+
+def main():
+    names = sys.argv[1:] or ["W1", "W2", "W4", "W4r", "W5"]
+    run = {"W1": lambda: fashion("W1", False), "W2": lambda: fashion("W2", True), "W4": lambda: deep("W4", 0),
+           "W4r": lambda: deep("W4r", 6), "W5": gemm}
+    for n in names:
+        if n not in run:
+            sys.exit(f"torch_workloads: unknown workload {n}")
+        out = run[n]()
+        out["peer"] = "pytorch " + torch.__version__
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

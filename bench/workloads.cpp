@@ -1,0 +1,149 @@
+// The reference workloads of shared/WORKLOADS.md in frugal, one JSON line each:
+//   build/bench/workloads W1 W4 W4r      (none named: all that are built in)
+// Figures: median step ms, peak arena bytes (exact, from the arena's statistics) and the process's peak RSS,
+// plus each workload's quality figure. bench/peers/torch_workloads.py prints the same lines for PyTorch;
+// bench/compare.sh runs both alternately and tabulates the ratios.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "examples/fmnist.h"
+
+using namespace frugal;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_maxrss) * 1024;
+}
+
+// Steps per run, from FRUGAL_BENCH_STEPS (for quick runs), else the workload's own count.
+int64_t steps_or(int64_t dflt) {
+  const char* s = std::getenv("FRUGAL_BENCH_STEPS");
+  return s ? std::max<int64_t>(1, std::atoll(s)) : dflt;
+}
+
+// W1 / W2: one epoch of the trainer's steps (shuffled, drop_last), then the test accuracy.
+void fashion(const char* name, bool cnn) {
+  manual_seed(0);
+  std::shared_ptr<data::FashionMNIST> train_set, test_set;
+  {
+    memory::Tag tag("dataset");
+    train_set = std::make_shared<data::FashionMNIST>();
+    test_set = std::make_shared<data::FashionMNIST>(std::string(data::kFashionMNISTRoot), data::Split::Test);
+  }
+  const int64_t batch = cnn ? 64 : 128;
+  data::DataLoader train(train_set, data::DataLoaderOptions().batch_size(batch).shuffle(true).drop_last(true));
+  data::DataLoader test(test_set, data::DataLoaderOptions().batch_size(250));
+  auto model = cnn ? fmnist::make_cnn() : fmnist::make_mlp();
+  optim::Adam opt(model->parameters(), optim::AdamOptions(1e-3));
+  memory::reset_peak();
+  std::vector<double> step_ms;
+  Clock::time_point t = Clock::now();
+  const Clock::time_point t0 = t;
+  fmnist::train_epoch(*model, opt, train, 0, steps_or(train.num_batches()), 1,
+                      [&](int64_t, int64_t, const fmnist::StepResult&) {
+                        step_ms.push_back(ms_since(t));
+                        t = Clock::now();
+                      });
+  const double epoch_s = ms_since(t0) / 1000;
+  const double accuracy = fmnist::evaluate(*model, test);
+  std::printf("{\"name\": \"%s\", \"median_step_ms\": %.4f, \"steps\": %zu, \"epoch_s\": %.3f, \"test_accuracy\": %.4f, "
+              "\"peak_arena_bytes\": %lld, \"peak_rss_bytes\": %lld, \"threads\": %d}\n",
+              name, median(step_ms), step_ms.size(), epoch_s, accuracy,
+              static_cast<long long>(memory::stats().allocated.peak), static_cast<long long>(peak_rss_bytes()),
+              num_threads());
+}
+
+// W4 / W4r: 32 x (Linear 1024 -> 1024, ReLU), batch 1024, MSE to a random target, SGD lr 1e-3 momentum 0.9;
+// W4r runs segments of 6 layers (about sqrt(32)) as recompute segments.
+void deep(const char* name, int recompute_every) {
+  manual_seed(0);
+  auto net = std::make_shared<nn::Sequential>();
+  for (int i = 0; i < 32; ++i) {
+    net->push_back(std::make_shared<nn::Linear>(1024, 1024));
+    net->push_back(std::make_shared<nn::ReLU>());
+  }
+  if (recompute_every > 0) net->recompute_every(2 * recompute_every);
+  optim::SGD opt(net->parameters(), optim::SGDOptions(1e-3).momentum(0.9));
+  const Tensor x = randn({1024, 1024}), target = randn({1024, 1024});
+  std::vector<double> step_ms;
+  double loss = 0;
+  int64_t kept = 0, step_peak = 0;
+  const int64_t steps = steps_or(8);
+  for (int64_t s = 0; s < steps + 2; ++s) {  // two warm-up steps
+    const Clock::time_point t = Clock::now();
+    opt.zero_grad();
+    const int64_t base = memory::stats().allocated.current;  // parameters, momentum, data
+    memory::reset_peak();
+    Tensor l = nn::functional::mse_loss(net->forward(x), target);
+    kept = memory::stats().allocated.current - base;  // what the forward keeps for backward
+    l.backward();
+    opt.step();
+    if (s >= 2) step_ms.push_back(ms_since(t));
+    loss = l.item<double>();
+    step_peak = std::max(step_peak, memory::stats().allocated.peak - base);  // activations, gradients, temporaries
+  }
+  const double flops = 3.0 * 2.0 * 1024.0 * 1024.0 * 1024.0 * 32.0;  // forward + two backward GEMMs per layer
+  std::printf("{\"name\": \"%s\", \"median_step_ms\": %.3f, \"steps\": %zu, \"gflops\": %.1f, \"loss\": %.6f, "
+              "\"activation_bytes\": %lld, \"peak_step_bytes\": %lld, \"peak_rss_bytes\": %lld, \"threads\": %d}\n",
+              name, median(step_ms), step_ms.size(), flops / (median(step_ms) * 1e6), loss,
+              static_cast<long long>(kept), static_cast<long long>(step_peak),
+              static_cast<long long>(peak_rss_bytes()), num_threads());
+}
+
+// W5: f32 GEMM 1024^3.
+void gemm() {
+  const Tensor a = randn({1024, 1024}), b = randn({1024, 1024});
+  std::vector<double> ms;
+  for (int i = 0; i < 23; ++i) {
+    const Clock::time_point t = Clock::now();
+    Tensor c = matmul(a, b);
+    if (i >= 3) ms.push_back(ms_since(t));
+  }
+  std::printf("{\"name\": \"W5\", \"median_ms\": %.4f, \"gflops\": %.1f, \"threads\": %d}\n", median(ms),
+              2.0 * 1024 * 1024 * 1024 / (median(ms) * 1e6), num_threads());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> names(argv + 1, argv + argc);
+  if (names.empty()) names = {"W1", "W2", "W4", "W4r", "W5"};
+  try {
+    for (const std::string& n : names) {
+      if (n == "W1") fashion("W1", false);
+      else if (n == "W2") fashion("W2", true);
+      else if (n == "W4") deep("W4", 0);
+      else if (n == "W4r") deep("W4r", 6);
+      else if (n == "W5") gemm();
+      else {
+        std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W4 W4r W5)\n", n.c_str());
+        return 1;
+      }
+      std::fflush(stdout);
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "workloads: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
