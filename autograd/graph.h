@@ -23,11 +23,21 @@ namespace autograd {
 struct Node;
 }
 
+// A row-wise sparse gradient of a 2-D parameter [rows, dim] (Note [sparse gradients], autograd/sparse.h):
+// the rows `indices` (i64 [nnz], unique, ascending) hold `values` ([nnz, dim]); every other row is zero.
+struct SparseGrad {
+  Tensor indices;
+  Tensor values;
+  int64_t rows = 0;
+  bool defined() const { return indices.defined(); }
+};
+
 // What a tensor knows about autograd. A leaf has requires_grad and no grad_fn; an op's output has a grad_fn.
 struct AutogradMeta {
   bool requires_grad = false;
   bool retains_grad = false;  // a non-leaf that keeps its .grad() (retain_grad())
   Tensor grad;
+  SparseGrad sparse_grad;  // written by nn::Embedding with sparse(true) instead of grad
   std::shared_ptr<autograd::Node> grad_fn;
 };
 

@@ -41,7 +41,11 @@ void Tensor::set_grad(const Tensor& grad) const {
 }
 
 void Tensor::zero_grad(bool set_to_none) const {
-  if (!autograd_meta() || !autograd_meta()->grad.defined()) return;
+  if (!autograd_meta()) return;
+  // A sparse gradient is dropped either way: zero rows and no rows mean the same (as a zeroed torch sparse
+  // tensor, which keeps no values).
+  autograd_meta()->sparse_grad = SparseGrad();
+  if (!autograd_meta()->grad.defined()) return;
   if (set_to_none) {
     autograd_meta()->grad = Tensor();
   } else {

@@ -23,6 +23,8 @@ constinit OpTable<GemmKernel> op_gemm{"matmul"};
 constinit OpTable<SoftmaxKernel> op_softmax{"softmax"};
 constinit OpTable<SgdStepKernel> op_sgd_step{"sgd_step"};
 constinit OpTable<AdamStepKernel> op_adam_step{"adam_step"};
+constinit OpTable<SegmentSumKernel> op_segment_sum_rows{"segment_sum_rows"};
+constinit OpTable<SparseAdamStepKernel> op_sparse_adam_step{"sparse_adam_step"};
 constinit OpTable<IndexKernel> op_index_select{"index_select"};
 constinit OpTable<IndexKernel> op_gather{"gather"};
 constinit OpTable<IndexKernel> op_scatter_add{"scatter_add"};

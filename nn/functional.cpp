@@ -3,6 +3,8 @@
 // nn/functional_losses.cpp.
 #include "nn/functional.h"
 
+#include "autograd/sparse.h"
+
 namespace frugal::nn::functional {
 
 namespace {
@@ -123,7 +125,41 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   return y.to(x.dtype());
 }
 
-Tensor embedding(const Tensor& input, const Tensor& weight, std::optional<int64_t> padding_idx) {
+namespace {
+
+// The embedding with a sparse gradient (Note [sparse gradients]): its node hands the weight's rows straight
+// to the weight's sparse slot and returns no gradient to the engine. flat: i64 [n]; pad: -1 for none.
+Tensor embedding_sparse(const Tensor& flat, const Tensor& weight, int64_t pad) {
+  FRUGAL_CHECK(weight.is_leaf(),
+               "embedding: a sparse gradient needs the weight to be a leaf (a parameter), "
+               "but it was produced by ",
+               weight.grad_fn_name(), "; use sparse(false)");
+  Tensor y = autograd::forward_only([&] { return ops::index_select(weight, 0, flat); });
+  if (autograd::Node* n = autograd::recorded("embedding_sparse", {&weight}, y)) {
+    n->save(flat);
+    std::weak_ptr<AutogradMeta> target = weight.autograd_meta();
+    const int64_t rows = weight.size(0);
+    n->backward = [target, rows, pad](const autograd::Grads& s, const Tensor& g) -> autograd::Grads {
+      Tensor index = s[0], values = g;
+      if (pad >= 0) {  // the padding row gets no gradient: its entries are left out (as PyTorch does)
+        std::vector<int64_t> keep;
+        const std::vector<int64_t> idx = index.to_vector<int64_t>();
+        for (size_t i = 0; i < idx.size(); ++i)
+          if (idx[i] != pad) keep.push_back(int64_t(i));
+        const Tensor kept = tensor(keep).to(g.device());
+        index = ops::index_select(index, 0, kept);
+        values = ops::index_select(values, 0, kept);
+      }
+      if (auto meta = target.lock()) autograd::accumulate_sparse_grad(*meta, index, values, rows);
+      return {Tensor()};
+    };
+  }
+  return y;
+}
+
+}  // namespace
+
+Tensor embedding(const Tensor& input, const Tensor& weight, std::optional<int64_t> padding_idx, bool sparse) {
   FRUGAL_CHECK(input.defined() && weight.defined(), "embedding: the input or the weight is undefined");
   FRUGAL_CHECK_SHAPE(weight.dim() == 2, "embedding: the weight must be 2-D [num_embeddings, dim], got shape ",
                      weight.shape());
@@ -140,11 +176,13 @@ Tensor embedding(const Tensor& input, const Tensor& weight, std::optional<int64_
   }
   Shape out_shape = input.shape();
   out_shape.push_back(weight.size(1));
-  Tensor y = index_select(weight, 0, flat);
-  if (padding_idx) {
-    const int64_t pad = *padding_idx < 0 ? *padding_idx + num : *padding_idx;
+  const int64_t pad = padding_idx ? (*padding_idx < 0 ? *padding_idx + num : *padding_idx) : -1;
+  if (padding_idx)
     FRUGAL_CHECK_INDEX(pad >= 0 && pad < num, "embedding: padding_idx ", *padding_idx,
                        " is out of range for ", num, " embeddings");
+  if (sparse) return embedding_sparse(flat.to(DType::I64).contiguous(), weight, pad).reshape(out_shape);
+  Tensor y = index_select(weight, 0, flat);
+  if (padding_idx) {
     // The padding row's value passes through, its gradient does not.
     const Tensor is_pad = ops::eq(flat, double(pad)).unsqueeze(1);
     y = where(is_pad, y.detach(), y);

@@ -42,9 +42,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                   double momentum = 0.1, double eps = 1e-5);
 
 // Rows of weight [num_embeddings, dim] at the integer indices `input` (any shape): input.shape + [dim]. The
-// row padding_idx gets no gradient. A dense gradient.
-Tensor embedding(const Tensor& input, const Tensor& weight,
-                 std::optional<int64_t> padding_idx = std::nullopt);
+// row padding_idx gets no gradient. The weight's gradient is dense, or with `sparse` (the weight then must be
+// a leaf) row-wise sparse: autograd::sparse_grad(weight) (Note [sparse gradients], autograd/sparse.h).
+Tensor embedding(const Tensor& input, const Tensor& weight, std::optional<int64_t> padding_idx = std::nullopt,
+                 bool sparse = false);
 
 // ---- Losses ----
 // Every loss checks shapes and dtypes and throws an Error naming the op and what it was given.

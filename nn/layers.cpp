@@ -52,7 +52,7 @@ void Embedding::reset_parameters() {
 }
 
 Tensor Embedding::forward(const Tensor& indices) {
-  return F::embedding(indices, weight, options.padding_idx());
+  return F::embedding(indices, weight, options.padding_idx(), options.sparse());
 }
 
 Dropout::Dropout(const DropoutOptions& opts) : Module("Dropout"), options(opts) {

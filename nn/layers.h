@@ -54,10 +54,13 @@ struct EmbeddingOptions {
   FRUGAL_ARG(int64_t, num_embeddings);
   FRUGAL_ARG(int64_t, embedding_dim);
   FRUGAL_ARG(std::optional<int64_t>, padding_idx);
+  // The weight's gradient row-wise sparse (autograd::sparse_grad(weight)), for optim::SparseAdam.
+  FRUGAL_ARG(bool, sparse) = false;
 };
 
 // A lookup table: integer indices of any shape -> their rows of weight [num, dim], drawn from N(0, 1) (the
-// padding row, if any, zero and never trained). The gradient is dense.
+// padding row, if any, zero and never trained). The gradient is dense, or with sparse(true) only the rows a
+// batch used (Note [sparse gradients], autograd/sparse.h).
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim)

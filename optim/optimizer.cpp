@@ -4,6 +4,7 @@
 #include <set>
 
 #include "autograd/graph.h"
+#include "autograd/sparse.h"
 #include "core/memory.h"
 #include "core/ops.h"
 
@@ -83,10 +84,27 @@ void Optimizer::step() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (size_t i = 0; i < groups_[g].params.size(); ++i, ++index) {
       Tensor p = groups_[g].params[i];
-      Tensor grad = p.grad();
+      const SparseGrad sparse = autograd::sparse_grad(p);
+      Tensor grad = sparse.defined() ? sparse.values : p.grad();
       if (!grad.defined()) continue;
-      FRUGAL_CHECK_SHAPE(grad.shape() == p.shape(), name_, ".step: the gradient of parameter ", index,
-                         " (group ", g, ") has shape ", grad.shape(), " but the parameter has shape ",
+      // Note [sparse gradients] (autograd/sparse.h): an optimizer takes one kind of gradient only.
+      FRUGAL_CHECK(!sparse.defined() || !p.grad().defined(), name_, ".step: parameter ", index, " (group ", g,
+                   ", shape ", p.shape(),
+                   ") has both a dense and a sparse gradient; zero_grad() and use it "
+                   "either in an Embedding with sparse(true) or elsewhere, not both");
+      FRUGAL_CHECK(!sparse.defined() || takes_sparse_grads(), name_, ".step: parameter ", index, " (group ",
+                   g, ", shape ", p.shape(),
+                   ") has a sparse gradient (from nn::Embedding with sparse(true)); ", name_,
+                   " needs dense gradients: optimize that parameter with optim::SparseAdam, or build "
+                   "the embedding with sparse(false)");
+      FRUGAL_CHECK(sparse.defined() || !takes_sparse_grads(), name_, ".step: parameter ", index, " (group ",
+                   g, ", shape ", p.shape(), ") has a dense gradient; ", name_,
+                   " supports sparse gradients "
+                   "only (nn::Embedding with sparse(true)); use optim::Adam for dense ones");
+      const Shape grad_shape =
+          sparse.defined() ? Shape{sparse.rows, grad.dim() == 2 ? grad.size(1) : -1} : grad.shape();
+      FRUGAL_CHECK_SHAPE(grad_shape == p.shape(), name_, ".step: the gradient of parameter ", index,
+                         " (group ", g, ") has shape ", grad_shape, " but the parameter has shape ",
                          p.shape());
       FRUGAL_CHECK_DTYPE(grad.dtype() == p.dtype(), name_, ".step: the gradient of parameter ", index,
                          " (group ", g, ", shape ", p.shape(), ") is ", dtype_name(grad.dtype()),
@@ -102,11 +120,18 @@ void Optimizer::step() {
                      "; create the optimizer after converting the model");
       // The kernels walk flat contiguous buffers; a strided parameter is updated through a copy.
       Tensor work = p.is_contiguous() ? p : p.contiguous();
-      update(groups_[g].options(), work, grad.contiguous(), st);
+      if (sparse.defined())
+        update_sparse(groups_[g].options(), work, sparse, st);
+      else
+        update(groups_[g].options(), work, grad.contiguous(), st);
       if (!work.is_same(p)) ops::copy_(p, work);
       p.storage()->bump_version();
     }
   }
+}
+
+void Optimizer::update_sparse(const OptimizerOptions&, Tensor&, const SparseGrad&, ParamState&) {
+  FRUGAL_ASSERT(false, name_, " says it takes sparse gradients but does not implement update_sparse");
 }
 
 int64_t Optimizer::num_state_bytes() const {

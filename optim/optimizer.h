@@ -18,6 +18,10 @@
 
 #include "core/tensor.h"
 
+namespace frugal {
+struct SparseGrad;  // autograd/graph.h
+}
+
 namespace frugal::optim {
 
 // Declares a hyperparameter of an options class, libtorch style: a chainable setter name(v) and a getter
@@ -120,6 +124,12 @@ class Optimizer {
   // Applies one update to a parameter (contiguous) from its gradient (contiguous, same shape and dtype).
   virtual void update(const OptimizerOptions& options, Tensor& param, const Tensor& grad,
                       ParamState& state) = 0;
+  // True for an optimizer of sparse gradients (SparseAdam): step() then passes each parameter's sparse
+  // gradient to update_sparse() and refuses dense ones; otherwise it refuses sparse ones.
+  virtual bool takes_sparse_grads() const { return false; }
+  // Applies one update from a coalesced sparse gradient (Note [sparse gradients], autograd/sparse.h).
+  virtual void update_sparse(const OptimizerOptions& options, Tensor& param, const SparseGrad& grad,
+                             ParamState& state);
   // The state tensors a parameter has under these options (what load_state_dict expects).
   virtual std::vector<std::string> state_names(const OptimizerOptions& options) const = 0;
 

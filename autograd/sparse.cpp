@@ -1,0 +1,93 @@
+// Row-wise sparse gradients (Note [sparse gradients] in autograd/sparse.h): coalescing, accumulation into a
+// leaf, densifying. Sorting happens on the host: the indices are few and small next to the rows they name.
+#include "autograd/sparse.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "core/memory.h"
+#include "core/op_table.h"
+#include "core/ops.h"
+
+namespace frugal::autograd {
+
+SparseGrad sparse_grad(const Tensor& t) {
+  return t.autograd_meta() ? t.autograd_meta()->sparse_grad : SparseGrad();
+}
+
+SparseGrad coalesce(const Tensor& indices, const Tensor& values, int64_t rows) {
+  FRUGAL_CHECK(indices.defined() && values.defined(), "coalesce: the indices or the values are undefined");
+  FRUGAL_CHECK_DTYPE(indices.dtype() == DType::I64 || indices.dtype() == DType::I32,
+                     "coalesce: the indices must be i64 or i32, got ", dtype_name(indices.dtype()));
+  FRUGAL_CHECK_SHAPE(indices.dim() == 1 && values.dim() == 2 && values.size(0) == indices.size(0),
+                     "coalesce: expected indices [n] and values [n, dim], got shapes ", indices.shape(),
+                     " and ", values.shape());
+  const std::vector<int64_t> idx = indices.to_vector<int64_t>();
+  for (int64_t i : idx)
+    FRUGAL_CHECK_INDEX(i >= 0 && i < rows, "coalesce: index ", i, " is out of range for ", rows,
+                       " rows; valid indices are [0, ", rows - 1, "]");
+  // A stable sort keeps equal rows in their original order, so the sums do not depend on the sort.
+  std::vector<int64_t> order(idx.size());
+  std::iota(order.begin(), order.end(), int64_t(0));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return idx[size_t(a)] < idx[size_t(b)]; });
+  std::vector<int64_t> unique, starts;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int64_t i = idx[size_t(order[k])];
+    if (unique.empty() || unique.back() != i) {
+      unique.push_back(i);
+      starts.push_back(int64_t(k));
+    }
+  }
+  starts.push_back(int64_t(order.size()));
+
+  const Tensor src = values.contiguous();
+  const int64_t dim = values.size(1);
+  SparseGrad out;
+  out.rows = rows;
+  out.indices = tensor(unique).to(values.device());
+  out.values = empty({int64_t(unique.size()), dim}, values.options());
+  if (out.values.numel() > 0) {
+    SegmentSumArgs a;
+    a.values = src.raw_data();
+    a.order = order.data();
+    a.starts = starts.data();
+    a.out = out.values.raw_data();
+    a.segments = int64_t(unique.size());
+    a.dim = dim;
+    op_segment_sum_rows.get(values.device(), values.dtype())(a);
+  }
+  return out;
+}
+
+void accumulate_sparse_grad(AutogradMeta& meta, const Tensor& indices, const Tensor& values, int64_t rows) {
+  NoGradGuard no_grad;
+  FRUGAL_CHECK(!meta.grad.defined(), "sparse gradient: the tensor already has a dense gradient (shape ",
+               meta.grad.shape(),
+               "); a weight used both by an Embedding with sparse(true) and by other ops cannot mix the two; "
+               "use sparse(false)");
+  SparseGrad& held = meta.sparse_grad;
+  if (held.defined()) {
+    FRUGAL_CHECK_SHAPE(held.rows == rows && held.values.size(1) == values.size(1),
+                       "sparse gradient: new rows of [", rows, ", ", values.size(1),
+                       "] do not fit the held gradient of [", held.rows, ", ", held.values.size(1), "]");
+    held = coalesce(ops::cat({held.indices, indices.to(DType::I64)}), ops::cat({held.values, values}), rows);
+  } else {
+    held = coalesce(indices, values, rows);
+  }
+  static const uint32_t kGradientsTag = memory::intern_tag("gradients");
+  held.indices.storage()->retag(kGradientsTag);
+  held.values.storage()->retag(kGradientsTag);
+}
+
+Tensor to_dense(const SparseGrad& grad) {
+  FRUGAL_CHECK(grad.defined(), "to_dense: the sparse gradient is undefined (no backward has written it)");
+  const int64_t nnz = grad.values.size(0), dim = grad.values.size(1);
+  Tensor dense = zeros({grad.rows, dim}, grad.values.options());
+  if (nnz == 0) return dense;
+  const Tensor index = grad.indices.unsqueeze(1).expand({nnz, dim}).contiguous();
+  return ops::scatter_add(dense, 0, index, grad.values);
+}
+
+}  // namespace frugal::autograd
