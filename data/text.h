@@ -5,10 +5,10 @@
 //
 //   data::TextDataset train(data::TextDatasetOptions().context(64));
 //   Generator gen(42);
-//   data::Batch b = train.sample_batch(32, gen);  // input, target: i64 [32, 64]; target = input shifted by
-//   one std::string s = train.decode(b.input.select(0, 0)); data::TextDataset
-//   val(data::TextDatasetOptions().context(64).split(data::TextSplit::Validation));
-//   // or as a Dataset whose indices are window starts: data::DataLoader(std::make_shared<...>(train), ...)
+//   data::Batch b = train.sample_batch(32, gen);  // input, target: i64 [32, 64]; target: input shifted
+//   std::string s = train.decode(b.input.select(0, 0));
+//   data::TextDataset val(data::TextDatasetOptions().context(64).split(data::TextSplit::Validation));
+//   // or as a Dataset whose indices are window starts, for a data::DataLoader
 #pragma once
 
 #include <cstdint>
