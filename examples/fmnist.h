@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/common.h"
 #include "frugal.h"
 
 namespace fmnist {
@@ -122,49 +123,7 @@ inline double evaluate(nn::Module& model, data::DataLoader& loader) {
   return total ? double(correct) / double(total) : 0.0;
 }
 
-// Peak and current bytes per category, from the arena's tags: parameters, gradients (the leaves' .grad),
-// optimizer state, activations (what the forward keeps for backward, and its recomputation), data (the
-// dataset held in memory and the batches made from it), and other (backward temporaries, evaluation,
-// untagged). A category's peak is the largest sum its tags reached at once per tag, so the column is an upper
-// bound when a category spans several tags.
-inline std::string memory_report() {
-  struct Row {
-    int64_t current = 0, peak = 0;
-  };
-  std::map<std::string, Row> rows;
-  const char* order[] = {"parameters", "gradients", "optimizer state", "activations", "data", "other"};
-  for (const char* c : order) rows[c];
-  for (const auto& t : memory::tag_stats()) {
-    std::string cat = "other";
-    if (t.tag == "parameters")
-      cat = "parameters";
-    else if (t.tag == "gradients")
-      cat = "gradients";
-    else if (t.tag == "optimizer")
-      cat = "optimizer state";
-    else if (t.tag.rfind("activations", 0) == 0 || t.tag.find("recompute") != std::string::npos)
-      cat = "activations";
-    else if (t.tag == "data" || t.tag == "dataset")
-      cat = "data";
-    rows[cat].current += t.allocated.current;
-    rows[cat].peak += t.allocated.peak;
-  }
-  std::string out = "memory by category (arena tags)          current            peak\n";
-  char line[160];
-  for (const char* c : order) {
-    std::snprintf(line, sizeof line, "  %-34s %12s %15s\n", c, memory::format_bytes(rows[c].current).c_str(),
-                  memory::format_bytes(rows[c].peak).c_str());
-    out += line;
-  }
-  const memory::Stats s = memory::stats();
-  std::snprintf(line, sizeof line, "  %-34s %12s %15s\n  %-34s %12s %15s\n", "all allocated (exact)",
-                memory::format_bytes(s.allocated.current).c_str(),
-                memory::format_bytes(s.allocated.peak).c_str(), "reserved from the system",
-                memory::format_bytes(s.reserved.current).c_str(),
-                memory::format_bytes(s.reserved.peak).c_str());
-  out += line;
-  return out;
-}
+using examples::memory_report;
 
 // Checkpoints: the weights in `path` (safetensors), the training state beside them in `path`.state.
 struct TrainingState {

@@ -16,28 +16,7 @@ using namespace frugal;
 
 namespace {
 
-// "64M", "1.5G", "512K", "1000": bytes.
-int64_t parse_bytes(const std::string& s) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    throw Error("--memory-limit: cannot read '" + s + "'; use bytes or a suffix K, M, G (e.g. 64M)");
-  }
-  const std::string unit = s.substr(used);
-  double scale = 1;
-  if (unit == "K" || unit == "k" || unit == "KiB")
-    scale = 1024.0;
-  else if (unit == "M" || unit == "m" || unit == "MiB")
-    scale = 1024.0 * 1024;
-  else if (unit == "G" || unit == "g" || unit == "GiB")
-    scale = 1024.0 * 1024 * 1024;
-  else if (!unit.empty())
-    throw Error("--memory-limit: unknown unit '" + unit + "'; use K, M or G");
-  FRUGAL_CHECK(v > 0, "--memory-limit must be positive, got ", s);
-  return int64_t(v * scale);
-}
+using examples::parse_bytes;
 
 // One line, redrawn in place on a terminal; otherwise a plain line every tenth of the epoch.
 class Progress {
