@@ -1,6 +1,10 @@
 // CausalSelfAttention, TransformerBlock and GPT (nn/attention.h, nn/gpt.h): shapes, causality, gradients by
 // finite differences, the W3 parameter count, a training step, recompute, and sampling.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cmath>
+#include <fstream>
 
 #include "nn/attention.h"
 #include "nn/gpt.h"
@@ -110,6 +114,52 @@ TEST(GPT, TrainingStepLowersTheLoss) {
   const double after = lm_loss(gpt, tokens, targets).item<double>();
   EXPECT_LT(after, before.item<double>());
   EXPECT_NEAR(before.item<double>(), std::log(13.0), 1.0);  // near uniform at initialisation
+}
+
+// Losses of the first AdamW steps match PyTorch's on the same weights and batch (tests/fixtures/
+// gen_gpt_golden.py documents the weights and data).
+TEST(GPT, GoldenLossesMatchPyTorch) {
+  std::ifstream in(std::string(FRUGAL_FIXTURES_DIR) + "/gpt_golden.json");
+  ASSERT_TRUE(in) << "missing tests/fixtures/gpt_golden.json";
+  const auto golden = nlohmann::json::parse(in);
+  const auto& c = golden["config"];
+  nn::GPT gpt(nn::GPTConfig{.vocab = c["vocab"],
+                            .d_model = c["d_model"],
+                            .n_layers = c["n_layers"],
+                            .n_heads = c["n_heads"],
+                            .context = c["context"]});
+  const auto names = golden["params"].get<std::vector<std::string>>();
+  const auto params = gpt.named_parameters();
+  ASSERT_EQ(names.size(), params.size());
+  for (size_t s = 0; s < names.size(); ++s) {
+    const auto it =
+        std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == names[s]; });
+    ASSERT_NE(it, params.end()) << "no parameter " << names[s];
+    Tensor p = it->second;
+    std::vector<double> w(size_t(p.numel()));
+    const double fan_in = double(p.size(-1));
+    const bool layer_norm_weight = names[s].find("ln") != std::string::npos && names[s].ends_with("weight");
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double u =
+          double((uint64_t(i) * 2654435761ull + uint64_t(s) * 40503ull) % (1ull << 32)) / 4294967296.0;
+      w[i] = double(float((2 * u - 1) / std::sqrt(fan_in))) + (layer_norm_weight ? 1 : 0);
+    }
+    NoGradGuard no_grad;
+    ops::copy_(p, tensor(w, p.shape()));
+  }
+  const int64_t b = c["batch"], t = c["context"], v = c["vocab"];
+  std::vector<int64_t> tok(size_t(b * t)), tgt(size_t(b * t));
+  for (int64_t i = 0; i < b * t; ++i) tok[size_t(i)] = (i * 7 + 3) % v, tgt[size_t(i)] = (i * 5 + 1) % v;
+  const Tensor tokens = tensor(tok, {b, t}), targets = tensor(tgt, {b, t});
+  optim::AdamW opt(gpt.parameters(), optim::AdamWOptions(1e-3));
+  const auto expected = golden["losses"].get<std::vector<double>>();
+  for (size_t step = 0; step < expected.size(); ++step) {
+    opt.zero_grad();
+    const Tensor loss = lm_loss(gpt, tokens, targets);
+    loss.backward();
+    opt.step();
+    EXPECT_NEAR(loss.item<double>(), expected[step], 2e-5 * expected[step]) << "step " << step;
+  }
 }
 
 TEST(GPT, RecomputeGivesBitIdenticalGradients) {
