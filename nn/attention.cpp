@@ -42,7 +42,7 @@ Tensor attention_scores_softmax(const Tensor& scores, double scale, bool causal)
     n->save_output(y);
     n->backward = [scale, causal](const Grads& s, const Tensor& g) -> Grads {
       const Tensor& y = s[0];
-      const Tensor dy = ops::contiguous(ops::cast(g, y.dtype()));
+      const Tensor dy = ops::contiguous(g.dtype() == y.dtype() ? g : ops::cast(g, y.dtype()));
       Tensor dx = empty(y.shape(), y.options());
       AttentionSoftmaxArgs b;
       b.y = y.raw_data();
