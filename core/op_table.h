@@ -259,4 +259,23 @@ extern OpTable<PoolKernel> op_max_pool2d_backward;
 extern OpTable<PoolKernel> op_avg_pool2d;
 extern OpTable<PoolKernel> op_avg_pool2d_backward;
 
+// Fused attention probabilities over contiguous [rows, T] scores, rows a multiple of T (each T x T matrix
+// one head's scores): row r is query i = r % T; with causal, key j is allowed when j <= i, else every j.
+//   forward:  y[r, j] = exp(scale x[r, j] - m) / sum_{allowed k} exp(scale x[r, k] - m), m the allowed max;
+//             y = 0 where j is not allowed
+//   backward: dx[r, j] = scale y[r, j] (dy[r, j] - sum_{allowed k} dy[r, k] y[r, k]); 0 where not allowed
+// f16/bf16 compute in f32. Only the allowed prefix of each row is read (nn/attention.h).
+struct AttentionSoftmaxArgs {
+  const void* x = nullptr;   // forward in
+  void* y = nullptr;         // forward out, backward in
+  const void* dy = nullptr;  // backward in
+  void* dx = nullptr;        // backward out
+  int64_t rows = 0, t = 0;
+  double scale = 1;
+  bool causal = false;
+};
+using AttentionSoftmaxKernel = void(const AttentionSoftmaxArgs& args);
+extern OpTable<AttentionSoftmaxKernel> op_attention_softmax;
+extern OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward;
+
 }  // namespace frugal

@@ -1,0 +1,60 @@
+// Causal self-attention and the pre-norm transformer block (as in nanoGPT / GPT-2), plus the fused op they
+// run: softmax of scaled, causally masked attention scores in one pass (kernels/cpu/attention.cpp). Not here:
+// the whole model (nn/gpt.h).
+//
+//   namespace F = frugal::nn::functional;
+//   Tensor p = F::attention_scores_softmax(matmul(q, k.transpose(-1, -2)), 1 / std::sqrt(64.0), true);
+//   nn::CausalSelfAttention attn(128, 4);
+//   Tensor y = attn(x);  // x, y: [B, T, 128]
+//   nn::TransformerBlock block(128, 4);
+//   Tensor h = block(x);  // x + attn(ln1(x)), then h + mlp(ln2(h))
+#pragma once
+
+#include <memory>
+
+#include "nn/layers.h"
+#include "nn/module.h"
+
+namespace frugal::nn {
+
+namespace functional {
+
+// softmax(scale * scores + mask, -1) for scores [..., T, T] (floating; f16/bf16 computed in f32), where mask
+// is -inf above the diagonal (key j > query i) when causal and 0 otherwise; those probabilities are exactly
+// 0. One fused op: the scaled and masked scores are never stored. Its gradient is first order only.
+Tensor attention_scores_softmax(const Tensor& scores, double scale, bool causal);
+// The same from mul, where and softmax: the reference the fused op is tested against.
+Tensor attention_scores_softmax_composite(const Tensor& scores, double scale, bool causal);
+
+}  // namespace functional
+
+// Multi-head causal self-attention over x [B, T, d_model]: one Linear d -> 3d gives q, k, v, split into
+// n_heads heads of d_model / n_heads; each head attends to positions <= its own with scale 1/sqrt(head dim);
+// the heads are merged and projected by Linear d -> d. Dropout (when > 0 and training) applies to the
+// attention probabilities and to the output, as in nanoGPT.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t d_model, int64_t n_heads, double dropout = 0);
+  Tensor forward(const Tensor& x) override;
+
+  int64_t d_model, n_heads;
+  double dropout;
+  std::shared_ptr<Linear> qkv, proj;
+};
+
+// Pre-norm block: x + attn(ln1(x)), then x + mlp(ln2(x)) with mlp = Linear d -> 4d, GELU (exact by
+// default, as nn.GELU()), Linear 4d -> d, and dropout on the mlp's output (when > 0 and training).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(int64_t d_model, int64_t n_heads, double dropout = 0,
+                   const GELUOptions& gelu = GELUOptions());
+  Tensor forward(const Tensor& x) override;
+
+  double dropout;
+  std::shared_ptr<LayerNorm> ln1, ln2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<Linear> fc, fc_proj;
+  std::shared_ptr<GELU> act;
+};
+
+}  // namespace frugal::nn

@@ -1,0 +1,59 @@
+// A GPT language model (GPT-2 / nanoGPT shape, W3 in WORKLOADS.md): token and learned position embeddings,
+// n_layers pre-norm TransformerBlocks, a final LayerNorm and a linear head giving vocabulary logits. Not
+// here: the blocks themselves (nn/attention.h) and the data (data/).
+//
+//   nn::GPT gpt(nn::GPTConfig{.vocab = 114});  // d_model 128, 4 layers, 4 heads, context 64
+//   gpt.recompute(true);                       // keep only each block's input until backward
+//   Tensor logits = gpt.forward(tokens);       // tokens i64 [B, T], T <= 64; logits [B, T, 114]
+//   Tensor loss = F::cross_entropy(logits.view({-1, 114}), targets.view({-1}));
+//   Generator g(7);
+//   Tensor out = gpt.generate(prompt, 100, 0.8, 20, &g);  // prompt i64 [B, T0] -> [B, T0 + 100]
+#pragma once
+
+#include <memory>
+
+#include "core/rng.h"
+#include "nn/attention.h"
+#include "nn/containers.h"
+
+namespace frugal::nn {
+
+struct GPTConfig {
+  int64_t vocab = 0;
+  int64_t d_model = 128;
+  int64_t n_layers = 4;
+  int64_t n_heads = 4;
+  int64_t context = 64;  // the longest sequence forward() takes (rows of the position embedding)
+  double dropout = 0;
+};
+
+class GPT : public Module {
+ public:
+  explicit GPT(const GPTConfig& config);
+
+  // tokens: i64 [B, T] with T <= context, each in [0, vocab); logits [B, T, vocab].
+  Tensor forward(const Tensor& tokens) override;
+
+  // With recompute on (and grad mode on), each block runs as an autograd::recompute segment: its activations
+  // are computed again in backward instead of being kept. Gradients are bit-identical either way.
+  GPT& recompute(bool on);
+  bool recompute() const { return recompute_; }
+
+  // Samples n_new tokens after prompt (i64 [B, T0] or [T0], T0 >= 1) without recording, feeding the model at
+  // most the last `context` tokens: logits of the last position / temperature, restricted to the top_k
+  // largest (top_k 0: all), softmax, one draw per row from gen (the default generator when null). Dropout is
+  // off while sampling. Returns the prompt followed by the new tokens, with the prompt's rank.
+  Tensor generate(const Tensor& prompt, int64_t n_new, double temperature = 1.0, int64_t top_k = 0,
+                  Generator* gen = nullptr);
+
+  GPTConfig config;
+  std::shared_ptr<Embedding> tok_emb, pos_emb;
+  std::shared_ptr<ModuleList> blocks;  // of TransformerBlock
+  std::shared_ptr<LayerNorm> ln_f;
+  std::shared_ptr<Linear> head;
+
+ private:
+  bool recompute_ = false;
+};
+
+}  // namespace frugal::nn
