@@ -23,10 +23,14 @@ inline int64_t parse_bytes(const std::string& s) {
   }
   const std::string unit = s.substr(used);
   double scale = 1;
-  if (unit == "K" || unit == "k" || unit == "KiB") scale = 1024.0;
-  else if (unit == "M" || unit == "m" || unit == "MiB") scale = 1024.0 * 1024;
-  else if (unit == "G" || unit == "g" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (!unit.empty()) throw Error("--memory-limit: unknown unit '" + unit + "'; use K, M or G");
+  if (unit == "K" || unit == "k" || unit == "KiB")
+    scale = 1024.0;
+  else if (unit == "M" || unit == "m" || unit == "MiB")
+    scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g" || unit == "GiB")
+    scale = 1024.0 * 1024 * 1024;
+  else if (!unit.empty())
+    throw Error("--memory-limit: unknown unit '" + unit + "'; use K, M or G");
   FRUGAL_CHECK(v > 0, "--memory-limit must be positive, got ", s);
   return int64_t(v * scale);
 }
@@ -44,11 +48,16 @@ inline std::string memory_report() {
   for (const char* c : order) rows[c];
   for (const auto& t : memory::tag_stats()) {
     std::string cat = "other";
-    if (t.tag == "parameters") cat = "parameters";
-    else if (t.tag == "gradients") cat = "gradients";
-    else if (t.tag == "optimizer") cat = "optimizer state";
-    else if (t.tag.rfind("activations", 0) == 0 || t.tag.find("recompute") != std::string::npos) cat = "activations";
-    else if (t.tag == "data" || t.tag == "dataset") cat = "data";
+    if (t.tag == "parameters")
+      cat = "parameters";
+    else if (t.tag == "gradients")
+      cat = "gradients";
+    else if (t.tag == "optimizer")
+      cat = "optimizer state";
+    else if (t.tag.rfind("activations", 0) == 0 || t.tag.find("recompute") != std::string::npos)
+      cat = "activations";
+    else if (t.tag == "data" || t.tag == "dataset")
+      cat = "data";
     rows[cat].current += t.allocated.current;
     rows[cat].peak += t.allocated.peak;
   }
@@ -61,8 +70,9 @@ inline std::string memory_report() {
   }
   const memory::Stats s = memory::stats();
   std::snprintf(line, sizeof line, "  %-34s %12s %15s\n  %-34s %12s %15s\n", "all allocated (exact)",
-                memory::format_bytes(s.allocated.current).c_str(), memory::format_bytes(s.allocated.peak).c_str(),
-                "reserved from the system", memory::format_bytes(s.reserved.current).c_str(),
+                memory::format_bytes(s.allocated.current).c_str(),
+                memory::format_bytes(s.allocated.peak).c_str(), "reserved from the system",
+                memory::format_bytes(s.reserved.current).c_str(),
                 memory::format_bytes(s.reserved.peak).c_str());
   out += line;
   return out;

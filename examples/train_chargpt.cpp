@@ -56,12 +56,14 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "windows per step")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "AdamW learning rate");
-  app.add_option("--accum", accum, "micro-batches per step (gradient accumulation)")->check(CLI::PositiveNumber);
+  app.add_option("--accum", accum, "micro-batches per step (gradient accumulation)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--recompute", recompute, "run each block as a recompute segment (less activation memory)");
   app.add_flag("--sparse-embeddings", sparse_embeddings,
                "sparse gradients for the token embedding, updated by SparseAdam (AdamW for the rest)");
   app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M: beyond it, OutOfMemoryError");
-  app.add_option("--save", save, "write the weights here (and the training state to <path>.state) at the end");
+  app.add_option("--save", save,
+                 "write the weights here (and the training state to <path>.state) at the end");
   app.add_option("--resume", resume, "continue from a checkpoint written by --save");
   app.add_option("--threads", threads, "CPU threads (default: all cores)");
   app.add_option("--seed", seed, "seed for the initial weights and the batches");
@@ -104,7 +106,8 @@ int main(int argc, char** argv) {
       (sparse_embeddings && name == "tok_emb.weight" ? sparse : dense).push_back(p);
     optim::AdamW adamw(dense, optim::AdamWOptions(lr));
     std::unique_ptr<optim::SparseAdam> sparse_adam;
-    if (!sparse.empty()) sparse_adam = std::make_unique<optim::SparseAdam>(sparse, optim::SparseAdamOptions(lr));
+    if (!sparse.empty())
+      sparse_adam = std::make_unique<optim::SparseAdam>(sparse, optim::SparseAdamOptions(lr));
     optim::CosineAnnealingLR sched(adamw, steps, lr * 0.1);
 
     Generator batches(seed + 1);
@@ -125,13 +128,14 @@ int main(int argc, char** argv) {
       sched.step_to(start);
       std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(start));
     }
-    std::printf("frugal: training a GPT (%lld layers, width %lld, %lld heads, context %lld, vocab %lld; %lld "
-                "parameters, %s), batch %lld, accum %d%s%s, %d threads\n",
-                static_cast<long long>(layers), static_cast<long long>(width), static_cast<long long>(heads),
-                static_cast<long long>(context), static_cast<long long>(cfg.vocab),
-                static_cast<long long>(model->num_parameters()), memory::format_bytes(model->parameter_bytes()).c_str(),
-                static_cast<long long>(batch), accum, recompute ? ", recompute" : "",
-                sparse_embeddings ? ", sparse embeddings" : "", num_threads());
+    std::printf(
+        "frugal: training a GPT (%lld layers, width %lld, %lld heads, context %lld, vocab %lld; %lld "
+        "parameters, %s), batch %lld, accum %d%s%s, %d threads\n",
+        static_cast<long long>(layers), static_cast<long long>(width), static_cast<long long>(heads),
+        static_cast<long long>(context), static_cast<long long>(cfg.vocab),
+        static_cast<long long>(model->num_parameters()),
+        memory::format_bytes(model->parameter_bytes()).c_str(), static_cast<long long>(batch), accum,
+        recompute ? ", recompute" : "", sparse_embeddings ? ", sparse embeddings" : "", num_threads());
 
     const bool tty = isatty(STDOUT_FILENO);
     const auto t0 = std::chrono::steady_clock::now();
@@ -159,7 +163,8 @@ int main(int argc, char** argv) {
         if (sparse_adam) sparse_adam->step();
       }
       sched.step();
-      step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count());
+      step_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count());
       loss_avg = step == start ? loss_sum : 0.95 * loss_avg + 0.05 * loss_sum;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tok_s = double((step - start + 1) * batch * context) / secs;

@@ -20,7 +20,8 @@ GPT::GPT(const GPTConfig& c) : Module("GPT"), config(c) {
                ", context ", c.context);
   FRUGAL_CHECK(c.d_model % c.n_heads == 0, "GPT: d_model (", c.d_model, ") must be a multiple of n_heads (",
                c.n_heads, ")");
-  tok_emb = register_module("tok_emb", std::make_shared<Embedding>(c.vocab, c.d_model));
+  tok_emb = register_module("tok_emb", std::make_shared<Embedding>(
+                                           EmbeddingOptions(c.vocab, c.d_model).sparse(c.sparse_embeddings)));
   pos_emb = register_module("pos_emb", std::make_shared<Embedding>(c.context, c.d_model));
   blocks = register_module("blocks", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < c.n_layers; ++i)

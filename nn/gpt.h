@@ -25,6 +25,7 @@ struct GPTConfig {
   int64_t n_heads = 4;
   int64_t context = 64;  // the longest sequence forward() takes (rows of the position embedding)
   double dropout = 0;
+  bool sparse_embeddings = false;  // the token embedding's gradient is sparse (for optim::SparseAdam)
 };
 
 class GPT : public Module {
