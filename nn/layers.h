@@ -11,20 +11,9 @@
 #include <optional>
 #include <string>
 
+#include "core/options.h"
 #include "nn/functional.h"
 #include "nn/module.h"
-
-// An option with a chaining setter and a getter, as libtorch's TORCH_ARG: opts.bias(false); opts.bias().
-#define FRUGAL_ARG(T, name)                 \
- public:                                    \
-  auto& name(const T& value) {              \
-    name##_ = value;                        \
-    return *this;                           \
-  }                                         \
-  const T& name() const { return name##_; } \
-                                            \
- private:                                   \
-  T name##_
 
 namespace frugal::nn {
 

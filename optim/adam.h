@@ -32,11 +32,11 @@ class AdamOptionsBase : public OptimizerOptions {
 class AdamOptions : public AdamOptionsBase<AdamOptions> {
  public:
   explicit AdamOptions(double lr = 1e-3) : lr_(lr) {}
-  FRUGAL_OPTIM_ARG(double, lr, 1e-3);
-  FRUGAL_OPTIM_ARG(Betas, betas, std::make_pair(0.9, 0.999));
-  FRUGAL_OPTIM_ARG(double, eps, 1e-8);
-  FRUGAL_OPTIM_ARG(double, weight_decay, 0);
-  FRUGAL_OPTIM_ARG(bool, amsgrad, false);
+  FRUGAL_ARG(double, lr) = 1e-3;
+  FRUGAL_ARG(Betas, betas) = std::make_pair(0.9, 0.999);
+  FRUGAL_ARG(double, eps) = 1e-8;
+  FRUGAL_ARG(double, weight_decay) = 0;
+  FRUGAL_ARG(bool, amsgrad) = false;
 
  public:
   std::vector<HyperParam> hyperparams() override;
@@ -46,11 +46,11 @@ class AdamOptions : public AdamOptionsBase<AdamOptions> {
 class AdamWOptions : public AdamOptionsBase<AdamWOptions> {
  public:
   explicit AdamWOptions(double lr = 1e-3) : lr_(lr) {}
-  FRUGAL_OPTIM_ARG(double, lr, 1e-3);
-  FRUGAL_OPTIM_ARG(Betas, betas, std::make_pair(0.9, 0.999));
-  FRUGAL_OPTIM_ARG(double, eps, 1e-8);
-  FRUGAL_OPTIM_ARG(double, weight_decay, 1e-2);
-  FRUGAL_OPTIM_ARG(bool, amsgrad, false);
+  FRUGAL_ARG(double, lr) = 1e-3;
+  FRUGAL_ARG(Betas, betas) = std::make_pair(0.9, 0.999);
+  FRUGAL_ARG(double, eps) = 1e-8;
+  FRUGAL_ARG(double, weight_decay) = 1e-2;
+  FRUGAL_ARG(bool, amsgrad) = false;
 
  public:
   std::vector<HyperParam> hyperparams() override;

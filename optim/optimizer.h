@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/options.h"
 #include "core/tensor.h"
 
 namespace frugal {
@@ -23,19 +24,6 @@ struct SparseGrad;  // autograd/graph.h
 }
 
 namespace frugal::optim {
-
-// Declares a hyperparameter of an options class, libtorch style: a chainable setter name(v) and a getter
-// name().
-#define FRUGAL_OPTIM_ARG(T, name, init)     \
- public:                                    \
-  auto& name(const T& value) {              \
-    name##_ = value;                        \
-    return *this;                           \
-  }                                         \
-  const T& name() const { return name##_; } \
-                                            \
- private:                                   \
-  T name##_ = init
 
 // One hyperparameter by name, for state dicts: a number (saved as 0-d f64) or a flag (0-d i64).
 struct HyperParam {

@@ -16,11 +16,11 @@ namespace frugal::optim {
 class SGDOptions : public OptimizerOptions {
  public:
   explicit SGDOptions(double lr) : lr_(lr) {}
-  FRUGAL_OPTIM_ARG(double, lr, 0);
-  FRUGAL_OPTIM_ARG(double, momentum, 0);
-  FRUGAL_OPTIM_ARG(double, dampening, 0);
-  FRUGAL_OPTIM_ARG(bool, nesterov, false);
-  FRUGAL_OPTIM_ARG(double, weight_decay, 0);
+  FRUGAL_ARG(double, lr) = 0;
+  FRUGAL_ARG(double, momentum) = 0;
+  FRUGAL_ARG(double, dampening) = 0;
+  FRUGAL_ARG(bool, nesterov) = false;
+  FRUGAL_ARG(double, weight_decay) = 0;
 
  public:
   std::unique_ptr<OptimizerOptions> clone() const override { return std::make_unique<SGDOptions>(*this); }

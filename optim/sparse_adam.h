@@ -20,9 +20,9 @@ namespace frugal::optim {
 class SparseAdamOptions : public AdamOptionsBase<SparseAdamOptions> {
  public:
   explicit SparseAdamOptions(double lr = 1e-3) : lr_(lr) {}
-  FRUGAL_OPTIM_ARG(double, lr, 1e-3);
-  FRUGAL_OPTIM_ARG(Betas, betas, std::make_pair(0.9, 0.999));
-  FRUGAL_OPTIM_ARG(double, eps, 1e-8);
+  FRUGAL_ARG(double, lr) = 1e-3;
+  FRUGAL_ARG(Betas, betas) = std::make_pair(0.9, 0.999);
+  FRUGAL_ARG(double, eps) = 1e-8;
 
  public:
   std::vector<HyperParam> hyperparams() override;

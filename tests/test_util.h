@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "frugal.h"
@@ -104,6 +105,21 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
       EXPECT_NE(msg.find(p), std::string::npos) << "message '" << msg << "' lacks '" << p << "'";
   } catch (const std::exception& e) {
     ADD_FAILURE() << "wrong exception type, message: " << e.what();
+  }
+}
+
+// Expects fn to throw exactly E (not a subclass or sibling) with every one of `parts` in the message.
+template <typename E>
+void expect_exact_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected " << typeid(E).name() << " mentioning '" << (parts.empty() ? "" : parts[0])
+                  << "', nothing thrown";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(typeid(e), typeid(E)) << "wrong exception type; message: " << e.what();
+    const std::string msg = e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "'" << msg << "' lacks '" << p << "'";
   }
 }
 
