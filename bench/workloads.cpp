@@ -100,7 +100,8 @@ void deep(const char* name, int recompute_every) {
     opt.step();
     if (s >= 2) step_ms.push_back(ms_since(t));
     loss = l.item<double>();
-    step_peak = std::max(step_peak, memory::stats().allocated.peak - base);  // activations, gradients, temporaries
+    // Activations, gradients and temporaries (after the warm-up, whose first step also creates the momentum).
+    if (s >= 2) step_peak = std::max(step_peak, memory::stats().allocated.peak - base);
   }
   const double flops = 3.0 * 2.0 * 1024.0 * 1024.0 * 1024.0 * 32.0;  // forward + two backward GEMMs per layer
   std::printf("{\"name\": \"%s\", \"median_step_ms\": %.3f, \"steps\": %zu, \"gflops\": %.1f, \"loss\": %.6f, "
