@@ -21,7 +21,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -51,7 +53,8 @@ void fashion(const char* name, bool cnn) {
     test_set = std::make_shared<data::FashionMNIST>(std::string(data::kFashionMNISTRoot), data::Split::Test);
   }
   const int64_t batch = cnn ? 64 : 128;
-  data::DataLoader train(train_set, data::DataLoaderOptions().batch_size(batch).shuffle(true).drop_last(true));
+  data::DataLoader train(train_set,
+                         data::DataLoaderOptions().batch_size(batch).shuffle(true).drop_last(true));
   data::DataLoader test(test_set, data::DataLoaderOptions().batch_size(250));
   auto model = cnn ? fmnist::make_cnn() : fmnist::make_mlp();
   optim::Adam opt(model->parameters(), optim::AdamOptions(1e-3));
@@ -66,11 +69,13 @@ void fashion(const char* name, bool cnn) {
                       });
   const double epoch_s = ms_since(t0) / 1000;
   const double accuracy = fmnist::evaluate(*model, test);
-  std::printf("{\"name\": \"%s\", \"median_step_ms\": %.4f, \"steps\": %zu, \"epoch_s\": %.3f, \"test_accuracy\": %.4f, "
-              "\"peak_arena_bytes\": %lld, \"peak_rss_bytes\": %lld, \"threads\": %d}\n",
-              name, median(step_ms), step_ms.size(), epoch_s, accuracy,
-              static_cast<long long>(memory::stats().allocated.peak), static_cast<long long>(peak_rss_bytes()),
-              num_threads());
+  std::printf(
+      "{\"name\": \"%s\", \"median_step_ms\": %.4f, \"steps\": %zu, \"epoch_s\": %.3f, \"test_accuracy\": "
+      "%.4f, "
+      "\"peak_arena_bytes\": %lld, \"peak_rss_bytes\": %lld, \"threads\": %d}\n",
+      name, median(step_ms), step_ms.size(), epoch_s, accuracy,
+      static_cast<long long>(memory::stats().allocated.peak), static_cast<long long>(peak_rss_bytes()),
+      num_threads());
 }
 
 // W4 / W4r: 32 x (Linear 1024 -> 1024, ReLU), batch 1024, MSE to a random target, SGD lr 1e-3 momentum 0.9;
@@ -104,11 +109,12 @@ void deep(const char* name, int recompute_every) {
     if (s >= 2) step_peak = std::max(step_peak, memory::stats().allocated.peak - base);
   }
   const double flops = 3.0 * 2.0 * 1024.0 * 1024.0 * 1024.0 * 32.0;  // forward + two backward GEMMs per layer
-  std::printf("{\"name\": \"%s\", \"median_step_ms\": %.3f, \"steps\": %zu, \"gflops\": %.1f, \"loss\": %.6f, "
-              "\"activation_bytes\": %lld, \"peak_step_bytes\": %lld, \"peak_rss_bytes\": %lld, \"threads\": %d}\n",
-              name, median(step_ms), step_ms.size(), flops / (median(step_ms) * 1e6), loss,
-              static_cast<long long>(kept), static_cast<long long>(step_peak),
-              static_cast<long long>(peak_rss_bytes()), num_threads());
+  std::printf(
+      "{\"name\": \"%s\", \"median_step_ms\": %.3f, \"steps\": %zu, \"gflops\": %.1f, \"loss\": %.6f, "
+      "\"activation_bytes\": %lld, \"peak_step_bytes\": %lld, \"peak_rss_bytes\": %lld, \"threads\": %d}\n",
+      name, median(step_ms), step_ms.size(), flops / (median(step_ms) * 1e6), loss,
+      static_cast<long long>(kept), static_cast<long long>(step_peak),
+      static_cast<long long>(peak_rss_bytes()), num_threads());
 }
 
 // W5: f32 GEMM 1024^3.
@@ -131,11 +137,16 @@ int main(int argc, char** argv) {
   if (names.empty()) names = {"W1", "W2", "W4", "W4r", "W5"};
   try {
     for (const std::string& n : names) {
-      if (n == "W1") fashion("W1", false);
-      else if (n == "W2") fashion("W2", true);
-      else if (n == "W4") deep("W4", 0);
-      else if (n == "W4r") deep("W4r", 6);
-      else if (n == "W5") gemm();
+      if (n == "W1")
+        fashion("W1", false);
+      else if (n == "W2")
+        fashion("W2", true);
+      else if (n == "W4")
+        deep("W4", 0);
+      else if (n == "W4r")
+        deep("W4r", 6);
+      else if (n == "W5")
+        gemm();
       else {
         std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W4 W4r W5)\n", n.c_str());
         return 1;

@@ -16,18 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::expect_error;
 
-class IdxTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("frugal_idx_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+using IdxTest = testing::ScratchDirTest;  // a fresh scratch directory per test
 
 // An IDX file's bytes: magic (0, 0, type, ndim), big-endian u32 dims, then the data.
 std::string idx_bytes(uint8_t type, const std::vector<uint32_t>& dims, const std::string& data) {
