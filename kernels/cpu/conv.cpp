@@ -104,6 +104,19 @@ int im2col_threads(const ConvArgs& a) {
   return omp_in_parallel() ? 1 : int(std::clamp<int64_t>(a.n, 1, omp_get_max_threads()));
 }
 
+// Runs body(n, col, thread) for every image n, images spread over nt threads; each thread owns a column
+// buffer of col_size elements of T in `buf`, which the caller sized (and may extend past nt * col_size for
+// itself).
+template <typename T, typename Body>
+void for_each_image(const ConvArgs& a, int nt, int64_t col_size, const Tensor& buf, Body body) {
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    T* col = static_cast<T*>(buf.raw_data()) + t * col_size;
+    for (int64_t n = t; n < a.n; n += omp_get_num_threads()) body(n, col, t);
+  }
+}
+
 template <typename T>
 void conv2d_forward_im2col(const ConvArgs& a) {
   const GroupDims d(a);
@@ -111,34 +124,30 @@ void conv2d_forward_im2col(const ConvArgs& a) {
   const int64_t col_size = a.c * a.kh * a.kw * d.ohw;
   Tensor col_buf = workspace(nt * col_size * int64_t(sizeof(T)));
   GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
-#pragma omp parallel num_threads(nt)
-  {
-    T* col = static_cast<T*>(col_buf.raw_data()) + omp_get_thread_num() * col_size;
-    for (int64_t n = omp_get_thread_num(); n < a.n; n += omp_get_num_threads()) {
-      im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
-      T* y = static_cast<T*>(a.y) + n * a.o * d.ohw;
-      GemmArgs g;  // y_g = weight_g @ col_g for each group (the batch)
-      g.batch = a.groups;
-      g.m = d.og;
-      g.n = d.ohw;
-      g.k = d.k;
-      g.a = a.weight;
-      g.a_batch = d.og * d.k;
-      g.a_row = d.k;
-      g.b = col;
-      g.b_batch = d.k * d.ohw;
-      g.b_row = d.ohw;
-      g.c = y;
-      g.c_batch = d.og * d.ohw;
-      g.c_row = d.ohw;
-      run_gemm(gemm, g);
-      if (a.bias)
-        for (int64_t o = 0; o < a.o; ++o) {
-          const T b = static_cast<const T*>(a.bias)[o];
-          for (int64_t p = 0; p < d.ohw; ++p) y[o * d.ohw + p] += b;
-        }
-    }
-  }
+  for_each_image<T>(a, nt, col_size, col_buf, [&](int64_t n, T* col, int) {
+    im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
+    T* y = static_cast<T*>(a.y) + n * a.o * d.ohw;
+    GemmArgs g;  // y_g = weight_g @ col_g for each group (the batch)
+    g.batch = a.groups;
+    g.m = d.og;
+    g.n = d.ohw;
+    g.k = d.k;
+    g.a = a.weight;
+    g.a_batch = d.og * d.k;
+    g.a_row = d.k;
+    g.b = col;
+    g.b_batch = d.k * d.ohw;
+    g.b_row = d.ohw;
+    g.c = y;
+    g.c_batch = d.og * d.ohw;
+    g.c_row = d.ohw;
+    run_gemm(gemm, g);
+    if (a.bias)
+      for (int64_t o = 0; o < a.o; ++o) {
+        const T b = static_cast<const T*>(a.bias)[o];
+        for (int64_t p = 0; p < d.ohw; ++p) y[o * d.ohw + p] += b;
+      }
+  });
 }
 
 template <typename T>
@@ -148,31 +157,27 @@ void conv2d_backward_data_im2col(const ConvArgs& a) {
   const int64_t col_size = a.c * a.kh * a.kw * d.ohw;
   Tensor col_buf = workspace(nt * col_size * int64_t(sizeof(T)));
   GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
-#pragma omp parallel num_threads(nt)
-  {
-    T* col = static_cast<T*>(col_buf.raw_data()) + omp_get_thread_num() * col_size;
-    for (int64_t n = omp_get_thread_num(); n < a.n; n += omp_get_num_threads()) {
-      GemmArgs g;  // col_g = weight_g^T @ dy_g
-      g.batch = a.groups;
-      g.m = d.k;
-      g.n = d.ohw;
-      g.k = d.og;
-      g.a = a.weight;
-      g.a_batch = d.og * d.k;
-      g.a_row = 1;
-      g.a_col = d.k;
-      g.b = static_cast<const T*>(a.dy) + n * a.o * d.ohw;
-      g.b_batch = d.og * d.ohw;
-      g.b_row = d.ohw;
-      g.c = col;
-      g.c_batch = d.k * d.ohw;
-      g.c_row = d.ohw;
-      run_gemm(gemm, g);
-      T* dx = static_cast<T*>(a.dx) + n * a.c * a.h * a.w;
-      std::fill_n(dx, a.c * a.h * a.w, T(0));
-      col2im_add(a, col, dx);
-    }
-  }
+  for_each_image<T>(a, nt, col_size, col_buf, [&](int64_t n, T* col, int) {
+    GemmArgs g;  // col_g = weight_g^T @ dy_g
+    g.batch = a.groups;
+    g.m = d.k;
+    g.n = d.ohw;
+    g.k = d.og;
+    g.a = a.weight;
+    g.a_batch = d.og * d.k;
+    g.a_row = 1;
+    g.a_col = d.k;
+    g.b = static_cast<const T*>(a.dy) + n * a.o * d.ohw;
+    g.b_batch = d.og * d.ohw;
+    g.b_row = d.ohw;
+    g.c = col;
+    g.c_batch = d.k * d.ohw;
+    g.c_row = d.ohw;
+    run_gemm(gemm, g);
+    T* dx = static_cast<T*>(a.dx) + n * a.c * a.h * a.w;
+    std::fill_n(dx, a.c * a.h * a.w, T(0));
+    col2im_add(a, col, dx);
+  });
 }
 
 // Each thread sums its images' weight gradients into its own buffer; the buffers are added at the end.
@@ -185,31 +190,27 @@ void conv2d_backward_weight_im2col(const ConvArgs& a) {
   T* partials = static_cast<T*>(buf.raw_data()) + nt * col_size;
   GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
   std::fill_n(partials, nt * dw_size, T(0));
-#pragma omp parallel num_threads(nt)
-  {
-    T* col = static_cast<T*>(buf.raw_data()) + omp_get_thread_num() * col_size;
-    T* dw = partials + omp_get_thread_num() * dw_size;
-    for (int64_t n = omp_get_thread_num(); n < a.n; n += omp_get_num_threads()) {
-      im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
-      GemmArgs g;  // dweight_g += dy_g @ col_g^T
-      g.batch = a.groups;
-      g.m = d.og;
-      g.n = d.k;
-      g.k = d.ohw;
-      g.a = static_cast<const T*>(a.dy) + n * a.o * d.ohw;
-      g.a_batch = d.og * d.ohw;
-      g.a_row = d.ohw;
-      g.b = col;
-      g.b_batch = d.k * d.ohw;
-      g.b_row = 1;
-      g.b_col = d.ohw;
-      g.c = dw;
-      g.c_batch = d.og * d.k;
-      g.c_row = d.k;
-      g.beta = 1;
-      run_gemm(gemm, g);
-    }
-  }
+  for_each_image<T>(a, nt, col_size, buf, [&](int64_t n, T* col, int t) {
+    T* dw = partials + t * dw_size;
+    im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
+    GemmArgs g;  // dweight_g += dy_g @ col_g^T
+    g.batch = a.groups;
+    g.m = d.og;
+    g.n = d.k;
+    g.k = d.ohw;
+    g.a = static_cast<const T*>(a.dy) + n * a.o * d.ohw;
+    g.a_batch = d.og * d.ohw;
+    g.a_row = d.ohw;
+    g.b = col;
+    g.b_batch = d.k * d.ohw;
+    g.b_row = 1;
+    g.b_col = d.ohw;
+    g.c = dw;
+    g.c_batch = d.og * d.k;
+    g.c_row = d.k;
+    g.beta = 1;
+    run_gemm(gemm, g);
+  });
   T* dweight = static_cast<T*>(a.dweight);
   std::copy_n(partials, dw_size, dweight);
   for (int t = 1; t < nt; ++t)
