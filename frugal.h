@@ -7,6 +7,7 @@
 //   loss.backward();  // w.grad()
 #pragma once
 
+#include "amp/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "autograd/graph.h"

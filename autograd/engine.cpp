@@ -3,6 +3,7 @@
 // has run. Iterative: no recursion, whatever the depth.
 #include <queue>
 
+#include "amp/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/graph.h"
 
@@ -60,8 +61,10 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
     return;
   }
 
-  // The rules run without recording (no create_graph): their ops only compute gradients.
+  // The rules run without recording (no create_graph): their ops only compute gradients. They run without
+  // autocast too, in the dtypes their forward saw (Note [autocast policy], amp/autocast.h).
   NoGradGuard no_grad;
+  amp::Autocast no_autocast(amp::autocast_dtype(), /*enabled=*/false);
   std::priority_queue<Node*, std::vector<Node*>, Newest> ready;
   // If a rule throws, the nodes still queued must not keep a half-summed gradient for the next backward.
   struct Drain {

@@ -2,6 +2,7 @@
 // which calls the backward ops of core/ops.h (first-order only: the rules are not themselves recorded).
 #include <tuple>
 
+#include "autograd/autocast_casts.h"
 #include "autograd/functions.h"
 
 namespace frugal {
@@ -11,8 +12,11 @@ using autograd::Grads;
 using autograd::Node;
 using autograd::recorded;
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
+Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, Size2 stride, Size2 padding,
               Size2 dilation, int64_t groups) {
+  // In the autocast dtype under autocast (Note [autocast policy], amp/autocast.h).
+  const Tensor x = autograd::autocast_lower(x_in), weight = autograd::autocast_lower(weight_in),
+               bias = autograd::autocast_lower(bias_in);
   // Unbatched [C, H, W]: a batch of one through differentiable views, so the rule below sees 4-D only.
   if (x.defined() && x.dim() == 3)
     return squeeze(conv2d(unsqueeze(x, 0), weight, bias, stride, padding, dilation, groups), 0);

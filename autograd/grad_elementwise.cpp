@@ -2,10 +2,12 @@
 // written with the same differentiable ops. g is the gradient of the output.
 #include <cmath>
 
+#include "autograd/autocast_casts.h"
 #include "autograd/functions.h"
 
 namespace frugal {
 
+using autograd::autocast_f32;
 using autograd::forward_only;
 using autograd::Grads;
 using autograd::Node;
@@ -44,11 +46,14 @@ Tensor abs(const Tensor& x) {
                  return where(gt(s[0], 0.0), g, where(lt(s[0], 0.0), neg(g), zeros_as(g)));
                });
 }
-Tensor exp(const Tensor& x) {
+// exp, log, rsqrt and pow run in f32 under autocast (Note [autocast policy], amp/autocast.h).
+Tensor exp(const Tensor& x_in) {
+  const Tensor x = autocast_f32(x_in);
   return unary("exp", x, forward_only([&] { return ops::exp(x); }), Save::Output,
                [](const Grads& s, const Tensor& g) { return mul(g, s[0]); });
 }
-Tensor log(const Tensor& x) {
+Tensor log(const Tensor& x_in) {
+  const Tensor x = autocast_f32(x_in);
   return unary("log", x, forward_only([&] { return ops::log(x); }), Save::Input,
                [](const Grads& s, const Tensor& g) { return div(g, s[0]); });
 }
@@ -56,7 +61,8 @@ Tensor sqrt(const Tensor& x) {
   return unary("sqrt", x, forward_only([&] { return ops::sqrt(x); }), Save::Output,
                [](const Grads& s, const Tensor& g) { return div(mul(g, 0.5), s[0]); });
 }
-Tensor rsqrt(const Tensor& x) {  // d x^(-1/2) = -1/2 y^3
+Tensor rsqrt(const Tensor& x_in) {  // d x^(-1/2) = -1/2 y^3
+  const Tensor x = autocast_f32(x_in);
   return unary("rsqrt", x, forward_only([&] { return ops::rsqrt(x); }), Save::Output,
                [](const Grads& s, const Tensor& g) { return mul(g, mul(pow(s[0], 3.0), -0.5)); });
 }
@@ -169,7 +175,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 // da = b a^(b-1), taken as 0 where b = 0 (a^0 is constant; 0 * 0^-1 would give nan at a = 0; PyTorch's rule);
 // db = y log(a), taken as 0 where a = 0.
-Tensor pow(const Tensor& a, const Tensor& b) {
+Tensor pow(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = autocast_f32(a_in), b = autocast_f32(b_in);
   return binary("pow", a, b, forward_only([&] { return ops::pow(a, b); }), Keep::InputsAndOutput,
                 [](const Tensor& a, const Tensor& b, const Tensor& y, const Tensor& g) {
                   const Tensor da = where(eq(b, 0.0), zeros_as(g), mul(g, mul(b, pow(a, sub(b, 1.0)))));

@@ -1,8 +1,11 @@
 // Differentiable reductions, matmul and softmax, each beside its backward rule.
+#include "autograd/autocast_casts.h"
 #include "autograd/functions.h"
 
 namespace frugal {
 
+using autograd::autocast_f32;
+using autograd::autocast_lower;
 using autograd::forward_only;
 using autograd::Grads;
 using autograd::Node;
@@ -34,7 +37,10 @@ int64_t count(const Shape& x_shape, const std::vector<bool>& mask) {
 
 }  // namespace
 
-Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
+// sum, mean, var, softmax and log_softmax run in f32 under autocast, matmul in its low dtype (Note [autocast
+// policy], amp/autocast.h).
+Tensor sum(const Tensor& x_in, const Shape& dims, bool keepdim) {
+  const Tensor x = autocast_f32(x_in);
   Tensor y = forward_only([&] { return ops::sum(x, dims, keepdim); });
   if (Node* n = recorded("sum", {&x}, y)) {
     const Shape xs = x.shape();
@@ -46,7 +52,8 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
   return y;
 }
 
-Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor mean(const Tensor& x_in, const Shape& dims, bool keepdim) {
+  const Tensor x = autocast_f32(x_in);
   Tensor y = forward_only([&] { return ops::mean(x, dims, keepdim); });
   if (Node* n = recorded("mean", {&x}, y)) {
     const Shape xs = x.shape();
@@ -85,8 +92,9 @@ Tensor min(const Tensor& x, const Shape& dims, bool keepdim) {
   return extreme("min", x, dims, keepdim, false);
 }
 
-Tensor var(const Tensor& x, const Shape& dims, int64_t correction,
+Tensor var(const Tensor& x_in, const Shape& dims, int64_t correction,
            bool keepdim) {  // d = 2 (x - mean) / (n - c)
+  const Tensor x = autocast_f32(x_in);
   Tensor y = forward_only([&] { return ops::var(x, dims, correction, keepdim); });
   if (Node* n = recorded("var", {&x}, y)) {
     n->save(x);
@@ -101,7 +109,8 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction,
   return y;
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = autocast_lower(a_in), b = autocast_lower(b_in);
   Tensor y = forward_only([&] { return ops::matmul(a, b); });
   if (Node* n = recorded("matmul", {&a, &b}, y)) {
     n->save(a);
@@ -123,7 +132,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return y;
 }
 
-Tensor softmax(const Tensor& x, int64_t dim) {  // dx = y (g - sum(g y))
+Tensor softmax(const Tensor& x_in, int64_t dim) {  // dx = y (g - sum(g y))
+  const Tensor x = autocast_f32(x_in);
   Tensor y = forward_only([&] { return ops::softmax(x, dim); });
   if (Node* n = recorded("softmax", {&x}, y)) {
     n->save_output(y);
@@ -135,7 +145,8 @@ Tensor softmax(const Tensor& x, int64_t dim) {  // dx = y (g - sum(g y))
   return y;
 }
 
-Tensor log_softmax(const Tensor& x, int64_t dim) {  // dx = g - exp(y) sum(g)
+Tensor log_softmax(const Tensor& x_in, int64_t dim) {  // dx = g - exp(y) sum(g)
+  const Tensor x = autocast_f32(x_in);
   Tensor y = forward_only([&] { return ops::log_softmax(x, dim); });
   if (Node* n = recorded("log_softmax", {&x}, y)) {
     n->save_output(y);

@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "amp/autocast.h"
 #include "autograd/graph.h"
 #include "core/memory.h"
 #include "core/rng.h"
@@ -14,7 +15,10 @@ namespace {
 class Segment {
  public:
   Segment(SegmentFn fn, std::vector<Tensor> inputs)
-      : fn_(std::move(fn)), inputs_(std::move(inputs)), rng_(default_generator().state()) {}
+      : fn_(std::move(fn)),
+        inputs_(std::move(inputs)),
+        rng_(default_generator().state()),
+        autocast_(amp::autocast_state()) {}
 
   // Packing in the first run: a number instead of the tensor.
   size_t pack() { return count_++; }
@@ -34,6 +38,8 @@ class Segment {
     {
       // Backward runs with recording off; the segment must record again for its ops to save their tensors.
       EnableGradGuard grad_on;
+      // Backward runs without autocast; the segment must cast as it did when it first ran.
+      amp::Autocast autocast(autocast_);
       memory::Tag tag("recompute");
       SavedTensorHooks collect(
           [this](const Tensor& t) -> std::any {
@@ -55,6 +61,7 @@ class Segment {
   SegmentFn fn_;
   std::vector<Tensor> inputs_;
   Generator::State rng_;
+  amp::AutocastState autocast_;
   size_t count_ = 0;
   std::vector<Tensor> saved_;
 };

@@ -7,9 +7,10 @@
 // (parameters used inside get gradients even when no input requires grad), but a SavedTensorHooks pair
 // replaces every tensor the segment would save by a number. The first time backward unpacks one of them, the
 // segment runs again from its inputs with the RNG state of the first run (so dropout draws the same masks)
-// and hands out the tensors it saves this time, in the same order. The gradients then flow through the first
-// run's nodes: same kernels, same inputs, so they are bit-identical to a run without recompute. Each
-// recomputed tensor is handed out once, so the segment's memory falls again as backward leaves it.
+// and its autocast state (so it casts as it did; amp/autocast.h), and hands out the tensors it saves this
+// time, in the same order. The gradients then flow through the first run's nodes: same kernels, same inputs,
+// so they are bit-identical to a run without recompute. Each recomputed tensor is handed out once, so the
+// segment's memory falls again as backward leaves it.
 #pragma once
 
 #include <functional>

@@ -25,6 +25,9 @@ void check_scores(const Tensor& scores, const char* op) {
 }
 }  // namespace
 
+// Under autocast it takes and returns its input's dtype (the widest-input rule): the kernel computes in f32
+// already, and the probabilities stay in the low dtype for the product with v (Note [autocast policy],
+// amp/autocast.h).
 Tensor attention_scores_softmax(const Tensor& scores, double scale, bool causal) {
   const char* op = "attention_scores_softmax";
   check_scores(scores, op);

@@ -3,6 +3,7 @@
 // nn/functional_losses.cpp.
 #include "nn/functional.h"
 
+#include "autograd/autocast_casts.h"
 #include "autograd/sparse.h"
 
 namespace frugal::nn::functional {
@@ -13,8 +14,12 @@ bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
 Tensor compute_dtype(const Tensor& x) { return is_half(x.dtype()) ? x.to(DType::F32) : x; }
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  FRUGAL_CHECK(x.defined() && weight.defined(), "linear: the input or the weight is undefined");
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  FRUGAL_CHECK(x_in.defined() && weight_in.defined(), "linear: the input or the weight is undefined");
+  // Under autocast, all three in its dtype, cast before the weight is transposed so that the weight's cast is
+  // the cached one (Note [autocast policy], amp/autocast.h).
+  const Tensor x = autograd::autocast_lower(x_in), weight = autograd::autocast_lower(weight_in),
+               bias = autograd::autocast_lower(bias_in);
   FRUGAL_CHECK_SHAPE(weight.dim() == 2, "linear: the weight must be 2-D [out, in], got shape ",
                      weight.shape());
   FRUGAL_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input shape ", x.shape(),
@@ -50,9 +55,12 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   return where(ge(u, p), mul(x, 1.0 / (1.0 - p)), scalar_tensor(0, x.dtype()));
 }
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps) {
-  FRUGAL_CHECK(x.defined(), "layer_norm: the input is undefined");
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in,
+                  const Tensor& bias_in, double eps) {
+  FRUGAL_CHECK(x_in.defined(), "layer_norm: the input is undefined");
+  // In f32 under autocast, so it returns f32 (Note [autocast policy], amp/autocast.h).
+  const Tensor x = autograd::autocast_f32(x_in), weight = autograd::autocast_f32(weight_in),
+               bias = autograd::autocast_f32(bias_in);
   FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), "layer_norm: expected a floating input, got ",
                      dtype_name(x.dtype()), " (shape ", x.shape(), ")");
   const int k = normalized_shape.size();
@@ -77,9 +85,13 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return y.to(x.dtype());
 }
 
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                  const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
-  FRUGAL_CHECK(x.defined(), "batch_norm: the input is undefined");
+Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight_in, const Tensor& bias_in, bool training, double momentum,
+                  double eps) {
+  FRUGAL_CHECK(x_in.defined(), "batch_norm: the input is undefined");
+  // In f32 under autocast, so it returns f32 (Note [autocast policy], amp/autocast.h).
+  const Tensor x = autograd::autocast_f32(x_in), weight = autograd::autocast_f32(weight_in),
+               bias = autograd::autocast_f32(bias_in);
   FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), "batch_norm: expected a floating input, got ",
                      dtype_name(x.dtype()), " (shape ", x.shape(), ")");
   FRUGAL_CHECK_SHAPE(x.dim() >= 2,

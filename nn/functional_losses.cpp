@@ -2,13 +2,19 @@
 // kernels are in kernels/cpu/cross_entropy.cpp). Semantics follow PyTorch's, reductions included.
 #include <cmath>
 
+#include "autograd/autocast_casts.h"
 #include "core/op_table.h"
 #include "nn/functional.h"
 
 namespace frugal::nn::functional {
 
+using autograd::autocast_f32;
 using autograd::Grads;
 using autograd::Node;
+
+// Every loss runs in f32 under autocast (Note [autocast policy], amp/autocast.h): its f16/bf16 inputs are
+// cast up first, except the logits of the fused cross-entropy, whose kernel computes in f32 from them
+// directly.
 
 const char* reduction_name(Reduction r) {
   switch (r) {
@@ -101,6 +107,12 @@ ClassRows class_rows(const Tensor& input, const Tensor& target, int64_t ignore_i
   return r;
 }
 
+// The dtype cross_entropy returns: the logits' own, or f32 for f16/bf16 logits under autocast.
+DType loss_dtype(const Tensor& logits) {
+  const bool half = logits.dtype() == DType::F16 || logits.dtype() == DType::BF16;
+  return half && amp::is_autocast_enabled() ? DType::F32 : logits.dtype();
+}
+
 // Mean over the rows whose target is not ignore_index (nan when there are none, as in PyTorch).
 Tensor reduce_rows(const Tensor& rows, const ClassRows& r, Reduction reduction, int64_t ignore_index,
                    const char* op) {
@@ -180,11 +192,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
                label_smoothing);
   const ClassRows r = class_rows(logits, target, ignore_index, op);
   const Tensor rows = cross_entropy_rows(r.input, r.target, ignore_index, label_smoothing);
-  return reduce_rows(rows, r, reduction, ignore_index, op).to(logits.dtype());
+  return reduce_rows(rows, r, reduction, ignore_index, op).to(loss_dtype(logits));
 }
 
-Tensor cross_entropy_composite(const Tensor& logits, const Tensor& target, Reduction reduction,
+Tensor cross_entropy_composite(const Tensor& logits_in, const Tensor& target, Reduction reduction,
                                int64_t ignore_index, double label_smoothing) {
+  const Tensor logits = autocast_f32(logits_in);
   const char* op = "cross_entropy";
   FRUGAL_CHECK(label_smoothing >= 0 && label_smoothing <= 1, op, ": label_smoothing must be in [0, 1], got ",
                label_smoothing);
@@ -202,8 +215,9 @@ Tensor cross_entropy_composite(const Tensor& logits, const Tensor& target, Reduc
   return reduce_rows(rows, r, reduction, ignore_index, op).to(logits.dtype());
 }
 
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction, int64_t ignore_index) {
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, Reduction reduction, int64_t ignore_index) {
   const char* op = "nll_loss";
+  const Tensor log_probs = autocast_f32(log_probs_in);
   const ClassRows r = class_rows(log_probs, target, ignore_index, op);
   const Tensor valid = ops::ne(r.target, double(ignore_index));
   const Tensor safe = ops::where(valid, r.target, zeros_like(r.target));
@@ -212,19 +226,22 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reducti
   return reduce_rows(rows, r, reduction, ignore_index, op);
 }
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor input = autocast_f32(input_in), target = autocast_f32(target_in);
   check_same_shape(input, target, "mse_loss");
   const Tensor d = sub(input, target);
   return reduce(mul(d, d), reduction, "mse_loss");
 }
 
-Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+Tensor l1_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor input = autocast_f32(input_in), target = autocast_f32(target_in);
   check_same_shape(input, target, "l1_loss");
   return reduce(abs(sub(input, target)), reduction, "l1_loss");
 }
 
-Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction, bool log_target) {
+Tensor kl_div(const Tensor& input_in, const Tensor& target_in, Reduction reduction, bool log_target) {
   const char* op = "kl_div";
+  const Tensor input = autocast_f32(input_in), target = autocast_f32(target_in);
   check_same_shape(input, target, op);
   Tensor pointwise;
   if (log_target) {
@@ -242,9 +259,11 @@ Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction, bo
   return reduce(pointwise, reduction, op);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, Reduction reduction,
-                                        const Tensor& pos_weight) {
+Tensor binary_cross_entropy_with_logits(const Tensor& input_in, const Tensor& target_in, Reduction reduction,
+                                        const Tensor& pos_weight_in) {
   const char* op = "binary_cross_entropy_with_logits";
+  const Tensor input = autocast_f32(input_in), target = autocast_f32(target_in),
+               pos_weight = autocast_f32(pos_weight_in);
   check_same_shape(input, target, op);
   // log(1 + exp(-|x|)) + max(-x, 0) is log(1 + exp(-x)) without overflow for large |x|.
   const Tensor softplus_neg = add(log(add(exp(neg(abs(input))), 1.0)), relu(neg(input)));

@@ -1,0 +1,83 @@
+// Autocast: inside an enabled amp::Autocast guard, GEMM-like ops run in a 16-bit float dtype and numerically
+// sensitive ops in f32 (Note [autocast policy]); the state is per thread and guards nest. Not here: the casts
+// themselves, which autograd records (autograd/autocast_casts.h), and loss scaling (optim/grad_scaler.h).
+//
+//   Tensor loss;
+//   {
+//     amp::Autocast guard(DType::BF16);
+//     loss = F::cross_entropy(model->forward(x), y);  // the Linear layers in bf16, the loss in f32
+//     {
+//       amp::Autocast off(DType::BF16, /*enabled=*/false);  // f32 as usual inside
+//     }
+//   }
+//   loss.backward();  // the gradients reach the f32 parameters in f32
+//
+// Note [autocast policy]: which dtype an op runs in under an enabled guard of dtype L (f16 or bf16), as
+// PyTorch's documented autocast lists; the policy is applied at the top of each differentiable op (the
+// wrappers in autograd/ and nn::functional), with grad mode on or off alike.
+//   - L (GEMM-like): matmul (so the attention products q k^T and p v), F::linear, conv2d. Their floating
+//     inputs other than f64 are cast to L.
+//   - f32 (numerically sensitive): softmax, log_softmax, sum, mean, var, exp, log, pow, rsqrt, layer_norm,
+//     batch_norm and every loss (cross_entropy, nll_loss, mse_loss, l1_loss, kl_div,
+//     binary_cross_entropy_with_logits). Their f16/bf16 inputs are cast to f32, so they return f32.
+//   - every other op: the widest input dtype (the usual promotion; add(f32, bf16) is f32).
+// Where this differs from PyTorch: its CUDA list does not put mean, var and batch_norm in f32 (its kernels
+// accumulate those in f32 anyway; here the composite layers are built from them), and its CPU list keeps
+// softmax, log_softmax, layer_norm, sum, exp, log and pow in bf16; we follow the CUDA list, the safer one,
+// for both devices. Two fused ops that already compute in f32 internally take L inputs without a cast, with
+// the same numbers and without an f32 copy of their input: cross_entropy's fused kernel (loss rows in f32,
+// the loss returned in f32 as a loss in the f32 list must be) and attention_scores_softmax, which returns
+// its input's dtype (the widest-input rule) so that the [B, H, T, T] probabilities, the largest activation
+// of a transformer, stay in L for the product with v that follows (as PyTorch's scaled_dot_product_attention
+// is in its L list).
+// The casts are recorded by autograd, so gradients flow back through them to f32 parameters in f32. A cast of
+// a leaf that requires grad (a weight) is cached while the outermost enabled guard lives: a weight used twice
+// is cast once. Backward runs with autocast off (each rule computes in the dtypes its forward saw), and a
+// recompute segment replays its forward under the autocast state it first ran with (autograd/recompute.h).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace frugal::amp {
+
+// The autocast state of this thread.
+struct AutocastState {
+  bool enabled = false;
+  DType dtype = DType::BF16;  // f16 or bf16
+};
+AutocastState autocast_state();
+bool is_autocast_enabled();
+DType autocast_dtype();  // the dtype of the innermost guard, bf16 when there is none
+
+// Sets this thread's autocast state for its lifetime and restores the previous one after. dtype must be f16
+// or bf16; enabled=false turns autocast off inside an enabled region.
+class Autocast {
+ public:
+  explicit Autocast(DType dtype = DType::BF16, bool enabled = true);
+  explicit Autocast(const AutocastState& state) : Autocast(state.dtype, state.enabled) {}
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  AutocastState prev_;
+  bool counted_;  // this guard enabled autocast (the cache lives while such a guard does)
+};
+
+// The cache of casts of leaves that require grad, emptied when the outermost enabled guard exits (the casts
+// themselves are made by autograd/autocast_casts.cpp). slot() is the entry for (leaf, dtype), created empty.
+namespace detail {
+struct CacheEntry {
+  Tensor source;  // keeps the leaf alive, so its identity cannot be reused while cached
+  Tensor cast;
+  uint64_t version = 0;  // the leaf's storage version when cast
+  const void* storage = nullptr;
+};
+CacheEntry& cache_slot(const Tensor& leaf, DType dtype);
+}  // namespace detail
+// Casts cached on this thread now (for tests and diagnostics).
+int64_t cached_casts();
+
+}  // namespace frugal::amp
