@@ -27,6 +27,7 @@ class AdamOptionsBase : public OptimizerOptions {
   }
   double get_lr() const override { return static_cast<const Self&>(*this).lr(); }
   void set_lr(double lr) override { static_cast<Self&>(*this).lr(lr); }
+  bool get_master_weights() const override { return static_cast<const Self&>(*this).master_weights(); }
 };
 
 class AdamOptions : public AdamOptionsBase<AdamOptions> {
@@ -37,6 +38,8 @@ class AdamOptions : public AdamOptionsBase<AdamOptions> {
   FRUGAL_ARG(double, eps) = 1e-8;
   FRUGAL_ARG(double, weight_decay) = 0;
   FRUGAL_ARG(bool, amsgrad) = false;
+  // f32 copies of f16/bf16 parameters (Note [master weights], optim/optimizer.h).
+  FRUGAL_ARG(bool, master_weights) = false;
 
  public:
   std::vector<HyperParam> hyperparams() override;
@@ -51,6 +54,8 @@ class AdamWOptions : public AdamOptionsBase<AdamWOptions> {
   FRUGAL_ARG(double, eps) = 1e-8;
   FRUGAL_ARG(double, weight_decay) = 1e-2;
   FRUGAL_ARG(bool, amsgrad) = false;
+  // f32 copies of f16/bf16 parameters (Note [master weights], optim/optimizer.h).
+  FRUGAL_ARG(bool, master_weights) = false;
 
  public:
   std::vector<HyperParam> hyperparams() override;

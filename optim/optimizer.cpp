@@ -78,6 +78,10 @@ Tensor Optimizer::new_state(const Tensor& param) {
   return s;
 }
 
+bool Optimizer::uses_master(const OptimizerOptions& options, const Tensor& param) {
+  return options.get_master_weights() && (param.dtype() == DType::F16 || param.dtype() == DType::BF16);
+}
+
 void Optimizer::step() {
   NoGradGuard no_grad;
   int64_t index = 0;
@@ -118,6 +122,23 @@ void Optimizer::step() {
                      ".step: the state '", key, "' of parameter ", index, " is ", dtype_name(t.dtype()), " ",
                      t.shape(), " but the parameter is now ", dtype_name(p.dtype()), " ", p.shape(),
                      "; create the optimizer after converting the model");
+      if (uses_master(groups_[g].options(), p)) {  // Note [master weights]
+        Tensor& master = st.tensors["master"];
+        if (!master.defined()) {
+          master = new_state(p);
+          ops::copy_(master, p);
+        }
+        st.initialized = true;
+        if (sparse.defined()) {
+          SparseGrad g32 = sparse;
+          g32.values = ops::cast(sparse.values, DType::F32);
+          update_sparse(groups_[g].options(), master, g32, st);
+        } else {
+          update(groups_[g].options(), master, ops::cast(grad, DType::F32), st);
+        }
+        ops::copy_(p, master);  // rounds once; bumps the version
+        continue;
+      }
       // The kernels walk flat contiguous buffers; a strided parameter is updated through a copy.
       Tensor work = p.is_contiguous() ? p : p.contiguous();
       if (sparse.defined())
@@ -232,7 +253,9 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       ParamState& st = group_state[i];
       st.initialized = true;
       st.step = int64_t(scalar_of(it->second, step_key, name_));
-      for (const std::string& name : state_names(*opts)) {
+      std::vector<std::string> names = state_names(*opts);
+      if (uses_master(*opts, p)) names.push_back("master");
+      for (const std::string& name : names) {
         const std::string key = state_key(index, name);
         const Tensor& t = find_key(dict, key, name_);
         used.insert(key);

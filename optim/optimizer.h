@@ -1,5 +1,6 @@
 // optim::Optimizer: what SGD, Adam and AdamW share — parameter groups with their own options, per-parameter
-// state kept in arena tensors (counted under the memory tag "optimizer"), zero_grad, and state dicts.
+// state kept in arena tensors (counted under the memory tag "optimizer"), master weights, zero_grad, and
+// state dicts.
 //
 //   optim::Adam opt(model->parameters(), optim::AdamOptions(1e-3));
 //   for (...) { opt.zero_grad(); Tensor loss = ...; loss.backward(); opt.step(); }
@@ -7,6 +8,15 @@
 //   optim::SGD sgd({{body->parameters()}, {head->parameters(), optim::SGDOptions(1e-2)}},  // per-group lr
 //                  optim::SGDOptions(1e-3));
 //   optim::SGDOptions(1e-3));
+//
+// Note [master weights]: with master_weights(true) in its options, a group's f16/bf16 parameters are updated
+// through an f32 copy, the state tensor "master" (made from the parameter on its first update, counted under
+// "optimizer", saved in state dicts): each step converts the gradient to f32, updates the copy with the
+// state (f32 too), and writes the copy back rounded to the parameter. Updates far smaller than the
+// parameter's rounding step, which a 16-bit parameter would lose each time, then add up. The copy is what
+// the optimizer trusts: after changing the parameters by hand, load a matching optimizer state or make a new
+// optimizer. f32 and f64 parameters ignore the option.
+//   optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3).master_weights(true));  // bf16 model
 #pragma once
 
 #include <cstdint>
@@ -43,6 +53,8 @@ class OptimizerOptions {
   virtual std::vector<HyperParam> hyperparams() = 0;
   // Throws Error naming the first invalid value (the optimizer calls it for every group).
   virtual void validate() const = 0;
+  // Note [master weights]: keep f32 copies of the group's f16/bf16 parameters.
+  virtual bool get_master_weights() const { return false; }
 };
 
 // Parameters that share options. Without options a group takes the optimizer's defaults.
@@ -125,6 +137,8 @@ class Optimizer {
   // the memory tag "optimizer".
   static Tensor new_state(const Tensor& param);
   static DType state_dtype(DType param_dtype);
+  // True when param is updated through an f32 master copy (Note [master weights]).
+  static bool uses_master(const OptimizerOptions& options, const Tensor& param);
 
  private:
   void check_new_params(const std::vector<Tensor>& params) const;

@@ -21,9 +21,12 @@ class SGDOptions : public OptimizerOptions {
   FRUGAL_ARG(double, dampening) = 0;
   FRUGAL_ARG(bool, nesterov) = false;
   FRUGAL_ARG(double, weight_decay) = 0;
+  // f32 copies of f16/bf16 parameters (Note [master weights], optim/optimizer.h).
+  FRUGAL_ARG(bool, master_weights) = false;
 
  public:
   std::unique_ptr<OptimizerOptions> clone() const override { return std::make_unique<SGDOptions>(*this); }
+  bool get_master_weights() const override { return master_weights_; }
   double get_lr() const override { return lr_; }
   void set_lr(double lr) override { lr_ = lr; }
   std::vector<HyperParam> hyperparams() override;

@@ -23,6 +23,8 @@ class SparseAdamOptions : public AdamOptionsBase<SparseAdamOptions> {
   FRUGAL_ARG(double, lr) = 1e-3;
   FRUGAL_ARG(Betas, betas) = std::make_pair(0.9, 0.999);
   FRUGAL_ARG(double, eps) = 1e-8;
+  // f32 copies of f16/bf16 parameters (Note [master weights], optim/optimizer.h).
+  FRUGAL_ARG(bool, master_weights) = false;
 
  public:
   std::vector<HyperParam> hyperparams() override;
