@@ -37,6 +37,7 @@
 #include "nn/module.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"

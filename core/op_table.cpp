@@ -39,6 +39,7 @@ constinit OpTable<PoolKernel> op_avg_pool2d{"avg_pool2d"};
 constinit OpTable<PoolKernel> op_avg_pool2d_backward{"avg_pool2d_backward"};
 constinit OpTable<AttentionSoftmaxKernel> op_attention_softmax{"attention_scores_softmax"};
 constinit OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward{"attention_scores_softmax_backward"};
+constinit OpTable<UnscaleKernel> op_non_finite_check_and_unscale{"non_finite_check_and_unscale"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

@@ -278,4 +278,17 @@ using AttentionSoftmaxKernel = void(const AttentionSoftmaxArgs& args);
 extern OpTable<AttentionSoftmaxKernel> op_attention_softmax;
 extern OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward;
 
+// Loss scaling (optim/grad_scaler.h): one pass over a contiguous gradient of n elements, keyed by its dtype.
+//   found_inf = true when some element is inf or nan (never set back to false);
+//   grad[i] *= inv_scale, in f32 for f16/bf16 (as PyTorch's _amp_foreach_non_finite_check_and_unscale_;
+//   skipped when inv_scale is 1, which makes the pass a check only)
+struct UnscaleArgs {
+  void* grad = nullptr;
+  int64_t n = 0;
+  float inv_scale = 1;
+  bool* found_inf = nullptr;
+};
+using UnscaleKernel = void(const UnscaleArgs& args);
+extern OpTable<UnscaleKernel> op_non_finite_check_and_unscale;
+
 }  // namespace frugal
