@@ -9,6 +9,7 @@
 #include "nn/attention.h"
 #include "nn/gpt.h"
 #include "tests/autograd/gradcheck_helpers.h"
+#include "tests/nn/gpt_fixture.h"
 
 namespace frugal::testing {
 namespace {
@@ -117,7 +118,7 @@ TEST(GPT, TrainingStepLowersTheLoss) {
 }
 
 // Losses of the first AdamW steps match PyTorch's on the same weights and batch (tests/fixtures/
-// gen_gpt_golden.py documents the weights and data).
+// gen_gpt_golden.py documents the weights and data; tests/nn/gpt_fixture.h fills the weights).
 TEST(GPT, GoldenLossesMatchPyTorch) {
   std::ifstream in(std::string(FRUGAL_FIXTURES_DIR) + "/gpt_golden.json");
   ASSERT_TRUE(in) << "missing tests/fixtures/gpt_golden.json";
@@ -128,25 +129,8 @@ TEST(GPT, GoldenLossesMatchPyTorch) {
                             .n_layers = c["n_layers"],
                             .n_heads = c["n_heads"],
                             .context = c["context"]});
-  const auto names = golden["params"].get<std::vector<std::string>>();
-  const auto params = gpt.named_parameters();
-  ASSERT_EQ(names.size(), params.size());
-  for (size_t s = 0; s < names.size(); ++s) {
-    const auto it =
-        std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == names[s]; });
-    ASSERT_NE(it, params.end()) << "no parameter " << names[s];
-    Tensor p = it->second;
-    std::vector<double> w(size_t(p.numel()));
-    const double fan_in = double(p.size(-1));
-    const bool layer_norm_weight = names[s].find("ln") != std::string::npos && names[s].ends_with("weight");
-    for (size_t i = 0; i < w.size(); ++i) {
-      const double u =
-          double((uint64_t(i) * 2654435761ull + uint64_t(s) * 40503ull) % (1ull << 32)) / 4294967296.0;
-      w[i] = double(float((2 * u - 1) / std::sqrt(fan_in))) + (layer_norm_weight ? 1 : 0);
-    }
-    NoGradGuard no_grad;
-    ops::copy_(p, tensor(w, p.shape()));
-  }
+  fill_gpt_hashed(gpt, golden["params"].get<std::vector<std::string>>());
+  if (HasFatalFailure()) return;
   const int64_t b = c["batch"], t = c["context"], v = c["vocab"];
   std::vector<int64_t> tok(size_t(b * t)), tgt(size_t(b * t));
   for (int64_t i = 0; i < b * t; ++i) tok[size_t(i)] = (i * 7 + 3) % v, tgt[size_t(i)] = (i * 5 + 1) % v;

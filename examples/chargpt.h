@@ -1,0 +1,172 @@
+// The character-level GPT trainer's parts (workload W3 of shared/WORKLOADS.md): the model and its optimizers,
+// one training step with gradient accumulation, the validation loss and checkpoints, shared by
+// examples/train_chargpt.cpp and its tests. Uses the public header only.
+//
+//   chargpt::Trainer t(chargpt::Options{}, train.vocab_size());
+//   for (int64_t s = 0; s < opts.steps; ++s) double loss = t.train_step(train);
+//   t.save("gpt.safetensors");  // weights; the optimizers, step and batch generator in gpt.safetensors.state
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "examples/common.h"
+#include "frugal.h"
+
+namespace chargpt {
+
+using namespace frugal;
+
+struct Options {
+  int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 32, steps = 500;
+  int accum = 1;  // micro-batches per step
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  bool recompute = false;          // each block a recompute segment
+  bool sparse_embeddings = false;  // SparseAdam for the token embedding, AdamW for the rest
+};
+
+// Mean cross-entropy of next-byte prediction, for logits [B, T, V] and targets [B, T].
+inline Tensor lm_loss(const Tensor& logits, const Tensor& target) {
+  return nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+}
+
+// The model, AdamW for every parameter (or SparseAdam for the token embedding), cosine schedules over
+// opts.steps down to lr / 10, and the generator the training windows are drawn from. Not copyable: the
+// schedules refer to the optimizers.
+class Trainer {
+ public:
+  Trainer(const Options& opts, int64_t vocab) : opts_(opts), batches_(opts.seed + 1) {
+    FRUGAL_CHECK(opts.batch % opts.accum == 0, "--batch ", opts.batch, " must be a multiple of --accum ",
+                 opts.accum);
+    manual_seed(opts.seed);
+    nn::GPTConfig cfg;
+    cfg.vocab = vocab;
+    cfg.d_model = opts.width;
+    cfg.n_layers = opts.layers;
+    cfg.n_heads = opts.heads;
+    cfg.context = opts.context;
+    cfg.sparse_embeddings = opts.sparse_embeddings;
+    {
+      memory::Tag tag("parameters");
+      model = std::make_shared<nn::GPT>(cfg);
+    }
+    model->recompute(opts.recompute);
+    std::vector<Tensor> dense, sparse;
+    for (auto& [name, p] : model->named_parameters())
+      (opts.sparse_embeddings && name == "tok_emb.weight" ? sparse : dense).push_back(p);
+    adamw = std::make_unique<optim::AdamW>(dense, optim::AdamWOptions(opts.lr));
+    schedules_.push_back(std::make_unique<optim::CosineAnnealingLR>(*adamw, opts.steps, opts.lr * 0.1));
+    if (!sparse.empty()) {
+      sparse_adam = std::make_unique<optim::SparseAdam>(sparse, optim::SparseAdamOptions(opts.lr));
+      schedules_.push_back(
+          std::make_unique<optim::CosineAnnealingLR>(*sparse_adam, opts.steps, opts.lr * 0.1));
+    }
+  }
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // One optimizer step over opts.batch windows of `train`, drawn as opts.accum micro-batches. Returns the
+  // step's mean loss.
+  double train_step(const data::TextDataset& train) {
+    std::vector<data::Batch> micro;
+    for (int m = 0; m < opts_.accum; ++m)
+      micro.push_back(train.sample_batch(opts_.batch / opts_.accum, batches_));
+    return train_step(micro);
+  }
+
+  // One optimizer step over the given micro-batches (the gradient is their mean). Returns the mean loss.
+  double train_step(const std::vector<data::Batch>& micro) {
+    FRUGAL_CHECK(!micro.empty(), "train_step: no micro-batches");
+    adamw->zero_grad();
+    if (sparse_adam) sparse_adam->zero_grad();
+    double loss_sum = 0;
+    for (const data::Batch& b : micro) {
+      Tensor loss;
+      {
+        memory::Tag tag("activations");
+        loss = lm_loss(model->forward(b.input), b.target) * (1.0 / double(micro.size()));
+      }
+      memory::Tag tag("backward");
+      loss.backward();
+      loss_sum += loss.item<double>();
+    }
+    {
+      memory::Tag tag("optimizer step");
+      adamw->step();
+      if (sparse_adam) sparse_adam->step();
+    }
+    for (auto& s : schedules_) s->step();
+    ++step_;
+    return loss_sum;
+  }
+
+  int64_t step() const { return step_; }
+  const Options& options() const { return opts_; }
+
+  // The weights in `path` (safetensors); beside them in `path`.state the optimizers' state, the step and the
+  // batch generator's state, so that a resumed run draws the same windows as an uninterrupted one.
+  void save(const std::string& path) const {
+    io::save_safetensors(path, model->state_dict(), {{"model", "gpt"}});
+    StateDict st;
+    for (auto& [k, t] : adamw->state_dict()) st["adamw." + k] = t;
+    if (sparse_adam)
+      for (auto& [k, t] : sparse_adam->state_dict()) st["sparse_adam." + k] = t;
+    st["trainer.step"] = tensor<int64_t>({step_}, Shape{});
+    st["trainer.batch_seed"] = tensor<int64_t>({int64_t(batches_.state().seed)}, Shape{});
+    st["trainer.batch_offset"] = tensor<int64_t>({int64_t(batches_.state().offset)}, Shape{});
+    io::save_safetensors(path + ".state", st);
+  }
+
+  // Continues from a checkpoint written by save() with the same options.
+  void load(const std::string& path) {
+    const io::SafetensorsFile weights = io::load_safetensors(path),
+                              file = io::load_safetensors(path + ".state");
+    StateDict a, s;
+    for (auto& [k, t] : file.tensors) {
+      if (k.rfind("adamw.", 0) == 0) a[k.substr(6)] = t;
+      if (k.rfind("sparse_adam.", 0) == 0) s[k.substr(12)] = t;
+    }
+    FRUGAL_CHECK(!sparse_adam || !s.empty(), "resume: ", path,
+                 ".state has no SparseAdam state; was it saved without --sparse-embeddings?");
+    model->load_state_dict(weights.tensors);
+    adamw->load_state_dict(a);
+    if (sparse_adam) sparse_adam->load_state_dict(s);
+    auto get = [&](const char* key) {
+      auto it = file.tensors.find(key);
+      FRUGAL_CHECK(it != file.tensors.end(), "resume: ", path, ".state has no '", key, "'");
+      return it->second.item<int64_t>();
+    };
+    step_ = get("trainer.step");
+    batches_.set_state({uint64_t(get("trainer.batch_seed")), uint64_t(get("trainer.batch_offset"))});
+    for (auto& sched : schedules_) sched->step_to(step_);
+  }
+
+  std::shared_ptr<nn::GPT> model;
+  std::unique_ptr<optim::AdamW> adamw;
+  std::unique_ptr<optim::SparseAdam> sparse_adam;
+
+ private:
+  Options opts_;
+  Generator batches_;
+  std::vector<std::unique_ptr<optim::LRScheduler>> schedules_;
+  int64_t step_ = 0;
+};
+
+// Loss over a fixed set of windows of the held-out text (the same windows every time).
+inline double validation_loss(nn::GPT& model, const data::TextDataset& val, int64_t batch, int batches) {
+  InferenceMode no_record;
+  memory::Tag tag("evaluation");
+  model.eval();
+  Generator gen(1234);
+  double sum = 0;
+  for (int i = 0; i < batches; ++i) {
+    const data::Batch b = val.sample_batch(batch, gen);
+    sum += lm_loss(model.forward(b.input), b.target).item<double>();
+  }
+  model.train();
+  return sum / batches;
+}
+
+}  // namespace chargpt

@@ -1,0 +1,108 @@
+// The char-GPT trainer (examples/chargpt.h): the first 5 losses of W3 equal PyTorch's from the same weights
+// and corpus windows (golden fixture tests/fixtures/chargpt_golden.json), a resumed run continues the same
+// loss sequence bit for bit (dense and sparse embeddings), and a mismatched checkpoint is refused.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "examples/chargpt.h"
+#include "tests/nn/gpt_fixture.h"
+#include "tests/test_util.h"
+
+namespace frugal::testing {
+namespace {
+
+TEST(CharGPT, FirstFiveLossesMatchPyTorch) {
+  if (!std::filesystem::is_directory(data::kFortunesRoot))
+    GTEST_SKIP() << "the fortunes corpus is not installed (apt-get install fortunes)";
+  std::ifstream in(std::string(FRUGAL_FIXTURES_DIR) + "/chargpt_golden.json");
+  ASSERT_TRUE(in) << "missing tests/fixtures/chargpt_golden.json";
+  const auto golden = nlohmann::json::parse(in);
+  const auto& c = golden["config"];
+  chargpt::Options o;
+  o.layers = c["layers"], o.width = c["width"], o.heads = c["heads"], o.context = c["context"];
+  o.batch = c["batch"], o.lr = c["lr"], o.steps = c["steps"];
+  const data::TextDataset train(data::TextDatasetOptions().context(o.context));
+  ASSERT_EQ(train.vocab_size(), c["vocab"].get<int64_t>());
+  ASSERT_EQ(train.size(), c["windows"].get<int64_t>());
+  chargpt::Trainer trainer(o, train.vocab_size());
+  fill_gpt_hashed(*trainer.model, golden["params"].get<std::vector<std::string>>());
+  if (HasFatalFailure()) return;
+  const auto expected = golden["losses"].get<std::vector<double>>();
+  const auto starts = golden["starts"].get<std::vector<std::vector<int64_t>>>();
+  ASSERT_EQ(starts.size(), expected.size());
+  for (size_t step = 0; step < expected.size(); ++step) {
+    std::vector<int64_t> s;
+    for (int64_t b = 0; b < o.batch; ++b)
+      s.push_back(int64_t((uint64_t(step) * uint64_t(o.batch) + uint64_t(b)) * 2654435761ull + 12345ull) %
+                  train.size());
+    ASSERT_EQ(s, starts[step]) << "the window formula differs from the fixture script's";
+    const double loss = trainer.train_step({train.get_batch(s)});
+    EXPECT_NEAR(loss, expected[step], 2e-5 * expected[step]) << "step " << step;
+  }
+}
+
+class CharGPTResume : public ScratchDirTest {
+ protected:
+  // A small corpus of its own, so the test does not depend on the fortunes package.
+  std::string write_corpus() {
+    std::ofstream out(path("corpus"), std::ios::binary);
+    for (int i = 0; i < 400; ++i) out << "the quick brown fox " << i << " jumps over the lazy dog.\n";
+    return dir_.string();
+  }
+
+  // Losses of steps [from, to) of a tiny model, resuming from `resume` and saving to `save` when given.
+  std::vector<double> run(const chargpt::Options& o, int64_t from, int64_t to, const std::string& resume,
+                          const std::string& save) {
+    const data::TextDataset train(data::TextDatasetOptions().root(corpus_).context(o.context));
+    chargpt::Trainer t(o, train.vocab_size());
+    if (!resume.empty()) t.load(resume);
+    EXPECT_EQ(t.step(), from);
+    std::vector<double> losses;
+    while (t.step() < to) losses.push_back(t.train_step(train));
+    if (!save.empty()) t.save(save);
+    return losses;
+  }
+
+  void expect_resume_continues(const chargpt::Options& o) {
+    corpus_ = write_corpus();
+    const std::vector<double> straight = run(o, 0, o.steps, "", "");
+    std::vector<double> joined = run(o, 0, 3, "", path("ckpt.safetensors"));
+    const std::vector<double> rest = run(o, 3, o.steps, path("ckpt.safetensors"), "");
+    joined.insert(joined.end(), rest.begin(), rest.end());
+    EXPECT_EQ(joined, straight);  // bit for bit: weights, optimizer state, schedule and batches all resume
+    EXPECT_LT(straight.back(), straight.front());
+  }
+
+  static chargpt::Options tiny() {
+    chargpt::Options o;
+    o.layers = 1, o.width = 16, o.heads = 2, o.context = 8, o.batch = 4, o.steps = 7, o.lr = 1e-2, o.seed = 3;
+    return o;
+  }
+
+  std::string corpus_;
+};
+
+TEST_F(CharGPTResume, DenseContinuesTheSameLosses) { expect_resume_continues(tiny()); }
+
+TEST_F(CharGPTResume, SparseEmbeddingsAndAccumulationContinueTheSameLosses) {
+  chargpt::Options o = tiny();
+  o.sparse_embeddings = true;
+  o.accum = 2;
+  expect_resume_continues(o);
+}
+
+TEST_F(CharGPTResume, CheckpointWithoutSparseStateIsRefused) {
+  corpus_ = write_corpus();
+  run(tiny(), 0, 2, "", path("ckpt.safetensors"));
+  chargpt::Options o = tiny();
+  o.sparse_embeddings = true;
+  const data::TextDataset train(data::TextDatasetOptions().root(corpus_).context(o.context));
+  chargpt::Trainer t(o, train.vocab_size());
+  expect_error<Error>([&] { t.load(path("ckpt.safetensors")); }, {"no SparseAdam state"});
+}
+
+}  // namespace
+}  // namespace frugal::testing
