@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct Options {
   uint64_t seed = 0;
   bool recompute = false;          // each block a recompute segment
   bool sparse_embeddings = false;  // SparseAdam for the token embedding, AdamW for the rest
+  // Mixed precision: autocast to this dtype around the forward and the loss, and for f16 a loss scaler.
+  std::optional<DType> autocast;
+  double clip = 0;  // clip the dense gradients' norm to this (0: off)
 };
 
 // Mean cross-entropy of next-byte prediction, for logits [B, T, V] and targets [B, T].
@@ -37,7 +41,10 @@ inline Tensor lm_loss(const Tensor& logits, const Tensor& target) {
 // schedules refer to the optimizers.
 class Trainer {
  public:
-  Trainer(const Options& opts, int64_t vocab) : opts_(opts), batches_(opts.seed + 1) {
+  Trainer(const Options& opts, int64_t vocab)
+      : scaler(amp::GradScalerOptions().enabled(opts.autocast == DType::F16)),
+        opts_(opts),
+        batches_(opts.seed + 1) {
     FRUGAL_CHECK(opts.batch % opts.accum == 0, "--batch ", opts.batch, " must be a multiple of --accum ",
                  opts.accum);
     manual_seed(opts.seed);
@@ -86,16 +93,23 @@ class Trainer {
       Tensor loss;
       {
         memory::Tag tag("activations");
+        amp::Autocast autocast(opts_.autocast.value_or(DType::BF16), opts_.autocast.has_value());
         loss = lm_loss(model->forward(b.input), b.target) * (1.0 / double(micro.size()));
       }
       memory::Tag tag("backward");
-      loss.backward();
+      scaler.scale(loss).backward();  // the loss itself when the scaler is disabled (f32, bf16)
       loss_sum += loss.item<double>();
     }
     {
       memory::Tag tag("optimizer step");
-      adamw->step();
-      if (sparse_adam) sparse_adam->step();
+      if (opts_.clip > 0) {
+        scaler.unscale_(*adamw);  // clip the true gradients, not the scaled ones
+        optim::clip_grad_norm_(adamw->param_groups()[0].params, opts_.clip);
+      }
+      // A step whose f16 gradients overflowed is skipped (and the scale backs off).
+      scaler.step(*adamw);
+      if (sparse_adam) scaler.step(*sparse_adam);
+      scaler.update();
     }
     for (auto& s : schedules_) s->step();
     ++step_;
@@ -113,6 +127,7 @@ class Trainer {
     for (auto& [k, t] : adamw->state_dict()) st["adamw." + k] = t;
     if (sparse_adam)
       for (auto& [k, t] : sparse_adam->state_dict()) st["sparse_adam." + k] = t;
+    for (auto& [k, t] : scaler.state_dict()) st["scaler." + k] = t;  // nothing when disabled
     st["trainer.step"] = tensor<int64_t>({step_}, Shape{});
     st["trainer.batch_seed"] = tensor<int64_t>({int64_t(batches_.state().seed)}, Shape{});
     st["trainer.batch_offset"] = tensor<int64_t>({int64_t(batches_.state().offset)}, Shape{});
@@ -123,16 +138,18 @@ class Trainer {
   void load(const std::string& path) {
     const io::SafetensorsFile weights = io::load_safetensors(path),
                               file = io::load_safetensors(path + ".state");
-    StateDict a, s;
+    StateDict a, s, sc;
     for (auto& [k, t] : file.tensors) {
       if (k.rfind("adamw.", 0) == 0) a[k.substr(6)] = t;
       if (k.rfind("sparse_adam.", 0) == 0) s[k.substr(12)] = t;
+      if (k.rfind("scaler.", 0) == 0) sc[k.substr(7)] = t;
     }
     FRUGAL_CHECK(!sparse_adam || !s.empty(), "resume: ", path,
                  ".state has no SparseAdam state; was it saved without --sparse-embeddings?");
     model->load_state_dict(weights.tensors);
     adamw->load_state_dict(a);
     if (sparse_adam) sparse_adam->load_state_dict(s);
+    scaler.load_state_dict(sc);  // a no-op when disabled
     auto get = [&](const char* key) {
       auto it = file.tensors.find(key);
       FRUGAL_CHECK(it != file.tensors.end(), "resume: ", path, ".state has no '", key, "'");
@@ -146,6 +163,7 @@ class Trainer {
   std::shared_ptr<nn::GPT> model;
   std::unique_ptr<optim::AdamW> adamw;
   std::unique_ptr<optim::SparseAdam> sparse_adam;
+  amp::GradScaler scaler;  // enabled for f16 autocast only
 
  private:
   Options opts_;
@@ -154,10 +172,13 @@ class Trainer {
   int64_t step_ = 0;
 };
 
-// Loss over a fixed set of windows of the held-out text (the same windows every time).
-inline double validation_loss(nn::GPT& model, const data::TextDataset& val, int64_t batch, int batches) {
+// Loss over a fixed set of windows of the held-out text (the same windows every time), under autocast to
+// `autocast` if given.
+inline double validation_loss(nn::GPT& model, const data::TextDataset& val, int64_t batch, int batches,
+                              std::optional<DType> autocast = {}) {
   InferenceMode no_record;
   memory::Tag tag("evaluation");
+  amp::Autocast guard(autocast.value_or(DType::BF16), autocast.has_value());
   model.eval();
   Generator gen(1234);
   double sum = 0;

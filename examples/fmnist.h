@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,22 @@ inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& kind,
   throw Error("unknown optimizer '" + kind + "'; valid: sgd, adam, adamw");
 }
 
+// Mixed precision of a run (--amp): autocast to `autocast` around the forward and the loss (none: f32), and
+// for f16 a loss scaler (bf16 has f32's range and needs none; a disabled scaler is a no-op).
+struct Precision {
+  std::optional<DType> autocast;
+  amp::GradScaler scaler;
+  explicit Precision(std::optional<DType> dtype = std::nullopt)
+      : autocast(dtype), scaler(amp::GradScalerOptions().enabled(dtype == DType::F16)) {}
+};
+// "f32" (off), "bf16" or "f16", as --amp takes it.
+inline std::optional<DType> parse_amp(const std::string& s) {
+  if (s.empty() || s == "f32" || s == "off") return std::nullopt;
+  if (s == "bf16") return DType::BF16;
+  if (s == "f16") return DType::F16;
+  throw Error("--amp: unknown precision '" + s + "'; valid: bf16, f16, f32 (off)");
+}
+
 // Forward and backward of one micro-batch, its loss scaled by `scale` (1 / micro-batches per step, so that
 // the accumulated gradient is the mean over the whole batch). Returns the scaled loss and the correct
 // predictions.
@@ -61,27 +78,35 @@ struct StepResult {
   double loss = 0;
   int64_t correct = 0;
 };
-inline StepResult forward_backward(nn::Module& model, const data::Batch& batch, double scale) {
+inline StepResult forward_backward(nn::Module& model, const data::Batch& batch, double scale,
+                                   Precision* precision = nullptr) {
   StepResult r;
   Tensor loss;
   {
     memory::Tag tag("activations");
+    const bool on = precision && precision->autocast;
+    amp::Autocast autocast(on ? *precision->autocast : DType::BF16, on);
     const Tensor logits = model.forward(batch.input);
     loss = nn::functional::cross_entropy(logits, batch.target) * scale;
     r.correct = ops::sum(ops::eq(ops::argmax(logits.detach(), 1), batch.target)).item<int64_t>();
   }
   memory::Tag tag("backward");
-  loss.backward();
+  if (precision)
+    precision->scaler.scale(loss).backward();
+  else
+    loss.backward();
   r.loss = loss.item<double>();
   return r;
 }
 
 // One epoch (or its first max_steps optimizer steps, when > 0). The loader yields micro-batches; every
 // `accum` of them make one step (gradient accumulation: the batch never has to fit in memory at once, not
-// even as data). Calls on_step(step, samples, result) after each step and returns the step losses.
+// even as data). Calls on_step(step, samples, result) after each step and returns the step losses. With a
+// precision, the forward runs under its autocast and the steps go through its scaler.
 inline std::vector<double> train_epoch(
     nn::Module& model, optim::Optimizer& opt, data::DataLoader& loader, int64_t epoch, int64_t max_steps,
-    int accum, const std::function<void(int64_t, int64_t, const StepResult&)>& on_step = {}) {
+    int accum, const std::function<void(int64_t, int64_t, const StepResult&)>& on_step = {},
+    Precision* precision = nullptr) {
   FRUGAL_CHECK(accum >= 1, "train_epoch: accum must be at least 1, got ", accum);
   model.train();
   std::vector<double> losses;
@@ -94,24 +119,31 @@ inline std::vector<double> train_epoch(
     for (; micro < accum; ++micro) {
       std::optional<data::Batch> b = loader.next();
       if (!b) break;
-      const StepResult r = forward_backward(model, *b, 1.0 / accum);
+      const StepResult r = forward_backward(model, *b, 1.0 / accum, precision);
       step.loss += r.loss;
       step.correct += r.correct;
       samples += b->target.numel();
     }
     if (micro < accum) break;  // the epoch ended inside a step: drop the partial step, as drop_last does
     memory::Tag tag("optimizer step");
-    opt.step();
+    if (precision) {
+      precision->scaler.step(opt);  // skipped when an f16 gradient overflowed
+      precision->scaler.update();
+    } else {
+      opt.step();
+    }
     losses.push_back(step.loss);
     if (on_step) on_step(int64_t(losses.size()), samples, step);
   }
   return losses;
 }
 
-// Test-set accuracy, without recording and with the model in eval mode.
-inline double evaluate(nn::Module& model, data::DataLoader& loader) {
+// Test-set accuracy, without recording and with the model in eval mode (under autocast to `autocast`, if
+// given).
+inline double evaluate(nn::Module& model, data::DataLoader& loader, std::optional<DType> autocast = {}) {
   InferenceMode no_record;
   memory::Tag tag("evaluation");
+  amp::Autocast guard(autocast.value_or(DType::BF16), autocast.has_value());
   const bool was_training = model.is_training();
   model.eval();
   int64_t correct = 0, total = 0;
@@ -130,24 +162,32 @@ struct TrainingState {
   int64_t epoch = 0;  // epochs completed
   Generator::State rng;
 };
+// A loss scaler's state goes beside the optimizer's (when it is enabled).
 inline void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
-                            const TrainingState& st, const std::string& model_name) {
+                            const TrainingState& st, const std::string& model_name,
+                            const amp::GradScaler* scaler = nullptr) {
   io::save_safetensors(path, model.state_dict(), {{"model", model_name}, {"format", "frugal"}});
   StateDict state;
   for (auto& [k, t] : opt.state_dict()) state["optimizer." + k] = t;
+  if (scaler)
+    for (auto& [k, t] : scaler->state_dict()) state["scaler." + k] = t;
   state["trainer.epoch"] = tensor<int64_t>({st.epoch}, Shape{});
   state["trainer.rng_seed"] = tensor<int64_t>({int64_t(st.rng.seed)}, Shape{});
   state["trainer.rng_offset"] = tensor<int64_t>({int64_t(st.rng.offset)}, Shape{});
   io::save_safetensors(path + ".state", state, {{"optimizer", opt.name()}, {"model", model_name}});
 }
 
-inline TrainingState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt) {
+inline TrainingState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,
+                                     amp::GradScaler* scaler = nullptr) {
   model.load_state_dict(io::load_safetensors(path).tensors);
   const io::SafetensorsFile file = io::load_safetensors(path + ".state");
-  StateDict opt_state;
-  for (auto& [k, t] : file.tensors)
+  StateDict opt_state, scaler_state;
+  for (auto& [k, t] : file.tensors) {
     if (k.rfind("optimizer.", 0) == 0) opt_state[k.substr(10)] = t;
+    if (k.rfind("scaler.", 0) == 0) scaler_state[k.substr(7)] = t;
+  }
   opt.load_state_dict(opt_state);
+  if (scaler) scaler->load_state_dict(scaler_state);
   auto get = [&](const char* key) {
     auto it = file.tensors.find(key);
     FRUGAL_CHECK(it != file.tensors.end(), "resume: ", path, ".state has no '", key, "'");

@@ -4,6 +4,7 @@
 //
 //   build/examples/train_chargpt --steps 2000
 //   build/examples/train_chargpt --steps 200 --recompute --sparse-embeddings
+//   build/examples/train_chargpt --steps 200 --amp bf16
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -21,7 +22,7 @@ int main(int argc, char** argv) {
   int64_t eval_every = 100, sample_bytes = 200, top_k = 20;
   int threads = 0;
   double temperature = 0.8;
-  std::string memory_limit, save, resume, data_dir = data::kFortunesRoot;
+  std::string memory_limit, save, resume, data_dir = data::kFortunesRoot, amp_name = "f32";
   app.add_option("--layers", o.layers, "transformer blocks")->check(CLI::PositiveNumber);
   app.add_option("--width", o.width, "model width d")->check(CLI::PositiveNumber);
   app.add_option("--heads", o.heads, "attention heads (must divide the width)")->check(CLI::PositiveNumber);
@@ -34,6 +35,10 @@ int main(int argc, char** argv) {
   app.add_flag("--recompute", o.recompute, "run each block as a recompute segment (less activation memory)");
   app.add_flag("--sparse-embeddings", o.sparse_embeddings,
                "sparse gradients for the token embedding, updated by SparseAdam (AdamW for the rest)");
+  app.add_option("--amp", amp_name,
+                 "mixed precision: bf16 or f16 autocast (f16 with a loss scaler), or f32 (off)")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  app.add_option("--clip", o.clip, "clip the gradient norm to this (0: off)")->check(CLI::NonNegativeNumber);
   app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M: beyond it, OutOfMemoryError");
   app.add_option("--save", save,
                  "write the weights here (and the training state to <path>.state) at the end");
@@ -50,6 +55,8 @@ int main(int argc, char** argv) {
   try {
     if (threads > 0) set_num_threads(threads);
     if (!memory_limit.empty()) memory::set_memory_limit(kCPU, examples::parse_bytes(memory_limit));
+    if (amp_name == "bf16") o.autocast = DType::BF16;
+    if (amp_name == "f16") o.autocast = DType::F16;
     std::unique_ptr<data::TextDataset> train, val;
     {
       memory::Tag tag("dataset");
@@ -66,12 +73,13 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "frugal: training a GPT (%lld layers, width %lld, %lld heads, context %lld, vocab %lld; %lld "
-        "parameters, %s), batch %lld, accum %d%s%s, %d threads\n",
+        "parameters, %s), batch %lld, accum %d%s%s, %s%s, %d threads\n",
         static_cast<long long>(o.layers), static_cast<long long>(o.width), static_cast<long long>(o.heads),
         static_cast<long long>(o.context), static_cast<long long>(train->vocab_size()),
         static_cast<long long>(model.num_parameters()), memory::format_bytes(model.parameter_bytes()).c_str(),
         static_cast<long long>(o.batch), o.accum, o.recompute ? ", recompute" : "",
-        o.sparse_embeddings ? ", sparse embeddings" : "", num_threads());
+        o.sparse_embeddings ? ", sparse embeddings" : "", o.autocast ? "autocast " : "",
+        o.autocast ? dtype_name(*o.autocast) : "f32", num_threads());
 
     const bool tty = isatty(STDOUT_FILENO);
     const auto t0 = std::chrono::steady_clock::now();
@@ -93,7 +101,7 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
       if ((step + 1) % eval_every == 0 || step + 1 == o.steps) {
-        const double v = chargpt::validation_loss(model, *val, o.batch, 8);
+        const double v = chargpt::validation_loss(model, *val, o.batch, 8, o.autocast);
         std::printf("%sstep %lld: train loss %.4f, validation loss %.4f, %.0f tokens/s\n", tty ? "\r" : "",
                     static_cast<long long>(step + 1), loss_avg, v, tok_s);
       }

@@ -3,6 +3,7 @@
 //
 //   build/examples/train_fmnist --model mlp --epochs 5
 //   build/examples/train_fmnist --batch 4096 --memory-limit 96M --accum 8   # fits where --accum 1 does not
+//   build/examples/train_fmnist --amp bf16                                    # mixed precision
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
   double lr = 1e-3;
   uint64_t seed = 0;
   bool recompute = false;
-  std::string schedule = "cosine";
+  std::string schedule = "cosine", amp_name = "f32";
   app.add_option("--model", model_name, "mlp (W1) or cnn (W2)")->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--epochs", epochs, "epochs to train")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "batch size (default: 128 for mlp, 64 for cnn)");
@@ -71,6 +72,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cosine", "none"}));
   app.add_option("--accum", accum, "micro-batches per step (gradient accumulation)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--amp", amp_name,
+                 "mixed precision: bf16 or f16 autocast (f16 with a loss scaler), or f32 (off)")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
   app.add_flag("--recompute", recompute, "recompute activations in backward instead of keeping them");
   app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M or 1G: beyond it, OutOfMemoryError");
   app.add_option("--save", save,
@@ -108,16 +112,18 @@ int main(int argc, char** argv) {
     }
     if (recompute) model->recompute_every(2);
     auto opt = fmnist::make_optimizer(optimizer, model->parameters(), lr);
+    fmnist::Precision precision(fmnist::parse_amp(amp_name));
     std::printf(
         "frugal: training %s (%lld parameters, %s) on Fashion-MNIST, batch %lld, %s lr %g, accum %d%s, "
-        "%d threads\n",
+        "%s%s, %d threads\n",
         model_name.c_str(), static_cast<long long>(model->num_parameters()),
         memory::format_bytes(model->parameter_bytes()).c_str(), static_cast<long long>(batch),
-        optimizer.c_str(), lr, accum, recompute ? ", recompute" : "", num_threads());
+        optimizer.c_str(), lr, accum, recompute ? ", recompute" : "", precision.autocast ? "autocast " : "",
+        precision.autocast ? dtype_name(*precision.autocast) : "f32", num_threads());
 
     fmnist::TrainingState st;
     if (!resume.empty()) {
-      st = fmnist::load_checkpoint(resume, *model, *opt);
+      st = fmnist::load_checkpoint(resume, *model, *opt, &precision.scaler);
       default_generator().set_state(st.rng);
       std::printf("resumed from %s after epoch %lld\n", resume.c_str(), static_cast<long long>(st.epoch));
     }
@@ -148,17 +154,18 @@ int main(int argc, char** argv) {
             if (sched) sched->step();
             const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             bar.update(step, loss_sum / double(step), double(correct) / double(seen), double(seen) / secs);
-          });
+          },
+          &precision);
       const int64_t step = int64_t(losses.size());
       bar.finish();
-      accuracy = fmnist::evaluate(*model, test);
+      accuracy = fmnist::evaluate(*model, test, precision.autocast);
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf("epoch %lld: train loss %.4f, train accuracy %.4f, test accuracy %.4f (%.1f s)\n",
                   static_cast<long long>(epoch + 1), loss_sum / double(std::max<int64_t>(step, 1)),
                   double(correct) / double(std::max<int64_t>(seen, 1)), accuracy, secs);
       st.epoch = epoch + 1;
       st.rng = default_generator().state();
-      if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, model_name);
+      if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, model_name, &precision.scaler);
     }
     std::printf("\n%s", fmnist::memory_report().c_str());
     std::printf("test_accuracy=%.4f\n", accuracy);

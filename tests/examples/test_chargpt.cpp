@@ -94,6 +94,32 @@ TEST_F(CharGPTResume, SparseEmbeddingsAndAccumulationContinueTheSameLosses) {
   expect_resume_continues(o);
 }
 
+// --amp f16 with clipping: the loss scaler's state goes into the checkpoint and the run resumes bit for bit.
+TEST_F(CharGPTResume, F16AutocastWithClippingContinuesTheSameLosses) {
+  chargpt::Options o = tiny();
+  o.autocast = DType::F16;
+  o.clip = 0.5;
+  expect_resume_continues(o);
+  const auto st = io::load_safetensors(path("ckpt.safetensors") + ".state");
+  ASSERT_TRUE(st.tensors.count("scaler.scale"));
+  EXPECT_EQ(st.tensors.at("scaler._growth_tracker").item<int64_t>(), 3);
+}
+
+// bf16 and f16 autocast follow the f32 losses of the same tiny run.
+TEST_F(CharGPTResume, AutocastFollowsF32) {
+  corpus_ = write_corpus();
+  chargpt::Options o = tiny();
+  const std::vector<double> f32 = run(o, 0, o.steps, "", "");
+  for (DType dt : {DType::BF16, DType::F16}) {
+    o.autocast = dt;
+    const std::vector<double> low = run(o, 0, o.steps, "", "");
+    ASSERT_EQ(low.size(), f32.size());
+    for (size_t i = 0; i < f32.size(); ++i)
+      EXPECT_NEAR(low[i], f32[i], (dt == DType::BF16 ? 0.03 : 0.01) * f32[i])
+          << dtype_name(dt) << " step " << i;
+  }
+}
+
 TEST_F(CharGPTResume, CheckpointWithoutSparseStateIsRefused) {
   corpus_ = write_corpus();
   run(tiny(), 0, 2, "", path("ckpt.safetensors"));

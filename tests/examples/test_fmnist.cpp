@@ -94,6 +94,41 @@ TEST(Fmnist, ResumedRunContinuesTheSameLosses) {
   std::filesystem::remove(path + ".state");
 }
 
+// --amp: the first 20 losses of W1 (same weights, same batches) under bf16 and f16 autocast stay near f32's,
+// and the f16 run goes through its loss scaler.
+TEST(Fmnist, AutocastFollowsF32) {
+  if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  auto train = std::make_shared<data::FashionMNIST>();
+  struct Run {
+    std::vector<double> losses;
+    bool scaled = false;
+    int64_t clean_steps = 0;
+  };
+  auto run = [&](std::optional<DType> amp) {
+    manual_seed(9);
+    auto model = fmnist::make_mlp();
+    auto opt = fmnist::make_optimizer("adam", model->parameters(), 1e-3);
+    data::DataLoader loader(train, data::DataLoaderOptions().batch_size(128).shuffle(true).seed(4));
+    fmnist::Precision precision(amp);
+    Run r;
+    r.losses = fmnist::train_epoch(*model, *opt, loader, 0, 20, 1, {}, &precision);
+    r.scaled = precision.scaler.is_enabled();
+    r.clean_steps = precision.scaler.growth_tracker();
+    return r;
+  };
+  const Run f32 = run(std::nullopt);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const Run low = run(dt);
+    ASSERT_EQ(low.losses.size(), f32.losses.size());
+    const double tol = dt == DType::BF16 ? 0.03 : 0.01;
+    for (size_t i = 0; i < f32.losses.size(); ++i)
+      EXPECT_NEAR(low.losses[i], f32.losses[i], tol * f32.losses[i]) << dtype_name(dt) << " step " << i;
+    EXPECT_EQ(low.scaled, dt == DType::F16);
+    EXPECT_EQ(low.clean_steps, dt == DType::F16 ? 20 : 0);  // f16: 20 clean steps, none skipped
+  }
+  EXPECT_LT(f32.losses.back(), f32.losses.front());
+}
+
 TEST(Fmnist, MemoryLimitFailsWithAdviceAndAccumulationFits) {
   if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed";
   std::shared_ptr<data::FashionMNIST> train;
