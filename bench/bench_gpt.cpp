@@ -3,7 +3,8 @@
 // median_ms, after 5 warm-up steps) and the arena's peak bytes during a step (peak_bytes: everything live,
 // parameters and optimizer state included; step_bytes: the peak above what was live before the step).
 // First it checks the fused attention op against its composite. The peer is bench/peers/torch_gpt.py
-// (bench/compare_gpt.sh alternates the two).
+// (bench/compare_gpt.sh alternates the two). BM_AmpGPTStep is W6: the same step under bf16 autocast beside
+// f32.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -84,6 +85,53 @@ void BM_GPTStep(benchmark::State& state) {
 
 BENCHMARK(BM_GPTStep)
     ->ArgName("recompute")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(25)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// W6: W3's step under bf16 autocast (Arg 1) beside W3 itself in f32 (Arg 0), in the same run: median step ms
+// and the activation bytes (what the forward and the loss leave allocated for backward: activation_bytes).
+void BM_AmpGPTStep(benchmark::State& state) {
+  const bool bf16 = state.range(0) == 1;
+  manual_seed(0);
+  nn::GPT gpt(nn::GPTConfig{.vocab = kVocab});
+  optim::AdamW opt(gpt.parameters(), optim::AdamWOptions(1e-3));
+  Generator g(2);
+  const Tensor tokens = randint(0, kVocab, {kBatch, kContext}, DType::I64, &g);
+  const Tensor targets = randint(0, kVocab, {kBatch, kContext}, DType::I64, &g);
+  double loss = 0;
+  int64_t activation_bytes = 0;
+  auto step = [&] {
+    opt.zero_grad();
+    const int64_t before = memory::stats().allocated.current;
+    Tensor l;
+    {
+      amp::Autocast autocast(DType::BF16, bf16);
+      l = F::cross_entropy(gpt.forward(tokens).view({-1, kVocab}), targets.view({-1}));
+    }
+    activation_bytes = memory::stats().allocated.current - before;
+    l.backward();
+    opt.step();
+    loss = l.item<double>();
+  };
+  for (int i = 0; i < 5; ++i) step();
+  if (!std::isfinite(loss)) return state.SkipWithError("the loss is not finite");
+  std::vector<double> ms;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  state.counters["median_ms"] = ms[ms.size() / 2];
+  state.counters["activation_bytes"] = double(activation_bytes);
+  state.counters["loss"] = loss;
+}
+
+BENCHMARK(BM_AmpGPTStep)
+    ->ArgName("bf16")
     ->Arg(0)
     ->Arg(1)
     ->Iterations(25)
