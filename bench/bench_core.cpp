@@ -1,5 +1,6 @@
-// Core kernels: f32 GEMM 1024^3 (workload W5) through the registered kernel (oneDNN) and Eigen's GEMM, and an
-// elementwise add over 16M floats. Each benchmark first checks its result against a naive reference.
+// Core kernels: GEMM 1024^3 (workload W5) in f32 through the registered kernel (oneDNN) and Eigen's GEMM, and
+// in bf16 and f16 through theirs; an elementwise add over 16M floats. Each benchmark first checks its result
+// against a naive reference.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -11,9 +12,12 @@ namespace {
 
 using namespace frugal;
 
-// Checks 256 entries of c = a @ b (n x n) against dot products in f64; "" when all match.
-const char* check_gemm(const Tensor& a, const Tensor& b, const Tensor& c) {
-  const int64_t n = a.size(0);
+// Checks 256 entries of c = a @ b (n x n, any floating dtype) against dot products in f64 of the same values;
+// "" when all match to the result's rounding.
+const char* check_gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in) {
+  const int64_t n = a_in.size(0);
+  const Tensor a = a_in.to(DType::F32), b = b_in.to(DType::F32), c = c_in.to(DType::F32);
+  const double rtol = c_in.dtype() == DType::BF16 ? 1e-2 : c_in.dtype() == DType::F16 ? 2e-3 : 1e-3;
   const float *pa = a.data<float>(), *pb = b.data<float>(), *pc = c.data<float>();
   Generator g(7);
   const auto rows = randint(0, n, {256}, DType::I64, &g).to_vector<int64_t>();
@@ -21,7 +25,7 @@ const char* check_gemm(const Tensor& a, const Tensor& b, const Tensor& c) {
   for (size_t t = 0; t < rows.size(); ++t) {
     double s = 0;
     for (int64_t k = 0; k < n; ++k) s += double(pa[rows[t] * n + k]) * double(pb[k * n + cols[t]]);
-    if (std::fabs(s - pc[rows[t] * n + cols[t]]) > 1e-3 * (1 + std::fabs(s)))
+    if (std::fabs(s - pc[rows[t] * n + cols[t]]) > rtol * (1 + std::fabs(s)))
       return "GEMM result differs from the reference";
   }
   return "";
@@ -45,6 +49,29 @@ void BM_GemmF32(benchmark::State& state) {
   set_gemm_counters(state, n);
 }
 BENCHMARK(BM_GemmF32)->Arg(128)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// 16-bit GEMM: bf16 through oneDNN's matmul (AVX-512 BF16), f16 through f32 tiles.
+void BM_Gemm16(benchmark::State& state, DType t) {
+  const int64_t n = state.range(0);
+  const Tensor a = randn({n, n}).to(t), b = randn({n, n}).to(t);
+  Tensor c = matmul(a, b);
+  if (const char* problem = check_gemm(a, b, c); *problem) return state.SkipWithError(problem);
+  for (auto _ : state) {
+    c = matmul(a, b);
+    benchmark::DoNotOptimize(c.raw_data());
+  }
+  set_gemm_counters(state, n);
+}
+BENCHMARK_CAPTURE(BM_Gemm16, bf16, DType::BF16)
+    ->Arg(128)
+    ->Arg(1024)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gemm16, f16, DType::F16)
+    ->Arg(128)
+    ->Arg(1024)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_GemmF32Eigen(benchmark::State& state) {
   const int64_t n = state.range(0);

@@ -1,6 +1,9 @@
 // The op tables themselves, and the error for a missing kernel.
 #include "core/op_table.h"
 
+#include <algorithm>
+#include <cstring>
+#include <mutex>
 #include <string>
 
 #include "core/error.h"
@@ -39,6 +42,34 @@ constinit OpTable<PoolKernel> op_avg_pool2d{"avg_pool2d"};
 constinit OpTable<PoolKernel> op_avg_pool2d_backward{"avg_pool2d_backward"};
 constinit OpTable<AttentionSoftmaxKernel> op_attention_softmax{"attention_scores_softmax"};
 constinit OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward{"attention_scores_softmax_backward"};
+
+namespace {
+// Function-local: kernel libraries set their kernels during static initialisation, in any order.
+std::mutex& tables_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<OpTableRef>& noted_tables() {
+  static std::vector<OpTableRef> tables;
+  return tables;
+}
+}  // namespace
+
+void note_op_table(const OpTableRef& ref) {
+  std::lock_guard<std::mutex> lock(tables_mutex());
+  noted_tables().push_back(ref);
+}
+
+std::vector<OpTableRef> op_tables() {
+  std::vector<OpTableRef> tables;
+  {
+    std::lock_guard<std::mutex> lock(tables_mutex());
+    tables = noted_tables();
+  }
+  std::sort(tables.begin(), tables.end(),
+            [](const OpTableRef& a, const OpTableRef& b) { return std::strcmp(a.name, b.name) < 0; });
+  return tables;
+}
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

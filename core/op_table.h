@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -74,12 +75,30 @@ using IndexKernel = void(const IndexArgs& args);
 
 [[noreturn]] void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row);
 
+// A table seen without its kernel type, for code that sweeps every table (the dtype-coverage test).
+struct OpTableRef {
+  const char* name = nullptr;
+  const void* table = nullptr;
+  bool (*has)(const void* table, Device device, DType dtype) = nullptr;
+};
+// Every table that has had a kernel set so far (tables note themselves on their first set), by name.
+std::vector<OpTableRef> op_tables();
+void note_op_table(const OpTableRef& ref);
+
 template <typename Fn>
 class OpTable {
  public:
   explicit constexpr OpTable(const char* name) : name_(name) {}
   const char* name() const { return name_; }
-  void set(DeviceType device, DType dtype, Fn* fn) { table_[int(device)][int(dtype)] = fn; }
+  void set(DeviceType device, DType dtype, Fn* fn) {
+    if (!noted_) {
+      note_op_table({name_, this, [](const void* t, Device d, DType dt) {
+                       return static_cast<const OpTable*>(t)->has(d, dt);
+                     }});
+      noted_ = true;
+    }
+    table_[int(device)][int(dtype)] = fn;
+  }
   bool has(Device device, DType dtype) const { return table_[int(device.type)][int(dtype)] != nullptr; }
   Fn* get(Device device, DType dtype) const {
     Fn* fn = table_[int(device.type)][int(dtype)];
@@ -94,6 +113,7 @@ class OpTable {
 
  private:
   const char* name_;
+  bool noted_ = false;
   Fn* table_[kNumDeviceTypes][kNumDTypes] = {};
 };
 

@@ -1,5 +1,9 @@
 // CPU convolution kernels: f32 through oneDNN's convolution primitives when built with it, im2col + the
 // registered GEMM otherwise; f64 is the naive reference itself (kernels/cpu/reference.h), for gradcheck.
+// bf16 runs oneDNN's bf16 primitives (AVX-512 BF16, f32 accumulation, one rounding on store) where oneDNN
+// has a non-reference one for the shape; f16 (oneDNN 2.6 has no f16 convolution on this CPU), bf16 without
+// oneDNN and the shapes it declines widen the operands to f32 around the f32 kernels and round the results
+// once.
 //
 // Unlike most kernels these take working memory (im2col columns; oneDNN's reordered operands and its
 // scratchpad), and they take it from the arena as U8 tensors, so that the bytes show in the memory
@@ -13,23 +17,28 @@
 #include "core/op_table.h"
 #include "core/parallel.h"
 #include "core/tensor.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/workspace.h"
 
 #ifdef FRUGAL_HAVE_ONEDNN
 #include <array>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
-#include <dnnl.hpp>
+#include "kernels/cpu/onednn.h"
 #endif
 
 namespace frugal {
 namespace {
 
-Tensor workspace(int64_t bytes) { return empty({std::max<int64_t>(bytes, 1)}, DType::U8); }
+using cpu::workspace;
+
+enum class Direction { Forward, BackwardData, BackwardWeight };
 
 // ---- im2col + GEMM -------------------------------------------------------------------------------------
 
@@ -230,6 +239,64 @@ void conv2d_backward_weight_im2col(const ConvArgs& a) {
   }
 }
 
+// ---- 16-bit floats around the f32 kernels -----------------------------------------------------------------
+
+// Widens the inputs the direction reads to f32 (one arena buffer), runs the registered f32 kernel, and rounds
+// its outputs once into the 16-bit tensors.
+template <typename T, Direction dir>
+void conv2d_widened(const ConvArgs& a) {
+  const int64_t nx = a.n * a.c * a.h * a.w, nw = a.o * (a.c / a.groups) * a.kh * a.kw,
+                ny = a.n * a.o * a.oh * a.ow;
+  const bool fwd = dir == Direction::Forward, data = dir == Direction::BackwardData;
+  const int64_t floats = (fwd    ? nx + nw + (a.bias ? a.o : 0) + ny
+                          : data ? ny + nw + nx
+                                 : nx + ny + nw + (a.dbias ? a.o : 0));
+  Tensor buf = workspace(floats * int64_t(sizeof(float)));
+  float* next = static_cast<float*>(buf.raw_data());
+  auto widen = [&](const void* src, int64_t count) -> const void* {
+    if (!src) return nullptr;
+    float* dst = next;
+    next += count;
+    parallel_for(0, count, kGrain,
+                 [&](int64_t b, int64_t e) { cpu::to_f32(static_cast<const T*>(src) + b, dst + b, e - b); });
+    return dst;
+  };
+  auto room = [&](const void* out, int64_t count) -> float* {
+    if (!out) return nullptr;
+    float* dst = next;
+    next += count;
+    return dst;
+  };
+  auto narrow = [&](const float* src, void* out, int64_t count) {
+    if (!out) return;
+    parallel_for(0, count, kGrain,
+                 [&](int64_t b, int64_t e) { cpu::from_f32(src + b, static_cast<T*>(out) + b, e - b); });
+  };
+  ConvArgs f = a;
+  if (fwd) {
+    f.x = widen(a.x, nx);
+    f.weight = widen(a.weight, nw);
+    f.bias = widen(a.bias, a.o);
+    f.y = room(a.y, ny);
+    op_conv2d.get(kCPU, DType::F32)(f);
+    narrow(static_cast<float*>(f.y), a.y, ny);
+  } else if (data) {
+    f.dy = widen(a.dy, ny);
+    f.weight = widen(a.weight, nw);
+    f.dx = room(a.dx, nx);
+    op_conv2d_backward_data.get(kCPU, DType::F32)(f);
+    narrow(static_cast<float*>(f.dx), a.dx, nx);
+  } else {
+    f.x = widen(a.x, nx);
+    f.dy = widen(a.dy, ny);
+    f.dweight = room(a.dweight, nw);
+    f.dbias = room(a.dbias, a.o);
+    op_conv2d_backward_weight.get(kCPU, DType::F32)(f);
+    narrow(static_cast<float*>(f.dweight), a.dweight, nw);
+    narrow(static_cast<float*>(f.dbias), a.dbias, a.o);
+  }
+}
+
 // ---- oneDNN ---------------------------------------------------------------------------------------------
 #ifdef FRUGAL_HAVE_ONEDNN
 
@@ -239,8 +306,6 @@ void conv2d_backward_weight_im2col(const ConvArgs& a) {
 // conv 1->32 backward weight 0.55 vs 2.2 ms. On an oversubscribed host plain NCHW can win, as it runs one
 // parallel region per call instead of up to four.
 std::atomic<bool> g_any_layout{true};
-
-enum class Direction { Forward, BackwardData, BackwardWeight };
 
 // One oneDNN argument of a primitive: where its bytes sit in the user's NCHW tensor, the layout the primitive
 // wants, and the reorder between them when they differ.
@@ -271,31 +336,29 @@ struct ConvKeyHash {
   }
 };
 
-dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
+using cpu::onednn_engine;
+using DataType = dnnl::memory::data_type;
 
-ConvKey key_of(const ConvArgs& a, Direction dir, bool any) {
+ConvKey key_of(const ConvArgs& a, Direction dir, bool any, DataType type) {
   const bool bias = dir == Direction::Forward ? a.bias != nullptr : a.dbias != nullptr;
   return {{int64_t(dir), any, bias, a.n, a.c, a.h, a.w, a.o, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_h,
-           a.pad_w, a.dil_h, a.dil_w, a.groups, 0}};
+           a.pad_w, a.dil_h, a.dil_w, a.groups, int64_t(type)}};
 }
 
-std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, bool any) {
+// Every user tensor has the dtype `type` (f32 or bf16); oneDNN accumulates bf16 in f32.
+std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, bool any, DataType type) {
   using tag = dnnl::memory::format_tag;
-  using dt = dnnl::memory::data_type;
   using md = dnnl::memory::desc;
   const dnnl::memory::dims x_dims{a.n, a.c, a.h, a.w}, y_dims{a.n, a.o, a.oh, a.ow}, b_dims{a.o};
   const dnnl::memory::dims w_dims =
       a.groups > 1 ? dnnl::memory::dims{a.groups, a.o / a.groups, a.c / a.groups, a.kh, a.kw}
                    : dnnl::memory::dims{a.o, a.c, a.kh, a.kw};
   const tag w_tag = a.groups > 1 ? tag::goihw : tag::oihw;
-  const md x_user(x_dims, dt::f32, tag::nchw), y_user(y_dims, dt::f32, tag::nchw);
-  const md w_user(w_dims, dt::f32, w_tag), b_user(b_dims, dt::f32, tag::x);
-  const md x_want = any ? md(x_dims, dt::f32, tag::any) : x_user;
-  const md y_want = any ? md(y_dims, dt::f32, tag::any) : y_user;
-  const md w_want = any ? md(w_dims, dt::f32, tag::any) : w_user;
+  const md x_user(x_dims, type, tag::nchw), y_user(y_dims, type, tag::nchw);
+  const md w_user(w_dims, type, w_tag), b_user(b_dims, type, tag::x);
+  const md x_want = any ? md(x_dims, type, tag::any) : x_user;
+  const md y_want = any ? md(y_dims, type, tag::any) : y_user;
+  const md w_want = any ? md(w_dims, type, tag::any) : w_user;
   // oneDNN counts dilation from 0; PyTorch's right padding equals the left, and oneDNN accepts an output
   // size computed with floor division from it.
   const dnnl::memory::dims strides{a.stride_h, a.stride_w}, dilates{a.dil_h - 1, a.dil_w - 1},
@@ -303,7 +366,7 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, boo
   const auto algo = dnnl::algorithm::convolution_direct;
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  auto& eng = cpu_engine();
+  auto& eng = onednn_engine();
 
   const bool fwd_bias = dir == Direction::Forward && a.bias;
   const dnnl::convolution_forward::desc fwd_desc(dnnl::prop_kind::forward_training, algo, x_want, w_want,
@@ -323,8 +386,10 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, boo
                           : dnnl::reorder(dnnl::reorder::primitive_desc(eng, user, eng, compute));
     plan->operands.push_back(std::move(op));
   };
+  std::string impl;
   if (dir == Direction::Forward) {
     plan->primitive = dnnl::convolution_forward(fwd_pd);
+    impl = fwd_pd.impl_info_str();
     plan->scratchpad = fwd_pd.scratchpad_desc();
     add(DNNL_ARG_SRC, x_user, fwd_pd.src_desc(), false);
     add(DNNL_ARG_WEIGHTS, w_user, fwd_pd.weights_desc(), false);
@@ -335,6 +400,7 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, boo
                                                      pad);
     const dnnl::convolution_backward_data::primitive_desc pd(desc, attr, eng, fwd_pd);
     plan->primitive = dnnl::convolution_backward_data(pd);
+    impl = pd.impl_info_str();
     plan->scratchpad = pd.scratchpad_desc();
     add(DNNL_ARG_DIFF_DST, y_user, pd.diff_dst_desc(), false);
     add(DNNL_ARG_WEIGHTS, w_user, pd.weights_desc(), false);
@@ -344,31 +410,34 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, boo
                                                         strides, dilates, pad, pad);
     const dnnl::convolution_backward_weights::primitive_desc pd(desc, attr, eng, fwd_pd);
     plan->primitive = dnnl::convolution_backward_weights(pd);
+    impl = pd.impl_info_str();
     plan->scratchpad = pd.scratchpad_desc();
     add(DNNL_ARG_SRC, x_user, pd.src_desc(), false);
     add(DNNL_ARG_DIFF_DST, y_user, pd.diff_dst_desc(), false);
     add(DNNL_ARG_DIFF_WEIGHTS, w_user, pd.diff_weights_desc(), true);
     if (a.dbias) add(DNNL_ARG_DIFF_BIAS, b_user, pd.diff_bias_desc(), true);
   }
+  // oneDNN's reference convolution is far slower in bf16 than widening to f32 for the f32 primitives.
+  if (type == DataType::bf16 && impl.starts_with("ref")) return nullptr;
   return plan;
 }
 
 // Plans by shape and arguments, so a training loop creates each primitive once. Bounded: a program that
 // sweeps many shapes starts over rather than growing without end. A null plan means oneDNN declined the
-// shape (im2col runs instead).
-std::shared_ptr<const ConvPlan> plan_for(const ConvArgs& a, Direction dir) {
+// shape (im2col runs instead, or for bf16 the f32 kernels on widened operands).
+std::shared_ptr<const ConvPlan> plan_for(const ConvArgs& a, Direction dir, DataType type) {
   constexpr size_t kMaxPlans = 128;
   static std::mutex mutex;
   static std::unordered_map<ConvKey, std::shared_ptr<const ConvPlan>, ConvKeyHash> plans;
   const bool any = g_any_layout.load(std::memory_order_relaxed);
-  const ConvKey key = key_of(a, dir, any);
+  const ConvKey key = key_of(a, dir, any, type);
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto it = plans.find(key); it != plans.end()) return it->second;
   }
   std::shared_ptr<const ConvPlan> plan;
   try {
-    plan = build_plan(a, dir, any);
+    plan = build_plan(a, dir, any, type);
   } catch (const dnnl::error&) {
     plan = nullptr;
   }
@@ -404,11 +473,11 @@ const void* user_pointer(const ConvArgs& a, int arg) {
 
 // Runs the plan: reorders inputs into the primitive's layouts (arena buffers), executes, reorders outputs
 // back into the user's tensors.
-bool run_onednn(const ConvArgs& a, Direction dir) {
-  const auto plan = plan_for(a, dir);
+bool run_onednn(const ConvArgs& a, Direction dir, DataType type) {
+  const auto plan = plan_for(a, dir, type);
   if (!plan) return false;
-  auto& eng = cpu_engine();
-  thread_local dnnl::stream stream(cpu_engine());
+  auto& eng = onednn_engine();
+  auto& stream = cpu::onednn_stream();
   std::vector<Tensor> buffers;  // alive until the stream is done
   std::unordered_map<int, dnnl::memory> args;
   std::vector<std::pair<const Operand*, dnnl::memory>> outputs;  // (operand, user memory) to reorder into
@@ -437,13 +506,18 @@ bool run_onednn(const ConvArgs& a, Direction dir) {
 }
 
 void conv2d_forward_f32(const ConvArgs& a) {
-  if (!run_onednn(a, Direction::Forward)) conv2d_forward_im2col<float>(a);
+  if (!run_onednn(a, Direction::Forward, DataType::f32)) conv2d_forward_im2col<float>(a);
 }
 void conv2d_backward_data_f32(const ConvArgs& a) {
-  if (!run_onednn(a, Direction::BackwardData)) conv2d_backward_data_im2col<float>(a);
+  if (!run_onednn(a, Direction::BackwardData, DataType::f32)) conv2d_backward_data_im2col<float>(a);
 }
 void conv2d_backward_weight_f32(const ConvArgs& a) {
-  if (!run_onednn(a, Direction::BackwardWeight)) conv2d_backward_weight_im2col<float>(a);
+  if (!run_onednn(a, Direction::BackwardWeight, DataType::f32)) conv2d_backward_weight_im2col<float>(a);
+}
+
+template <Direction dir>
+void conv2d_bf16(const ConvArgs& a) {
+  if (!run_onednn(a, dir, DataType::bf16)) conv2d_widened<BFloat16, dir>(a);
 }
 #endif  // FRUGAL_HAVE_ONEDNN
 
@@ -452,11 +526,22 @@ const bool kRegistered = [] {
   op_conv2d.set(DeviceType::CPU, DType::F32, conv2d_forward_f32);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F32, conv2d_backward_data_f32);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::F32, conv2d_backward_weight_f32);
+  op_conv2d.set(DeviceType::CPU, DType::BF16, conv2d_bf16<Direction::Forward>);
+  op_conv2d_backward_data.set(DeviceType::CPU, DType::BF16, conv2d_bf16<Direction::BackwardData>);
+  op_conv2d_backward_weight.set(DeviceType::CPU, DType::BF16, conv2d_bf16<Direction::BackwardWeight>);
 #else
   op_conv2d.set(DeviceType::CPU, DType::F32, conv2d_forward_im2col<float>);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F32, conv2d_backward_data_im2col<float>);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::F32, conv2d_backward_weight_im2col<float>);
+  op_conv2d.set(DeviceType::CPU, DType::BF16, conv2d_widened<BFloat16, Direction::Forward>);
+  op_conv2d_backward_data.set(DeviceType::CPU, DType::BF16,
+                              conv2d_widened<BFloat16, Direction::BackwardData>);
+  op_conv2d_backward_weight.set(DeviceType::CPU, DType::BF16,
+                                conv2d_widened<BFloat16, Direction::BackwardWeight>);
 #endif
+  op_conv2d.set(DeviceType::CPU, DType::F16, conv2d_widened<Half, Direction::Forward>);
+  op_conv2d_backward_data.set(DeviceType::CPU, DType::F16, conv2d_widened<Half, Direction::BackwardData>);
+  op_conv2d_backward_weight.set(DeviceType::CPU, DType::F16, conv2d_widened<Half, Direction::BackwardWeight>);
   op_conv2d.set(DeviceType::CPU, DType::F64, reference::conv2d_forward<double>);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F64, reference::conv2d_backward_data<double>);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::F64, reference::conv2d_backward_weight<double>);

@@ -9,6 +9,7 @@
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include "core/op_table.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/register.h"
 
 namespace frugal {
@@ -25,8 +26,15 @@ using In = Eigen::Map<const Arr<C>>;
 
 constexpr int64_t kChunk = 256;  // elements per buffered step: a few KiB, stays in L1
 
+// f16/bf16 <-> f32 runs convert through kernels/cpu/convert.h (vectorised).
+template <typename T, typename C>
+constexpr bool kWidens = std::is_same_v<C, float> && (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>);
+
 template <typename T, typename C>
 inline void load(const char* p, int64_t stride, int64_t n, C* buf) {
+  if constexpr (kWidens<T, C>) {
+    if (stride == int64_t(sizeof(T))) return cpu::to_f32(reinterpret_cast<const T*>(p), buf, n);
+  }
   if (stride == int64_t(sizeof(T))) {
     const T* q = reinterpret_cast<const T*>(p);
     for (int64_t i = 0; i < n; ++i) buf[i] = C(q[i]);
@@ -37,6 +45,9 @@ inline void load(const char* p, int64_t stride, int64_t n, C* buf) {
 
 template <typename T, typename C>
 inline void store(char* p, int64_t stride, int64_t n, const C* buf) {
+  if constexpr (kWidens<T, C>) {
+    if (stride == int64_t(sizeof(T))) return cpu::from_f32(buf, reinterpret_cast<T*>(p), n);
+  }
   if (stride == int64_t(sizeof(T))) {
     T* q = reinterpret_cast<T*>(p);
     for (int64_t i = 0; i < n; ++i) q[i] = T(buf[i]);
@@ -201,11 +212,18 @@ void cast_cpu(const Loop& loop, const OpArgs& args) {
   visit_dtype(DType(int(args.a)), [&](auto from_tag) {
     using From = decltype(from_tag);
     for_each_run(loop, [&](char* const* p, const int64_t* s, int64_t n) {
+      const bool contiguous = s[0] == int64_t(sizeof(To)) && s[1] == int64_t(sizeof(From));
       if constexpr (std::is_same_v<To, From>) {
-        if (s[0] == int64_t(sizeof(To)) && s[1] == int64_t(sizeof(To))) {
+        if (contiguous) {
           std::memcpy(p[0], p[1], size_t(n) * sizeof(To));
           return;
         }
+      } else if constexpr (kWidens<From, To>) {
+        if (contiguous)
+          return cpu::to_f32(reinterpret_cast<const From*>(p[1]), reinterpret_cast<To*>(p[0]), n);
+      } else if constexpr (kWidens<To, From>) {
+        if (contiguous)
+          return cpu::from_f32(reinterpret_cast<const From*>(p[1]), reinterpret_cast<To*>(p[0]), n);
       }
       for (int64_t i = 0; i < n; ++i)
         *reinterpret_cast<To*>(p[0] + i * s[0]) =

@@ -1,13 +1,29 @@
-// CPU GEMM: f32 through oneDNN's dnnl_sgemm when built with it (DESIGN.md says why), Eigen's GEMM otherwise
-// and for f64. The naive reference the tests and benchmarks check against is kernels/cpu/reference.h.
+// CPU GEMM. f32: oneDNN's dnnl_sgemm when built with it (DESIGN.md says why), Eigen's GEMM otherwise; f64:
+// Eigen. bf16: oneDNN's matmul primitive (AVX-512 BF16 dot products accumulated in f32, rounded once on
+// store). f16, and bf16 without oneDNN or in a layout oneDNN declines: tiles of A and B widened to f32 and
+// multiplied by the registered f32 GEMM, C rounded once. The naive reference the tests and benchmarks check
+// against is kernels/cpu/reference.h.
 #include <Eigen/Core>
+
+#include <algorithm>
+#include <bit>
+
+#include <omp.h>
 
 #include "core/error.h"
 #include "core/op_table.h"
-#include "core/parallel.h"
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/workspace.h"
 
 #ifdef FRUGAL_HAVE_ONEDNN
+#include <array>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
 #include <dnnl.h>
+
+#include "kernels/cpu/onednn.h"
 #endif
 
 namespace frugal {
@@ -46,12 +62,220 @@ void gemm_f32_onednn(const GemmArgs& g) {
 }
 #endif
 
+// ---- 16-bit floats through f32 tiles -------------------------------------------------------------------
+
+// Each task computes one kTileM x kTileN block of C over K in steps of kTileK. Every element of A is widened
+// once per column tile of C and every element of B once per row tile, a small cost beside the 2 * kTileN
+// (or kTileM) flops it then takes part in; the three f32 tiles take at most 1.25 MiB per thread.
+constexpr int64_t kTileM = 256, kTileN = 256, kTileK = 512;
+
+// The three f32 tiles of one task, no larger than the problem needs.
+struct Tiles {
+  int64_t m, n, k;
+  explicit Tiles(const GemmArgs& g)
+      : m(std::min(kTileM, g.m)), n(std::min(kTileN, g.n)), k(std::max<int64_t>(std::min(kTileK, g.k), 1)) {}
+  int64_t floats() const { return m * k + k * n + m * n; }
+};
+
+// Widens the rows x cols block at src (element strides rs, cs) into dense f32 at dst in the same orientation,
+// so every run converted is contiguous, and gives the dense block's strides as the f32 GEMM reads them.
+template <typename T>
+void widen_block(const T* src, int64_t rows, int64_t cols, int64_t rs, int64_t cs, float* dst, int64_t& drs,
+                 int64_t& dcs) {
+  if (cs == 1) {
+    for (int64_t i = 0; i < rows; ++i) cpu::to_f32(src + i * rs, dst + i * cols, cols);
+    drs = cols;
+    dcs = 1;
+  } else if (rs == 1) {
+    for (int64_t j = 0; j < cols; ++j) cpu::to_f32(src + j * cs, dst + j * rows, rows);
+    // A single column-major row is also a row-major one, and the f32 GEMM reads unit column strides as that.
+    drs = rows == 1 ? cols : 1;
+    dcs = rows == 1 ? 1 : rows;
+  } else {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = float(src[i * rs + j * cs]);
+    drs = cols;
+    dcs = 1;
+  }
+}
+
+// C's tile (i0, j0) of batch b: the f32 products summed over K tiles in `tile`, then rounded once.
+template <typename T>
+void gemm_widened_tile(const GemmArgs& g, GemmKernel* gemm_f32, const Tiles& tiles, int64_t b, int64_t i0,
+                       int64_t j0, float* tile) {
+  const int64_t mb = std::min(kTileM, g.m - i0), nb = std::min(kTileN, g.n - j0);
+  float* ta = tile;
+  float* tb = ta + tiles.m * tiles.k;
+  float* tc = tb + tiles.k * tiles.n;
+  const T* a = static_cast<const T*>(g.a) + b * g.a_batch + i0 * g.a_row;
+  const T* bm = static_cast<const T*>(g.b) + b * g.b_batch + j0 * g.b_col;
+  T* c = static_cast<T*>(g.c) + b * g.c_batch + i0 * g.c_row + j0;
+  if (g.k == 0) std::fill_n(tc, mb * nb, 0.0f);
+  for (int64_t p0 = 0; p0 < g.k; p0 += kTileK) {
+    GemmArgs f;  // tc (+)= ta @ tb, all f32
+    f.m = mb;
+    f.n = nb;
+    f.k = std::min(kTileK, g.k - p0);
+    widen_block(a + p0 * g.a_col, mb, f.k, g.a_row, g.a_col, ta, f.a_row, f.a_col);
+    widen_block(bm + p0 * g.b_row, f.k, nb, g.b_row, g.b_col, tb, f.b_row, f.b_col);
+    f.a = ta;
+    f.b = tb;
+    f.c = tc;
+    f.c_row = nb;
+    f.beta = p0 == 0 ? 0 : 1;
+    gemm_f32(f);
+  }
+  for (int64_t i = 0; i < mb; ++i) {
+    float* acc = tc + i * nb;
+    T* out = c + i * g.c_row;
+    if (g.beta != 0)
+      for (int64_t j = 0; j < nb; ++j) acc[j] = g.alpha * acc[j] + g.beta * float(out[j]);
+    else if (g.alpha != 1)
+      for (int64_t j = 0; j < nb; ++j) acc[j] *= g.alpha;
+    cpu::from_f32(acc, out, nb);
+  }
+}
+
+template <typename T>
+void gemm_widened(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+  GemmKernel* gemm_f32 = op_gemm.get(kCPU, DType::F32);
+  const int64_t tiles_m = (g.m + kTileM - 1) / kTileM, tiles_n = (g.n + kTileN - 1) / kTileN;
+  const int64_t tasks = g.batch * tiles_m * tiles_n;
+  const Tiles tiles(g);
+  auto run = [&](int64_t task, float* tile) {
+    const int64_t b = task / (tiles_m * tiles_n), r = task % (tiles_m * tiles_n);
+    gemm_widened_tile<T>(g, gemm_f32, tiles, b, r / tiles_n * kTileM, r % tiles_n * kTileN, tile);
+  };
+  // With a task per thread or more, the tasks run in parallel, each with a single-threaded f32 GEMM (as it
+  // runs inside a parallel region); with fewer, one after another with the f32 GEMM's own threads.
+  const int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (max_threads > 1 && tasks >= max_threads) {
+    Tensor buf = cpu::workspace(max_threads * tiles.floats() * int64_t(sizeof(float)));
+#pragma omp parallel num_threads(max_threads)
+    {
+      float* tile = static_cast<float*>(buf.raw_data()) + omp_get_thread_num() * tiles.floats();
+#pragma omp for schedule(dynamic)
+      for (int64_t task = 0; task < tasks; ++task) run(task, tile);
+    }
+  } else {
+    Tensor buf = cpu::workspace(tiles.floats() * int64_t(sizeof(float)));
+    for (int64_t task = 0; task < tasks; ++task) run(task, static_cast<float*>(buf.raw_data()));
+  }
+}
+
+// ---- bf16 through oneDNN's matmul primitive -------------------------------------------------------------
+#ifdef FRUGAL_HAVE_ONEDNN
+
+struct MatmulPlan {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, c, scratchpad;
+};
+
+// Everything the primitive is specialised on: sizes, strides (transposes are strides), alpha and beta.
+struct MatmulKey {
+  std::array<int64_t, 14> v;
+  bool operator==(const MatmulKey&) const = default;
+};
+struct MatmulKeyHash {
+  size_t operator()(const MatmulKey& k) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t x : k.v) h = (h ^ size_t(x)) * 1099511628211ull;
+    return h;
+  }
+};
+
+MatmulKey key_of(const GemmArgs& g) {
+  const bool batched = g.batch > 1;
+  return {{g.batch, g.m, g.n, g.k, batched ? g.a_batch : 0, g.a_row, g.a_col, batched ? g.b_batch : 0,
+           g.b_row, g.b_col, batched ? g.c_batch : 0, g.c_row, std::bit_cast<int32_t>(g.alpha),
+           std::bit_cast<int32_t>(g.beta)}};
+}
+
+// A batch operand with batch stride 0 (one matrix for every batch entry) gets oneDNN's batch broadcast: a
+// batch dim of size 1, whose stride only has to clear the matrix.
+dnnl::memory::desc bf16_desc(const GemmArgs& g, int64_t rows, int64_t cols, int64_t batch_stride, int64_t rs,
+                             int64_t cs) {
+  using dt = dnnl::memory::data_type;
+  if (g.batch == 1) return dnnl::memory::desc({rows, cols}, dt::bf16, {rs, cs});
+  const int64_t extent = (rows - 1) * rs + (cols - 1) * cs + 1;
+  if (batch_stride == 0) return dnnl::memory::desc({1, rows, cols}, dt::bf16, {extent, rs, cs});
+  return dnnl::memory::desc({g.batch, rows, cols}, dt::bf16, {batch_stride, rs, cs});
+}
+
+std::shared_ptr<const MatmulPlan> build_plan(const GemmArgs& g) {
+  auto plan = std::make_shared<MatmulPlan>();
+  plan->a = bf16_desc(g, g.m, g.k, g.a_batch, g.a_row, g.a_col);
+  plan->b = bf16_desc(g, g.k, g.n, g.b_batch, g.b_row, g.b_col);
+  plan->c = bf16_desc(g, g.m, g.n, g.c_batch, g.c_row, 1);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (g.alpha != 1) attr.set_output_scales(0, {g.alpha});
+  if (g.beta != 0) {  // c = alpha * a @ b + beta * c, the sum read from bf16 and added in f32
+    dnnl::post_ops ops;
+    ops.append_sum(g.beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(plan->a, plan->b, plan->c), attr,
+                                        cpu::onednn_engine());
+  plan->primitive = dnnl::matmul(pd);
+  plan->scratchpad = pd.scratchpad_desc();
+  return plan;
+}
+
+// Plans by key, so a training loop creates each primitive once; bounded like the convolutions' plans. A null
+// plan means oneDNN declined the layout (overlapping batches, say), and the widened path runs instead.
+std::shared_ptr<const MatmulPlan> plan_for(const GemmArgs& g) {
+  constexpr size_t kMaxPlans = 256;
+  static std::mutex mutex;
+  static std::unordered_map<MatmulKey, std::shared_ptr<const MatmulPlan>, MatmulKeyHash> plans;
+  const MatmulKey key = key_of(g);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+  }
+  std::shared_ptr<const MatmulPlan> plan;
+  try {
+    plan = build_plan(g);
+  } catch (const dnnl::error&) {
+    plan = nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (plans.size() >= kMaxPlans) plans.clear();
+  plans.emplace(key, plan);
+  return plan;
+}
+
+void gemm_bf16_onednn(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+  const auto plan = g.k > 0 ? plan_for(g) : nullptr;
+  if (!plan) return gemm_widened<BFloat16>(g);
+  auto& eng = cpu::onednn_engine();
+  auto& stream = cpu::onednn_stream();
+  // Inputs are only read.
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(plan->a, eng, const_cast<void*>(g.a))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(plan->b, eng, const_cast<void*>(g.b))},
+      {DNNL_ARG_DST, dnnl::memory(plan->c, eng, g.c)}};
+  Tensor scratch;
+  if (plan->scratchpad.get_size() > 0) {
+    scratch = cpu::workspace(int64_t(plan->scratchpad.get_size()));
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(plan->scratchpad, eng, scratch.raw_data()));
+  }
+  plan->primitive.execute(stream, args);
+  stream.wait();
+}
+#endif  // FRUGAL_HAVE_ONEDNN
+
 const bool kRegistered = [] {
 #ifdef FRUGAL_HAVE_ONEDNN
   op_gemm.set(DeviceType::CPU, DType::F32, gemm_f32_onednn);
+  op_gemm.set(DeviceType::CPU, DType::BF16, gemm_bf16_onednn);
 #else
   op_gemm.set(DeviceType::CPU, DType::F32, gemm_eigen<float>);
+  op_gemm.set(DeviceType::CPU, DType::BF16, gemm_widened<BFloat16>);
 #endif
+  op_gemm.set(DeviceType::CPU, DType::F16, gemm_widened<Half>);
   op_gemm.set(DeviceType::CPU, DType::F64, gemm_eigen<double>);
   return true;
 }();
@@ -60,5 +284,8 @@ const bool kRegistered = [] {
 
 // Exposed for the tests and benchmarks that compare both f32 paths (the Eigen one is the oracle for oneDNN).
 void gemm_f32_eigen_cpu(const GemmArgs& g) { gemm_eigen<float>(g); }
+// The widened 16-bit paths, callable beside the registered kernels (bf16's is the fallback without oneDNN).
+void gemm_bf16_widened_cpu(const GemmArgs& g) { gemm_widened<BFloat16>(g); }
+void gemm_f16_widened_cpu(const GemmArgs& g) { gemm_widened<Half>(g); }
 
 }  // namespace frugal

@@ -1,14 +1,19 @@
 // CPU pooling kernels (max and average, forward and backward) as plain loops, threads over planes. They are
 // simple enough to be their own reference; the tests check them against loops written from PyTorch's
-// definition. f16/bf16 forward runs natively (max is exact, sums accumulate in f32); their backward goes
-// through f32 in the op layer, so that overlapping windows do not round at every addition.
+// definition. f16/bf16 compute in f32: the forward's sums, and the backward's gradient planes, which add up
+// overlapping windows in f32 and round each element once.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
+
+#include <omp.h>
 
 #include "core/op_table.h"
 #include "core/parallel.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/register.h"
+#include "kernels/cpu/workspace.h"
 
 namespace frugal {
 namespace {
@@ -59,17 +64,12 @@ void max_pool2d_forward_cpu(const PoolArgs& a) {
   });
 }
 
-template <typename T>
-void max_pool2d_backward_cpu(const PoolArgs& a) {
-  parallel_for(0, a.planes, plane_grain(a), [&](int64_t pb, int64_t pe) {
-    for (int64_t p = pb; p < pe; ++p) {
-      const T* dy = static_cast<const T*>(a.dy) + p * a.oh * a.ow;
-      const int64_t* idx = a.indices_in + p * a.oh * a.ow;
-      T* dx = static_cast<T*>(a.dx) + p * a.h * a.w;
-      std::fill_n(dx, a.h * a.w, T(0));
-      for (int64_t i = 0; i < a.oh * a.ow; ++i) dx[idx[i]] += dy[i];
-    }
-  });
+// Backward: plane p's input gradient, summed in A into dx [h, w] (zeroed by the caller).
+template <typename T, typename A>
+void max_pool2d_backward_plane(const PoolArgs& a, int64_t p, A* dx) {
+  const T* dy = static_cast<const T*>(a.dy) + p * a.oh * a.ow;
+  const int64_t* idx = a.indices_in + p * a.oh * a.ow;
+  for (int64_t i = 0; i < a.oh * a.ow; ++i) dx[idx[i]] += A(dy[i]);
 }
 
 // A window's rows [h0, h1) clipped to the input, and its divisor. As PyTorch: the full window is clipped to
@@ -109,23 +109,46 @@ void avg_pool2d_forward_cpu(const PoolArgs& a) {
   });
 }
 
-template <typename T>
-void avg_pool2d_backward_cpu(const PoolArgs& a) {
-  parallel_for(0, a.planes, plane_grain(a), [&](int64_t pb, int64_t pe) {
-    for (int64_t p = pb; p < pe; ++p) {
-      const T* dy = static_cast<const T*>(a.dy) + p * a.oh * a.ow;
-      T* dx = static_cast<T*>(a.dx) + p * a.h * a.w;
-      std::fill_n(dx, a.h * a.w, T(0));
-      for (int64_t oh = 0; oh < a.oh; ++oh)
-        for (int64_t ow = 0; ow < a.ow; ++ow) {
-          const AvgWindow win(a, oh, ow);
-          if (win.divisor <= 0) continue;
-          const T g = dy[oh * a.ow + ow] / T(win.divisor);
-          for (int64_t ih = win.h0; ih < win.h1; ++ih)
-            for (int64_t iw = win.w0; iw < win.w1; ++iw) dx[ih * a.w + iw] += g;
-        }
+template <typename T, typename A>
+void avg_pool2d_backward_plane(const PoolArgs& a, int64_t p, A* dx) {
+  const T* dy = static_cast<const T*>(a.dy) + p * a.oh * a.ow;
+  for (int64_t oh = 0; oh < a.oh; ++oh)
+    for (int64_t ow = 0; ow < a.ow; ++ow) {
+      const AvgWindow win(a, oh, ow);
+      if (win.divisor <= 0) continue;
+      const A g = A(dy[oh * a.ow + ow]) / A(win.divisor);
+      for (int64_t ih = win.h0; ih < win.h1; ++ih)
+        for (int64_t iw = win.w0; iw < win.w1; ++iw) dx[ih * a.w + iw] += g;
     }
-  });
+}
+
+// Runs Plane over every plane: straight into dx for f32/f64; for f16/bf16 into a per-thread f32 plane that is
+// rounded into dx once it is complete.
+template <typename T, void (*Plane)(const PoolArgs&, int64_t, acc_t<T>*)>
+void pool2d_backward_cpu(const PoolArgs& a) {
+  const int64_t hw = a.h * a.w;
+  if constexpr (std::is_same_v<acc_t<T>, T>) {
+    parallel_for(0, a.planes, plane_grain(a), [&](int64_t pb, int64_t pe) {
+      for (int64_t p = pb; p < pe; ++p) {
+        T* dx = static_cast<T*>(a.dx) + p * hw;
+        std::fill_n(dx, hw, T(0));
+        Plane(a, p, dx);
+      }
+    });
+  } else {
+    const int64_t chunks = (a.planes + plane_grain(a) - 1) / plane_grain(a);
+    const int nt = omp_in_parallel() ? 1 : int(std::clamp<int64_t>(chunks, 1, omp_get_max_threads()));
+    Tensor buf = cpu::workspace(nt * hw * int64_t(sizeof(float)));
+#pragma omp parallel num_threads(nt)
+    {
+      float* acc = static_cast<float*>(buf.raw_data()) + omp_get_thread_num() * hw;
+      for (int64_t p = omp_get_thread_num(); p < a.planes; p += omp_get_num_threads()) {
+        std::fill_n(acc, hw, 0.0f);
+        Plane(a, p, acc);
+        cpu::from_f32(acc, static_cast<T*>(a.dx) + p * hw, hw);
+      }
+    }
+  }
 }
 
 const bool kRegistered = [] {
@@ -134,10 +157,12 @@ const bool kRegistered = [] {
     op_max_pool2d.set(DeviceType::CPU, dtype_v<T>, max_pool2d_forward_cpu<T>);
     op_avg_pool2d.set(DeviceType::CPU, dtype_v<T>, avg_pool2d_forward_cpu<T>);
   });
-  for_types<float, double>([](auto t) {
+  for_types<float, double, Half, BFloat16>([](auto t) {
     using T = decltype(t);
-    op_max_pool2d_backward.set(DeviceType::CPU, dtype_v<T>, max_pool2d_backward_cpu<T>);
-    op_avg_pool2d_backward.set(DeviceType::CPU, dtype_v<T>, avg_pool2d_backward_cpu<T>);
+    op_max_pool2d_backward.set(DeviceType::CPU, dtype_v<T>,
+                               pool2d_backward_cpu<T, max_pool2d_backward_plane<T, acc_t<T>>>);
+    op_avg_pool2d_backward.set(DeviceType::CPU, dtype_v<T>,
+                               pool2d_backward_cpu<T, avg_pool2d_backward_plane<T, acc_t<T>>>);
   });
   return true;
 }();

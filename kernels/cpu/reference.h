@@ -126,4 +126,8 @@ void conv2d_backward_weight_im2col_cpu(const ConvArgs& a);
 namespace frugal {
 // The Eigen f32 GEMM (the build's fallback when oneDNN is absent), callable beside the registered kernel.
 void gemm_f32_eigen_cpu(const GemmArgs& g);
+// The 16-bit GEMMs that widen tiles to f32 for the registered f32 GEMM (f16's registered kernel; bf16's
+// without oneDNN or for a layout oneDNN declines), callable beside the registered kernels.
+void gemm_bf16_widened_cpu(const GemmArgs& g);
+void gemm_f16_widened_cpu(const GemmArgs& g);
 }  // namespace frugal

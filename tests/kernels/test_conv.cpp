@@ -143,18 +143,30 @@ TEST(Conv2d, F64IsTheReference) {
   }
 }
 
+// The 16-bit kernels (bf16: oneDNN's bf16 primitives in both layout policies, or f32 around them where oneDNN
+// declines; f16: f32 around the f32 kernels) against the f32 kernels on the same rounded values: only the
+// result's one rounding (half an ulp) and the f32 summation order may differ.
 TEST(Conv2d, HalfPrecisionMatchesF32) {
-  for (DType t : {DType::F16, DType::BF16})
-    for (const Case& c : {kCases[0], kCases[2], kCases[4]}) {
-      const Tensors in = inputs(c, t);
-      const Results got = op_results(c, in);
-      EXPECT_EQ(got.y.dtype(), t);
-      EXPECT_EQ(got.dw.dtype(), t);
-      // Reference from the rounded inputs: only the result's rounding (and f32 accumulation) differs.
-      const testing::Tol tol = testing::tol_for(t);
-      expect_results(got, reference_results(c, in), c, {tol.atol * 4, tol.rtol * 2},
-                     {tol.atol * 16, tol.rtol * 2}, dtype_name(t));
-    }
+  for (bool any : {false, true}) {
+    set_conv_onednn_any_layout(any);
+    for (DType t : {DType::F16, DType::BF16})
+      for (const Case& c : kCases) {
+        const Tensors in = inputs(c, t);
+        const Results got = op_results(c, in);
+        EXPECT_EQ(got.y.dtype(), t);
+        EXPECT_EQ(got.dx.dtype(), t);
+        EXPECT_EQ(got.dw.dtype(), t);
+        const Tensors in32{in.x.to(DType::F32), in.w.to(DType::F32), c.bias ? in.b.to(DType::F32) : Tensor(),
+                           in.dy.to(DType::F32)};
+        const Results want = op_results(c, in32);
+        const double unit_roundoff = t == DType::BF16 ? 0x1p-8 : 0x1p-11;
+        const int64_t k_fwd = c.c / c.groups * c.kh * c.kw + c.o / c.groups * c.kh * c.kw;
+        expect_results(got, want, c, {1e-5 * double(k_fwd), unit_roundoff},
+                       {1e-5 * double(c.n * c.oh() * c.ow()), unit_roundoff},
+                       std::string(dtype_name(t)) + (any ? " (any layout)" : " (nchw)"));
+      }
+  }
+  set_conv_onednn_any_layout(true);  // the default
 }
 
 TEST(Conv2d, NonContiguousInputsUnbatchedAndEmptyBatch) {

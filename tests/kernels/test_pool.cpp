@@ -180,6 +180,33 @@ TEST(Pool2d, BackwardMatchesReference) {
   }
 }
 
+// The f16/bf16 backward kernels sum overlapping windows in f32 and round once: within half an ulp of the f32
+// kernels' result on the same rounded values. (Summing in the 16-bit type would be off by several ulps on the
+// windows that overlap most.)
+TEST(Pool2d, HalfPrecisionBackwardMatchesF32) {
+  for (DType t : {DType::F16, DType::BF16})
+    for (const PoolCase& c : kCases) {
+      const std::string what = std::string(dtype_name(t)) + " " + c.str();
+      const testing::Tol once = {1e-6, t == DType::BF16 ? 0x1p-8 : 0x1p-11};
+      const Tensor x = uniform(c.x, -2, 2, t, 7);
+      auto [y, idx] = ops::max_pool2d_with_indices(x, c.kernel, c.stride, c.pad, c.dil);
+      const Tensor dy = uniform(y.shape(), -1, 1, t, 8), dy32 = dy.to(DType::F32);
+      const Tensor dx = ops::max_pool2d_backward(dy, idx, x.shape());
+      EXPECT_EQ(dx.dtype(), t);
+      expect_close(dx, ops::max_pool2d_backward(dy32, idx, x.shape()).to_vector<double>(), once,
+                   "max backward " + what);
+      if (c.dil.h != 1 || c.dil.w != 1) continue;
+      for (bool include_pad : {true, false}) {
+        const Tensor dxa = ops::avg_pool2d_backward(dy, x.shape(), c.kernel, c.stride, c.pad, include_pad);
+        EXPECT_EQ(dxa.dtype(), t);
+        expect_close(dxa,
+                     ops::avg_pool2d_backward(dy32, x.shape(), c.kernel, c.stride, c.pad, include_pad)
+                         .to_vector<double>(),
+                     once, "avg backward " + what);
+      }
+    }
+}
+
 TEST(Pool2dGrad, GradcheckEveryCaseAndLayout) {
   for (const PoolCase& c : kCases)
     for (Layout layout : testing::kLayouts) {
