@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <vector>
 
@@ -129,13 +130,15 @@ std::string find_file(const std::string& root, const std::string& stem) {
   return {};
 }
 
-// Pixel value / 255 as T, for every u8 value: a batch is then one table look-up per pixel.
+// (pixel value / 255 - mean) / std as T, for every u8 value: a batch is then one table look-up per pixel.
 template <typename T>
-std::array<T, 256> scale_table() {
+std::array<T, 256> scale_table(double mean, double std) {
   std::array<T, 256> table;
-  // Divided (not multiplied by 1/255) in f32, or in f64 for f64, to give PyTorch's ToTensor values exactly.
+  // Divided (not multiplied by 1/255) in f32, or in f64 for f64, to give PyTorch's ToTensor (and Normalize)
+  // values exactly.
   using Compute = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  for (int v = 0; v < 256; ++v) table[size_t(v)] = T(Compute(v) / Compute(255));
+  for (int v = 0; v < 256; ++v)
+    table[size_t(v)] = T((Compute(v) / Compute(255) - Compute(mean)) / Compute(std));
   return table;
 }
 
@@ -177,7 +180,7 @@ Batch FashionMNIST::get_batch(std::span<const int64_t> indices, DType dtype) con
     using T = decltype(zero);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, Half> ||
                   std::is_same_v<T, BFloat16>) {
-      static const std::array<T, 256> table = scale_table<T>();
+      const std::array<T, 256> table = scale_table<T>(mean_, std_);
       T* out = batch.input.data<T>();
       for (int64_t k = 0; k < b; ++k) {
         const uint8_t* src = img + indices[size_t(k)] * pixels;
@@ -188,6 +191,26 @@ Batch FashionMNIST::get_batch(std::span<const int64_t> indices, DType dtype) con
     }
   });
   return batch;
+}
+
+void FashionMNIST::normalize(double mean, double std) {
+  FRUGAL_CHECK(std::isfinite(mean) && std::isfinite(std) && std > 0,
+               "FashionMNIST::normalize: std must be positive and both finite, got mean ", mean, ", std ",
+               std);
+  mean_ = mean;
+  std_ = std;
+}
+
+std::pair<double, double> FashionMNIST::pixel_stats() const {
+  int64_t count[256] = {};
+  const uint8_t* p = images_.data<uint8_t>();
+  for (int64_t i = 0, n = images_.numel(); i < n; ++i) ++count[p[i]];
+  double n = 0, sum = 0;
+  for (int v = 0; v < 256; ++v) n += double(count[v]), sum += double(count[v]) * v / 255.0;
+  const double mean = sum / n;
+  double sq = 0;
+  for (int v = 0; v < 256; ++v) sq += double(count[v]) * (v / 255.0 - mean) * (v / 255.0 - mean);
+  return {mean, std::sqrt(sq / n)};
 }
 
 }  // namespace frugal::data

@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   int64_t batch = 0, max_steps = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
-  bool recompute = false;
+  bool recompute = false, normalize = true;
   std::string schedule = "cosine", amp_name = "f32";
   app.add_option("--model", model_name, "mlp (W1) or cnn (W2)")->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--epochs", epochs, "epochs to train")->check(CLI::PositiveNumber);
@@ -75,6 +75,9 @@ int main(int argc, char** argv) {
   app.add_option("--amp", amp_name,
                  "mixed precision: bf16 or f16 autocast (f16 with a loss scaler), or f32 (off)")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  app.add_flag(
+      "--normalize,!--no-normalize", normalize,
+      "centre and scale the pixels by the training set's mean and std (default), or keep pixel / 255");
   app.add_flag("--recompute", recompute, "recompute activations in backward instead of keeping them");
   app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M or 1G: beyond it, OutOfMemoryError");
   app.add_option("--save", save,
@@ -98,6 +101,11 @@ int main(int argc, char** argv) {
       memory::Tag tag("dataset");
       train_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Train);
       test_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Test);
+    }
+    if (normalize) {
+      const auto [mean, std] = train_set->pixel_stats();
+      train_set->normalize(mean, std);
+      test_set->normalize(mean, std);
     }
     // The loader yields micro-batches; `accum` of them make one step of `batch` examples.
     data::DataLoader train(

@@ -424,7 +424,7 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, boo
 
 // Plans by shape and arguments, so a training loop creates each primitive once. Bounded: a program that
 // sweeps many shapes starts over rather than growing without end. A null plan means oneDNN declined the
-// shape (im2col runs instead).
+// shape (im2col runs instead, or for bf16 the f32 kernels on widened operands).
 std::shared_ptr<const ConvPlan> plan_for(const ConvArgs& a, Direction dir, DataType type) {
   constexpr size_t kMaxPlans = 128;
   static std::mutex mutex;

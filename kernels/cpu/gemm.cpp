@@ -66,9 +66,16 @@ void gemm_f32_onednn(const GemmArgs& g) {
 
 // Each task computes one kTileM x kTileN block of C over K in steps of kTileK. Every element of A is widened
 // once per column tile of C and every element of B once per row tile, a small cost beside the 2 * kTileN
-// (or kTileM) flops it then takes part in; three tiles of f32 stay within a few MiB per thread.
+// (or kTileM) flops it then takes part in; the three f32 tiles take at most 1.25 MiB per thread.
 constexpr int64_t kTileM = 256, kTileN = 256, kTileK = 512;
-constexpr int64_t kTileFloats = kTileM * kTileK + kTileK * kTileN + kTileM * kTileN;
+
+// The three f32 tiles of one task, no larger than the problem needs.
+struct Tiles {
+  int64_t m, n, k;
+  explicit Tiles(const GemmArgs& g)
+      : m(std::min(kTileM, g.m)), n(std::min(kTileN, g.n)), k(std::max<int64_t>(std::min(kTileK, g.k), 1)) {}
+  int64_t floats() const { return m * k + k * n + m * n; }
+};
 
 // Widens the rows x cols block at src (element strides rs, cs) into dense f32 at dst in the same orientation,
 // so every run converted is contiguous, and gives the dense block's strides as the f32 GEMM reads them.
@@ -94,12 +101,12 @@ void widen_block(const T* src, int64_t rows, int64_t cols, int64_t rs, int64_t c
 
 // C's tile (i0, j0) of batch b: the f32 products summed over K tiles in `tile`, then rounded once.
 template <typename T>
-void gemm_widened_tile(const GemmArgs& g, GemmKernel* gemm_f32, int64_t b, int64_t i0, int64_t j0,
-                       float* tile) {
+void gemm_widened_tile(const GemmArgs& g, GemmKernel* gemm_f32, const Tiles& tiles, int64_t b, int64_t i0,
+                       int64_t j0, float* tile) {
   const int64_t mb = std::min(kTileM, g.m - i0), nb = std::min(kTileN, g.n - j0);
   float* ta = tile;
-  float* tb = ta + kTileM * kTileK;
-  float* tc = tb + kTileK * kTileN;
+  float* tb = ta + tiles.m * tiles.k;
+  float* tc = tb + tiles.k * tiles.n;
   const T* a = static_cast<const T*>(g.a) + b * g.a_batch + i0 * g.a_row;
   const T* bm = static_cast<const T*>(g.b) + b * g.b_batch + j0 * g.b_col;
   T* c = static_cast<T*>(g.c) + b * g.c_batch + i0 * g.c_row + j0;
@@ -135,23 +142,24 @@ void gemm_widened(const GemmArgs& g) {
   GemmKernel* gemm_f32 = op_gemm.get(kCPU, DType::F32);
   const int64_t tiles_m = (g.m + kTileM - 1) / kTileM, tiles_n = (g.n + kTileN - 1) / kTileN;
   const int64_t tasks = g.batch * tiles_m * tiles_n;
+  const Tiles tiles(g);
   auto run = [&](int64_t task, float* tile) {
     const int64_t b = task / (tiles_m * tiles_n), r = task % (tiles_m * tiles_n);
-    gemm_widened_tile<T>(g, gemm_f32, b, r / tiles_n * kTileM, r % tiles_n * kTileN, tile);
+    gemm_widened_tile<T>(g, gemm_f32, tiles, b, r / tiles_n * kTileM, r % tiles_n * kTileN, tile);
   };
   // With a task per thread or more, the tasks run in parallel, each with a single-threaded f32 GEMM (as it
   // runs inside a parallel region); with fewer, one after another with the f32 GEMM's own threads.
   const int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   if (max_threads > 1 && tasks >= max_threads) {
-    Tensor buf = cpu::workspace(max_threads * kTileFloats * int64_t(sizeof(float)));
+    Tensor buf = cpu::workspace(max_threads * tiles.floats() * int64_t(sizeof(float)));
 #pragma omp parallel num_threads(max_threads)
     {
-      float* tile = static_cast<float*>(buf.raw_data()) + omp_get_thread_num() * kTileFloats;
+      float* tile = static_cast<float*>(buf.raw_data()) + omp_get_thread_num() * tiles.floats();
 #pragma omp for schedule(dynamic)
       for (int64_t task = 0; task < tasks; ++task) run(task, tile);
     }
   } else {
-    Tensor buf = cpu::workspace(kTileFloats * int64_t(sizeof(float)));
+    Tensor buf = cpu::workspace(tiles.floats() * int64_t(sizeof(float)));
     for (int64_t task = 0; task < tasks; ++task) run(task, static_cast<float*>(buf.raw_data()));
   }
 }

@@ -246,6 +246,28 @@ TEST(DataLoader, FashionMNISTBatchesInEveryDtype) {
   fs::remove_all(root);
 }
 
+TEST(DataLoader, FashionMNISTNormalizesWithItsPixelStatistics) {
+  const std::string root = write_fashion_raw(4);  // images of constant 0, 5, 10, 15
+  data::FashionMNIST ds(root);
+  const auto [mean, std] = ds.pixel_stats();
+  const double v[4] = {0 / 255.0, 5 / 255.0, 10 / 255.0, 15 / 255.0};
+  const double m = (v[0] + v[1] + v[2] + v[3]) / 4;
+  double var = 0;
+  for (double x : v) var += (x - m) * (x - m) / 4;
+  EXPECT_NEAR(mean, m, 1e-15);
+  EXPECT_NEAR(std, std::sqrt(var), 1e-15);
+  ds.normalize(mean, std);
+  const std::vector<int64_t> idx = {3, 0};
+  for (const DType t : {DType::F64, DType::F32}) {
+    const auto px = ds.get_batch(idx, t).input.to_vector<double>();
+    EXPECT_NEAR(px[0], (v[3] - mean) / std, t == DType::F64 ? 1e-15 : 1e-6);
+    EXPECT_NEAR(px[784], (v[0] - mean) / std, t == DType::F64 ? 1e-15 : 1e-6);
+  }
+  expect_error<Error>([&] { ds.normalize(0.5, 0); }, {"std must be positive"});
+  EXPECT_NEAR(ds.get_batch(idx, DType::F64).input.to_vector<double>()[0], (v[3] - mean) / std, 1e-15);
+  fs::remove_all(root);
+}
+
 TEST(DataLoader, RealFashionMNISTTestSplit) {
   if (!fs::exists(std::string(data::kFashionMNISTRoot) + "/t10k-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
