@@ -39,6 +39,8 @@ constinit OpTable<PoolKernel> op_avg_pool2d{"avg_pool2d"};
 constinit OpTable<PoolKernel> op_avg_pool2d_backward{"avg_pool2d_backward"};
 constinit OpTable<AttentionSoftmaxKernel> op_attention_softmax{"attention_scores_softmax"};
 constinit OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward{"attention_scores_softmax_backward"};
+constinit OpTable<LayerNormKernel> op_layer_norm{"layer_norm"};
+constinit OpTable<LayerNormKernel> op_layer_norm_backward{"layer_norm_backward"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

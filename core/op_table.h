@@ -278,4 +278,34 @@ using AttentionSoftmaxKernel = void(const AttentionSoftmaxArgs& args);
 extern OpTable<AttentionSoftmaxKernel> op_attention_softmax;
 extern OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward;
 
+// Fused layer normalisation over contiguous [rows, cols] rows (nn/functional.h, layer_norm):
+//   forward:  mean[r] = sum_j x[r, j] / cols,  rstd[r] = 1 / sqrt(sum_j (x[r, j] - mean[r])^2 / cols + eps),
+//             y[r, j] = (x[r, j] - mean[r]) rstd[r] weight[j] + bias[j]
+//   backward: with xh = (x - mean) rstd and g = dy weight (g = dy without a weight),
+//             dx[r, j] = rstd[r] (g[r, j] - mean_k g[r, k] - xh[r, j] mean_k (g xh)[r, k]),
+//             dweight[j] = sum_r dy[r, j] xh[r, j],  dbias[j] = sum_r dy[r, j]
+// x, y, dy, dx have the table's dtype; weight, bias, dweight, dbias, mean, rstd and the workspace have its
+// compute type (f32 for f16/bf16, the dtype itself otherwise). weight and bias (forward) and dx, dweight and
+// dbias (backward) may be null. The backward sums dweight and dbias per chunk of rows (`chunks` equal spans,
+// chosen by the op layer from the shape alone) into workspace [chunks, 2, cols], then over the chunks in
+// order, so the results do not depend on the number of threads.
+struct LayerNormArgs {
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  void* y = nullptr;          // forward out
+  void* mean = nullptr;       // forward out, backward in [rows]
+  void* rstd = nullptr;       // forward out, backward in [rows]
+  const void* dy = nullptr;   // backward in
+  void* dx = nullptr;         // backward out
+  void* dweight = nullptr;    // backward out [cols]
+  void* dbias = nullptr;      // backward out [cols]
+  void* workspace = nullptr;  // backward scratch [chunks, 2, cols]
+  int64_t rows = 0, cols = 0, chunks = 1;
+  double eps = 1e-5;
+};
+using LayerNormKernel = void(const LayerNormArgs& args);
+extern OpTable<LayerNormKernel> op_layer_norm;
+extern OpTable<LayerNormKernel> op_layer_norm_backward;
+
 }  // namespace frugal

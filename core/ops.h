@@ -178,4 +178,22 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, Size2 kernel, Size2 stride,
                            Size2 padding, bool count_include_pad);
 
+// Layer normalisation over the trailing dims of x named by normalized_shape, in one fused pass per row:
+// y = (x - mean) / sqrt(var + eps) * weight + bias (biased variance; weight and bias of normalized_shape, or
+// undefined). y has x's dtype; f16/bf16 compute in f32, and weight and bias are used in that compute type.
+// Also returns each row's mean and 1 / sqrt(var + eps) ([rows], the compute type) for the backward.
+struct LayerNormResult {
+  Tensor y, mean, rstd;
+};
+LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                           const Tensor& bias = {}, double eps = 1e-5);
+// Its gradients from d y: d x (when need_dx; x's dtype) and d weight, d bias (when asked for, d weight only
+// with a weight; in the compute type). mean and rstd are layer_norm's.
+struct LayerNormGrads {
+  Tensor dx, dweight, dbias;
+};
+LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Shape& normalized_shape,
+                                   const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool need_dx,
+                                   bool need_dweight, bool need_dbias);
+
 }  // namespace frugal::ops

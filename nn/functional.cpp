@@ -1,5 +1,6 @@
 // nn::functional layers (linear, dropout, layer_norm, batch_norm, embedding): composites of differentiable
-// ops, so their gradients come from autograd/ and recompute segments replay them. Losses are in
+// ops, so their gradients come from autograd/ and recompute segments replay them, except layer_norm, which
+// runs the fused op (autograd/grad_norm.cpp) and keeps its composite as layer_norm_composite. Losses are in
 // nn/functional_losses.cpp.
 #include "nn/functional.h"
 
@@ -52,6 +53,11 @@ Tensor dropout(const Tensor& x, double p, bool training) {
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
+  return frugal::layer_norm(x, normalized_shape, weight, bias, eps);
+}
+
+Tensor layer_norm_composite(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                            const Tensor& bias, double eps) {
   FRUGAL_CHECK(x.defined(), "layer_norm: the input is undefined");
   FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), "layer_norm: expected a floating input, got ",
                      dtype_name(x.dtype()), " (shape ", x.shape(), ")");
