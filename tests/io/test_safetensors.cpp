@@ -129,9 +129,8 @@ TEST_F(SafetensorsTest, LaysTensorsOutByDtypeAlignmentThenName) {
 }
 
 // tests/fixtures/reference.safetensors, written by tests/fixtures/gen_safetensors.py (standard library only).
-std::string fixture_path() {
-  return (fs::path(__FILE__).parent_path().parent_path() / "fixtures" / "reference.safetensors").string();
-}
+// From FRUGAL_FIXTURES_DIR, not __FILE__: under ccache's CCACHE_BASEDIR, __FILE__ is relative to the build.
+std::string fixture_path() { return (fs::path(FRUGAL_FIXTURES_DIR) / "reference.safetensors").string(); }
 
 TEST_F(SafetensorsTest, ReadsThePythonFixture) {
   const auto f = io::load_safetensors(fixture_path());
