@@ -41,6 +41,8 @@ constinit OpTable<AttentionSoftmaxKernel> op_attention_softmax{"attention_scores
 constinit OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward{"attention_scores_softmax_backward"};
 constinit OpTable<LayerNormKernel> op_layer_norm{"layer_norm"};
 constinit OpTable<LayerNormKernel> op_layer_norm_backward{"layer_norm_backward"};
+constinit OpTable<ElementwiseKernel> op_gelu_backward{"gelu_backward"};
+constinit OpTable<ElementwiseKernel> op_gelu_tanh_backward{"gelu_tanh_backward"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

@@ -308,4 +308,12 @@ using LayerNormKernel = void(const LayerNormArgs& args);
 extern OpTable<LayerNormKernel> op_layer_norm;
 extern OpTable<LayerNormKernel> op_layer_norm_backward;
 
+// GELU's gradient in one pass (autograd/grad_elementwise.cpp): operands out (dx), dy, x, all of x's dtype
+// (the table's key), f16/bf16 computing in f32. With Phi and phi the standard normal CDF and density:
+//   gelu_backward:      dx = dy (Phi(x) + x phi(x))
+//   gelu_tanh_backward: dx = dy ((1 + t) / 2 + x (1 - t^2) k (1 + 3 c x^2) / 2),
+//                       t = tanh(k (x + c x^3)), k = sqrt(2 / pi), c = 0.044715
+extern OpTable<ElementwiseKernel> op_gelu_backward;
+extern OpTable<ElementwiseKernel> op_gelu_tanh_backward;
+
 }  // namespace frugal

@@ -24,6 +24,9 @@ Tensor rsqrt(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x);       // x * Phi(x), the erf form
 Tensor gelu_tanh(const Tensor& x);  // the tanh approximation
+// Their gradients in one pass, d y * gelu'(x), for d y and x of one shape (d y is converted to x's dtype).
+Tensor gelu_backward(const Tensor& grad_out, const Tensor& x);
+Tensor gelu_tanh_backward(const Tensor& grad_out, const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor silu(const Tensor& x);
