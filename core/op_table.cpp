@@ -43,6 +43,8 @@ constinit OpTable<LayerNormKernel> op_layer_norm{"layer_norm"};
 constinit OpTable<LayerNormKernel> op_layer_norm_backward{"layer_norm_backward"};
 constinit OpTable<ElementwiseKernel> op_gelu_backward{"gelu_backward"};
 constinit OpTable<ElementwiseKernel> op_gelu_tanh_backward{"gelu_tanh_backward"};
+constinit OpTable<SelfAttentionKernel> op_self_attention{"self_attention"};
+constinit OpTable<SelfAttentionKernel> op_self_attention_backward{"self_attention_backward"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

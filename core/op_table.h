@@ -316,4 +316,28 @@ extern OpTable<LayerNormKernel> op_layer_norm_backward;
 extern OpTable<ElementwiseKernel> op_gelu_backward;
 extern OpTable<ElementwiseKernel> op_gelu_tanh_backward;
 
+// Fused multi-head self-attention over q, k, v packed as one [B, T, 3, H, hd] tensor (the output of one
+// Linear d -> 3d, nn/attention.h), per head (b, h), with scale s and, when causal, key j allowed for query i
+// only when j <= i:
+//   forward:  P = softmax(s Q K^T) over the allowed keys (0 elsewhere) into probs [B, H, T, T];
+//             Y = P V into y [B, T, H, hd] (the heads already merged)
+//   backward: dV = P^T dY, dP = dY V^T, dS = s P (dP - rowsum(dP P)), dQ = dS K, dK = dS^T Q, into dqkv
+//             [B, T, 3, H, hd]; workspace: [threads, T, T] of scratch for dP (threads = the op layer's
+//             num_threads(), at least the number of threads the kernel runs on)
+// Kernels exist for f32 and f64; the op layer computes f16/bf16 in f32.
+struct SelfAttentionArgs {
+  const void* qkv = nullptr;  // forward and backward in
+  void* probs = nullptr;      // forward out, backward in
+  void* y = nullptr;          // forward out
+  const void* dy = nullptr;   // backward in
+  void* dqkv = nullptr;       // backward out
+  void* workspace = nullptr;  // backward scratch
+  int64_t batch = 0, t = 0, heads = 0, head_dim = 0, threads = 1;
+  double scale = 1;
+  bool causal = false;
+};
+using SelfAttentionKernel = void(const SelfAttentionArgs& args);
+extern OpTable<SelfAttentionKernel> op_self_attention;
+extern OpTable<SelfAttentionKernel> op_self_attention_backward;
+
 }  // namespace frugal
