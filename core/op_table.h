@@ -322,8 +322,9 @@ extern OpTable<ElementwiseKernel> op_gelu_tanh_backward;
 //   forward:  P = softmax(s Q K^T) over the allowed keys (0 elsewhere) into probs [B, H, T, T];
 //             Y = P V into y [B, T, H, hd] (the heads already merged)
 //   backward: dV = P^T dY, dP = dY V^T, dS = s P (dP - rowsum(dP P)), dQ = dS K, dK = dS^T Q, into dqkv
-//             [B, T, 3, H, hd]; workspace: [threads, T, T] of scratch for dP (threads = the op layer's
-//             num_threads(), at least the number of threads the kernel runs on)
+//             [B, T, 3, H, hd]
+// workspace: per-thread scratch, [threads, hd, T] forward and [threads, T * T + hd * T] backward (threads =
+// the op layer's num_threads(), at least the number of threads the kernel runs on).
 // Kernels exist for f32 and f64; the op layer computes f16/bf16 in f32.
 struct SelfAttentionArgs {
   const void* qkv = nullptr;  // forward and backward in
@@ -331,7 +332,7 @@ struct SelfAttentionArgs {
   void* y = nullptr;          // forward out
   const void* dy = nullptr;   // backward in
   void* dqkv = nullptr;       // backward out
-  void* workspace = nullptr;  // backward scratch
+  void* workspace = nullptr;  // scratch
   int64_t batch = 0, t = 0, heads = 0, head_dim = 0, threads = 1;
   double scale = 1;
   bool causal = false;

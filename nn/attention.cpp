@@ -105,6 +105,9 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, double scale, bool cau
   a.head_dim = hd;
   a.scale = scale;
   a.causal = causal;
+  a.threads = num_threads();
+  const Tensor workspace = empty({a.threads, hd, t}, x.options());
+  a.workspace = workspace.raw_data();
   if (y.numel() > 0) op_self_attention.get(x.device(), compute)(a);
   if (dt != compute) y = ops::cast(y, dt);
   if (Node* n = autograd::recorded(op, {&qkv}, y)) {
@@ -114,7 +117,7 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, double scale, bool cau
       const Tensor& x = s[0];
       const Tensor dy = ops::contiguous(g.dtype() == x.dtype() ? g : ops::cast(g, x.dtype()));
       Tensor dqkv = empty(x.shape(), x.options());
-      const Tensor workspace = empty({num_threads(), a.t, a.t}, x.options());
+      const Tensor workspace = empty({num_threads(), a.t * a.t + a.head_dim * a.t}, x.options());
       SelfAttentionArgs b = a;
       b.qkv = x.raw_data();
       b.probs = s[1].raw_data();
