@@ -17,8 +17,9 @@ namespace {
 
 // C = A B for one head's small matrices, with A m x k read through strides (ars, acs) (so a transposed
 // operand costs nothing), B k x n with unit column stride and rows brs apart, C m x n with rows crs apart.
-// For a block of rows [i, i + MR), c runs over [k_begin(i), k_end(i + MR - 1)) and columns stop at
-// n_end(i + MR - 1): how a causal product skips the blocks that the mask zeroes. Register blocking of MR
+// For a block of rows [i, i + MR), c runs over the whole k, or only up to row i + MR - 1 (lower_k) or from
+// row i on (upper_k), and columns stop at the first block of NR past row i + MR - 1 (lower_n): how a causal
+// product skips what the mask zeroes. Register blocking of MR
 // rows by NR columns, kept in registers by the compiler (fixed sizes, omp simd); Eigen's general product
 // spends most of its time packing at these sizes (64 x 64 x 32 per head in W3) and cannot skip blocks.
 template <typename T, int MR, int NR>
@@ -52,13 +53,14 @@ struct Range {           // the bounds of a causal product; the defaults give th
   bool lower_n = false;  // j <= i: columns end after row i (C's lower triangle wanted)
 };
 
-template <typename T, int MR = 4, int NR = 32>
+template <typename T, int MR = 8, int NR = 32>
 void small_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t ars, int64_t acs, const T* b,
                 int64_t brs, T* c, int64_t crs, Range range = {}) {
   for (int64_t i = 0; i < m; i += MR) {
     const int64_t mr = std::min<int64_t>(MR, m - i), last = i + mr - 1;
     const int64_t k0 = range.upper_k ? std::min(i, k) : 0, k1 = range.lower_k ? std::min(last + 1, k) : k;
-    const int64_t n1 = range.lower_n ? std::min(last + 1, n) : n;
+    // Whole blocks of NR columns (the fast path); the few extra entries left of the diagonal are masked later.
+    const int64_t n1 = range.lower_n ? std::min((last + NR) / NR * NR, n) : n;
     for (int64_t j = 0; j < n1; j += NR)
       gemm_block<T, MR, NR>(mr, std::min<int64_t>(NR, n1 - j), k0, k1, a + i * ars, ars, acs, b + j, brs,
                             c + i * crs + j, crs);
