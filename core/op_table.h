@@ -341,4 +341,9 @@ using SelfAttentionKernel = void(const SelfAttentionArgs& args);
 extern OpTable<SelfAttentionKernel> op_self_attention;
 extern OpTable<SelfAttentionKernel> op_self_attention_backward;
 
+// index_select's transpose, over IndexArgs' [outer, dim_size, inner] layout: out[o, index[i], j] +=
+// src[o, i, j] for i < n_index (src [outer, n_index, inner], index 1-d, duplicates accumulate; out starts as
+// a copy of x). One vectorised row add per index instead of scatter_add's per-element index.
+extern OpTable<IndexKernel> op_index_add;
+
 }  // namespace frugal

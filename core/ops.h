@@ -133,6 +133,9 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 // A copy of x with src's elements added at the positions index names along dim (duplicates accumulate).
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+// A copy of x with src's slices added at the positions a 1-d index names along dim (duplicates accumulate):
+// out.select(dim, index[i]) += src.select(dim, i). index_select's gradient.
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 // Joins tensors along an existing dim; shapes must match elsewhere, dtypes promote.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // i64 tensor of shape index.shape + [num_classes] with a 1 at each index; num_classes < 0 infers max + 1.
