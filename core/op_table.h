@@ -323,9 +323,9 @@ extern OpTable<ElementwiseKernel> op_gelu_tanh_backward;
 //             Y = P V into y [B, T, H, hd] (the heads already merged)
 //   backward: dV = P^T dY, dP = dY V^T, dS = s P (dP - rowsum(dP P)), dQ = dS K, dK = dS^T Q, into dqkv
 //             [B, T, 3, H, hd]
-// workspace: per-thread scratch, [threads, hd, T] forward and [threads, T * T + hd * T] backward (threads =
-// the op layer's num_threads(), at least the number of threads the kernel runs on).
-// Kernels exist for f32 and f64; the op layer computes f16/bf16 in f32.
+// qkv, y, dy, dqkv have the table's dtype; probs and the workspace its compute type (f32 for f16/bf16).
+// workspace: per-thread scratch for `threads` threads (the op layer's num_threads(), at least the number the
+// kernel runs on) of self_attention_workspace(args, dtype, backward) elements each.
 struct SelfAttentionArgs {
   const void* qkv = nullptr;  // forward and backward in
   void* probs = nullptr;      // forward out, backward in
@@ -337,6 +337,13 @@ struct SelfAttentionArgs {
   double scale = 1;
   bool causal = false;
 };
+// Per-thread scratch elements: K^T (forward) or dS and V^T (backward), plus converted copies of one head's
+// operands when the dtype is not its own compute type.
+inline int64_t self_attention_workspace(const SelfAttentionArgs& a, DType dtype, bool backward) {
+  const bool convert = dtype == DType::F16 || dtype == DType::BF16;
+  const int64_t th = a.t * a.head_dim;
+  return backward ? a.t * a.t + th + (convert ? 7 * th : 0) : th + (convert ? 4 * th : 0);
+}
 using SelfAttentionKernel = void(const SelfAttentionArgs& args);
 extern OpTable<SelfAttentionKernel> op_self_attention;
 extern OpTable<SelfAttentionKernel> op_self_attention_backward;

@@ -90,10 +90,10 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, double scale, bool cau
   const char* op = "self_attention";
   const int64_t hd = check_qkv(qkv, n_heads, op);
   const DType dt = qkv.dtype();
-  const DType compute = dt == DType::F16 || dt == DType::BF16 ? DType::F32 : dt;
-  const Tensor x = ops::contiguous(dt == compute ? qkv.detach() : ops::cast(qkv.detach(), compute));
+  const TensorOptions compute = qkv.options().dtype(dt == DType::F16 || dt == DType::BF16 ? DType::F32 : dt);
+  const Tensor x = ops::contiguous(qkv.detach());
   const int64_t b = x.size(0), t = x.size(1), d = n_heads * hd;
-  const Tensor probs = empty({b, n_heads, t, t}, x.options());
+  const Tensor probs = empty({b, n_heads, t, t}, compute);
   Tensor y = empty({b, t, d}, x.options());
   SelfAttentionArgs a;
   a.qkv = x.raw_data();
@@ -106,27 +106,26 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, double scale, bool cau
   a.scale = scale;
   a.causal = causal;
   a.threads = num_threads();
-  const Tensor workspace = empty({a.threads, hd, t}, x.options());
+  const Tensor workspace = empty({a.threads, self_attention_workspace(a, dt, false)}, compute);
   a.workspace = workspace.raw_data();
-  if (y.numel() > 0) op_self_attention.get(x.device(), compute)(a);
-  if (dt != compute) y = ops::cast(y, dt);
+  if (y.numel() > 0) op_self_attention.get(x.device(), dt)(a);
   if (Node* n = autograd::recorded(op, {&qkv}, y)) {
     n->save(x);
     n->save(probs);
-    n->backward = [a, dt](const Grads& s, const Tensor& g) -> Grads {
+    n->backward = [a, compute](const Grads& s, const Tensor& g) -> Grads {
       const Tensor& x = s[0];
       const Tensor dy = ops::contiguous(g.dtype() == x.dtype() ? g : ops::cast(g, x.dtype()));
       Tensor dqkv = empty(x.shape(), x.options());
-      const Tensor workspace = empty({num_threads(), a.t * a.t + a.head_dim * a.t}, x.options());
       SelfAttentionArgs b = a;
+      b.threads = num_threads();
+      const Tensor workspace = empty({b.threads, self_attention_workspace(b, x.dtype(), true)}, compute);
       b.qkv = x.raw_data();
       b.probs = s[1].raw_data();
       b.dy = dy.raw_data();
       b.dqkv = dqkv.raw_data();
       b.workspace = workspace.raw_data();
-      b.threads = num_threads();
       if (dqkv.numel() > 0) op_self_attention_backward.get(x.device(), x.dtype())(b);
-      return {dqkv.dtype() == dt ? dqkv : ops::cast(dqkv, dt)};
+      return {dqkv};
     };
   }
   return y;

@@ -7,10 +7,12 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/op_table.h"
 #include "core/parallel.h"
+#include "kernels/cpu/register.h"
 
 namespace frugal {
 namespace {
@@ -59,7 +61,8 @@ void small_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t ars, int64_
   for (int64_t i = 0; i < m; i += MR) {
     const int64_t mr = std::min<int64_t>(MR, m - i), last = i + mr - 1;
     const int64_t k0 = range.upper_k ? std::min(i, k) : 0, k1 = range.lower_k ? std::min(last + 1, k) : k;
-    // Whole blocks of NR columns (the fast path); the few extra entries left of the diagonal are masked later.
+    // Whole blocks of NR columns (the fast path); the few extra entries left of the diagonal are masked
+    // later.
     const int64_t n1 = range.lower_n ? std::min((last + NR) / NR * NR, n) : n;
     for (int64_t j = 0; j < n1; j += NR)
       gemm_block<T, MR, NR>(mr, std::min<int64_t>(NR, n1 - j), k0, k1, a + i * ars, ars, acs, b + j, brs,
@@ -96,87 +99,134 @@ T* scratch(const SelfAttentionArgs& a, int64_t size) {
   return static_cast<T*>(a.workspace) + tid * size;
 }
 
-// qkv: [B, T, 3, H, hd]; probs: [B, H, T, T]; y: [B, T, H, hd]; workspace: [threads, hd, T]
+// One head in the compute type C: q, k, v [t, hd] with rows `in` apart, y [t, hd] with rows `out` apart,
+// p [t, t]; kt: scratch [hd, t].
+template <typename C>
+void head_forward(const SelfAttentionArgs& a, const C* q, const C* k, const C* v, int64_t in, C* p, C* y,
+                  int64_t out, C* kt) {
+  const int64_t t = a.t, hd = a.head_dim;
+  const C scale = C(a.scale);
+  Range lower_n, lower_k;
+  lower_n.lower_n = lower_k.lower_k = a.causal;
+  transpose(t, hd, k, in, kt);  // K^T, so that the rows of S = Q K^T come from rows of K^T
+  small_gemm(t, t, hd, q, in, 1, kt, t, p, t, lower_n);
+  for (int64_t i = 0; i < t; ++i) {
+    C* row = p + i * t;
+    const int64_t n = allowed(a, i);
+    Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> r(row, n);
+    // max(scale x) is scale max(x) for scale > 0 and scale min(x) otherwise.
+    const C m = scale >= 0 ? scale * r.maxCoeff() : scale * r.minCoeff();
+    r = (r * scale - m).exp();
+    r *= C(1) / r.sum();
+    std::fill(row + n, row + t, C(0));
+  }
+  small_gemm(t, hd, t, p, t, 1, v, in, y, out, lower_k);  // Y = P V
+}
+
+// One head's gradients in the compute type: dq, dk, dv [t, hd] with rows `in` apart (as q, k, v), dy with
+// rows `out` apart (as y); scratch ds [t, t] and vt [hd, t].
+template <typename C>
+void head_backward(const SelfAttentionArgs& a, const C* q, const C* k, const C* v, int64_t in, const C* p,
+                   const C* dy, int64_t out, C* dq, C* dk, C* dv, C* ds, C* vt) {
+  const int64_t t = a.t, hd = a.head_dim;
+  const C scale = C(a.scale);
+  Range lower_n, lower_k, upper_k;
+  lower_n.lower_n = lower_k.lower_k = upper_k.upper_k = a.causal;
+  small_gemm(t, hd, t, p, 1, t, dy, out, dv, in, upper_k);  // dV = P^T dY
+  transpose(t, hd, v, in, vt);
+  small_gemm(t, t, hd, dy, out, 1, vt, t, ds, t, lower_n);  // dP = dY V^T, then dS in place
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t n = allowed(a, i);
+    Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>> pr(p + i * t, n);
+    Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> r(ds + i * t, n);
+    const C dot = (pr * r).sum();
+    r = scale * pr * (r - dot);
+    std::fill(ds + i * t + n, ds + (i + 1) * t, C(0));
+  }
+  small_gemm(t, hd, t, ds, t, 1, k, in, dq, in, lower_k);  // dQ = dS K
+  small_gemm(t, hd, t, ds, 1, t, q, in, dk, in, upper_k);  // dK = dS^T Q
+}
+
+// rows x cols of src (rows `stride` apart) to contiguous dst, converted; and back.
+template <typename To, typename From>
+void copy_rows(int64_t rows, int64_t cols, const From* src, int64_t src_stride, To* dst, int64_t dst_stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * dst_stride + c] = To(src[r * src_stride + c]);
+}
+
+// qkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C); y: [B, T, H, hd] (T); workspace: [threads, hd * T] (C),
+// plus 4 T hd when T is not C (q, k, v, y converted)
 template <typename T>
 void self_attention_forward_cpu(const SelfAttentionArgs& a) {
+  using C = acc_t<T>;
   const T* qkv = static_cast<const T*>(a.qkv);
-  T* probs = static_cast<T*>(a.probs);
+  C* probs = static_cast<C*>(a.probs);
   T* ys = static_cast<T*>(a.y);
   const int64_t t = a.t, hd = a.head_dim, d = a.heads * hd;
-  const T scale = T(a.scale);
-  Range causal;
-  causal.lower_n = a.causal;
-  Range causal_k;
-  causal_k.lower_k = a.causal;
+  constexpr bool convert = !std::is_same_v<T, C>;
   parallel_for(0, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
-    T* kt = scratch<T>(a, hd * t);  // K^T, so that the rows of S = Q K^T come from rows of K^T
+    C* kt = scratch<C>(a, hd * t + (convert ? 4 * t * hd : 0));
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
-      const T* q = qkv + o.q;
-      T* p = probs + o.p;
-      transpose(t, hd, qkv + o.q + d, 3 * d, kt);
-      small_gemm(t, t, hd, q, 3 * d, 1, kt, t, p, t, causal);
-      for (int64_t i = 0; i < t; ++i) {
-        T* row = p + i * t;
-        const int64_t n = allowed(a, i);
-        Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> r(row, n);
-        // max(scale x) is scale max(x) for scale > 0 and scale min(x) otherwise.
-        const T m = scale >= 0 ? scale * r.maxCoeff() : scale * r.minCoeff();
-        r = (r * scale - m).exp();
-        r *= T(1) / r.sum();
-        std::fill(row + n, row + t, T(0));
+      if constexpr (convert) {
+        C* q = kt + hd * t;
+        C *k = q + t * hd, *v = k + t * hd, *y = v + t * hd;
+        copy_rows(t, hd, qkv + o.q, 3 * d, q, hd);
+        copy_rows(t, hd, qkv + o.q + d, 3 * d, k, hd);
+        copy_rows(t, hd, qkv + o.q + 2 * d, 3 * d, v, hd);
+        head_forward<C>(a, q, k, v, hd, probs + o.p, y, hd, kt);
+        copy_rows(t, hd, y, hd, ys + o.y, d);
+      } else {
+        head_forward<C>(a, qkv + o.q, qkv + o.q + d, qkv + o.q + 2 * d, 3 * d, probs + o.p, ys + o.y, d, kt);
       }
-      small_gemm(t, hd, t, p, t, 1, qkv + o.q + 2 * d, 3 * d, ys + o.y, d, causal_k);  // Y = P V
     }
   });
 }
 
-// qkv, dqkv: [B, T, 3, H, hd]; probs: [B, H, T, T]; dy: [B, T, H, hd]; workspace: [threads, T * T + hd * T]
+// qkv, dqkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C); dy: [B, T, H, hd] (T); workspace: [threads,
+// T * T + hd * T] (C), plus 7 T hd when T is not C (q, k, v, dy, dq, dk, dv converted)
 template <typename T>
 void self_attention_backward_cpu(const SelfAttentionArgs& a) {
+  using C = acc_t<T>;
   const T* qkv = static_cast<const T*>(a.qkv);
-  const T* probs = static_cast<const T*>(a.probs);
+  const C* probs = static_cast<const C*>(a.probs);
   const T* dys = static_cast<const T*>(a.dy);
   T* dqkv = static_cast<T*>(a.dqkv);
   const int64_t t = a.t, hd = a.head_dim, d = a.heads * hd;
-  const T scale = T(a.scale);
-  Range lower_n, lower_k, upper_k;
-  lower_n.lower_n = lower_k.lower_k = upper_k.upper_k = a.causal;
+  constexpr bool convert = !std::is_same_v<T, C>;
   parallel_for(0, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
-    T* ds = scratch<T>(a, t * t + hd * t);  // dP, then dS in place
-    T* vt = ds + t * t;                     // V^T
+    C* ds = scratch<C>(a, t * t + hd * t + (convert ? 7 * t * hd : 0));
+    C* vt = ds + t * t;
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
-      const T* q = qkv + o.q;
-      const T* k = q + d;
-      const T* v = q + 2 * d;
-      const T* p = probs + o.p;
-      const T* dy = dys + o.y;
-      T* dq = dqkv + o.q;
-      T* dk = dq + d;
-      T* dv = dq + 2 * d;
-      small_gemm(t, hd, t, p, 1, t, dy, d, dv, 3 * d, upper_k);  // dV = P^T dY
-      transpose(t, hd, v, 3 * d, vt);
-      small_gemm(t, t, hd, dy, d, 1, vt, t, ds, t, lower_n);  // dP = dY V^T
-      for (int64_t i = 0; i < t; ++i) {
-        const int64_t n = allowed(a, i);
-        Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> pr(p + i * t, n);
-        Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> r(ds + i * t, n);
-        const T dot = (pr * r).sum();
-        r = scale * pr * (r - dot);
-        std::fill(ds + i * t + n, ds + (i + 1) * t, T(0));
+      if constexpr (convert) {
+        C* q = vt + hd * t;
+        C *k = q + t * hd, *v = k + t * hd, *dy = v + t * hd, *dq = dy + t * hd, *dk = dq + t * hd,
+          *dv = dk + t * hd;
+        copy_rows(t, hd, qkv + o.q, 3 * d, q, hd);
+        copy_rows(t, hd, qkv + o.q + d, 3 * d, k, hd);
+        copy_rows(t, hd, qkv + o.q + 2 * d, 3 * d, v, hd);
+        copy_rows(t, hd, dys + o.y, d, dy, hd);
+        head_backward<C>(a, q, k, v, hd, probs + o.p, dy, hd, dq, dk, dv, ds, vt);
+        copy_rows(t, hd, dq, hd, dqkv + o.q, 3 * d);
+        copy_rows(t, hd, dk, hd, dqkv + o.q + d, 3 * d);
+        copy_rows(t, hd, dv, hd, dqkv + o.q + 2 * d, 3 * d);
+      } else {
+        const T* q = qkv + o.q;
+        T* dq = dqkv + o.q;
+        head_backward<C>(a, q, q + d, q + 2 * d, 3 * d, probs + o.p, dys + o.y, d, dq, dq + d, dq + 2 * d, ds,
+                         vt);
       }
-      small_gemm(t, hd, t, ds, t, 1, k, 3 * d, dq, 3 * d, lower_k);  // dQ = dS K
-      small_gemm(t, hd, t, ds, 1, t, q, 3 * d, dk, 3 * d, upper_k);  // dK = dS^T Q
     }
   });
 }
 
 const bool kRegistered = [] {
-  op_self_attention.set(DeviceType::CPU, DType::F32, self_attention_forward_cpu<float>);
-  op_self_attention.set(DeviceType::CPU, DType::F64, self_attention_forward_cpu<double>);
-  op_self_attention_backward.set(DeviceType::CPU, DType::F32, self_attention_backward_cpu<float>);
-  op_self_attention_backward.set(DeviceType::CPU, DType::F64, self_attention_backward_cpu<double>);
+  cpu::for_types<float, double, Half, BFloat16>([](auto t) {
+    using T = decltype(t);
+    op_self_attention.set(DeviceType::CPU, dtype_v<T>, self_attention_forward_cpu<T>);
+    op_self_attention_backward.set(DeviceType::CPU, dtype_v<T>, self_attention_backward_cpu<T>);
+  });
   return true;
 }();
 
