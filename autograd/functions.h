@@ -126,6 +126,11 @@ Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {
 Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {}, Size2 padding = 0,
                   bool count_include_pad = true);
 
+// Layer normalisation over the trailing dims named by normalized_shape, fused (see core/ops.h); gradients for
+// x, weight and bias, first order only. nn::functional::layer_norm and nn::LayerNorm call it.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+
 namespace autograd {
 // Backpropagates from root (a scalar, or any tensor with an explicit gradient of its shape) into the .grad of
 // every leaf that requires grad. Without retain_graph, each node frees its saved tensors once used.

@@ -30,9 +30,7 @@ Tensor unary(const char* name, const Tensor& x, Tensor y, Save save, Rule rule) 
   return y;
 }
 
-constexpr double kSqrt1_2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
-constexpr double kGeluTanhK = 0.79788456080286535588;  // sqrt(2 / pi)
 
 }  // namespace
 
@@ -70,26 +68,15 @@ Tensor relu(const Tensor& x) {
   return unary("relu", x, forward_only([&] { return ops::relu(x); }), Save::Output,
                [](const Grads& s, const Tensor& g) { return where(gt(s[0], 0.0), g, zeros_as(g)); });
 }
+// gelu and gelu_tanh: one-pass backward ops (core/ops.h; first order only), tested against the gradients of
+// their composite forms (tests/kernels/test_gelu.cpp).
 Tensor gelu(const Tensor& x) {  // d = Phi(x) + x phi(x)
   return unary("gelu", x, forward_only([&] { return ops::gelu(x); }), Save::Input,
-               [](const Grads& s, const Tensor& g) {
-                 const Tensor& v = s[0];
-                 const Tensor cdf = mul(add(erf(mul(v, kSqrt1_2)), 1.0), 0.5);
-                 const Tensor pdf = mul(exp(mul(mul(v, v), -0.5)), kInvSqrt2Pi);
-                 return mul(g, add(cdf, mul(v, pdf)));
-               });
+               [](const Grads& s, const Tensor& g) { return ops::gelu_backward(g, s[0]); });
 }
-Tensor gelu_tanh(
-    const Tensor& x) {  // t = tanh(k (x + c x^3)); d = (1 + t)/2 + x (1 - t^2) k (1 + 3 c x^2) / 2
+Tensor gelu_tanh(const Tensor& x) {
   return unary("gelu_tanh", x, forward_only([&] { return ops::gelu_tanh(x); }), Save::Input,
-               [](const Grads& s, const Tensor& g) {
-                 const Tensor& v = s[0];
-                 const Tensor v2 = mul(v, v);
-                 const Tensor t = tanh(mul(add(v, mul(mul(v2, v), 0.044715)), kGeluTanhK));
-                 const Tensor dt =
-                     mul(one_minus(mul(t, t)), mul(add(mul(v2, 3 * 0.044715), 1.0), kGeluTanhK));
-                 return mul(g, mul(add(add(t, 1.0), mul(v, dt)), 0.5));
-               });
+               [](const Grads& s, const Tensor& g) { return ops::gelu_tanh_backward(g, s[0]); });
 }
 Tensor sigmoid(const Tensor& x) {
   return unary("sigmoid", x, forward_only([&] { return ops::sigmoid(x); }), Save::Output,

@@ -9,17 +9,6 @@ using autograd::Node;
 using autograd::recorded;
 
 namespace {
-// index (1-d, along dim) shaped to broadcast against a tensor of `shape`: size -1 at dim, 1 elsewhere.
-Tensor index_along(const Tensor& index, int dim, const Shape& shape) {
-  Shape s = Shape::filled(shape.size(), 1);
-  s[dim] = -1;
-  return index.reshape(s).expand([&] {
-    Shape e = shape;
-    e[dim] = index.numel();
-    return e;
-  }());
-}
-
 // x's shape with the dims other than `dim` cut to those of `like` (gather's index may be smaller than x).
 Shape cut_to(const Shape& x, const Shape& like, int dim) {
   Shape s = like;
@@ -46,7 +35,9 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     const int d = x.dim() ? wrap_dim(dim, x.dim(), "index_select") : 0;
     n->backward = [xs, d](const Grads& s, const Tensor& g) -> Grads {
       if (xs.size() == 0) return {g.reshape(xs)};
-      return {scatter_add(zeros(xs, g.options()), d, index_along(s[0].reshape({-1}), d, g.shape()), g)};
+      // One row add per index (ops::index_add): first order only, unlike a scatter_add of an expanded index,
+      // whose per-element index costs more than the adds.
+      return {ops::index_add(zeros(xs, g.options()), d, s[0].reshape({-1}), g)};
     };
   }
   return y;

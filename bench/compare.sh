@@ -2,12 +2,12 @@
 # Side by side: frugal's bench/workloads and PyTorch's bench/peers/torch_workloads.py, alternated for ROUNDS
 # rounds (default 3) on this machine; PyTorch gets the settings shared/WORKLOADS.md names (OpenBLAS core-type
 # pin removed, passive OpenMP waiting) and the better of OPENBLAS_NUM_THREADS=1 and the default each round.
-# Prints a Markdown table of medians and ratios.   bench/compare.sh W1 W5      (default: W1 W4 W4r W5)
+# Prints a Markdown table of medians and ratios.   bench/compare.sh W1 W5      (default: W1 W3 W4 W4r W5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}
 workloads=("$@")
-[ ${#workloads[@]} -gt 0 ] || workloads=(W1 W4 W4r W5)
+[ ${#workloads[@]} -gt 0 ] || workloads=(W1 W3 W4 W4r W5)
 ours=build/bench/workloads
 [ -x "$ours" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
 python3 -c "import torch" 2>/dev/null || { echo "PyTorch is not installed (pip install torch)" >&2; exit 1; }

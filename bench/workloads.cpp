@@ -117,6 +117,42 @@ void deep(const char* name, int recompute_every) {
       static_cast<long long>(peak_rss_bytes()), num_threads());
 }
 
+// W3: the char-level GPT of nn/gpt.h (4 pre-norm blocks, d 128, 4 heads, context 64) on the fortunes corpus,
+// batch 32 of random windows of the training split, AdamW lr 1e-3; each step samples its batch, runs forward,
+// backward and the update. Median over the steps after 5 warm-up steps; the loss of the last step.
+void gpt() {
+  manual_seed(0);
+  std::unique_ptr<data::TextDataset> text;
+  {
+    memory::Tag tag("dataset");
+    text = std::make_unique<data::TextDataset>(data::TextDatasetOptions().context(64));
+  }
+  nn::GPT model(nn::GPTConfig{.vocab = text->vocab_size()});
+  optim::AdamW opt(model.parameters(), optim::AdamWOptions(1e-3));
+  Generator gen(0);
+  memory::reset_peak();
+  std::vector<double> step_ms;
+  double loss = 0;
+  const int64_t steps = steps_or(30);
+  for (int64_t s = 0; s < steps + 5; ++s) {
+    const Clock::time_point t = Clock::now();
+    const data::Batch b = text->sample_batch(32, gen);
+    opt.zero_grad();
+    Tensor l = nn::functional::cross_entropy(model.forward(b.input).view({-1, text->vocab_size()}),
+                                             b.target.view({-1}));
+    l.backward();
+    opt.step();
+    loss = l.item<double>();
+    if (s >= 5) step_ms.push_back(ms_since(t));
+  }
+  std::printf(
+      "{\"name\": \"W3\", \"median_step_ms\": %.3f, \"steps\": %zu, \"loss\": %.6f, \"peak_arena_bytes\": "
+      "%lld, "
+      "\"peak_rss_bytes\": %lld, \"threads\": %d}\n",
+      median(step_ms), step_ms.size(), loss, static_cast<long long>(memory::stats().allocated.peak),
+      static_cast<long long>(peak_rss_bytes()), num_threads());
+}
+
 // W5: f32 GEMM 1024^3.
 void gemm() {
   const Tensor a = randn({1024, 1024}), b = randn({1024, 1024});
@@ -134,13 +170,15 @@ void gemm() {
 
 int main(int argc, char** argv) {
   std::vector<std::string> names(argv + 1, argv + argc);
-  if (names.empty()) names = {"W1", "W2", "W4", "W4r", "W5"};
+  if (names.empty()) names = {"W1", "W2", "W3", "W4", "W4r", "W5"};
   try {
     for (const std::string& n : names) {
       if (n == "W1")
         fashion("W1", false);
       else if (n == "W2")
         fashion("W2", true);
+      else if (n == "W3")
+        gpt();
       else if (n == "W4")
         deep("W4", 0);
       else if (n == "W4r")
@@ -148,7 +186,7 @@ int main(int argc, char** argv) {
       else if (n == "W5")
         gemm();
       else {
-        std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W4 W4r W5)\n", n.c_str());
+        std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W5)\n", n.c_str());
         return 1;
       }
       std::fflush(stdout);

@@ -71,6 +71,13 @@ std::vector<OpTableRef> op_tables() {
             [](const OpTableRef& a, const OpTableRef& b) { return std::strcmp(a.name, b.name) < 0; });
   return tables;
 }
+constinit OpTable<LayerNormKernel> op_layer_norm{"layer_norm"};
+constinit OpTable<LayerNormKernel> op_layer_norm_backward{"layer_norm_backward"};
+constinit OpTable<ElementwiseKernel> op_gelu_backward{"gelu_backward"};
+constinit OpTable<ElementwiseKernel> op_gelu_tanh_backward{"gelu_tanh_backward"};
+constinit OpTable<SelfAttentionKernel> op_self_attention{"self_attention"};
+constinit OpTable<SelfAttentionKernel> op_self_attention_backward{"self_attention_backward"};
+constinit OpTable<IndexKernel> op_index_add{"index_add"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

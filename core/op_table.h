@@ -310,5 +310,79 @@ struct UnscaleArgs {
 };
 using UnscaleKernel = void(const UnscaleArgs& args);
 extern OpTable<UnscaleKernel> op_non_finite_check_and_unscale;
+// Fused layer normalisation over contiguous [rows, cols] rows (nn/functional.h, layer_norm):
+//   forward:  mean[r] = sum_j x[r, j] / cols,  rstd[r] = 1 / sqrt(sum_j (x[r, j] - mean[r])^2 / cols + eps),
+//             y[r, j] = (x[r, j] - mean[r]) rstd[r] weight[j] + bias[j]
+//   backward: with xh = (x - mean) rstd and g = dy weight (g = dy without a weight),
+//             dx[r, j] = rstd[r] (g[r, j] - mean_k g[r, k] - xh[r, j] mean_k (g xh)[r, k]),
+//             dweight[j] = sum_r dy[r, j] xh[r, j],  dbias[j] = sum_r dy[r, j]
+// x, y, dy, dx have the table's dtype; weight, bias, dweight, dbias, mean, rstd and the workspace have its
+// compute type (f32 for f16/bf16, the dtype itself otherwise). weight and bias (forward) and dx, dweight and
+// dbias (backward) may be null. The backward sums dweight and dbias per chunk of rows (`chunks` equal spans,
+// chosen by the op layer from the shape alone) into workspace [chunks, 2, cols], then over the chunks in
+// order, so the results do not depend on the number of threads.
+struct LayerNormArgs {
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  void* y = nullptr;          // forward out
+  void* mean = nullptr;       // forward out, backward in [rows]
+  void* rstd = nullptr;       // forward out, backward in [rows]
+  const void* dy = nullptr;   // backward in
+  void* dx = nullptr;         // backward out
+  void* dweight = nullptr;    // backward out [cols]
+  void* dbias = nullptr;      // backward out [cols]
+  void* workspace = nullptr;  // backward scratch [chunks, 2, cols]
+  int64_t rows = 0, cols = 0, chunks = 1;
+  double eps = 1e-5;
+};
+using LayerNormKernel = void(const LayerNormArgs& args);
+extern OpTable<LayerNormKernel> op_layer_norm;
+extern OpTable<LayerNormKernel> op_layer_norm_backward;
+
+// GELU's gradient in one pass (autograd/grad_elementwise.cpp): operands out (dx), dy, x, all of x's dtype
+// (the table's key), f16/bf16 computing in f32. With Phi and phi the standard normal CDF and density:
+//   gelu_backward:      dx = dy (Phi(x) + x phi(x))
+//   gelu_tanh_backward: dx = dy ((1 + t) / 2 + x (1 - t^2) k (1 + 3 c x^2) / 2),
+//                       t = tanh(k (x + c x^3)), k = sqrt(2 / pi), c = 0.044715
+extern OpTable<ElementwiseKernel> op_gelu_backward;
+extern OpTable<ElementwiseKernel> op_gelu_tanh_backward;
+
+// Fused multi-head self-attention over q, k, v packed as one [B, T, 3, H, hd] tensor (the output of one
+// Linear d -> 3d, nn/attention.h), per head (b, h), with scale s and, when causal, key j allowed for query i
+// only when j <= i:
+//   forward:  P = softmax(s Q K^T) over the allowed keys (0 elsewhere) into probs [B, H, T, T];
+//             Y = P V into y [B, T, H, hd] (the heads already merged)
+//   backward: dV = P^T dY, dP = dY V^T, dS = s P (dP - rowsum(dP P)), dQ = dS K, dK = dS^T Q, into dqkv
+//             [B, T, 3, H, hd]
+// qkv, y, dy, dqkv have the table's dtype; probs and the workspace its compute type (f32 for f16/bf16).
+// workspace: per-thread scratch for `threads` threads (the op layer's num_threads(), at least the number the
+// kernel runs on) of self_attention_workspace(args, dtype, backward) elements each.
+struct SelfAttentionArgs {
+  const void* qkv = nullptr;  // forward and backward in
+  void* probs = nullptr;      // forward out, backward in
+  void* y = nullptr;          // forward out
+  const void* dy = nullptr;   // backward in
+  void* dqkv = nullptr;       // backward out
+  void* workspace = nullptr;  // scratch
+  int64_t batch = 0, t = 0, heads = 0, head_dim = 0, threads = 1;
+  double scale = 1;
+  bool causal = false;
+};
+// Per-thread scratch elements: K^T (forward) or dS and V^T (backward), plus converted copies of one head's
+// operands when the dtype is not its own compute type.
+inline int64_t self_attention_workspace(const SelfAttentionArgs& a, DType dtype, bool backward) {
+  const bool convert = dtype == DType::F16 || dtype == DType::BF16;
+  const int64_t th = a.t * a.head_dim;
+  return backward ? a.t * a.t + th + (convert ? 7 * th : 0) : th + (convert ? 4 * th : 0);
+}
+using SelfAttentionKernel = void(const SelfAttentionArgs& args);
+extern OpTable<SelfAttentionKernel> op_self_attention;
+extern OpTable<SelfAttentionKernel> op_self_attention_backward;
+
+// index_select's transpose, over IndexArgs' [outer, dim_size, inner] layout: out[o, index[i], j] +=
+// src[o, i, j] for i < n_index (src [outer, n_index, inner], index 1-d, duplicates accumulate; out starts as
+// a copy of x). One vectorised row add per index instead of scatter_add's per-element index.
+extern OpTable<IndexKernel> op_index_add;
 
 }  // namespace frugal

@@ -24,6 +24,9 @@ Tensor rsqrt(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x);       // x * Phi(x), the erf form
 Tensor gelu_tanh(const Tensor& x);  // the tanh approximation
+// Their gradients in one pass, d y * gelu'(x), for d y and x of one shape (d y is converted to x's dtype).
+Tensor gelu_backward(const Tensor& grad_out, const Tensor& x);
+Tensor gelu_tanh_backward(const Tensor& grad_out, const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor silu(const Tensor& x);
@@ -130,6 +133,9 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 // A copy of x with src's elements added at the positions index names along dim (duplicates accumulate).
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+// A copy of x with src's slices added at the positions a 1-d index names along dim (duplicates accumulate):
+// out.select(dim, index[i]) += src.select(dim, i). index_select's gradient.
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 // Joins tensors along an existing dim; shapes must match elsewhere, dtypes promote.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // i64 tensor of shape index.shape + [num_classes] with a 1 at each index; num_classes < 0 infers max + 1.
@@ -177,5 +183,23 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {
                   bool count_include_pad = true);
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, Size2 kernel, Size2 stride,
                            Size2 padding, bool count_include_pad);
+
+// Layer normalisation over the trailing dims of x named by normalized_shape, in one fused pass per row:
+// y = (x - mean) / sqrt(var + eps) * weight + bias (biased variance; weight and bias of normalized_shape, or
+// undefined). y has x's dtype; f16/bf16 compute in f32, and weight and bias are used in that compute type.
+// Also returns each row's mean and 1 / sqrt(var + eps) ([rows], the compute type) for the backward.
+struct LayerNormResult {
+  Tensor y, mean, rstd;
+};
+LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                           const Tensor& bias = {}, double eps = 1e-5);
+// Its gradients from d y: d x (when need_dx; x's dtype) and d weight, d bias (when asked for, d weight only
+// with a weight; in the compute type). mean and rstd are layer_norm's.
+struct LayerNormGrads {
+  Tensor dx, dweight, dbias;
+};
+LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Shape& normalized_shape,
+                                   const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool need_dx,
+                                   bool need_dweight, bool need_dbias);
 
 }  // namespace frugal::ops

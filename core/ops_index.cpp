@@ -1,4 +1,4 @@
-// Indexing and joining: index_select, gather, scatter_add, cat, one_hot.
+// Indexing and joining: index_select, gather, scatter_add, index_add, cat, one_hot.
 #include "core/op_table.h"
 #include "core/ops.h"
 
@@ -109,6 +109,32 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
   a.dim_size = size;
   a.n_index = index.dim() ? index.shape()[d] : 1;
   if (index.numel() > 0) op_scatter_add.get(x.device(), x.dtype())(a);
+  return out;
+}
+
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  FRUGAL_CHECK(x.defined() && index.defined() && src.defined(), "index_add: an input tensor is undefined");
+  const int d = x.dim() ? wrap_dim(dim, x.dim(), "index_add") : 0;
+  FRUGAL_CHECK_DTYPE(src.dtype() == x.dtype(), "index_add: src dtype ", dtype_name(src.dtype()),
+                     " differs from the input's ", dtype_name(x.dtype()));
+  FRUGAL_CHECK_SHAPE(index.dim() <= 1, "index_add: the index must be 0-d or 1-d, got shape ", index.shape());
+  Shape expected = x.shape();
+  if (x.dim()) expected[d] = index.numel();
+  FRUGAL_CHECK_SHAPE(src.shape() == expected, "index_add: src shape ", src.shape(),
+                     " must be the input shape ", x.shape(), " with dim ", d, " of the index's size ",
+                     index.numel(), ", i.e. ", expected);
+  const int64_t size = x.dim() ? x.shape()[d] : 1;
+  const Tensor idx = checked_index("index_add", index, size, x, dim);
+  const Tensor srcs = src.contiguous();
+  Tensor out = x.clone();
+  IndexArgs a;
+  split_at(src.shape(), d, a.outer, a.inner);
+  a.src = srcs.raw_data();
+  a.index = idx.data<int64_t>();
+  a.out = out.raw_data();
+  a.dim_size = size;
+  a.n_index = idx.numel();
+  if (src.numel() > 0) op_index_add.get(x.device(), x.dtype())(a);
   return out;
 }
 

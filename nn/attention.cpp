@@ -1,10 +1,12 @@
-// The fused attention-probabilities op (forward and its backward rule, kernels in kernels/cpu/attention.cpp)
-// with its composite reference, and the CausalSelfAttention and TransformerBlock modules.
+// The fused attention ops (the attention probabilities, kernels/cpu/attention.cpp, and the whole attention of
+// packed q, k, v, kernels/cpu/self_attention.cpp; forward and backward rules) with their composite
+// references, and the CausalSelfAttention and TransformerBlock modules.
 #include "nn/attention.h"
 
 #include <cmath>
 
 #include "core/op_table.h"
+#include "core/parallel.h"
 #include "nn/functional.h"
 
 namespace frugal::nn {
@@ -73,6 +75,75 @@ Tensor attention_scores_softmax_composite(const Tensor& scores, double scale, bo
   return softmax(s, -1);
 }
 
+namespace {
+// Checks qkv [B, T, 3 d] against n_heads and returns the head dim d / n_heads.
+int64_t check_qkv(const Tensor& qkv, int64_t n_heads, const char* op) {
+  FRUGAL_CHECK(qkv.defined(), op, ": the qkv tensor is undefined");
+  FRUGAL_CHECK_DTYPE(is_floating(qkv.dtype()), op, ": expected a floating qkv (f32, f64, f16, bf16), got ",
+                     dtype_name(qkv.dtype()), " (shape ", qkv.shape(), ")");
+  FRUGAL_CHECK(n_heads > 0, op, ": n_heads must be positive, got ", n_heads);
+  FRUGAL_CHECK_SHAPE(qkv.dim() == 3 && qkv.size(2) % (3 * n_heads) == 0, op,
+                     ": expected qkv [B, T, 3 d] with d a multiple of n_heads = ", n_heads, ", got shape ",
+                     qkv.shape());
+  return qkv.size(2) / (3 * n_heads);
+}
+}  // namespace
+
+Tensor self_attention(const Tensor& qkv, int64_t n_heads, double scale, bool causal) {
+  const char* op = "self_attention";
+  const int64_t hd = check_qkv(qkv, n_heads, op);
+  const DType dt = qkv.dtype();
+  const TensorOptions compute = qkv.options().dtype(dt == DType::F16 || dt == DType::BF16 ? DType::F32 : dt);
+  const Tensor x = ops::contiguous(qkv.detach());
+  const int64_t b = x.size(0), t = x.size(1), d = n_heads * hd;
+  const Tensor probs = empty({b, n_heads, t, t}, compute);
+  Tensor y = empty({b, t, d}, x.options());
+  SelfAttentionArgs a;
+  a.qkv = x.raw_data();
+  a.probs = probs.raw_data();
+  a.y = y.raw_data();
+  a.batch = b;
+  a.t = t;
+  a.heads = n_heads;
+  a.head_dim = hd;
+  a.scale = scale;
+  a.causal = causal;
+  a.threads = num_threads();
+  const Tensor workspace = empty({a.threads, self_attention_workspace(a, dt, false)}, compute);
+  a.workspace = workspace.raw_data();
+  if (y.numel() > 0) op_self_attention.get(x.device(), dt)(a);
+  if (Node* n = autograd::recorded(op, {&qkv}, y)) {
+    n->save(x);
+    n->save(probs);
+    n->backward = [a, compute](const Grads& s, const Tensor& g) -> Grads {
+      const Tensor& x = s[0];
+      const Tensor dy = ops::contiguous(g.dtype() == x.dtype() ? g : ops::cast(g, x.dtype()));
+      Tensor dqkv = empty(x.shape(), x.options());
+      SelfAttentionArgs b = a;
+      b.threads = num_threads();
+      const Tensor workspace = empty({b.threads, self_attention_workspace(b, x.dtype(), true)}, compute);
+      b.qkv = x.raw_data();
+      b.probs = s[1].raw_data();
+      b.dy = dy.raw_data();
+      b.dqkv = dqkv.raw_data();
+      b.workspace = workspace.raw_data();
+      if (dqkv.numel() > 0) op_self_attention_backward.get(x.device(), x.dtype())(b);
+      return {dqkv};
+    };
+  }
+  return y;
+}
+
+Tensor self_attention_composite(const Tensor& qkv, int64_t n_heads, double scale, bool causal) {
+  const int64_t hd = check_qkv(qkv, n_heads, "self_attention_composite");
+  const int64_t b = qkv.size(0), t = qkv.size(1), d = n_heads * hd;
+  // [B, T, 3d] -> [3, B, H, T, hd]: q, k, v as strided views.
+  const Tensor heads = qkv.reshape({b, t, 3, n_heads, hd}).permute({2, 0, 3, 1, 4});
+  const Tensor q = heads.select(0, 0), k = heads.select(0, 1), v = heads.select(0, 2);
+  const Tensor att = attention_scores_softmax(matmul(q, k.transpose(-1, -2)), scale, causal);  // [B, H, T, T]
+  return matmul(att, v).transpose(1, 2).reshape({b, t, d});                                    // merge heads
+}
+
 }  // namespace functional
 
 namespace F = functional;
@@ -92,13 +163,18 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
                      "CausalSelfAttention: expected x [B, T, ", d_model, "], got shape ",
                      x.defined() ? x.shape() : Shape{});
   const int64_t b = x.size(0), t = x.size(1), hd = d_model / n_heads;
-  // [B, T, 3d] -> [3, B, H, T, hd]: q, k, v as strided views, no copy.
-  const Tensor heads = qkv->forward(x).view({b, t, 3, n_heads, hd}).permute({2, 0, 3, 1, 4});
-  const Tensor q = heads.select(0, 0), k = heads.select(0, 1), v = heads.select(0, 2);
-  Tensor att = F::attention_scores_softmax(matmul(q, k.transpose(-1, -2)), 1.0 / std::sqrt(double(hd)),
-                                           /*causal=*/true);  // [B, H, T, T]
-  att = F::dropout(att, dropout, is_training());
-  const Tensor y = matmul(att, v).transpose(1, 2).reshape({b, t, d_model});  // merge heads
+  const double scale = 1.0 / std::sqrt(double(hd));
+  Tensor y;
+  if (dropout > 0 && is_training()) {
+    // Dropout on the probabilities needs them as a tensor: the composite path.
+    const Tensor heads = qkv->forward(x).view({b, t, 3, n_heads, hd}).permute({2, 0, 3, 1, 4});
+    const Tensor q = heads.select(0, 0), k = heads.select(0, 1), v = heads.select(0, 2);
+    Tensor att = F::attention_scores_softmax(matmul(q, k.transpose(-1, -2)), scale, /*causal=*/true);
+    att = F::dropout(att, dropout, is_training());
+    y = matmul(att, v).transpose(1, 2).reshape({b, t, d_model});  // merge heads
+  } else {
+    y = F::self_attention(qkv->forward(x), n_heads, scale, /*causal=*/true);
+  }
   return F::dropout(proj->forward(y), dropout, is_training());
 }
 

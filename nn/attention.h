@@ -1,6 +1,7 @@
 // Causal self-attention and the pre-norm transformer block (as in nanoGPT / GPT-2), plus the fused op they
-// run: softmax of scaled, causally masked attention scores in one pass (kernels/cpu/attention.cpp). Not here:
-// the whole model (nn/gpt.h).
+// run: softmax of scaled, causally masked attention scores in one pass (kernels/cpu/attention.cpp), and the
+// whole attention of packed q, k, v in one op (kernels/cpu/self_attention.cpp). Not here: the whole model
+// (nn/gpt.h).
 //
 //   namespace F = frugal::nn::functional;
 //   Tensor p = F::attention_scores_softmax(matmul(q, k.transpose(-1, -2)), 1 / std::sqrt(64.0), true);
@@ -25,6 +26,15 @@ namespace functional {
 Tensor attention_scores_softmax(const Tensor& scores, double scale, bool causal);
 // The same from mul, where and softmax: the reference the fused op is tested against.
 Tensor attention_scores_softmax_composite(const Tensor& scores, double scale, bool causal);
+
+// Multi-head self-attention of q, k, v packed in qkv [B, T, 3 d] (as one Linear d -> 3d gives them: q, k, v
+// in that order along the last dim, each split into n_heads heads of d / n_heads): per head softmax(scale q
+// k^T), masked as attention_scores_softmax masks it, times v; the heads merged into y [B, T, d]. One fused
+// op each way (no head split or merge copies); keeps qkv and the probabilities [B, H, T, T] for the
+// backward, which is first order only. f16/bf16 compute in f32.
+Tensor self_attention(const Tensor& qkv, int64_t n_heads, double scale, bool causal);
+// The same from views, matmul and attention_scores_softmax: the reference the fused op is tested against.
+Tensor self_attention_composite(const Tensor& qkv, int64_t n_heads, double scale, bool causal);
 
 }  // namespace functional
 

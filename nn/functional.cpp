@@ -1,5 +1,6 @@
 // nn::functional layers (linear, dropout, layer_norm, batch_norm, embedding): composites of differentiable
-// ops, so their gradients come from autograd/ and recompute segments replay them. Losses are in
+// ops, so their gradients come from autograd/ and recompute segments replay them, except layer_norm, which
+// runs the fused op (autograd/grad_norm.cpp) and keeps its composite as layer_norm_composite. Losses are in
 // nn/functional_losses.cpp.
 #include "nn/functional.h"
 
@@ -55,8 +56,13 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   return where(ge(u, p), mul(x, 1.0 / (1.0 - p)), scalar_tensor(0, x.dtype()));
 }
 
-Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in,
-                  const Tensor& bias_in, double eps) {
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  return frugal::layer_norm(x, normalized_shape, weight, bias, eps);
+}
+
+Tensor layer_norm_composite(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in,
+                            const Tensor& bias_in, double eps) {
   FRUGAL_CHECK(x_in.defined(), "layer_norm: the input is undefined");
   // In f32 under autocast, so it returns f32 (Note [autocast policy], amp/autocast.h).
   const Tensor x = autograd::autocast_f32(x_in), weight = autograd::autocast_f32(weight_in),

@@ -30,9 +30,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
 
 // Normalises over the trailing dims named by normalized_shape: (x - mean) / sqrt(var + eps) * weight + bias
-// (biased variance; weight and bias of normalized_shape, or undefined). f16/bf16 inputs compute in f32.
+// (biased variance; weight and bias of normalized_shape, or undefined). f16/bf16 inputs compute in f32. Runs
+// the fused op (frugal::layer_norm, autograd/functions.h).
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);
+// The same, composed from mean, var, rsqrt, mul and add: the reference the fused op is tested against.
+Tensor layer_norm_composite(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                            const Tensor& bias = {}, double eps = 1e-5);
 
 // Batch norm over x [N, C, ...] per channel. Training: batch statistics over every dim but C (biased variance
 // to normalise), and running_mean / running_var (if defined) updated in place as

@@ -90,6 +90,39 @@ def deep(name, segments):
             "loss": loss.item(), "peak_rss_bytes": peak_rss(), "threads": torch.get_num_threads()}
 
 
+def gpt():
+    """W3: the model of bench/peers/torch_gpt.py (frugal's nn::GPT) on the fortunes corpus as frugal's
+    data::TextDataset reads it (files without a '.' in their name, sorted; byte tokens; the first 90% for
+    training), random windows of 65 tokens, batch 32, AdamW lr 1e-3."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_gpt import make_gpt  # scaled_dot_product_attention, the faster form here
+    root = "/usr/share/games/fortunes"
+    files = sorted(f for f in os.listdir(root) if "." not in f and os.path.isfile(os.path.join(root, f)))
+    corpus = b"".join(open(os.path.join(root, f), "rb").read() for f in files)
+    vocab = sorted(set(corpus))
+    lut = torch.zeros(256, dtype=torch.long)
+    lut[torch.tensor(vocab)] = torch.arange(len(vocab))
+    tokens = lut[torch.frombuffer(bytearray(corpus), dtype=torch.uint8).long()]
+    train = tokens[:len(tokens) - int(len(tokens) * 0.1)]
+    torch.manual_seed(0)
+    model = make_gpt(len(vocab))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times, steps = [], steps_or(30)
+    for s in range(steps + 5):
+        t = time.perf_counter()
+        starts = torch.randint(0, len(train) - 64, (32,))
+        window = train[starts.unsqueeze(1) + torch.arange(65)]
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(window[:, :-1]).reshape(-1, len(vocab)), window[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        value = loss.item()
+        if s >= 5:
+            times.append((time.perf_counter() - t) * 1e3)
+    return {"name": "W3", "median_step_ms": statistics.median(times), "steps": steps, "loss": value,
+            "peak_rss_bytes": peak_rss(), "threads": torch.get_num_threads()}
+
+
 def gemm():
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     times = []
@@ -103,8 +136,8 @@ def gemm():
 
 
 def main():
-    names = sys.argv[1:] or ["W1", "W2", "W4", "W4r", "W5"]
-    run = {"W1": lambda: fashion("W1", False), "W2": lambda: fashion("W2", True), "W4": lambda: deep("W4", 0),
+    names = sys.argv[1:] or ["W1", "W2", "W3", "W4", "W4r", "W5"]
+    run = {"W1": lambda: fashion("W1", False), "W2": lambda: fashion("W2", True), "W3": gpt, "W4": lambda: deep("W4", 0),
            "W4r": lambda: deep("W4r", 6), "W5": gemm}
     for n in names:
         if n not in run:

@@ -50,6 +50,25 @@ void scatter_add_cpu(const IndexArgs& a) {
   }
 }
 
+// Parallel over the outer slices only: two index entries may name the same row.
+template <typename T>
+void index_add_cpu(const IndexArgs& a) {
+  using C = acc_t<T>;
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const int64_t slice = a.n_index * a.inner;
+  parallel_for(0, a.outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(slice, 1)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t o = b; o < e; ++o)
+                   for (int64_t i = 0; i < a.n_index; ++i) {
+                     const T* s = src + (o * a.n_index + i) * a.inner;
+                     T* dst = out + (o * a.dim_size + a.index[i]) * a.inner;
+#pragma omp simd
+                     for (int64_t j = 0; j < a.inner; ++j) dst[j] = T(C(dst[j]) + C(s[j]));
+                   }
+               });
+}
+
 const bool kRegistered = [] {
   for_types<float, double, Half, BFloat16, int64_t, int32_t, uint8_t, bool>([](auto t) {
     using T = decltype(t);
@@ -58,6 +77,7 @@ const bool kRegistered = [] {
   });
   for_types<float, double, Half, BFloat16, int64_t, int32_t, uint8_t>([](auto t) {
     op_scatter_add.set(DeviceType::CPU, dtype_v<decltype(t)>, scatter_add_cpu<decltype(t)>);
+    op_index_add.set(DeviceType::CPU, dtype_v<decltype(t)>, index_add_cpu<decltype(t)>);
   });
   return true;
 }();

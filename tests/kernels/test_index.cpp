@@ -80,6 +80,51 @@ TEST(ScatterAdd, AccumulatesDuplicates) {
   EXPECT_EQ(z.to_vector<float>(), (std::vector<float>{0, 1, 0, 1, 0, 1}));
 }
 
+// index_add (index_select's gradient) against a loop from the definition, along each dim of a 3-d tensor,
+// with duplicate and negative indices; its bad inputs.
+TEST(IndexAdd, MatchesDefinitionAndAccumulatesDuplicates) {
+  const Tensor index = tensor<int64_t>({2, 0, 2, -1, 1, 2});
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::I64})
+    for (int d = 0; d < 3; ++d) {
+      Shape xs{3, 4, 5}, ss = xs;
+      ss[d] = 6;
+      const Tensor x = uniform(xs, 0, 10, DType::F32, 47).to(t),
+                   src = uniform(ss, 0, 10, DType::F32, 48).to(t);
+      const Tensor y = ops::index_add(x, d, index, src);
+      std::vector<double> expect = x.to_vector<double>();
+      const auto sv = src.to_vector<double>();
+      const auto iv = index.to_vector<int64_t>();
+      for (int64_t p = 0; p < src.numel(); ++p) {
+        auto at = testing::unravel(p, ss);
+        const int64_t k = iv[size_t(at[size_t(d)])];
+        at[size_t(d)] = k < 0 ? k + xs[d] : k;
+        expect[size_t((at[0] * 4 + at[1]) * 5 + at[2])] += sv[size_t(p)];
+      }
+      const testing::Tol tol = t == DType::BF16 ? testing::Tol{0.15, 1e-2} : testing::tol_for(t);
+      testing::expect_close(y, expect, tol,
+                            std::string("index_add ") + dtype_name(t) + " dim " + std::to_string(d));
+    }
+  // The gradient of index_select is index_add's: duplicates sum.
+  const Tensor w = uniform({4, 3}, -1, 1, DType::F64, 49).requires_grad_();
+  sum(index_select(w, 0, tensor<int64_t>({1, 1, 3}))).backward();
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{0, 0, 0, 2, 2, 2, 0, 0, 0, 1, 1, 1}));
+  expect_error<ShapeError>(
+      [] {
+        ops::index_add(zeros({3, 4}), 0, tensor<int64_t>({0, 1}), ones({3, 4}));
+      },
+      {"index_add", "[3, 4]", "[2, 4]"});
+  expect_error<IndexError>(
+      [] {
+        ops::index_add(zeros({3, 4}), 0, tensor<int64_t>({0, 3}), ones({2, 4}));
+      },
+      {"index_add", "3"});
+  expect_error<DTypeError>(
+      [] {
+        ops::index_add(zeros({3, 4}), 0, tensor<int64_t>({0}), ones({1, 4}, DType::F64));
+      },
+      {"index_add", "f64"});
+}
+
 TEST(CatStack, MatchesDefinition) {
   const Tensor a = uniform({2, 3}, -1, 1, DType::F32, 45), b = uniform({4, 3}, -1, 1, DType::F32, 46);
   const Tensor c = cat({a, b}, 0);

@@ -1,0 +1,34 @@
+// The one-pass gradients of the activations (gelu_backward, gelu_tanh_backward): argument checks and the call
+// into the op table. The kernels are in kernels/cpu/activation.cpp.
+#include "core/op_table.h"
+#include "core/ops.h"
+
+namespace frugal::ops {
+
+namespace {
+
+Tensor activation_backward(OpTable<ElementwiseKernel>& table, const Tensor& grad_out, const Tensor& x) {
+  const char* op = table.name();
+  FRUGAL_CHECK(x.defined() && grad_out.defined(), op, ": the input or the gradient is undefined");
+  FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), op, ": expected a floating input (f32, f64, f16, bf16), got ",
+                     dtype_name(x.dtype()), " (shape ", x.shape(), ")");
+  FRUGAL_CHECK_SHAPE(grad_out.shape() == x.shape(), op, ": the gradient's shape ", grad_out.shape(),
+                     " differs from the input's ", x.shape());
+  FRUGAL_CHECK_T(DeviceError, grad_out.device() == x.device(), op, ": the gradient is on ", grad_out.device(),
+                 " but the input is on ", x.device());
+  const Tensor dy = grad_out.to(x.dtype());
+  Tensor dx = empty(x.shape(), x.options());
+  table.get(x.device(), x.dtype())(make_loop({&dx, &dy, &x}), {});
+  return dx;
+}
+
+}  // namespace
+
+Tensor gelu_backward(const Tensor& grad_out, const Tensor& x) {
+  return activation_backward(op_gelu_backward, grad_out, x);
+}
+Tensor gelu_tanh_backward(const Tensor& grad_out, const Tensor& x) {
+  return activation_backward(op_gelu_tanh_backward, grad_out, x);
+}
+
+}  // namespace frugal::ops

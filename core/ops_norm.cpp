@@ -1,0 +1,121 @@
+// The fused layer normalisation ops (layer_norm and its backward): argument checks, the [rows, cols] view of
+// the input, and the call into the op table. The kernels are in kernels/cpu/norm.cpp.
+#include <algorithm>
+
+#include "core/op_table.h"
+#include "core/ops.h"
+
+namespace frugal::ops {
+
+namespace {
+
+DType compute_dtype(DType t) { return t == DType::F16 || t == DType::BF16 ? DType::F32 : t; }
+
+// Checks x against normalized_shape and returns the number of rows (the product of the leading dims).
+int64_t check_layer_norm(const char* op, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                         const Tensor& bias) {
+  FRUGAL_CHECK(x.defined(), op, ": the input is undefined");
+  FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), op, ": expected a floating input (f32, f64, f16, bf16), got ",
+                     dtype_name(x.dtype()), " (shape ", x.shape(), ")");
+  const int k = normalized_shape.size();
+  bool fits = k >= 1 && x.dim() >= k;
+  for (int i = 0; fits && i < k; ++i) fits = x.shape()[x.dim() - k + i] == normalized_shape[i];
+  FRUGAL_CHECK_SHAPE(fits, op, ": input shape ", x.shape(), " does not end with normalized_shape ",
+                     normalized_shape, " (normalized_shape names the input's last dims)");
+  auto check_param = [&](const Tensor& t, const char* what) {
+    if (!t.defined()) return;
+    FRUGAL_CHECK_SHAPE(t.shape() == normalized_shape, op, ": ", what, " shape ", t.shape(),
+                       " must equal normalized_shape ", normalized_shape);
+    FRUGAL_CHECK_DTYPE(is_floating(t.dtype()), op, ": expected a floating ", what, ", got ",
+                       dtype_name(t.dtype()), " (shape ", t.shape(), ")");
+    FRUGAL_CHECK_T(DeviceError, t.device() == x.device(), op, ": the ", what, " is on ", t.device(),
+                   " but the input is on ", x.device(), "; move one with .to(device)");
+  };
+  check_param(weight, "weight");
+  check_param(bias, "bias");
+  return x.numel() / std::max<int64_t>(normalized_shape.numel(), 1);
+}
+
+// A parameter (or undefined) as a contiguous tensor of the compute dtype, as the kernels read it.
+Tensor as_compute(const Tensor& t, DType c) { return t.defined() ? contiguous(t.to(c)) : t; }
+
+}  // namespace
+
+LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                           const Tensor& bias, double eps) {
+  const char* op = "layer_norm";
+  const int64_t rows = check_layer_norm(op, x, normalized_shape, weight, bias);
+  const DType c = compute_dtype(x.dtype());
+  const Tensor xc = contiguous(x), w = as_compute(weight, c), b = as_compute(bias, c);
+  LayerNormResult r;
+  r.y = empty(x.shape(), x.options());
+  r.mean = empty({rows}, x.options().dtype(c));
+  r.rstd = empty({rows}, x.options().dtype(c));
+  LayerNormArgs a;
+  a.x = xc.raw_data();
+  a.weight = w.defined() ? w.raw_data() : nullptr;
+  a.bias = b.defined() ? b.raw_data() : nullptr;
+  a.y = r.y.raw_data();
+  a.mean = r.mean.raw_data();
+  a.rstd = r.rstd.raw_data();
+  a.rows = rows;
+  a.cols = normalized_shape.numel();
+  a.eps = eps;
+  if (x.numel() > 0) op_layer_norm.get(x.device(), x.dtype())(a);
+  return r;
+}
+
+LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Shape& normalized_shape,
+                                   const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool need_dx,
+                                   bool need_dweight, bool need_dbias) {
+  const char* op = "layer_norm_backward";
+  const int64_t rows = check_layer_norm(op, x, normalized_shape, weight, {});
+  FRUGAL_CHECK(grad_out.defined() && grad_out.shape() == x.shape(), op, ": the gradient's shape ",
+               grad_out.defined() ? grad_out.shape() : Shape{}, " differs from the input's ", x.shape());
+  const DType c = compute_dtype(x.dtype());
+  FRUGAL_CHECK(mean.defined() && rstd.defined() && mean.numel() == rows && rstd.numel() == rows &&
+                   mean.dtype() == c && rstd.dtype() == c,
+               op, ": mean and rstd must be layer_norm's [", rows, "] ", dtype_name(c), " statistics");
+  need_dweight = need_dweight && weight.defined();
+  const Tensor xc = contiguous(x), w = as_compute(weight, c), mc = contiguous(mean), rc = contiguous(rstd);
+  const Tensor dy = contiguous(grad_out.to(x.dtype()));
+  const int64_t cols = normalized_shape.numel();
+  LayerNormGrads g;
+  LayerNormArgs a;
+  a.x = xc.raw_data();
+  a.dy = dy.raw_data();
+  a.weight = w.defined() ? w.raw_data() : nullptr;
+  a.mean = mc.raw_data();
+  a.rstd = rc.raw_data();
+  a.rows = rows;
+  a.cols = cols;
+  // Chunks of at least 8192 elements for the partial sums of dweight and dbias, from the shape alone (so
+  // the sums, and the results, are the same for every thread count).
+  a.chunks = std::clamp<int64_t>(x.numel() / 8192, 1, std::max<int64_t>(1, std::min<int64_t>(rows, 64)));
+  Tensor workspace;
+  if (need_dx) {
+    g.dx = empty(x.shape(), x.options());
+    a.dx = g.dx.raw_data();
+  }
+  if (need_dweight) {
+    g.dweight = empty(normalized_shape, x.options().dtype(c));
+    a.dweight = g.dweight.raw_data();
+  }
+  if (need_dbias) {
+    g.dbias = empty(normalized_shape, x.options().dtype(c));
+    a.dbias = g.dbias.raw_data();
+  }
+  if (need_dweight || need_dbias) {
+    workspace = empty({a.chunks, 2, cols}, x.options().dtype(c));
+    a.workspace = workspace.raw_data();
+  }
+  if (x.numel() > 0) {
+    op_layer_norm_backward.get(x.device(), x.dtype())(a);
+  } else {
+    if (g.dweight.defined()) fill_(g.dweight, 0);
+    if (g.dbias.defined()) fill_(g.dbias, 0);
+  }
+  return g;
+}
+
+}  // namespace frugal::ops

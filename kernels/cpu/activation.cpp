@@ -1,0 +1,91 @@
+// CPU kernels of the activations' gradients that run as one pass (op_gelu_backward, op_gelu_tanh_backward;
+// formulas in core/op_table.h) instead of a dozen elementwise ops. The math is one Eigen array expression, so
+// contiguous f32/f64 runs use Eigen's vectorised erf, exp and tanh (Eigen's float erf is a clamped rational
+// approximation accurate to a few ulps, the same the forward gelu uses); other runs (strided, f16/bf16) pass
+// through small buffers in the compute type. Their reference is the gradient autograd derives from the
+// composite forms (tests/kernels/test_gelu.cpp).
+#include <Eigen/Core>
+#include <algorithm>
+#include <unsupported/Eigen/SpecialFunctions>
+
+#include "core/op_table.h"
+#include "kernels/cpu/register.h"
+
+namespace frugal {
+namespace {
+
+template <typename C>
+using In = Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>>;
+template <typename C>
+using Out = Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>>;
+
+constexpr int64_t kChunk = 256;  // elements per buffered step: a few KiB, stays in L1
+
+// Runs f(dx, dy, x) as Eigen maps over every run of a loop whose operands are dx, dy, x (all of type T), in
+// steps of kChunk elements so that a rule of two statements finds its first result still in L1: straight
+// over memory when T is its own compute type and the run is contiguous, through buffers otherwise. (The
+// scheme of kernels/cpu/elementwise.cpp's map_kernel, for three operands.)
+template <typename T, typename F>
+void map_backward(const Loop& loop, F f) {
+  using C = acc_t<T>;
+  for_each_run(loop, [&](char* const* p, const int64_t* s, int64_t n) {
+    constexpr int64_t w = int64_t(sizeof(T));
+    if constexpr (std::is_same_v<T, C>) {
+      if (s[0] == w && s[1] == w && s[2] == w) {
+        C* dx = reinterpret_cast<C*>(p[0]);
+        const C* dy = reinterpret_cast<const C*>(p[1]);
+        const C* x = reinterpret_cast<const C*>(p[2]);
+        for (int64_t i = 0; i < n; i += kChunk) {
+          const int64_t m = std::min(kChunk, n - i);
+          Out<C> o(dx + i, m);
+          f(o, In<C>(dy + i, m), In<C>(x + i, m));
+        }
+        return;
+      }
+    }
+    alignas(64) C dy[kChunk], x[kChunk], dx[kChunk];
+    for (int64_t i = 0; i < n; i += kChunk) {
+      const int64_t m = std::min(kChunk, n - i);
+      for (int64_t j = 0; j < m; ++j) {
+        dy[j] = C(*reinterpret_cast<const T*>(p[1] + (i + j) * s[1]));
+        x[j] = C(*reinterpret_cast<const T*>(p[2] + (i + j) * s[2]));
+      }
+      Out<C> o(dx, m);
+      f(o, In<C>(dy, m), In<C>(x, m));
+      for (int64_t j = 0; j < m; ++j) *reinterpret_cast<T*>(p[0] + (i + j) * s[0]) = T(dx[j]);
+    }
+  });
+}
+
+// dx = dy (Phi(x) + x phi(x)): Phi(x) = (1 + erf(x / sqrt 2)) / 2, phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+template <typename T>
+void gelu_backward_cpu(const Loop& loop, const OpArgs&) {
+  using C = acc_t<T>;
+  map_backward<T>(loop, [](Out<C>& dx, const In<C>& dy, const In<C>& x) {
+    dx = dy * (C(0.5) + C(0.5) * (x * C(0.70710678118654752)).erf() +
+               x * C(0.39894228040143267794) * (C(-0.5) * x.square()).exp());
+  });
+}
+
+// dx = dy ((1 + t) / 2 + x (1 - t^2) k (1 + 3 c x^2) / 2), t = tanh(k (x + c x^3))
+template <typename T>
+void gelu_tanh_backward_cpu(const Loop& loop, const OpArgs&) {
+  using C = acc_t<T>;
+  map_backward<T>(loop, [](Out<C>& dx, const In<C>& dy, const In<C>& x) {
+    constexpr C k = C(0.79788456080286535588), c = C(0.044715);
+    dx = (k * x * (C(1) + c * x.square())).tanh();  // t, computed once (an expression would recompute it)
+    dx = dy * C(0.5) * (C(1) + dx + x * (C(1) - dx.square()) * k * (C(1) + C(3) * c * x.square()));
+  });
+}
+
+const bool kRegistered = [] {
+  cpu::for_types<float, double, Half, BFloat16>([](auto t) {
+    using T = decltype(t);
+    op_gelu_backward.set(DeviceType::CPU, dtype_v<T>, gelu_backward_cpu<T>);
+    op_gelu_tanh_backward.set(DeviceType::CPU, dtype_v<T>, gelu_tanh_backward_cpu<T>);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace frugal

@@ -1,0 +1,234 @@
+// CPU kernels of the fused self-attention (op_self_attention, formulas in core/op_table.h). The heads run in
+// parallel, one head's matrices at a time on one thread: its q, k, v are read in place from the packed qkv
+// rows (no head split copies), its output is written in place into the merged [B, T, H * hd] rows (no merge
+// copy), and each head's T x T products are small enough to stay in L1/L2. The per-head products are small
+// register-blocked loops that skip the blocks a causal mask zeroes. The reference is the composite of matmul,
+// attention_scores_softmax and views (nn::functional::self_attention_composite).
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "core/error.h"
+#include "core/op_table.h"
+#include "core/parallel.h"
+#include "kernels/cpu/register.h"
+
+namespace frugal {
+namespace {
+
+// C = A B for one head's small matrices, with A m x k read through strides (ars, acs) (so a transposed
+// operand costs nothing), B k x n with unit column stride and rows brs apart, C m x n with rows crs apart.
+// For a block of rows [i, i + MR), c runs over the whole k, or only up to row i + MR - 1 (lower_k) or from
+// row i on (upper_k), and columns stop at the first block of NR past row i + MR - 1 (lower_n): how a causal
+// product skips what the mask zeroes. Register blocking of MR
+// rows by NR columns, kept in registers by the compiler (fixed sizes, omp simd); Eigen's general product
+// spends most of its time packing at these sizes (64 x 64 x 32 per head in W3) and cannot skip blocks.
+template <typename T, int MR, int NR>
+inline void gemm_block(int64_t mr, int64_t nr, int64_t k0, int64_t k1, const T* a, int64_t ars, int64_t acs,
+                       const T* b, int64_t brs, T* c, int64_t crs) {
+  T acc[MR][NR] = {};
+  if (mr == MR && nr == NR) {
+    for (int64_t p = k0; p < k1; ++p) {
+      const T* bp = b + p * brs;
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const T av = a[r * ars + p * acs];
+#pragma omp simd
+        for (int j = 0; j < NR; ++j) acc[r][j] += av * bp[j];
+      }
+    }
+  } else {
+    for (int64_t p = k0; p < k1; ++p)
+      for (int64_t r = 0; r < mr; ++r) {
+        const T av = a[r * ars + p * acs];
+        for (int64_t j = 0; j < nr; ++j) acc[r][j] += av * b[p * brs + j];
+      }
+  }
+  for (int64_t r = 0; r < mr; ++r)
+    for (int64_t j = 0; j < nr; ++j) c[r * crs + j] = acc[r][j];
+}
+
+struct Range {           // the bounds of a causal product; the defaults give the whole product
+  bool lower_k = false;  // c <= i: k ends after row i (A lower triangular)
+  bool upper_k = false;  // c >= i: k starts at row i (A upper triangular)
+  bool lower_n = false;  // j <= i: columns end after row i (C's lower triangle wanted)
+};
+
+template <typename T, int MR = 8, int NR = 32>
+void small_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t ars, int64_t acs, const T* b,
+                int64_t brs, T* c, int64_t crs, Range range = {}) {
+  for (int64_t i = 0; i < m; i += MR) {
+    const int64_t mr = std::min<int64_t>(MR, m - i), last = i + mr - 1;
+    const int64_t k0 = range.upper_k ? std::min(i, k) : 0, k1 = range.lower_k ? std::min(last + 1, k) : k;
+    // Whole blocks of NR columns (the fast path); the few extra entries left of the diagonal are masked
+    // later.
+    const int64_t n1 = range.lower_n ? std::min((last + NR) / NR * NR, n) : n;
+    for (int64_t j = 0; j < n1; j += NR)
+      gemm_block<T, MR, NR>(mr, std::min<int64_t>(NR, n1 - j), k0, k1, a + i * ars, ars, acs, b + j, brs,
+                            c + i * crs + j, crs);
+  }
+}
+
+// dst [cols, rows] = src [rows, cols]^T, src rows `stride` apart.
+template <typename T>
+void transpose(int64_t rows, int64_t cols, const T* src, int64_t stride, T* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * stride + c];
+}
+
+// Where head (b, h)'s matrices start: q, k, v (and dq, dk, dv) in the packed rows [B, T, 3, H, hd], rows 3 D
+// apart; y (and dy) in the merged rows [B, T, H, hd], rows D apart; P in [B, H, T, T].
+struct HeadOffsets {
+  int64_t q, y, p;
+};
+inline HeadOffsets head_offsets(const SelfAttentionArgs& a, int64_t bh) {
+  const int64_t b = bh / a.heads, h = bh % a.heads, d = a.heads * a.head_dim;
+  return {b * a.t * 3 * d + h * a.head_dim, b * a.t * d + h * a.head_dim, bh * a.t * a.t};
+}
+
+// Keys query i may see.
+inline int64_t allowed(const SelfAttentionArgs& a, int64_t i) { return a.causal ? i + 1 : a.t; }
+
+// This thread's scratch of `size` elements in the workspace.
+template <typename T>
+T* scratch(const SelfAttentionArgs& a, int64_t size) {
+  const int tid = omp_get_thread_num();
+  FRUGAL_ASSERT(tid < a.threads, "self_attention: thread ", tid, " has no workspace (", a.threads,
+                " threads planned)");
+  return static_cast<T*>(a.workspace) + tid * size;
+}
+
+// One head in the compute type C: q, k, v [t, hd] with rows `in` apart, y [t, hd] with rows `out` apart,
+// p [t, t]; kt: scratch [hd, t].
+template <typename C>
+void head_forward(const SelfAttentionArgs& a, const C* q, const C* k, const C* v, int64_t in, C* p, C* y,
+                  int64_t out, C* kt) {
+  const int64_t t = a.t, hd = a.head_dim;
+  const C scale = C(a.scale);
+  Range lower_n, lower_k;
+  lower_n.lower_n = lower_k.lower_k = a.causal;
+  transpose(t, hd, k, in, kt);  // K^T, so that the rows of S = Q K^T come from rows of K^T
+  small_gemm(t, t, hd, q, in, 1, kt, t, p, t, lower_n);
+  for (int64_t i = 0; i < t; ++i) {
+    C* row = p + i * t;
+    const int64_t n = allowed(a, i);
+    Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> r(row, n);
+    // max(scale x) is scale max(x) for scale > 0 and scale min(x) otherwise.
+    const C m = scale >= 0 ? scale * r.maxCoeff() : scale * r.minCoeff();
+    r = (r * scale - m).exp();
+    r *= C(1) / r.sum();
+    std::fill(row + n, row + t, C(0));
+  }
+  small_gemm(t, hd, t, p, t, 1, v, in, y, out, lower_k);  // Y = P V
+}
+
+// One head's gradients in the compute type: dq, dk, dv [t, hd] with rows `in` apart (as q, k, v), dy with
+// rows `out` apart (as y); scratch ds [t, t] and vt [hd, t].
+template <typename C>
+void head_backward(const SelfAttentionArgs& a, const C* q, const C* k, const C* v, int64_t in, const C* p,
+                   const C* dy, int64_t out, C* dq, C* dk, C* dv, C* ds, C* vt) {
+  const int64_t t = a.t, hd = a.head_dim;
+  const C scale = C(a.scale);
+  Range lower_n, lower_k, upper_k;
+  lower_n.lower_n = lower_k.lower_k = upper_k.upper_k = a.causal;
+  small_gemm(t, hd, t, p, 1, t, dy, out, dv, in, upper_k);  // dV = P^T dY
+  transpose(t, hd, v, in, vt);
+  small_gemm(t, t, hd, dy, out, 1, vt, t, ds, t, lower_n);  // dP = dY V^T, then dS in place
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t n = allowed(a, i);
+    Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>> pr(p + i * t, n);
+    Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> r(ds + i * t, n);
+    const C dot = (pr * r).sum();
+    r = scale * pr * (r - dot);
+    std::fill(ds + i * t + n, ds + (i + 1) * t, C(0));
+  }
+  small_gemm(t, hd, t, ds, t, 1, k, in, dq, in, lower_k);  // dQ = dS K
+  small_gemm(t, hd, t, ds, 1, t, q, in, dk, in, upper_k);  // dK = dS^T Q
+}
+
+// rows x cols of src (rows `stride` apart) to contiguous dst, converted; and back.
+template <typename To, typename From>
+void copy_rows(int64_t rows, int64_t cols, const From* src, int64_t src_stride, To* dst, int64_t dst_stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * dst_stride + c] = To(src[r * src_stride + c]);
+}
+
+// qkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C); y: [B, T, H, hd] (T); workspace: [threads, hd * T] (C),
+// plus 4 T hd when T is not C (q, k, v, y converted)
+template <typename T>
+void self_attention_forward_cpu(const SelfAttentionArgs& a) {
+  using C = acc_t<T>;
+  const T* qkv = static_cast<const T*>(a.qkv);
+  C* probs = static_cast<C*>(a.probs);
+  T* ys = static_cast<T*>(a.y);
+  const int64_t t = a.t, hd = a.head_dim, d = a.heads * hd;
+  constexpr bool convert = !std::is_same_v<T, C>;
+  parallel_for(0, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
+    C* kt = scratch<C>(a, hd * t + (convert ? 4 * t * hd : 0));
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const HeadOffsets o = head_offsets(a, bh);
+      if constexpr (convert) {
+        C* q = kt + hd * t;
+        C *k = q + t * hd, *v = k + t * hd, *y = v + t * hd;
+        copy_rows(t, hd, qkv + o.q, 3 * d, q, hd);
+        copy_rows(t, hd, qkv + o.q + d, 3 * d, k, hd);
+        copy_rows(t, hd, qkv + o.q + 2 * d, 3 * d, v, hd);
+        head_forward<C>(a, q, k, v, hd, probs + o.p, y, hd, kt);
+        copy_rows(t, hd, y, hd, ys + o.y, d);
+      } else {
+        head_forward<C>(a, qkv + o.q, qkv + o.q + d, qkv + o.q + 2 * d, 3 * d, probs + o.p, ys + o.y, d, kt);
+      }
+    }
+  });
+}
+
+// qkv, dqkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C); dy: [B, T, H, hd] (T); workspace: [threads,
+// T * T + hd * T] (C), plus 7 T hd when T is not C (q, k, v, dy, dq, dk, dv converted)
+template <typename T>
+void self_attention_backward_cpu(const SelfAttentionArgs& a) {
+  using C = acc_t<T>;
+  const T* qkv = static_cast<const T*>(a.qkv);
+  const C* probs = static_cast<const C*>(a.probs);
+  const T* dys = static_cast<const T*>(a.dy);
+  T* dqkv = static_cast<T*>(a.dqkv);
+  const int64_t t = a.t, hd = a.head_dim, d = a.heads * hd;
+  constexpr bool convert = !std::is_same_v<T, C>;
+  parallel_for(0, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
+    C* ds = scratch<C>(a, t * t + hd * t + (convert ? 7 * t * hd : 0));
+    C* vt = ds + t * t;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const HeadOffsets o = head_offsets(a, bh);
+      if constexpr (convert) {
+        C* q = vt + hd * t;
+        C *k = q + t * hd, *v = k + t * hd, *dy = v + t * hd, *dq = dy + t * hd, *dk = dq + t * hd,
+          *dv = dk + t * hd;
+        copy_rows(t, hd, qkv + o.q, 3 * d, q, hd);
+        copy_rows(t, hd, qkv + o.q + d, 3 * d, k, hd);
+        copy_rows(t, hd, qkv + o.q + 2 * d, 3 * d, v, hd);
+        copy_rows(t, hd, dys + o.y, d, dy, hd);
+        head_backward<C>(a, q, k, v, hd, probs + o.p, dy, hd, dq, dk, dv, ds, vt);
+        copy_rows(t, hd, dq, hd, dqkv + o.q, 3 * d);
+        copy_rows(t, hd, dk, hd, dqkv + o.q + d, 3 * d);
+        copy_rows(t, hd, dv, hd, dqkv + o.q + 2 * d, 3 * d);
+      } else {
+        const T* q = qkv + o.q;
+        T* dq = dqkv + o.q;
+        head_backward<C>(a, q, q + d, q + 2 * d, 3 * d, probs + o.p, dys + o.y, d, dq, dq + d, dq + 2 * d, ds,
+                         vt);
+      }
+    }
+  });
+}
+
+const bool kRegistered = [] {
+  cpu::for_types<float, double, Half, BFloat16>([](auto t) {
+    using T = decltype(t);
+    op_self_attention.set(DeviceType::CPU, dtype_v<T>, self_attention_forward_cpu<T>);
+    op_self_attention_backward.set(DeviceType::CPU, dtype_v<T>, self_attention_backward_cpu<T>);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace frugal

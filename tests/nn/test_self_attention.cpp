@@ -1,0 +1,115 @@
+// The fused self-attention of packed q, k, v (nn::functional::self_attention) against its composite (views,
+// matmul, attention_scores_softmax): outputs and gradients in f32 (tight) and bf16 (dtype tolerance), causal
+// and not, for several head counts and scales, on a non-contiguous qkv; finite differences in f64; the module
+// path; bad inputs.
+#include <cmath>
+
+#include "nn/attention.h"
+#include "tests/autograd/gradcheck_helpers.h"
+
+namespace frugal {
+namespace {
+
+namespace F = nn::functional;
+using testing::expect_close;
+using testing::expect_error;
+using testing::uniform;
+
+struct Case {
+  int64_t b, t, d, heads;
+  double scale;
+  bool causal;
+};
+const Case kCases[] = {
+    {2, 7, 12, 3, 0.5, true}, {2, 7, 12, 3, 0.5, false},
+    {1, 1, 4, 1, 1.0, true},  {3, 64, 128, 4, 0.17677669529663687, true},
+    {2, 5, 8, 2, -0.7, true}, {4, 33, 48, 2, 0.3, false},
+};
+
+std::string name(const Case& c) {
+  std::ostringstream s;
+  s << "B " << c.b << " T " << c.t << " d " << c.d << " heads " << c.heads << " scale " << c.scale
+    << (c.causal ? " causal" : " full");
+  return s.str();
+}
+
+// y and d qkv of the fused op or the composite for a fixed random qkv and upstream gradient, dtype t; with
+// `strided`, qkv is a non-contiguous view (every second element of a tensor twice as wide).
+std::pair<Tensor, Tensor> run(const Case& c, DType t, bool fused, bool strided = false) {
+  Tensor qkv = strided ? uniform({c.b, c.t, 6 * c.d}, -2, 2, t, 7).slice(-1, 0, 6 * c.d, 2).detach()
+                       : uniform({c.b, c.t, 3 * c.d}, -2, 2, t, 7);
+  qkv.requires_grad_();
+  const Tensor y = fused ? F::self_attention(qkv, c.heads, c.scale, c.causal)
+                         : F::self_attention_composite(qkv, c.heads, c.scale, c.causal);
+  y.backward(uniform(y.shape(), -1, 1, t, 8));
+  return {y.detach(), qkv.grad()};
+}
+
+TEST(SelfAttention, MatchesCompositeF32AndF64) {
+  for (const Case& c : kCases)
+    for (DType t : {DType::F32, DType::F64})
+      for (bool strided : {false, true}) {
+        const auto [y, dqkv] = run(c, t, true, strided);
+        const auto [y_ref, dqkv_ref] = run(c, t, false, strided);
+        const std::string what = name(c) + " " + dtype_name(t) + (strided ? " strided" : "");
+        EXPECT_EQ(y.shape(), (Shape{c.b, c.t, c.d})) << what;
+        EXPECT_EQ(y.dtype(), t) << what;
+        const testing::Tol tol = t == DType::F64 ? testing::Tol{1e-12, 1e-10} : testing::Tol{2e-5, 2e-5};
+        expect_close(y, y_ref.to_vector<double>(), tol, what + " y");
+        expect_close(dqkv, dqkv_ref.to_vector<double>(), tol, what + " dqkv");
+      }
+}
+
+TEST(SelfAttention, MatchesCompositeHalfTypes) {
+  for (DType t : {DType::BF16, DType::F16})
+    for (const Case& c : kCases) {
+      const auto [y, dqkv] = run(c, t, true);
+      const auto [y_ref, dqkv_ref] = run(c, t, false);
+      const std::string what = name(c) + " " + dtype_name(t);
+      EXPECT_EQ(y.dtype(), t) << what;
+      EXPECT_EQ(dqkv.dtype(), t) << what;
+      // The composite rounds its scores, probabilities and partial gradients to t; the fused op only its
+      // results.
+      const testing::Tol tol = testing::tol_for(t);
+      expect_close(y, y_ref.to_vector<double>(), {4 * tol.atol, 4 * tol.rtol}, what + " y");
+      expect_close(dqkv, dqkv_ref.to_vector<double>(), {8 * tol.atol, 8 * tol.rtol}, what + " dqkv");
+    }
+}
+
+TEST(SelfAttention, Gradcheck) {
+  for (bool causal : {true, false})
+    testing::expect_grads_ok(
+        [causal](const std::vector<Tensor>& in) { return F::self_attention(in[0], 2, 0.6, causal); },
+        {testing::leaf({2, 4, 12}, -1, 1, 9)}, causal ? "self_attention causal" : "self_attention full");
+  testing::expect_grads_ok(
+      [](const std::vector<Tensor>& in) { return F::self_attention(in[0], 1, 0.4, true); },
+      {testing::leaf({1, 5, 6}, -1, 1, 10, testing::Layout::Strided)}, "self_attention strided");
+}
+
+TEST(SelfAttention, FutureTokensDoNotChangeEarlierOutputs) {
+  Tensor qkv = uniform({1, 6, 24}, -2, 2, DType::F32, 11);
+  const auto y1 = F::self_attention(qkv, 2, 0.5, true).to_vector<double>();
+  {
+    NoGradGuard g;
+    qkv.narrow(1, 4, 2).copy_(uniform({1, 2, 24}, -2, 2, DType::F32, 12));
+  }
+  const auto y2 = F::self_attention(qkv, 2, 0.5, true).to_vector<double>();
+  for (size_t i = 0; i < 4 * 8; ++i) EXPECT_EQ(y1[i], y2[i]) << i;
+}
+
+TEST(SelfAttention, BadInputs) {
+  const Tensor qkv = uniform({2, 3, 12}, -1, 1);
+  expect_error<ShapeError>([&] { F::self_attention(qkv, 3, 1.0, true); },
+                           {"self_attention", "[2, 3, 12]", "3"});
+  expect_error<ShapeError>(
+      [&] {
+        F::self_attention(qkv.reshape({6, 12}), 2, 1.0, true);
+      },
+      {"self_attention", "[6, 12]"});
+  expect_error<DTypeError>([&] { F::self_attention(qkv.to(DType::I64), 2, 1.0, true); },
+                           {"self_attention", "floating", "i64"});
+  expect_error<Error>([&] { F::self_attention(qkv, 0, 1.0, true); }, {"self_attention", "n_heads"});
+}
+
+}  // namespace
+}  // namespace frugal
