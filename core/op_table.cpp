@@ -39,6 +39,7 @@ constinit OpTable<PoolKernel> op_avg_pool2d{"avg_pool2d"};
 constinit OpTable<PoolKernel> op_avg_pool2d_backward{"avg_pool2d_backward"};
 constinit OpTable<AttentionSoftmaxKernel> op_attention_softmax{"attention_scores_softmax"};
 constinit OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward{"attention_scores_softmax_backward"};
+constinit OpTable<DeviceCopyKernel> op_copy_between_devices{"copy between devices"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

@@ -278,4 +278,16 @@ using AttentionSoftmaxKernel = void(const AttentionSoftmaxArgs& args);
 extern OpTable<AttentionSoftmaxKernel> op_attention_softmax;
 extern OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward;
 
+// Copies nbytes of contiguous bytes between two devices (cpu <-> cuda:N), returning once they are in place.
+// Keyed by the type of the device that is not the cpu, one kernel for every dtype (the bytes cross as they
+// are): ops::copy_ converts dtype, shape and layout on one side first.
+struct DeviceCopyArgs {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  int64_t nbytes = 0;
+  Device dst_device, src_device;
+};
+using DeviceCopyKernel = void(const DeviceCopyArgs& args);
+extern OpTable<DeviceCopyKernel> op_copy_between_devices;
+
 }  // namespace frugal
