@@ -93,7 +93,7 @@ constexpr cudaDataType_t data_type() {
   if constexpr (std::is_same_v<T, BFloat16>) return CUDA_R_16BF;
 }
 
-// RAII for the cuBLASLt descriptors of one call.
+// RAII for the cuBLASLt descriptors of one call (a destroy cannot usefully fail: its status is ignored).
 struct LtDescriptors {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -102,6 +102,15 @@ struct LtDescriptors {
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t p = nullptr;
+  Preference() { FRUGAL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p)); }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(p); }
+  void set(cublasLtMatmulPreferenceAttributes_t attr, const void* value, size_t size) {
+    FRUGAL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, value, size));
   }
 };
 
@@ -154,24 +163,18 @@ void gemm_cuda(const GemmArgs& g) {
 
   auto it = ctx.algos.find(key);
   if (it == ctx.algos.end()) {
-    cublasLtMatmulPreference_t pref = nullptr;
-    FRUGAL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    Preference pref;
     const uint64_t workspace = uint64_t(kWorkspaceBytes);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                         sizeof(workspace));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                         sizeof(align_a));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                         sizeof(align_b));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                         sizeof(align_c));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                         sizeof(align_c));
+    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
+    // Not checked on purpose: a layout no algorithm supports is an answer (use cuBLAS), not an error.
     const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c, pref.p, 1, &result, &found);
     const bool use_lt = status == CUBLAS_STATUS_SUCCESS && found > 0;
     it = ctx.algos.emplace(key, std::make_pair(use_lt, result.algo)).first;
   }

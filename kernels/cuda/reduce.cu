@@ -73,7 +73,7 @@ template <typename T, typename Op>
 __global__ void reduce_kernel(const T* in, Layout L, int64_t chunk_len, typename Op::R::Acc* partial,
                               typename Op::Out* out, double correction) {
   using Acc = typename Op::R::Acc;
-  extern __shared__ unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   Acc* smem = reinterpret_cast<Acc*>(smem_raw);
   const typename Op::R r;
   const int bx = blockDim.x, by = blockDim.y, x = threadIdx.x, y = threadIdx.y;
