@@ -70,7 +70,7 @@ set_property(CACHE FRUGAL_CUDNN PROPERTY STRINGS AUTO ON OFF)
 set(FRUGAL_HAVE_CUDNN OFF)
 if(FRUGAL_HAVE_CUDA AND NOT FRUGAL_CUDNN STREQUAL "OFF")
   find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDNN_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
-  find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 libcudnn.so.8
+  find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 libcudnn.so.8 NAMES_PER_DIR
     HINTS ${CUDNN_ROOT}/lib ${CUDNN_ROOT}/lib64 ${CUDAToolkit_LIBRARY_DIR})
   if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
     add_library(frugal_cudnn INTERFACE IMPORTED)

@@ -6,7 +6,8 @@
 # finish within 8 minutes. Environment: FRUGAL_DEPS_DIR (default .gpu-deps), FRUGAL_BUILD_DIR (default
 # build-gpu), FRUGAL_JOBS (default: the number of cores), CUDNN_ROOT (a cuDNN folder; found by itself in the
 # CUDA toolkit or a Python wheel's nvidia/cudnn otherwise), GPU_CHECK_CMAKE_ARGS (more -D options). Set
-# GPU_CHECK_CONFIGURE_ONLY=1 to stop after configuring (a dry run, possible without a GPU).
+# GPU_CHECK_CONFIGURE_ONLY=1 to stop after configuring (a dry run, possible without a GPU), and
+# GPU_CHECK_PREFER_WHEEL_CUDNN=1 to look for a Python wheel's cuDNN even where the toolkit has one.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,11 +39,11 @@ fi
 
 # --- cuDNN: the toolkit, CUDNN_ROOT, or a Python wheel ---------------------------------------------------------
 cudnn_root="${CUDNN_ROOT:-}"
-if [[ -z "$cudnn_root" ]] && ! ls "$cuda_root"/lib*/libcudnn.so* >/dev/null 2>&1; then
+if [[ -z "$cudnn_root" ]] && { [[ "${GPU_CHECK_PREFER_WHEEL_CUDNN:-0}" == 1 ]] || ! ls "$cuda_root"/lib*/libcudnn.so* >/dev/null 2>&1; }; then
   candidates=()
   for py in python3 python; do
     if command -v "$py" >/dev/null; then
-      dir="$("$py" -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__ or list(nvidia.cudnn.__path__)[0]))' 2>/dev/null || true)"
+      dir="$("$py" -c 'import nvidia.cudnn as m, os; print(os.path.dirname(m.__file__) if m.__file__ else list(m.__path__)[0])' 2>/dev/null || true)"
       if [[ -n "$dir" ]]; then candidates+=("$dir"); fi
     fi
   done

@@ -58,6 +58,7 @@ using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_
 // Per device: the handles, the workspace (from the arena, kept for the process) and the algorithms chosen
 // per problem (a heuristic query costs more than a small GEMM).
 struct Context {
+  std::once_flag created;
   std::mutex mu;
   cublasLtHandle_t lt = nullptr;
   cublasHandle_t blas = nullptr;
@@ -74,7 +75,7 @@ Context& context(int device) {
   FRUGAL_CHECK_T(DeviceError, device >= 0 && device < kMaxDevices, "cuda:", device,
                  " is beyond the devices frugal supports");
   Context& c = (*all)[size_t(device)];
-  if (!c.lt) {
+  std::call_once(c.created, [&] {
     FRUGAL_CUBLAS_CHECK(cublasLtCreate(&c.lt));
     FRUGAL_CUBLAS_CHECK(cublasCreate(&c.blas));
     memory::Tag tag("cublas workspace");
@@ -82,7 +83,7 @@ Context& context(int device) {
     c.workspace = (new Storage(kWorkspaceBytes, cuda(device)))->data();
     FRUGAL_CUBLAS_CHECK(cublasSetWorkspace(c.blas, c.workspace, size_t(kWorkspaceBytes)));
     FRUGAL_CUDA_CHECK(cudaEventCreateWithFlags(&c.stream_switch, cudaEventDisableTiming));
-  }
+  });
   return c;
 }
 
