@@ -52,8 +52,8 @@ double median_ms(const std::function<void()>& fn, int warmup = 3, int reps = 15)
     FRUGAL_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
     ms.push_back(t);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  FRUGAL_CUDA_CHECK(cudaEventDestroy(start));
+  FRUGAL_CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(ms.begin(), ms.end());
   return double(ms[ms.size() / 2]);
 }
@@ -125,7 +125,7 @@ void gemm_bf16(int64_t n) {
   const double peer = flops / (median_ms(cublas) * 1e-3) / 1e12;
   g_rows.push_back({"bf16 GEMM " + std::to_string(n) + "^3", fmt("%.1f TFLOP/s", ours),
                     "cuBLAS " + fmt("%.1f TFLOP/s", peer), fmt("%.2f", ours / peer), ">= 0.70"});
-  cublasDestroy(handle);
+  BENCH_CUBLAS_CHECK(cublasDestroy(handle));
 }
 
 // Returns the cudaMemcpy rate (GB/s, read + write), the ceiling of the bandwidth rows.
@@ -208,8 +208,8 @@ int main() {
   cudaDeviceProp prop{};
   FRUGAL_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0, runtime = 0;
-  cudaDriverGetVersion(&driver);
-  cudaRuntimeGetVersion(&runtime);
+  FRUGAL_CUDA_CHECK(cudaDriverGetVersion(&driver));
+  FRUGAL_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
   std::printf("GPU: %s, sm_%d%d, %d SMs, %.0f GiB; driver %d.%d, runtime %d.%d\n", prop.name, prop.major,
               prop.minor, prop.multiProcessorCount, double(prop.totalGlobalMem) / double(kGiB), driver / 1000,
               (driver % 1000) / 10, runtime / 1000, (runtime % 1000) / 10);

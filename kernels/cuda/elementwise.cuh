@@ -1,6 +1,7 @@
 // The launch machinery of the elementwise kernels (elementwise_*.cu): one output and up to three inputs laid
-// out by a Loop (core/loop.h). When every operand is contiguous (or a scalar read once) and 16-byte aligned,
-// each thread loads and stores 16 bytes at a time; otherwise each thread walks the loop's strides.
+// out by a Loop (core/loop.h). When every operand is contiguous along the innermost dim (or constant along
+// it: a scalar, a row broadcast down a matrix) and aligned, each thread loads and stores 16 bytes at a time;
+// otherwise each thread walks the loop's strides one element at a time.
 //
 //   launch_elementwise<float, float, float>(loop, BinaryFn<float, math::Add>{}, "add");
 #pragma once
@@ -11,6 +12,7 @@
 
 #include "core/loop.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/vector_plan.h"
 
 namespace frugal::gpu {
 
@@ -63,51 +65,59 @@ __global__ void elementwise_strided_kernel(Operands L, int64_t n, F f) {
   }
 }
 
-// The VEC elements of a contiguous input from element `base`, or its one value VEC times when it is a scalar.
+// The VEC elements of an input from byte `off`, or its one element there VEC times when the input does not
+// move along the innermost dim (a scalar, or a row broadcast down the columns).
 template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> load_vec(const char* data, int64_t base, bool scalar) {
-  if (scalar) {
+__device__ __forceinline__ Vec<T, VEC> load_vec(const char* data, int64_t off, bool repeat) {
+  if (repeat) {
     Vec<T, VEC> r;
-    const T v = *reinterpret_cast<const T*>(data);
+    const T v = *reinterpret_cast<const T*>(data + off);
     for (int j = 0; j < VEC; ++j) r.v[j] = v;
     return r;
   }
-  return *reinterpret_cast<const Vec<T, VEC>*>(data + base * int64_t(sizeof(T)));
+  return *reinterpret_cast<const Vec<T, VEC>*>(data + off);
 }
 
+// Each thread takes VEC consecutive elements of the innermost dim at a time: one index decomposition and one
+// 16-byte access per operand for VEC elements. The host has checked that every vector is aligned and that
+// the innermost size is a multiple of VEC, except for a 1-D loop, whose last n % VEC elements go one by one.
 template <int VEC, int N, typename Out, typename I0, typename I1, typename I2, typename F>
-__global__ void elementwise_vector_kernel(Operands L, int64_t n, unsigned scalars, F f) {
-  const int64_t step = int64_t(gridDim.x) * blockDim.x * VEC;
-  for (int64_t base = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; base < n; base += step) {
-    if (base + VEC <= n) {
-      Vec<I0, VEC> a;
-      Vec<I1, VEC> b;
-      Vec<I2, VEC> c;
-      if constexpr (N >= 1) a = load_vec<I0, VEC>(L.data[1], base, scalars & 1u);
-      if constexpr (N >= 2) b = load_vec<I1, VEC>(L.data[2], base, scalars & 2u);
-      if constexpr (N >= 3) c = load_vec<I2, VEC>(L.data[3], base, scalars & 4u);
-      Vec<Out, VEC> r;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if constexpr (N == 0) r.v[j] = f();
-        if constexpr (N == 1) r.v[j] = f(a.v[j]);
-        if constexpr (N == 2) r.v[j] = f(a.v[j], b.v[j]);
-        if constexpr (N == 3) r.v[j] = f(a.v[j], b.v[j], c.v[j]);
-      }
-      *reinterpret_cast<Vec<Out, VEC>*>(L.data[0] + base * int64_t(sizeof(Out))) = r;
+__global__ void elementwise_vector_kernel(Operands L, int64_t n, unsigned repeats, F f) {
+  const int64_t vectors = n / VEC, step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += step) {
+    int64_t off[kMaxOperands];
+    if (L.ndim == 1) {
+      for (int k = 0; k <= N; ++k) off[k] = v * VEC * L.strides[k][0];
+    } else if (L.small) {
+      offsets_of<uint32_t>(L, N + 1, uint32_t(v * VEC), off);
     } else {
-      for (int64_t i = base; i < n; ++i) {  // the ragged tail, one element at a time
-        auto in = [&](int k, auto tag) {
-          using T = decltype(tag);
-          return at<T>(L.data[k + 1], (scalars >> k & 1u) ? 0 : i * int64_t(sizeof(T)));
-        };
-        Out* out = reinterpret_cast<Out*>(L.data[0]) + i;
-        if constexpr (N == 0) *out = f();
-        if constexpr (N == 1) *out = f(in(0, I0{}));
-        if constexpr (N == 2) *out = f(in(0, I0{}), in(1, I1{}));
-        if constexpr (N == 3) *out = f(in(0, I0{}), in(1, I1{}), in(2, I2{}));
-      }
+      offsets_of<int64_t>(L, N + 1, v * VEC, off);
     }
+    Vec<I0, VEC> a;
+    Vec<I1, VEC> b;
+    Vec<I2, VEC> c;
+    if constexpr (N >= 1) a = load_vec<I0, VEC>(L.data[1], off[1], repeats & 1u);
+    if constexpr (N >= 2) b = load_vec<I1, VEC>(L.data[2], off[2], repeats & 2u);
+    if constexpr (N >= 3) c = load_vec<I2, VEC>(L.data[3], off[3], repeats & 4u);
+    Vec<Out, VEC> r;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if constexpr (N == 0) r.v[j] = f();
+      if constexpr (N == 1) r.v[j] = f(a.v[j]);
+      if constexpr (N == 2) r.v[j] = f(a.v[j], b.v[j]);
+      if constexpr (N == 3) r.v[j] = f(a.v[j], b.v[j], c.v[j]);
+    }
+    *reinterpret_cast<Vec<Out, VEC>*>(L.data[0] + off[0]) = r;
+  }
+  // The ragged tail of a 1-D loop, one element per thread of the first block.
+  const int64_t i = vectors * VEC + threadIdx.x;
+  if (blockIdx.x == 0 && i < n) {
+    auto in = [&](int k, auto tag) { return at<decltype(tag)>(L.data[k + 1], i * L.strides[k + 1][0]); };
+    Out* out = reinterpret_cast<Out*>(L.data[0] + i * L.strides[0][0]);
+    if constexpr (N == 0) *out = f();
+    if constexpr (N == 1) *out = f(in(0, I0{}));
+    if constexpr (N == 2) *out = f(in(0, I0{}), in(1, I1{}));
+    if constexpr (N == 3) *out = f(in(0, I0{}), in(1, I1{}), in(2, I2{}));
   }
 }
 
@@ -136,20 +146,12 @@ void launch_elementwise(const Loop& loop, F f, const char* name) {
   constexpr size_t kWidest = std::max({sizeof(Out), sizeof(In)...});
   constexpr int VEC = int(16 / kWidest) > 0 ? int(16 / kWidest) : 1;
   constexpr size_t kSizes[4] = {sizeof(Out), sizeof(I0), sizeof(I1), sizeof(I2)};
-  bool vectorizable = loop.ndim == 1;
-  unsigned scalars = 0;
-  for (int k = 0; k <= N && vectorizable; ++k) {
-    const int64_t s = loop.strides[size_t(k)][0];
-    if (k > 0 && s == 0 && n > 1) {
-      scalars |= 1u << (k - 1);
-      continue;
-    }
-    vectorizable = (s == int64_t(kSizes[k]) || n == 1) && reinterpret_cast<uintptr_t>(L.data[k]) % 16 == 0;
-  }
+  const VectorPlan plan = plan_vectors(loop, VEC, kSizes, N + 1);
   constexpr int kThreads = 256;
-  if (vectorizable) {
+  if (plan.vectorizable) {
     elementwise_vector_kernel<VEC, N, Out, I0, I1, I2>
-        <<<grid_for((n + VEC - 1) / VEC, kThreads, on.device), kThreads, 0, on.stream>>>(L, n, scalars, f);
+        <<<grid_for(std::max<int64_t>(n / VEC, 1), kThreads, on.device), kThreads, 0, on.stream>>>(
+            L, n, plan.repeats, f);
   } else {
     elementwise_strided_kernel<N, Out, I0, I1, I2>
         <<<grid_for(n, kThreads, on.device), kThreads, 0, on.stream>>>(L, n, f);

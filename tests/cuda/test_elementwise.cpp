@@ -77,6 +77,16 @@ TEST_F(Elementwise, BinaryOpsBroadcastLikeTheCpu) {
                              what + " one broadcast");
       expect_gpu_matches_cpu([&](const Inputs& in) { return c.f(in[0], in[1].select(0, 1).select(0, 2)); },
                              {same, same}, tol_for(t), what + " scalar tensor");
+      // Rows and columns broadcast over a matrix whose rows hold whole vectors: the vector path.
+      expect_gpu_matches_cpu(
+          [&](const Inputs& in) {
+            return c.f(in[0].reshape({12, 64}), in[1].narrow(1, 0, 64));
+          },
+          {uniform({3, 4, 64}, 0.5, 2, t, 15), uniform({1, 65}, 0.5, 2, t, 16)}, tol_for(t),
+          what + " row broadcast");
+      expect_gpu_matches_cpu([&](const Inputs& in) { return c.f(in[1], in[0]); },
+                             {uniform({12, 1}, 0.5, 2, t, 17), uniform({12, 64}, 0.5, 2, t, 18)}, tol_for(t),
+                             what + " column broadcast");
       expect_gpu_matches_cpu(
           [&](const Inputs& in) { return c.f(in[0].transpose(0, 2), in[1].transpose(0, 2)); }, {same, same},
           tol_for(t), what + " transposed");

@@ -52,7 +52,7 @@ TEST_F(GpuMemory, StatisticsLimitAndOutOfMemoryAdvice) {
   }
   EXPECT_EQ(memory::stats(gpu).requested.current, before.requested.current);
   memory::empty_cache(gpu);  // the segment goes back to the driver
-  EXPECT_EQ(memory::stats(gpu).reserved.current, before.reserved.current - 0);
+  EXPECT_EQ(memory::stats(gpu).reserved.current, before.reserved.current);
 
   memory::set_memory_limit(gpu, memory::stats(gpu).reserved.current + 64 * kMiB);
   expect_error<OutOfMemoryError>(
