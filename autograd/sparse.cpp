@@ -49,10 +49,14 @@ SparseGrad coalesce(const Tensor& indices, const Tensor& values, int64_t rows) {
   out.indices = tensor(unique).to(values.device());
   out.values = empty({int64_t(unique.size()), dim}, values.options());
   if (out.values.numel() > 0) {
+    // The kernel reads order and starts where it runs: on a device, from copies there.
+    const bool host = values.device().is_cpu();
+    const Tensor order_t = host ? Tensor() : tensor(order).to(values.device());
+    const Tensor starts_t = host ? Tensor() : tensor(starts).to(values.device());
     SegmentSumArgs a;
     a.values = src.raw_data();
-    a.order = order.data();
-    a.starts = starts.data();
+    a.order = host ? order.data() : order_t.data<int64_t>();
+    a.starts = host ? starts.data() : starts_t.data<int64_t>();
     a.out = out.values.raw_data();
     a.segments = int64_t(unique.size());
     a.dim = dim;

@@ -1,5 +1,17 @@
 # Finds frugal's dependencies (all Debian packages; scripts/setup.sh installs them) and decides the optional parts.
 include(GNUInstallDirs)
+
+# A folder of header-only and source dependencies packed by scripts/pack-gpu-deps.sh, for a machine with no
+# Debian packages (scripts/gpu-check.sh): searched before the system. zlib's headers come from it, its library
+# is the machine's own runtime one (libz.so.1, without the development package's libz.so link).
+set(FRUGAL_DEPS_DIR "" CACHE PATH "Packed dependencies (scripts/pack-gpu-deps.sh), searched before the system")
+if(FRUGAL_DEPS_DIR)
+  list(PREPEND CMAKE_PREFIX_PATH ${FRUGAL_DEPS_DIR})
+  if(NOT ZLIB_LIBRARY)
+    find_library(ZLIB_LIBRARY NAMES z libz.so.1)
+  endif()
+  message(STATUS "frugal: dependencies from ${FRUGAL_DEPS_DIR} first")
+endif()
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 find_package(ZLIB REQUIRED)                  # gzip'd IDX data files
@@ -29,8 +41,10 @@ if(NOT FRUGAL_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    # A100 and H100 class GPUs by default; -DCMAKE_CUDA_ARCHITECTURES=native builds for the GPU present.
-    set(CMAKE_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures to build for")
+    # H100/H200 (sm_90) code and PTX by default: other GPUs compile the PTX when the library loads, and one
+    # architecture keeps the build within CI's time; -DCMAKE_CUDA_ARCHITECTURES=native builds for the GPU
+    # present.
+    set(CMAKE_CUDA_ARCHITECTURES "90" CACHE STRING "CUDA architectures to build for")
     if(NOT CMAKE_CUDA_HOST_COMPILER)
       set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})  # one C++ compiler (and ABI) for .cpp and .cu
     endif()
@@ -45,6 +59,27 @@ if(NOT FRUGAL_CUDA STREQUAL "OFF")
     set(FRUGAL_HAVE_CUDA ON)
   elseif(FRUGAL_CUDA STREQUAL "ON")
     message(FATAL_ERROR "FRUGAL_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+endif()
+
+# cuDNN: in the CUDA toolkit, or where CUDNN_ROOT points (a Python wheel's nvidia/cudnn folder has include/
+# and lib/ with only versioned names such as libcudnn.so.9). Nothing in the library uses it yet; the GPU check
+# program links it to report the version it loads.
+set(FRUGAL_CUDNN AUTO CACHE STRING "cuDNN: AUTO (when found), ON (required), OFF")
+set_property(CACHE FRUGAL_CUDNN PROPERTY STRINGS AUTO ON OFF)
+set(FRUGAL_HAVE_CUDNN OFF)
+if(FRUGAL_HAVE_CUDA AND NOT FRUGAL_CUDNN STREQUAL "OFF")
+  find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDNN_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 libcudnn.so.8 NAMES_PER_DIR
+    HINTS ${CUDNN_ROOT}/lib ${CUDNN_ROOT}/lib64 ${CUDAToolkit_LIBRARY_DIR})
+  if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
+    add_library(frugal_cudnn INTERFACE IMPORTED)
+    target_include_directories(frugal_cudnn INTERFACE ${CUDNN_INCLUDE_DIR})
+    target_link_libraries(frugal_cudnn INTERFACE ${CUDNN_LIBRARY})
+    set(FRUGAL_HAVE_CUDNN ON)
+    message(STATUS "frugal: cuDNN ${CUDNN_LIBRARY}")
+  elseif(FRUGAL_CUDNN STREQUAL "ON")
+    message(FATAL_ERROR "FRUGAL_CUDNN=ON but cuDNN was not found; point CUDNN_ROOT at its folder")
   endif()
 endif()
 

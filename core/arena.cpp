@@ -1,6 +1,19 @@
 // The caching arena (blocks split from and merged back into cached segments, like PyTorch's CUDA caching
 // allocator but device-agnostic), the plain system allocator it is compared with, and the aligned host
 // backing.
+//
+// Note [streams and the arena]
+// A device such as a GPU runs work asynchronously, in order within a stream but not across streams. A block
+// freed by the host may still be read by kernels queued before the free, so reusing it is safe only for work
+// queued after those kernels: on the same stream. Hence every segment, and every block carved from it,
+// belongs to the stream that was current when the segment was made, and a free block is reused only by an
+// allocation on its own stream. A block also used by work on other streams (record_stream, or freed while
+// another stream was current) gets an event recorded on each of those streams when it is freed, and stays out
+// of the free pools until every event has completed; its bytes stop counting as allocated at the free. When
+// memory runs short, the arena first waits for those events, then returns whole free segments to the system
+// (which is how memory moves from one stream to another). On the host every block is on stream 0, no event
+// is ever recorded, and the algorithm is the plain one; tests/core/test_arena_streams.cpp plays a device with
+// several streams on the CPU.
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
@@ -28,6 +41,9 @@ struct Block {
   Block* next = nullptr;
   uint32_t tag = 0;
   bool allocated = false;
+  Stream stream = 0;           // the segment's: blocks are reused only on it (Note [streams and the arena])
+  int pending_events = 0;      // freed, waiting for other streams' work: in no pool, merges with nothing
+  std::vector<Stream> uses{};  // other streams that use the live block (record_stream)
 };
 
 // One backing allocation. The arena carves it into blocks; the system allocator holds one block per segment.
@@ -37,6 +53,7 @@ struct Segment {
   int64_t size = 0;
   bool small = false;  // which pool its free blocks go to
   Block* head = nullptr;
+  Stream stream = 0;
 };
 
 namespace {
@@ -171,8 +188,8 @@ class AllocatorBase : public Allocator {
 
   BlockInfo info(const Block* b) const {
     return {
-        uint64_t(reinterpret_cast<uintptr_t>(b->ptr)),  b->size, b->requested, b->segment->id, b->allocated,
-        b->allocated ? tag_name(b->tag) : std::string()};
+        uint64_t(reinterpret_cast<uintptr_t>(b->ptr)),   b->size,  b->requested, b->segment->id, b->allocated,
+        b->allocated ? tag_name(b->tag) : std::string(), b->stream};
   }
 
   // Compares the statistics with the totals recomputed from the blocks (tag_bytes: live bytes per tag id).
@@ -217,6 +234,7 @@ class Arena final : public AllocatorBase {
   using AllocatorBase::AllocatorBase;
   ~Arena() override {
     // Live blocks die with the arena: only tests destroy one (the device registry never does).
+    for (const PendingFree& p : pending_) backing_->release_event(p.event);
     for (auto& [id, segment] : segments_) {
       for (Block* b = segment->head; b;) delete std::exchange(b, b->next);
       backing_->free(segment->base, segment->size);
@@ -228,6 +246,7 @@ class Arena final : public AllocatorBase {
     FRUGAL_CHECK(nbytes >= 0, "memory: cannot allocate a negative number of bytes (", nbytes, ") on ",
                  device_);
     const uint32_t tag = current_tag();
+    const Stream stream = backing_->current_stream();
     std::lock_guard lock(mu_);
     if (nbytes > kMaxRequest) throw_oom_locked(nbytes, 0, false);
     // A new segment and a split need a Block record each: get them now, so that nothing below can fail once
@@ -236,23 +255,37 @@ class Arena final : public AllocatorBase {
     const int64_t size = std::max(kMinBlock, round_up(nbytes, kMinBlock));
     const bool small = size <= kSmallRequest;
     FreeSet& pool = small ? small_free_ : large_free_;
+    if (!pending_.empty()) process_events_locked(false);
 
-    // Best fit: the smallest free block that is big enough, the lowest address among equals.
-    Block key;
-    key.size = size;
     FreeSet::node_type node;  // reused for the split-off tail, so a split does not allocate a set node
-    Block* block;
-    if (auto it = pool.lower_bound(&key); it != pool.end()) {
-      node = pool.extract(it);
-      block = node.value();
-    } else {
-      block = new_segment_locked(size, nbytes, small);
+    Block* block = take_free_locked(pool, size, stream, node);
+    bool refused = false;
+    if (!block) block = new_segment_locked(size, small, stream, refused);
+    // Short of memory. Unless the request would not fit under the limit even alone (then the cache stays):
+    // wait for the blocks other streams' work holds back, then return the cached segments, retrying each
+    // time.
+    const int64_t minimal = small ? kSmallSegment : round_up(size, kLargeRound);
+    const bool could_fit = limit_ <= 0 || minimal <= limit_;
+    if (!block && could_fit && !pending_.empty()) {
+      process_events_locked(true);
+      block = take_free_locked(pool, size, stream, node);
+      if (!block) block = new_segment_locked(size, small, stream, refused);
     }
+    if (!block && could_fit) {
+      release_free_segments_locked();
+      block = new_segment_locked(size, small, stream, refused);
+    }
+    if (!block) throw_oom_locked(nbytes, minimal, refused);
 
     const int64_t remainder = block->size - size;
     if (small ? remainder >= kMinBlock : remainder > kLargeSplitRemainder) {
       Block* rest = take_spare_block();
-      *rest = Block{block->ptr + size, remainder, 0, block->segment, block, block->next, 0, false};
+      *rest = Block{.ptr = block->ptr + size,
+                    .size = remainder,
+                    .segment = block->segment,
+                    .prev = block,
+                    .next = block->next,
+                    .stream = stream};
       if (block->next) block->next->prev = rest;
       block->next = rest;
       block->size = size;
@@ -272,36 +305,35 @@ class Arena final : public AllocatorBase {
 
   void deallocate(Block* block) override {
     if (!block) return;
+    const Stream current = backing_->current_stream();
     std::lock_guard lock(mu_);
     FRUGAL_ASSERT(block->allocated, "deallocate of a block that is not live (freed twice?)");
     count_block_locked(block, -1);
     block->allocated = false;
     block->requested = 0;
     block->tag = 0;
-    FreeSet& pool = pool_of(block->segment);
-    FreeSet::node_type node;  // a neighbour's set node, reused for the merged block
-    if (Block* prev = block->prev; prev && !prev->allocated) {
-      node = pool.extract(prev);  // before its size changes: the set is ordered by size
-      prev->size += block->size;
-      unlink(block);
-      block = prev;
+    // Freed while another stream is current: that stream may have queued work on the block too.
+    if (current != block->stream) add_use(block, current);
+    for (Stream s : block->uses) {
+      if (Event e = backing_->record_event(s)) {
+        pending_.push_back({e, block});
+        ++block->pending_events;
+      }
     }
-    if (Block* next = block->next; next && !next->allocated) {
-      auto next_node = pool.extract(next);
-      if (!node) node = std::move(next_node);
-      block->size += next->size;
-      unlink(next);
-    }
-    if (node) {
-      node.value() = block;
-      pool.insert(std::move(node));
-    } else {
-      pool.insert(block);
-    }
+    block->uses.clear();
+    if (block->pending_events == 0) insert_free_locked(block);
+  }
+
+  void record_stream(Block* block, Stream stream) override {
+    std::lock_guard lock(mu_);
+    FRUGAL_ASSERT(block != nullptr && block->allocated, "record_stream: the block is not live");
+    if (stream != block->stream) add_use(block, stream);
   }
 
   void empty_cache() override {
     std::lock_guard lock(mu_);
+    process_events_locked(
+        true);  // blocks waiting for other streams come back first, so their segments can go
     release_free_segments_locked();
   }
 
@@ -323,6 +355,7 @@ class Arena final : public AllocatorBase {
       const char* cursor = s->base;
       for (const Block* b = s->head; b; b = b->next) {
         FRUGAL_ASSERT(b->segment == s, "segment ", id, ": a block points to another segment");
+        FRUGAL_ASSERT(b->stream == s->stream, "segment ", id, ": a block on another stream than its segment");
         FRUGAL_ASSERT(b->ptr == cursor, "segment ", id, ": a block at offset ", b->ptr - s->base,
                       " instead of ", cursor - s->base, " (overlap or gap)");
         FRUGAL_ASSERT(b->size >= kMinBlock && b->size % kMinBlock == 0, "segment ", id, ": a block of ",
@@ -331,14 +364,21 @@ class Arena final : public AllocatorBase {
         cursor += b->size;
         if (b->allocated) {
           FRUGAL_ASSERT(b->requested <= b->size, "segment ", id, ": a block smaller than its request");
+          FRUGAL_ASSERT(b->pending_events == 0, "segment ", id, ": a live block waiting for events");
           requested += b->requested;
           allocated += b->size;
           ++active;
           if (b->tag >= tag_bytes.size()) tag_bytes.resize(b->tag + 1);
           tag_bytes[b->tag] += b->size;
+        } else if (b->pending_events > 0) {
+          int64_t events = 0;
+          for (const PendingFree& p : pending_) events += p.block == b;
+          FRUGAL_ASSERT(events == b->pending_events, "segment ", id, ": a block waits for ",
+                        b->pending_events, " events, ", events, " are pending");
+          FRUGAL_ASSERT(pool_of(s).count(const_cast<Block*>(b)) == 0, "segment ", id,
+                        ": a block waiting for events is in a pool");
         } else {
-          FRUGAL_ASSERT(!b->next || b->next->allocated, "segment ", id,
-                        ": two adjacent free blocks not merged");
+          FRUGAL_ASSERT(!is_free(b->next), "segment ", id, ": two adjacent free blocks not merged");
           FRUGAL_ASSERT(pool_of(s).count(const_cast<Block*>(b)) == 1, "segment ", id,
                         ": a free block missing from its pool");
           ++free_blocks;
@@ -357,12 +397,75 @@ class Arena final : public AllocatorBase {
   const char* kind() const override { return "arena"; }
 
  private:
-  struct BySizeThenAddress {
+  // Free pools are ordered by stream, then size, then address: a lookup finds the best fit on one stream.
+  struct ByStreamSizeAddress {
     bool operator()(const Block* a, const Block* b) const {
+      if (a->stream != b->stream) return a->stream < b->stream;
       return a->size != b->size ? a->size < b->size : std::less<const char*>()(a->ptr, b->ptr);
     }
   };
-  using FreeSet = std::set<Block*, BySizeThenAddress>;
+  using FreeSet = std::set<Block*, ByStreamSizeAddress>;
+  struct PendingFree {
+    Event event;
+    Block* block;
+  };
+
+  static bool is_free(const Block* b) { return b && !b->allocated && b->pending_events == 0; }
+  static void add_use(Block* b, Stream s) {
+    if (std::find(b->uses.begin(), b->uses.end(), s) == b->uses.end()) b->uses.push_back(s);
+  }
+
+  // Best fit on `stream`: the smallest free block that is big enough, the lowest address among equals; null
+  // when there is none. The block's set node is moved into `node`.
+  Block* take_free_locked(FreeSet& pool, int64_t size, Stream stream, FreeSet::node_type& node) {
+    Block key;
+    key.size = size;
+    key.stream = stream;
+    auto it = pool.lower_bound(&key);
+    if (it == pool.end() || (*it)->stream != stream) return nullptr;
+    node = pool.extract(it);
+    return node.value();
+  }
+
+  // Puts a block that has just become free into its pool, merged with its free neighbours.
+  void insert_free_locked(Block* block) {
+    FreeSet& pool = pool_of(block->segment);
+    FreeSet::node_type node;  // a neighbour's set node, reused for the merged block
+    if (Block* prev = block->prev; is_free(prev)) {
+      node = pool.extract(prev);  // before its size changes: the set is ordered by size
+      prev->size += block->size;
+      unlink(block);
+      block = prev;
+    }
+    if (Block* next = block->next; is_free(next)) {
+      auto next_node = pool.extract(next);
+      if (!node) node = std::move(next_node);
+      block->size += next->size;
+      unlink(next);
+    }
+    if (node) {
+      node.value() = block;
+      pool.insert(std::move(node));
+    } else {
+      pool.insert(block);
+    }
+  }
+
+  // Returns the blocks whose events have all completed to the free pools; with `wait`, waits for every event
+  // first.
+  void process_events_locked(bool wait) {
+    size_t kept = 0;
+    for (const PendingFree& p : pending_) {
+      if (wait) backing_->wait_event(p.event);
+      if (!wait && !backing_->event_done(p.event)) {
+        pending_[kept++] = p;
+        continue;
+      }
+      backing_->release_event(p.event);
+      if (--p.block->pending_events == 0) insert_free_locked(p.block);
+    }
+    pending_.resize(kept);
+  }
 
   FreeSet& pool_of(const Segment* s) { return s->small ? small_free_ : large_free_; }
   const FreeSet& pool_of(const Segment* s) const { return s->small ? small_free_ : large_free_; }
@@ -379,35 +482,32 @@ class Arena final : public AllocatorBase {
     spare_blocks_.push_back(b);
   }
 
-  // A fresh segment for a request of size bytes, as one free block that is in no pool yet. Under a limit, or
-  // when the backing refuses, it falls back to the smallest segment that holds the request, then empties the
-  // cache and tries both again; only then is the request out of memory.
-  Block* new_segment_locked(int64_t size, int64_t nbytes, bool small) {
+  // A fresh segment on `stream` for a request of size bytes, as one free block that is in no pool yet, or
+  // null (refused set when the backing said no). Under a limit, or when the backing refuses, it falls back to
+  // the smallest segment that holds the request. The caller frees the cache and tries again before giving up.
+  Block* new_segment_locked(int64_t size, bool small, Stream stream, bool& refused) {
     const int64_t preferred = small                        ? kSmallSegment
                               : size < kLargeSegmentCutoff ? kLargeSegment
                                                            : round_up(size, kLargeRound);
     const int64_t minimal = small ? kSmallSegment : round_up(size, kLargeRound);
-    bool refused = false;
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      if (attempt == 1) {
-        if (limit_ > 0 && minimal > limit_) break;  // would not fit even alone: keep the cache
-        release_free_segments_locked();
-      }
-      for (int64_t bytes : {preferred, minimal}) {
-        if (!fits_locked(bytes)) continue;
-        if (void* ptr = backing_->alloc(bytes))
-          return add_segment_locked(static_cast<char*>(ptr), bytes, small);
-        refused = true;
-        if (minimal == preferred) break;  // the same request again would be refused again
-      }
+    for (int64_t bytes : {preferred, minimal}) {
+      if (!fits_locked(bytes)) continue;
+      if (void* ptr = backing_->alloc(bytes))
+        return add_segment_locked(static_cast<char*>(ptr), bytes, small, stream);
+      refused = true;
+      if (minimal == preferred) break;  // the same request again would be refused again
     }
-    throw_oom_locked(nbytes, minimal, refused);
+    return nullptr;
   }
 
-  Block* add_segment_locked(char* base, int64_t bytes, bool small) {
-    auto segment =
-        std::make_unique<Segment>(Segment{next_segment_id_++, base, bytes, small, take_spare_block()});
-    *segment->head = Block{base, bytes, 0, segment.get(), nullptr, nullptr, 0, false};
+  Block* add_segment_locked(char* base, int64_t bytes, bool small, Stream stream) {
+    auto segment = std::make_unique<Segment>(Segment{.id = next_segment_id_++,
+                                                     .base = base,
+                                                     .size = bytes,
+                                                     .small = small,
+                                                     .head = take_spare_block(),
+                                                     .stream = stream});
+    *segment->head = Block{.ptr = base, .size = bytes, .segment = segment.get(), .stream = stream};
     Block* head = segment->head;
     segments_.emplace(segment->id, std::move(segment));
     count_segment_locked(bytes, +1);
@@ -419,7 +519,7 @@ class Arena final : public AllocatorBase {
     ++stats_.num_cache_flushes;
     for (auto it = segments_.begin(); it != segments_.end();) {
       Segment* s = it->second.get();
-      if (s->head->allocated || s->head->next) {
+      if (!is_free(s->head) || s->head->next) {
         ++it;
         continue;
       }
@@ -441,6 +541,7 @@ class Arena final : public AllocatorBase {
   FreeSet small_free_, large_free_;
   std::map<int64_t, std::unique_ptr<Segment>> segments_;  // by id: oldest first in snapshots
   std::vector<Block*> spare_blocks_;                      // recycled Block records
+  std::vector<PendingFree> pending_;                      // events freed blocks wait for, oldest first
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -467,8 +568,13 @@ class SystemAllocator final : public AllocatorBase {
     if (!fits_locked(size)) throw_oom_locked(nbytes, size, false);
     auto* base = static_cast<char*>(backing_->alloc(size));
     if (!base) throw_oom_locked(nbytes, size, true);
-    auto segment = std::make_unique<Segment>(Segment{next_segment_id_++, base, size, false, nullptr});
-    segment->head = new Block{base, size, nbytes, segment.get(), nullptr, nullptr, tag, true};
+    auto segment = std::make_unique<Segment>(Segment{.id = next_segment_id_++, .base = base, .size = size});
+    segment->head = new Block{.ptr = base,
+                              .size = size,
+                              .requested = nbytes,
+                              .segment = segment.get(),
+                              .tag = tag,
+                              .allocated = true};
     Block* block = segment->head;
     live_.emplace(segment->id, std::move(segment));
     count_segment_locked(size, +1);
@@ -487,6 +593,9 @@ class SystemAllocator final : public AllocatorBase {
     delete block;
     live_.erase(it);
   }
+
+  // The backing's free returns the memory at once: cudaFree waits for the device, so no stream needs fencing.
+  void record_stream(Block*, Stream) override {}
 
   void empty_cache() override {}  // nothing is cached
 

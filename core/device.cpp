@@ -24,4 +24,18 @@ std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_st
 
 std::ostream& operator<<(std::ostream& os, Device d) { return os << d.str(); }
 
+namespace {
+// Filled in while the library loads (before main), read afterwards: no lock needed.
+using CountFn = int (*)();
+constinit CountFn g_device_count[kNumDeviceTypes] = {};
+}  // namespace
+
+int device_count(DeviceType type) {
+  if (type == DeviceType::CPU) return 1;
+  auto* count = g_device_count[int(type)];
+  return count ? count() : 0;
+}
+
+void register_device_count(DeviceType type, int (*count)()) { g_device_count[int(type)] = count; }
+
 }  // namespace frugal

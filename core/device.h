@@ -31,4 +31,11 @@ inline Device cuda(int index = 0) { return Device(DeviceType::CUDA, index); }
 
 std::ostream& operator<<(std::ostream& os, Device d);
 
+// How many devices of a type are usable: 1 for the cpu; for cuda, 0 unless frugal was built with CUDA and a
+// GPU answers (no driver, no device or any error counts as none).
+int device_count(DeviceType type);
+inline bool cuda_is_available() { return device_count(DeviceType::CUDA) > 0; }
+// Installs the function that counts a device type's devices; the CUDA backend calls it when it loads.
+void register_device_count(DeviceType type, int (*count)());
+
 }  // namespace frugal

@@ -42,6 +42,11 @@ struct Stats {
   double fragmentation = 0;
 };
 
+// A device's stream, opaque to the arena (the bits of a cudaStream_t on CUDA; 0 is the default stream), and
+// an event recorded on one (a handle owned by the backing). Note [streams and the arena] in core/arena.cpp.
+using Stream = uint64_t;
+using Event = void*;
+
 // One block of a snapshot.
 struct BlockInfo {
   uint64_t address = 0;    // of the block's first byte
@@ -50,6 +55,7 @@ struct BlockInfo {
   int64_t segment = 0;     // id of the segment holding the block
   bool allocated = false;  // live, or cached free
   std::string tag;         // the memory::Tag scope active at allocation ("" when none)
+  Stream stream = 0;       // the stream the block belongs to (0 on the host)
 };
 
 struct TagStats {
@@ -63,6 +69,16 @@ class Backing {
   virtual ~Backing() = default;
   virtual void* alloc(int64_t nbytes) = 0;  // nullptr when the system has no memory left
   virtual void free(void* ptr, int64_t nbytes) = 0;
+
+  // Streams and events, for a device that runs work asynchronously in streams: which stream the calling
+  // thread issues work to, and events that say when work queued so far on a stream has finished. The arena
+  // needs nothing else to keep a block away from a stream that could race with work still queued on another
+  // (Note [streams and the arena]). The host runs everything in order on one stream, as the defaults say.
+  virtual Stream current_stream() { return 0; }
+  virtual Event record_event(Stream) { return nullptr; }  // nullptr: nothing to wait for
+  virtual bool event_done(Event) { return true; }
+  virtual void wait_event(Event) {}  // blocks the calling thread until the event has completed
+  virtual void release_event(Event) {}
 };
 
 struct Block;  // opaque to callers; owned by the allocator
@@ -77,8 +93,12 @@ struct Allocation {
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  virtual Allocation allocate(int64_t nbytes) = 0;  // throws OutOfMemoryError
+  // On the calling thread's current stream (Backing::current_stream); throws OutOfMemoryError.
+  virtual Allocation allocate(int64_t nbytes) = 0;
   virtual void deallocate(Block* block) = 0;
+  // Declares that work on `stream` (not the block's own) uses the live block: its free then waits for that
+  // work before the block is reused, as PyTorch's record_stream.
+  virtual void record_stream(Block* block, Stream stream) = 0;
   virtual Stats stats() const = 0;
   virtual void reset_peak() = 0;
   virtual void empty_cache() = 0;

@@ -78,6 +78,7 @@ constinit OpTable<ElementwiseKernel> op_gelu_tanh_backward{"gelu_tanh_backward"}
 constinit OpTable<SelfAttentionKernel> op_self_attention{"self_attention"};
 constinit OpTable<SelfAttentionKernel> op_self_attention_backward{"self_attention_backward"};
 constinit OpTable<IndexKernel> op_index_add{"index_add"};
+constinit OpTable<DeviceCopyKernel> op_copy_between_devices{"copy between devices"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

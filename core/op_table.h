@@ -384,5 +384,16 @@ extern OpTable<SelfAttentionKernel> op_self_attention_backward;
 // src[o, i, j] for i < n_index (src [outer, n_index, inner], index 1-d, duplicates accumulate; out starts as
 // a copy of x). One vectorised row add per index instead of scatter_add's per-element index.
 extern OpTable<IndexKernel> op_index_add;
+// Copies nbytes of contiguous bytes between two devices (cpu <-> cuda:N), returning once they are in place.
+// Keyed by the type of the device that is not the cpu, one kernel for every dtype (the bytes cross as they
+// are): ops::copy_ converts dtype, shape and layout on one side first.
+struct DeviceCopyArgs {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  int64_t nbytes = 0;
+  Device dst_device, src_device;
+};
+using DeviceCopyKernel = void(const DeviceCopyArgs& args);
+extern OpTable<DeviceCopyKernel> op_copy_between_devices;
 
 }  // namespace frugal

@@ -76,7 +76,7 @@ Tensor& add_(Tensor& self, Scalar other);
 Tensor& mul_(Tensor& self, Scalar other);
 Tensor& relu_(Tensor& self);
 Tensor& clamp_(Tensor& self, Scalar min, Scalar max);
-// self = src, broadcast and converted to self's dtype; self = value.
+// self = src, broadcast and converted to self's dtype, from any device; self = value.
 Tensor& copy_(Tensor& self, const Tensor& src);
 Tensor& fill_(Tensor& self, Scalar value);
 // A 0-d tensor for a Scalar operand beside `like`: like's dtype, unless like is integral or bool and the

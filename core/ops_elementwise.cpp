@@ -89,6 +89,38 @@ Tensor& inplace(OpTable<ElementwiseKernel>& table, Tensor& self, const Tensor& o
   return self;
 }
 
+// A copy across devices moves the bytes once, contiguous and already of the destination's dtype and shape;
+// the conversion happens on the cpu side, so a device needs no kernel for a dtype merely to hold it. Between
+// two GPUs the bytes go through the host.
+Tensor& copy_between_devices(Tensor& self, const Tensor& src) {
+  if (!self.device().is_cpu() && !src.device().is_cpu()) {
+    Tensor host = empty(src.shape(), src.options().device(kCPU));
+    copy_(host, src);
+    return copy_(self, host);
+  }
+  DeviceCopyArgs a;
+  Tensor from, to;
+  if (src.device().is_cpu()) {
+    Tensor s = src.dtype() == self.dtype() ? src : cast(src, self.dtype());
+    from = contiguous(s.shape() == self.shape() ? s : s.expand(self.shape()));
+    to = self.is_contiguous() ? self : empty(self.shape(), self.options());
+  } else {
+    from = contiguous(src);
+    const bool direct = self.is_contiguous() && self.dtype() == src.dtype() && self.shape() == src.shape();
+    to = direct ? self : empty(src.shape(), src.options().device(kCPU));
+  }
+  a.dst = to.raw_data();
+  a.src = from.raw_data();
+  a.nbytes = from.nbytes();
+  a.dst_device = to.device();
+  a.src_device = from.device();
+  const Device gpu = src.device().is_cpu() ? self.device() : src.device();
+  if (a.nbytes > 0) op_copy_between_devices.get(gpu, from.dtype())(a);
+  if (!to.is_same(self)) copy_(self, to);
+  self.storage()->bump_version();
+  return self;
+}
+
 }  // namespace
 
 Tensor wrap_scalar(const Tensor& like, Scalar value) {
@@ -165,7 +197,7 @@ Tensor& copy_(Tensor& self, const Tensor& src) {
   const Shape shape = broadcast_shapes(self.shape(), src.shape(), "copy_");
   FRUGAL_CHECK_SHAPE(shape == self.shape(), "copy_: a source of shape ", src.shape(),
                      " does not broadcast to the destination's shape ", self.shape());
-  check_same_device("copy_", self, src);
+  if (self.device() != src.device()) return copy_between_devices(self, src);
   op_cast.get(self.device(), self.dtype())(make_loop({&self, &src}), {double(int(src.dtype()))});
   self.storage()->bump_version();
   return self;

@@ -87,6 +87,8 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
   const int d = wrap_dim(dim, x.dim(), "scatter_add");
   FRUGAL_CHECK_DTYPE(src.dtype() == x.dtype(), "scatter_add: src dtype ", dtype_name(src.dtype()),
                      " differs from the input's ", dtype_name(x.dtype()));
+  FRUGAL_CHECK_T(DeviceError, src.device() == x.device(), "scatter_add: src is on ", src.device(),
+                 " but the input is on ", x.device(), "; move one with .to(device)");
   FRUGAL_CHECK_SHAPE(index.dim() == x.dim() && src.dim() == x.dim(), "scatter_add: input (shape ", x.shape(),
                      "), index (shape ", index.shape(), ") and src (shape ", src.shape(),
                      ") must have the same number of dims");

@@ -24,6 +24,9 @@ class Storage {
   void bump_version() { ++version_; }
   // Counts these bytes under another memory tag from now on (memory::intern_tag gives the id).
   void retag(uint32_t tag) { allocator_->retag(alloc_.block, tag); }
+  // Work on `stream` uses these bytes too: their reuse after the free waits for it
+  // (Allocator::record_stream).
+  void record_stream(memory::Stream stream) { allocator_->record_stream(alloc_.block, stream); }
 
  private:
   memory::Allocation alloc_;

@@ -280,8 +280,8 @@ Tensor to(const Tensor& x, Device d) {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  FRUGAL_CHECK(device().is_cpu(), "to_vector: the tensor is on ", device(), "; move it with .to(kCPU) first");
-  const Tensor c = ops::contiguous(ops::cast(*this, dtype_v<T>));
+  const Tensor host = device().is_cpu() ? *this : ops::to(*this, kCPU);
+  const Tensor c = ops::contiguous(ops::cast(host, dtype_v<T>));
   const T* p = static_cast<const T*>(c.raw_data());
   return std::vector<T>(p, p + c.numel());
 }

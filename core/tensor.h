@@ -82,7 +82,7 @@ class Tensor {
     return static_cast<T*>(raw_data());
   }
 
-  // Copies the elements (any layout, cpu) into a vector, converted to T.
+  // Copies the elements (any layout; from a device through the host) into a vector, converted to T.
   template <typename T>
   std::vector<T> to_vector() const;
   // The single element of a one-element tensor, converted to T.
@@ -117,7 +117,7 @@ class Tensor {
   Tensor clone() const;
   Tensor to(DType dtype) const;      // this tensor itself when the dtype already matches
   Tensor to(Device device) const;    // this tensor itself when already there
-  Tensor& copy_(const Tensor& src);  // broadcasts and converts src into this tensor
+  Tensor& copy_(const Tensor& src);  // broadcasts and converts src into this tensor, from any device
   Tensor& fill_(Scalar value);
   Tensor& zero_() { return fill_(0); }
 

@@ -73,6 +73,8 @@ ClassRows class_rows(const Tensor& input, const Tensor& target, int64_t ignore_i
   FRUGAL_CHECK_DTYPE(target.dtype() == DType::I64, op, ": the target must hold class indices as i64, got ",
                      dtype_name(target.dtype()), " (shape ", target.shape(),
                      "); class probabilities are not supported");
+  FRUGAL_CHECK_T(DeviceError, target.device() == input.device(), op, ": the target is on ", target.device(),
+                 " but the input is on ", input.device(), "; move one with .to(device)");
   FRUGAL_CHECK_SHAPE(input.dim() >= 1, op, ": expected input [N, C] or [N, C, d...], got a 0-d tensor");
   const bool unbatched = input.dim() == 1;
   Shape expected;
@@ -146,6 +148,8 @@ Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ig
       target.defined() ? target.shape() : Shape{});
   FRUGAL_CHECK(label_smoothing >= 0 && label_smoothing <= 1, op, ": label_smoothing must be in [0, 1], got ",
                label_smoothing);
+  FRUGAL_CHECK_T(DeviceError, target.device() == logits.device(), op, ": the targets are on ",
+                 target.device(), " but the logits are on ", logits.device(), "; move one with .to(device)");
   const DType acc = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
   const Tensor x = ops::contiguous(logits), t = ops::contiguous(target);
   Tensor loss = empty({logits.size(0)}, TensorOptions(acc).device(logits.device()));

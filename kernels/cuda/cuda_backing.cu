@@ -1,46 +1,29 @@
-// The CUDA backing of the memory arena: cudaMalloc/cudaFree for cuda:N, registered when the library loads.
-// Caching, statistics and limits are the device-agnostic arena's (core/arena.cpp), not this file's.
+// The CUDA backing of the memory arena: cudaMalloc/cudaFree for cuda:N, the calling thread's current stream
+// and events on it, registered when the library loads. Caching, statistics, limits and the stream rule are
+// the device-agnostic arena's (core/arena.cpp, Note [streams and the arena]), not this file's. No managed
+// memory.
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "kernels/cuda/runtime.h"
 
 namespace frugal {
 namespace {
 
-// Throws DeviceError naming the call, where it was made and CUDA's own description of the error.
-void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
-  if (status == cudaSuccess) [[likely]]
-    return;
-  throw DeviceError(detail::str_cat("CUDA error: ", call, " failed at ", file, ":", line, ": ",
-                                    cudaGetErrorName(status), " (", cudaGetErrorString(status), ")"));
-}
-#define FRUGAL_CUDA_CHECK(call) ::frugal::check_cuda((call), #call, __FILE__, __LINE__)
-
-// Makes `index` the current device for its scope and restores the previous one, so that allocating on cuda:1
-// does not change which device the caller's own CUDA code runs on.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) {
-    FRUGAL_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != index) FRUGAL_CUDA_CHECK(cudaSetDevice(index));
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }  // cannot fail after cudaGetDevice gave this index
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 class CudaBacking final : public memory::Backing {
  public:
   explicit CudaBacking(int index) : index_(index) {}
+  ~CudaBacking() override {
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+  }
 
   void* alloc(int64_t nbytes) override {
-    DeviceGuard guard(index_);
+    gpu::DeviceGuard guard(index_);
     void* ptr = nullptr;
     const cudaError_t status = cudaMalloc(&ptr, size_t(nbytes));
     if (status == cudaErrorMemoryAllocation) {
@@ -52,18 +35,58 @@ class CudaBacking final : public memory::Backing {
   }
 
   void free(void* ptr, int64_t) override {
-    DeviceGuard guard(index_);
+    gpu::DeviceGuard guard(index_);
     FRUGAL_CUDA_CHECK(cudaFree(ptr));
+  }
+
+  memory::Stream current_stream() override {
+    return reinterpret_cast<memory::Stream>(gpu::current_stream(index_));
+  }
+
+  // Events come from a pool: creating one per free would cost a driver call each time.
+  memory::Event record_event(memory::Stream stream) override {
+    gpu::DeviceGuard guard(index_);
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      if (!spare_events_.empty()) {
+        e = spare_events_.back();
+        spare_events_.pop_back();
+      }
+    }
+    if (!e) FRUGAL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    FRUGAL_CUDA_CHECK(cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream)));
+    return e;
+  }
+
+  bool event_done(memory::Event event) override {
+    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (status == cudaErrorNotReady) {
+      cudaGetLastError();  // "not yet" is an answer, not an error to report later
+      return false;
+    }
+    FRUGAL_CUDA_CHECK(status);
+    return true;
+  }
+
+  void wait_event(memory::Event event) override {
+    FRUGAL_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+  }
+
+  void release_event(memory::Event event) override {
+    std::lock_guard lock(mu_);
+    spare_events_.push_back(static_cast<cudaEvent_t>(event));
   }
 
  private:
   int index_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> spare_events_;
 };
 
 // Called by the allocator registry on the first allocation on cuda:index.
 std::unique_ptr<memory::Backing> make_cuda_backing(int index) {
-  int count = 0;
-  FRUGAL_CUDA_CHECK(cudaGetDeviceCount(&count));
+  const int count = gpu::device_count();
   FRUGAL_CHECK_T(DeviceError, index < count, "cuda:", index, " is not available: this machine has ", count,
                  " CUDA device(s) (cuda:0 .. cuda:", count - 1, ")");
   return std::make_unique<CudaBacking>(index);
@@ -72,12 +95,7 @@ std::unique_ptr<memory::Backing> make_cuda_backing(int index) {
 // Registers the backing when libfrugal loads, but only where there is a GPU: elsewhere (no device, no driver)
 // a cuda allocation keeps the registry's "no CUDA backend ... or no GPU is present" DeviceError.
 [[maybe_unused]] const bool registered = [] {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // no driver or no device: not an error for a program that stays on the CPU
-    return false;
-  }
-  if (count < 1) return false;
+  if (gpu::device_count() < 1) return false;
   memory::register_backing(DeviceType::CUDA, &make_cuda_backing);
   return true;
 }();

@@ -1,0 +1,203 @@
+// CUDA GEMM (op_gemm, GemmArgs in core/op_table.h) through cuBLASLt: f32, and f16/bf16 on tensor cores, all
+// accumulating in f32 (no TF32: f32 results match the CPU's to f32 rounding), batched with strides (a batch
+// stride of 0 broadcasts an operand). Falls back to cublasGemmStridedBatchedEx when cuBLASLt offers no
+// algorithm for a layout.
+//
+// Row-major C = A B is the column-major C^T = B^T A^T: cuBLAS's "A" is our B and its "B" our A, each either
+// as stored (unit column stride) or transposed (unit row stride).
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/op_table.h"
+#include "core/storage.h"
+#include "kernels/cuda/common.cuh"
+
+namespace frugal {
+namespace {
+
+void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) [[likely]]
+    return;
+  throw DeviceError(detail::str_cat("cuBLAS error: ", call, " failed at ", file, ":", line, ": ",
+                                    cublasGetStatusName(status), " (", cublasGetStatusString(status), ")"));
+}
+#define FRUGAL_CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
+
+constexpr int kMaxDevices = 64;
+constexpr int64_t kWorkspaceBytes = 32 << 20;  // what cuBLAS itself reserves on Hopper
+
+// One operand in cuBLAS's terms: column-major rows x cols with leading dimension ld, used as is or
+// transposed, and its batch stride (elements).
+struct Operand {
+  cublasOperation_t op;
+  int64_t rows, cols, ld, batch_stride;
+};
+
+// X (r x c, row-major strides row/col, one of them 1) as cuBLAS sees X^T.
+Operand transposed_view(int64_t r, int64_t c, int64_t row_stride, int64_t col_stride, int64_t batch_stride) {
+  if (col_stride == 1) return {CUBLAS_OP_N, c, r, row_stride, batch_stride};  // X^T is column-major c x r
+  return {CUBLAS_OP_T, r, c, col_stride, batch_stride};                       // X is column-major r x c
+}
+
+// The largest power of two (up to 256) dividing the address: cuBLASLt picks algorithms by it.
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align) align /= 2;
+  return align;
+}
+
+using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, uint32_t, uint32_t, uint32_t, bool>;
+
+// Per device: the handles, the workspace (from the arena, kept for the process) and the algorithms chosen
+// per problem (a heuristic query costs more than a small GEMM).
+struct Context {
+  std::once_flag created;
+  std::mutex mu;
+  cublasLtHandle_t lt = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* workspace = nullptr;
+  // The workspace is shared by every stream: work on a new stream waits for the previous stream's GEMMs.
+  cudaStream_t last_stream = nullptr;
+  cudaEvent_t stream_switch = nullptr;
+  std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> algos;  // false: no cuBLASLt algorithm, use cuBLAS
+};
+
+Context& context(int device) {
+  // Never destroyed: the driver may be gone by the time static destructors run.
+  static auto* all = new std::array<Context, kMaxDevices>();
+  FRUGAL_CHECK_T(DeviceError, device >= 0 && device < kMaxDevices, "cuda:", device,
+                 " is beyond the devices frugal supports");
+  Context& c = (*all)[size_t(device)];
+  std::call_once(c.created, [&] {
+    FRUGAL_CUBLAS_CHECK(cublasLtCreate(&c.lt));
+    FRUGAL_CUBLAS_CHECK(cublasCreate(&c.blas));
+    memory::Tag tag("cublas workspace");
+    // Leaked on purpose, like the contexts: it shows in the arena's statistics under its tag.
+    c.workspace = (new Storage(kWorkspaceBytes, cuda(device)))->data();
+    FRUGAL_CUBLAS_CHECK(cublasSetWorkspace(c.blas, c.workspace, size_t(kWorkspaceBytes)));
+    FRUGAL_CUDA_CHECK(cudaEventCreateWithFlags(&c.stream_switch, cudaEventDisableTiming));
+  });
+  return c;
+}
+
+template <typename T>
+constexpr cudaDataType_t data_type() {
+  if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
+  if constexpr (std::is_same_v<T, Half>) return CUDA_R_16F;
+  if constexpr (std::is_same_v<T, BFloat16>) return CUDA_R_16BF;
+}
+
+// RAII for the cuBLASLt descriptors of one call (a destroy cannot usefully fail: its status is ignored).
+struct LtDescriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~LtDescriptors() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t p = nullptr;
+  Preference() { FRUGAL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p)); }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(p); }
+  void set(cublasLtMatmulPreferenceAttributes_t attr, const void* value, size_t size) {
+    FRUGAL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, value, size));
+  }
+};
+
+void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                 int64_t batch, int64_t batch_stride) {
+  FRUGAL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(layout, type, uint64_t(rows), uint64_t(cols), ld));
+  if (batch > 1) {
+    const int32_t count = int32_t(batch);
+    FRUGAL_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    FRUGAL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                         &batch_stride, sizeof(batch_stride)));
+  }
+}
+
+template <typename T>
+void gemm_cuda(const GemmArgs& g) {
+  if (g.batch == 0 || g.m == 0 || g.n == 0) return;
+  FRUGAL_CHECK_T(DeviceError,
+                 g.batch <= INT32_MAX && g.m <= INT32_MAX && g.n <= INT32_MAX && g.k <= INT32_MAX,
+                 "matmul on a GPU: sizes m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch,
+                 " exceed cuBLAS's 32-bit limits");
+  gpu::LaunchOn on(g.c);
+  Context& ctx = context(on.device);
+  // cuBLAS's A is our B^T (n x k), its B our A^T (k x m), its C our C^T (n x m, ld c_row).
+  const Operand ca = transposed_view(g.k, g.n, g.b_row, g.b_col, g.b_batch);
+  const Operand cb = transposed_view(g.m, g.k, g.a_row, g.a_col, g.a_batch);
+  const cudaDataType_t type = data_type<T>();
+  const float alpha = g.alpha, beta = g.beta;
+  const uint32_t align_a = alignment_of(g.b), align_b = alignment_of(g.a), align_c = alignment_of(g.c);
+  const Key key{
+      int(type), int(ca.op),      int(cb.op),      g.m,       g.n,     g.k,     ca.ld,   cb.ld,    g.c_row,
+      g.batch,   ca.batch_stride, cb.batch_stride, g.c_batch, align_a, align_b, align_c, beta != 0};
+
+  std::lock_guard lock(ctx.mu);  // the workspace is shared
+  if (on.stream != ctx.last_stream) {
+    FRUGAL_CUDA_CHECK(cudaEventRecord(ctx.stream_switch, ctx.last_stream));
+    FRUGAL_CUDA_CHECK(cudaStreamWaitEvent(on.stream, ctx.stream_switch, 0));
+    ctx.last_stream = on.stream;
+  }
+  LtDescriptors d;
+  FRUGAL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  FRUGAL_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ca.op, sizeof(ca.op)));
+  FRUGAL_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &cb.op, sizeof(cb.op)));
+  make_layout(&d.a, type, ca.rows, ca.cols, ca.ld, g.batch, ca.batch_stride);
+  make_layout(&d.b, type, cb.rows, cb.cols, cb.ld, g.batch, cb.batch_stride);
+  make_layout(&d.c, type, g.n, g.m, g.c_row, g.batch, g.c_batch);
+
+  auto it = ctx.algos.find(key);
+  if (it == ctx.algos.end()) {
+    Preference pref;
+    const uint64_t workspace = uint64_t(kWorkspaceBytes);
+    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    // Not checked on purpose: a layout no algorithm supports is an answer (use cuBLAS), not an error.
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c, pref.p, 1, &result, &found);
+    const bool use_lt = status == CUBLAS_STATUS_SUCCESS && found > 0;
+    it = ctx.algos.emplace(key, std::make_pair(use_lt, result.algo)).first;
+  }
+  if (it->second.first) {
+    FRUGAL_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, d.op, &alpha, g.b, d.a, g.a, d.b, &beta, g.c, d.c, g.c, d.c,
+                                       &it->second.second, ctx.workspace, size_t(kWorkspaceBytes),
+                                       on.stream));
+    return;
+  }
+  FRUGAL_CUBLAS_CHECK(cublasSetStream(ctx.blas, on.stream));
+  FRUGAL_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      ctx.blas, ca.op, cb.op, int(g.n), int(g.m), int(g.k), &alpha, g.b, type, int(ca.ld), ca.batch_stride,
+      g.a, type, int(cb.ld), cb.batch_stride, &beta, g.c, type, int(g.c_row), g.c_batch, int(g.batch),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  op_gemm.set(DeviceType::CUDA, DType::F32, gemm_cuda<float>);
+  op_gemm.set(DeviceType::CUDA, DType::F16, gemm_cuda<Half>);
+  op_gemm.set(DeviceType::CUDA, DType::BF16, gemm_cuda<BFloat16>);
+  return true;
+}();
+
+}  // namespace
+}  // namespace frugal

@@ -1,0 +1,419 @@
+// The per-element math of the CUDA kernels, as functions callable from host and device (FRUGAL_HOST_DEVICE),
+// so that it is tested on the host against the CPU kernels (tests/cuda/test_math.cpp) on machines without a
+// GPU. Values are in the compute type C (f32 for f16/bf16 storage, as everywhere in frugal); loading and
+// storing the 16-bit types is the .cu files' business (kernels/cuda/common.cuh). Plain C++: no CUDA header.
+//
+//   math::Gelu f;  float y = f(0.5f);           // as the kernel computes one element
+//   math::adam_step(p, g, m, v, v_max, h);       // one element of the fused Adam update
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#ifdef __CUDACC__
+#define FRUGAL_HOST_DEVICE __host__ __device__
+#else
+#define FRUGAL_HOST_DEVICE
+#endif
+
+namespace frugal::math {
+
+// libm by type: the float functions for float (on the device, CUDA's), the double ones for double.
+#define FRUGAL_MATH_FN(name, f_name, d_name)                            \
+  FRUGAL_HOST_DEVICE inline float name(float x) { return ::f_name(x); } \
+  FRUGAL_HOST_DEVICE inline double name(double x) { return ::d_name(x); }
+FRUGAL_MATH_FN(exp_, expf, exp)
+FRUGAL_MATH_FN(log_, logf, log)
+FRUGAL_MATH_FN(sqrt_, sqrtf, sqrt)
+FRUGAL_MATH_FN(tanh_, tanhf, tanh)
+FRUGAL_MATH_FN(erf_, erff, erf)
+FRUGAL_MATH_FN(fabs_, fabsf, fabs)
+#undef FRUGAL_MATH_FN
+FRUGAL_HOST_DEVICE inline float pow_(float x, float y) { return ::powf(x, y); }
+FRUGAL_HOST_DEVICE inline double pow_(double x, double y) { return ::pow(x, y); }
+template <typename C>
+FRUGAL_HOST_DEVICE inline bool isnan_(C x) {
+  if constexpr (std::is_floating_point_v<C>)
+    return x != x;
+  else
+    return false;
+}
+// The largest and smallest value of C (infinities for floats), usable in device code.
+template <typename C>
+FRUGAL_HOST_DEVICE constexpr C lowest_() {
+  if constexpr (std::is_floating_point_v<C>)
+    return -std::numeric_limits<C>::infinity();
+  else
+    return std::numeric_limits<C>::lowest();
+}
+template <typename C>
+FRUGAL_HOST_DEVICE constexpr C highest_() {
+  if constexpr (std::is_floating_point_v<C>)
+    return std::numeric_limits<C>::infinity();
+  else
+    return std::numeric_limits<C>::max();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Elementwise ops (FRUGAL_UNARY_OPS and FRUGAL_BINARY_OPS in core/op_table.h). NaN propagates through relu,
+// clamp, maximum and minimum, as in PyTorch.
+
+struct Neg {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return -x;
+  }
+};
+struct Abs {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    if constexpr (std::is_floating_point_v<C>)
+      return fabs_(x);
+    else if constexpr (std::is_unsigned_v<C>)
+      return x;
+    else
+      return x < C(0) ? C(-x) : x;
+  }
+};
+struct Exp {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return exp_(x);
+  }
+};
+struct Log {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return log_(x);
+  }
+};
+struct Sqrt {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return sqrt_(x);
+  }
+};
+struct Rsqrt {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return C(1) / sqrt_(x);
+  }
+};
+struct Relu {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return x < C(0) ? C(0) : x;
+  }
+};
+struct Gelu {  // x Phi(x), the erf form
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return C(0.5) * x * (C(1) + erf_(x * C(0.70710678118654752)));
+  }
+};
+struct GeluTanh {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return C(0.5) * x * (C(1) + tanh_(C(0.7978845608028654) * (x + C(0.044715) * x * x * x)));
+  }
+};
+struct Sigmoid {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return C(1) / (C(1) + exp_(-x));
+  }
+};
+struct Tanh {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return tanh_(x);
+  }
+};
+struct Silu {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return x / (C(1) + exp_(-x));
+  }
+};
+struct Erf {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    return erf_(x);
+  }
+};
+
+// A clamp bound in C: infinite bounds become an integer type's extremes, fractional ones truncate toward zero
+// (as kernels/cpu/elementwise.cpp's clamp_bound).
+template <typename C>
+C clamp_bound(double v) {
+  if constexpr (std::is_integral_v<C>) {
+    if (v <= double(std::numeric_limits<C>::lowest())) return std::numeric_limits<C>::lowest();
+    if (v >= double(std::numeric_limits<C>::max())) return std::numeric_limits<C>::max();
+  }
+  return C(v);
+}
+template <typename C>
+struct Clamp {
+  C lo, hi;
+  Clamp(double a, double b) : lo(clamp_bound<C>(a)), hi(clamp_bound<C>(b)) {}
+  FRUGAL_HOST_DEVICE C operator()(C x) const {
+    if (isnan_(x)) return x;
+    return x < lo ? lo : (x > hi ? hi : x);
+  }
+};
+
+struct Add {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
+    return C(x + y);
+  }
+};
+struct Sub {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
+    return C(x - y);
+  }
+};
+struct Mul {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
+    return C(x * y);
+  }
+};
+struct Div {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
+    return x / y;
+  }
+};
+// Floats through libm; integers by squaring, with negative exponents giving 0 except for bases 1 and -1 (as
+// PyTorch and the CPU kernel).
+struct Pow {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C base, C exponent) const {
+    if constexpr (std::is_floating_point_v<C>) {
+      return pow_(base, exponent);
+    } else {
+      int64_t e = int64_t(exponent);
+      if (e < 0) return base == C(1) ? C(1) : (base == C(-1) ? (e % 2 ? C(-1) : C(1)) : C(0));
+      C r = 1;
+      for (; e; e >>= 1, base = C(base * base))
+        if (e & 1) r = C(r * base);
+      return r;
+    }
+  }
+};
+struct Maximum {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
+    if (isnan_(x) || isnan_(y)) return isnan_(x) ? x : y;
+    return x < y ? y : x;
+  }
+};
+struct Minimum {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
+    if (isnan_(x) || isnan_(y)) return isnan_(x) ? x : y;
+    return y < x ? y : x;
+  }
+};
+
+#define FRUGAL_MATH_COMPARE(Name, op)                    \
+  struct Name {                                          \
+    template <typename C>                                \
+    FRUGAL_HOST_DEVICE bool operator()(C x, C y) const { \
+      return x op y;                                     \
+    }                                                    \
+  };
+FRUGAL_MATH_COMPARE(Eq, ==)
+FRUGAL_MATH_COMPARE(Ne, !=)
+FRUGAL_MATH_COMPARE(Lt, <)
+FRUGAL_MATH_COMPARE(Le, <=)
+FRUGAL_MATH_COMPARE(Gt, >)
+FRUGAL_MATH_COMPARE(Ge, >=)
+#undef FRUGAL_MATH_COMPARE
+
+// A value of compute type From converted to compute type To (the storage conversion of the 16-bit floats
+// comes after): to bool means != 0, floats to integers truncate toward zero.
+template <typename To, typename From>
+FRUGAL_HOST_DEVICE To convert(From v) {
+  if constexpr (std::is_same_v<To, bool>)
+    return v != From(0);
+  else
+    return To(v);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Reductions: a state per partial result, an identity, one element taken in, two states merged (in any
+// order: the GPU merges in a tree), and the final value. The CPU kernels fold left to right; the results
+// agree exactly for max, min and the arg ops, to rounding for sums.
+
+template <typename C>
+struct SumReduce {
+  using Acc = C;
+  FRUGAL_HOST_DEVICE Acc identity() const { return C(0); }
+  FRUGAL_HOST_DEVICE Acc take(C v, int64_t) const { return v; }
+  FRUGAL_HOST_DEVICE Acc merge(Acc a, Acc b) const { return a + b; }
+};
+
+// max / min: NaN wins.
+template <typename C, bool kMax>
+struct ExtremeReduce {
+  using Acc = C;
+  FRUGAL_HOST_DEVICE Acc identity() const {
+    if constexpr (std::is_same_v<C, bool>)
+      return !kMax;
+    else
+      return kMax ? lowest_<C>() : highest_<C>();
+  }
+  FRUGAL_HOST_DEVICE Acc take(C v, int64_t) const { return v; }
+  FRUGAL_HOST_DEVICE Acc merge(Acc a, Acc b) const {
+    if (isnan_(a) || isnan_(b)) return isnan_(a) ? a : b;
+    return (kMax ? a < b : b < a) ? b : a;
+  }
+};
+
+// argmax / argmin: the index of the extreme; NaN wins; ties (and NaNs) go to the smallest index, so the
+// result does not depend on the merge order. index < 0 marks the identity.
+template <typename C>
+struct ArgState {
+  C value;
+  int64_t index;
+};
+template <typename C, bool kMax>
+struct ArgReduce {
+  using Acc = ArgState<C>;
+  FRUGAL_HOST_DEVICE Acc identity() const { return {C(0), -1}; }
+  FRUGAL_HOST_DEVICE Acc take(C v, int64_t i) const { return {v, i}; }
+  FRUGAL_HOST_DEVICE Acc merge(Acc a, Acc b) const {
+    if (a.index < 0) return b;
+    if (b.index < 0) return a;
+    const bool a_nan = isnan_(a.value), b_nan = isnan_(b.value);
+    if (a_nan != b_nan) return a_nan ? a : b;
+    if (!a_nan && a.value != b.value) return (kMax ? a.value < b.value : b.value < a.value) ? b : a;
+    return b.index < a.index ? b : a;
+  }
+};
+
+// var: Welford's count, mean and sum of squared deviations in f64, merged with Chan's formula.
+struct VarState {
+  double n, mean, m2;
+};
+struct VarReduce {
+  using Acc = VarState;
+  FRUGAL_HOST_DEVICE Acc identity() const { return {0, 0, 0}; }
+  template <typename C>
+  FRUGAL_HOST_DEVICE Acc take(C v, int64_t) const {
+    return {1, double(v), 0};
+  }
+  FRUGAL_HOST_DEVICE Acc merge(Acc a, Acc b) const {
+    const double n = a.n + b.n;
+    if (n == 0) return a;
+    const double delta = b.mean - a.mean;
+    return {n, a.mean + delta * (b.n / n), a.m2 + b.m2 + delta * delta * (a.n * b.n / n)};
+  }
+};
+// The variance from a merged state: m2 / (n - correction), NaN when that is not positive.
+FRUGAL_HOST_DEVICE inline double variance(const VarState& s, double correction) {
+  const double denom = s.n - correction;
+  return denom > 0 ? s.m2 / denom : std::numeric_limits<double>::quiet_NaN();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Softmax and cross-entropy over a row: the running maximum m and sum s of exp(x - m), merged across threads.
+// A row whose maximum is -inf gives NaN outputs through x - m (as the CPU kernels); one holding +inf gives
+// NaN where x is +inf and 0 elsewhere (as PyTorch), where the CPU kernel gives NaN everywhere.
+
+template <typename C>
+struct MaxSum {
+  C max;  // -inf while empty
+  C sum;  // of exp(x - max); elements equal to max count 1 (also when max is -inf)
+};
+template <typename C>
+FRUGAL_HOST_DEVICE MaxSum<C> max_sum_take(MaxSum<C> a, C x) {
+  if (x > a.max) return {x, a.sum * exp_(a.max - x) + C(1)};
+  if (x == a.max) return {a.max, a.sum + C(1)};
+  return {a.max, a.sum + exp_(x - a.max)};  // a NaN x makes the sum NaN
+}
+template <typename C>
+FRUGAL_HOST_DEVICE MaxSum<C> max_sum_merge(MaxSum<C> a, MaxSum<C> b) {
+  const C m = a.max < b.max ? b.max : a.max;
+  // exp(max - m) of the part that holds m is 1, also when m is infinite (where max - m would be NaN).
+  return {m, (a.max == m ? a.sum : a.sum * exp_(a.max - m)) + (b.max == m ? b.sum : b.sum * exp_(b.max - m))};
+}
+
+// loss = lse - (1 - eps) x[t] - eps / C sum_j x[j]  (CrossEntropyArgs in core/op_table.h)
+template <typename C>
+FRUGAL_HOST_DEVICE C cross_entropy_loss(C lse, C x_target, C sum_x, C label_smoothing, int64_t classes) {
+  const C keep = C(1) - label_smoothing;
+  return lse - keep * x_target - (label_smoothing != C(0) ? label_smoothing / C(classes) * sum_x : C(0));
+}
+// d_logits[j] = grad (exp(x[j] - lse) - eps / C - (1 - eps) [j == t])
+template <typename C>
+FRUGAL_HOST_DEVICE C cross_entropy_grad(C x, C lse, C grad, bool is_target, C label_smoothing,
+                                        int64_t classes) {
+  const C off = label_smoothing / C(classes), keep = C(1) - label_smoothing;
+  return (exp_(x - lse) - off - (is_target ? keep : C(0))) * grad;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Optimizer updates of one element, in the order of kernels/cpu/optim.cpp and kernels/cpu/sparse.cpp (which
+// follow PyTorch's), on values of the compute type C.
+
+template <typename C>
+struct SgdHyper {
+  C lr, weight_decay, momentum, keep;  // keep = 1 - dampening
+  bool decay, nesterov, first_step, has_buffer;
+};
+template <typename C>
+FRUGAL_HOST_DEVICE C sgd_step(C p, C g, C* buffer, const SgdHyper<C>& h) {
+  C d = g;
+  if (h.decay) d = d + h.weight_decay * p;
+  if (h.has_buffer) {
+    const C b = h.first_step ? d : *buffer * h.momentum + h.keep * d;
+    *buffer = b;
+    d = h.nesterov ? d + h.momentum * b : b;
+  }
+  return p - h.lr * d;
+}
+
+template <typename C>
+struct AdamHyper {
+  C beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, shrink, step_size, bc2_sqrt;
+  bool coupled, decoupled, amsgrad;
+};
+template <typename C>
+FRUGAL_HOST_DEVICE C adam_step(C p, C g, C* exp_avg, C* exp_avg_sq, C* max_exp_avg_sq,
+                               const AdamHyper<C>& h) {
+  if (h.coupled) g = g + h.weight_decay * p;
+  if (h.decoupled) p = p * h.shrink;
+  const C m = *exp_avg * h.beta1 + h.one_minus_beta1 * g;
+  const C v = *exp_avg_sq * h.beta2 + h.one_minus_beta2 * (g * g);
+  *exp_avg = m;
+  *exp_avg_sq = v;
+  C v_used = v;
+  if (h.amsgrad) {
+    v_used = *max_exp_avg_sq < v ? v : *max_exp_avg_sq;
+    *max_exp_avg_sq = v_used;
+  }
+  const C denom = sqrt_(v_used) / h.bc2_sqrt + h.eps;
+  return p - h.step_size * (m / denom);
+}
+
+template <typename C>
+struct SparseAdamHyper {
+  C one_minus_beta1, one_minus_beta2, eps, step_size;
+};
+template <typename C>
+FRUGAL_HOST_DEVICE C sparse_adam_step(C p, C g, C* m, C* v, const SparseAdamHyper<C>& h) {
+  const C m_new = *m + (g - *m) * h.one_minus_beta1;
+  const C v_new = *v + (g * g - *v) * h.one_minus_beta2;
+  *m = m_new;
+  *v = v_new;
+  const C denom = sqrt_(v_new) + h.eps;
+  return p + -h.step_size * (m_new / denom);
+}
+
+}  // namespace frugal::math

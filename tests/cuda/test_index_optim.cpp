@@ -1,0 +1,116 @@
+// CUDA index ops (index_select, gather, scatter_add, the embedding forward and backward, dense and sparse)
+// and the fused optimizer steps (SGD, Adam, AdamW, SparseAdam) against the CPU. Skipped without a GPU.
+#include "tests/cuda/gpu_test.h"
+
+namespace frugal {
+namespace {
+
+using testing::expect_gpu_matches_cpu;
+using testing::GpuTest;
+using testing::tol_for;
+using testing::uniform;
+
+using IndexOptim = GpuTest;
+using Inputs = std::vector<Tensor>;
+
+TEST_F(IndexOptim, IndexSelectGatherScatterAddMatchTheCpu) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32}) {
+    const Tensor x = uniform({6, 11, 9}, -3, 3, DType::F64, 31).to(t);
+    const Tensor idx = tensor<int64_t>({3, 0, 10, 3, -1, 7});  // repeats and a negative index
+    expect_gpu_matches_cpu([&](const Inputs& in) { return ops::index_select(in[0], 1, in[1]); }, {x, idx},
+                           {0, 0}, std::string("index_select ") + dtype_name(t));
+    const Tensor small = tensor<int64_t>({1, 0, 5, 1});
+    expect_gpu_matches_cpu([&](const Inputs& in) { return ops::index_select(in[0], 0, in[1]); }, {x, small},
+                           {0, 0}, "index_select dim 0");
+    const Tensor gidx = uniform({6, 4, 9}, 0, 11, DType::F64, 32).to(DType::I64);
+    expect_gpu_matches_cpu([&](const Inputs& in) { return ops::gather(in[0], 1, in[1]); }, {x, gidx}, {0, 0},
+                           std::string("gather ") + dtype_name(t));
+    const Tensor src = uniform({6, 4, 9}, -2, 2, DType::F64, 33).to(t);
+    // Duplicate indices accumulate; f16/bf16 round at every addition, in an order the GPU does not fix.
+    expect_gpu_matches_cpu([&](const Inputs& in) { return ops::scatter_add(in[0], 1, in[1], in[2]); },
+                           {x, gidx, src}, is_floating(t) ? tol_for(t) : testing::Tol{0, 0},
+                           std::string("scatter_add ") + dtype_name(t));
+  }
+}
+
+TEST_F(IndexOptim, EmbeddingForwardAndBackwardMatchTheCpu) {
+  for (bool sparse : {false, true}) {
+    for (DType t : {DType::F32, DType::BF16}) {
+      const Tensor weight = uniform({50, 24}, -1, 1, t, 34);
+      const Tensor ids = uniform({7, 13}, 0, 50, DType::F64, 35).to(DType::I64);
+      const Tensor dy = uniform({7, 13, 24}, -1, 1, t, 36);
+      auto run = [&](Device d) {
+        const Tensor w = weight.to(d).detach().requires_grad_();
+        const Tensor y = nn::functional::embedding(ids.to(d), w, std::nullopt, sparse);
+        (y * dy.to(d)).sum().backward();
+        const Tensor g = sparse ? autograd::to_dense(autograd::sparse_grad(w)) : w.grad();
+        return std::make_pair(y.to(kCPU), g.to(kCPU));
+      };
+      const auto [y_cpu, g_cpu] = run(kCPU);
+      const auto [y_gpu, g_gpu] = run(testing::kGpu);
+      const std::string what = std::string(dtype_name(t)) + (sparse ? " sparse" : " dense");
+      testing::expect_close(y_gpu, y_cpu.to_vector<double>(), {0, 0}, "embedding " + what);
+      testing::expect_close(g_gpu, g_cpu.to_vector<double>(),
+                            t == DType::F32 ? testing::Tol{1e-6, 1e-5} : tol_for(t),
+                            "embedding grad " + what);
+    }
+  }
+}
+
+// Three steps of an optimizer on the same parameters and gradients on each device.
+template <typename Opt, typename Options>
+void check_optimizer(const Options& options, DType t, const std::string& what) {
+  auto run = [&](Device d) {
+    Tensor p = uniform({1000, 7}, -1, 1, t, 37).to(d).detach().requires_grad_();
+    Opt opt({p}, options);
+    for (int step = 0; step < 3; ++step) {
+      p.set_grad(uniform({1000, 7}, -1, 1, t, uint64_t(38 + step)).to(d));
+      opt.step();
+    }
+    return p.detach().to(kCPU);
+  };
+  const Tensor cpu = run(kCPU), gpu = run(testing::kGpu);
+  testing::expect_close(gpu, cpu.to_vector<double>(), t == DType::F32 ? testing::Tol{1e-6, 1e-5} : tol_for(t),
+                        what);
+}
+
+TEST_F(IndexOptim, FusedOptimizerStepsMatchTheCpu) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    const std::string name = dtype_name(t);
+    check_optimizer<optim::SGD>(optim::SGDOptions(0.1), t, "sgd " + name);
+    check_optimizer<optim::SGD>(optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01), t,
+                                "sgd nesterov " + name);
+    check_optimizer<optim::SGD>(optim::SGDOptions(0.05).momentum(0.8).dampening(0.1), t,
+                                "sgd dampening " + name);
+    check_optimizer<optim::Adam>(optim::AdamOptions(1e-2).weight_decay(0.01), t, "adam " + name);
+    check_optimizer<optim::Adam>(optim::AdamOptions(1e-2).amsgrad(true), t, "adam amsgrad " + name);
+    check_optimizer<optim::AdamW>(optim::AdamWOptions(1e-2).weight_decay(0.1), t, "adamw " + name);
+  }
+}
+
+TEST_F(IndexOptim, SparseAdamUpdatesOnlyTheRowsPresent) {
+  for (DType t : {DType::F32, DType::BF16}) {
+    auto run = [&](Device d) {
+      manual_seed(5);
+      nn::Embedding emb(nn::EmbeddingOptions(40, 16).sparse(true));
+      emb.to(t);
+      emb.to(d);
+      optim::SparseAdam opt(emb.parameters(), optim::SparseAdamOptions(1e-2));
+      for (int step = 0; step < 3; ++step) {
+        const Tensor ids = uniform({5, 6}, 0, 40, DType::F64, uint64_t(40 + step)).to(DType::I64).to(d);
+        const Tensor y = emb.forward(ids);
+        opt.zero_grad();
+        (y * y).sum().backward();
+        opt.step();
+      }
+      return emb.weight.detach().to(kCPU);
+    };
+    const Tensor cpu = run(kCPU), gpu = run(testing::kGpu);
+    testing::expect_close(gpu, cpu.to_vector<double>(),
+                          t == DType::F32 ? testing::Tol{1e-6, 1e-5} : tol_for(t),
+                          std::string("sparse adam ") + dtype_name(t));
+  }
+}
+
+}  // namespace
+}  // namespace frugal

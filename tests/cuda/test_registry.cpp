@@ -1,0 +1,61 @@
+// Which kernels the CUDA backend registers in the op tables (core/op_table.h): registration needs no device,
+// so this runs in every CUDA build, GPU or not. A missing entry here is a gap users would meet as a "no
+// kernel for dtype ... on cuda:0" error.
+#include <gtest/gtest.h>
+
+#include "core/op_table.h"
+
+namespace frugal {
+namespace {
+
+const Device kGpu = cuda(0);
+
+template <typename Fn>
+void expect_kernels(const OpTable<Fn>& table, std::initializer_list<DType> dtypes) {
+  for (DType t : dtypes)
+    EXPECT_TRUE(table.has(kGpu, t)) << table.name() << " has no CUDA kernel for " << dtype_name(t);
+}
+
+TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
+#ifndef FRUGAL_HAVE_CUDA
+  GTEST_SKIP() << "frugal was built without CUDA";
+#else
+  const auto floats = {DType::F32, DType::F16, DType::BF16};
+  const auto all = {DType::F32, DType::F64, DType::F16, DType::BF16,
+                    DType::I64, DType::I32, DType::U8,  DType::Bool};
+#define FRUGAL_EXPECT_FLOATS(name) expect_kernels(op_##name, floats);
+  FRUGAL_UNARY_OPS(FRUGAL_EXPECT_FLOATS)
+  FRUGAL_BINARY_OPS(FRUGAL_EXPECT_FLOATS)
+  FRUGAL_REDUCE_OPS(FRUGAL_EXPECT_FLOATS)
+#undef FRUGAL_EXPECT_FLOATS
+  for (auto* t :
+       {&op_neg, &op_abs, &op_relu, &op_clamp, &op_add, &op_sub, &op_mul, &op_pow, &op_maximum, &op_minimum})
+    expect_kernels(*t, {DType::I64, DType::I32});
+  for (auto* t : {&op_eq, &op_ne, &op_lt, &op_le, &op_gt, &op_ge})
+    expect_kernels(*t, {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8, DType::Bool});
+  for (auto* t : {&op_sum, &op_max, &op_min, &op_argmax, &op_argmin})
+    expect_kernels(*t, {DType::I64, DType::I32, DType::U8, DType::Bool});
+  for (auto* t : {&op_where, &op_cast, &op_fill}) expect_kernels(*t, all);
+  expect_kernels(op_copy_between_devices, all);
+  expect_kernels(op_index_select, all);
+  expect_kernels(op_gather, all);
+  expect_kernels(op_scatter_add, {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32});
+  for (auto* t : {&op_gemm}) expect_kernels(*t, floats);
+  expect_kernels(op_softmax, floats);
+  expect_kernels(op_cross_entropy, floats);
+  expect_kernels(op_cross_entropy_backward, floats);
+  expect_kernels(op_sgd_step, floats);
+  expect_kernels(op_adam_step, floats);
+  expect_kernels(op_sparse_adam_step, floats);
+  expect_kernels(op_segment_sum_rows, floats);
+  // Later work (convolution through cuDNN, pooling, fused attention): not registered, so a model that needs
+  // them on the GPU fails with a clear error instead of running on the CPU behind the user's back.
+  EXPECT_FALSE(op_conv2d.has(kGpu, DType::F32));
+  EXPECT_FALSE(op_attention_softmax.has(kGpu, DType::F32));
+  // f64 arithmetic stays on the CPU (gradient checks); a GPU holds, moves and converts f64.
+  EXPECT_FALSE(op_add.has(kGpu, DType::F64));
+#endif
+}
+
+}  // namespace
+}  // namespace frugal
