@@ -129,9 +129,9 @@ TEST_F(SafetensorsTest, LaysTensorsOutByDtypeAlignmentThenName) {
 }
 
 // tests/fixtures/reference.safetensors, written by tests/fixtures/gen_safetensors.py (standard library only).
-std::string fixture_path() {
-  return (fs::path(__FILE__).parent_path().parent_path() / "fixtures" / "reference.safetensors").string();
-}
+// Found through FRUGAL_FIXTURES_DIR, not __FILE__: ccache's CCACHE_BASEDIR makes __FILE__ relative to the
+// build folder, which the tests do not run in.
+std::string fixture_path() { return std::string(FRUGAL_FIXTURES_DIR) + "/reference.safetensors"; }
 
 TEST_F(SafetensorsTest, ReadsThePythonFixture) {
   const auto f = io::load_safetensors(fixture_path());
