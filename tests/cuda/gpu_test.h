@@ -43,14 +43,22 @@ inline bool fake_gpu() {
     FRUGAL_BINARY_OPS(FRUGAL_USE_CPU)
     FRUGAL_COMPARE_OPS(FRUGAL_USE_CPU)
     FRUGAL_REDUCE_OPS(FRUGAL_USE_CPU)
-    FRUGAL_USE_CPU(where)
-    FRUGAL_USE_CPU(cast) FRUGAL_USE_CPU(fill) FRUGAL_USE_CPU(gemm) FRUGAL_USE_CPU(softmax)
-        FRUGAL_USE_CPU(sgd_step) FRUGAL_USE_CPU(adam_step) FRUGAL_USE_CPU(segment_sum_rows)
-            FRUGAL_USE_CPU(sparse_adam_step) FRUGAL_USE_CPU(index_select) FRUGAL_USE_CPU(gather)
-                FRUGAL_USE_CPU(scatter_add) FRUGAL_USE_CPU(cross_entropy)
-                    FRUGAL_USE_CPU(cross_entropy_backward)
+    detail::use_cpu_kernels(op_where);
+    detail::use_cpu_kernels(op_cast);
+    detail::use_cpu_kernels(op_fill);
+    detail::use_cpu_kernels(op_gemm);
+    detail::use_cpu_kernels(op_softmax);
+    detail::use_cpu_kernels(op_sgd_step);
+    detail::use_cpu_kernels(op_adam_step);
+    detail::use_cpu_kernels(op_segment_sum_rows);
+    detail::use_cpu_kernels(op_sparse_adam_step);
+    detail::use_cpu_kernels(op_index_select);
+    detail::use_cpu_kernels(op_gather);
+    detail::use_cpu_kernels(op_scatter_add);
+    detail::use_cpu_kernels(op_cross_entropy);
+    detail::use_cpu_kernels(op_cross_entropy_backward);
 #undef FRUGAL_USE_CPU
-                        return true;
+    return true;
   }();
   return on;
 }
