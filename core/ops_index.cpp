@@ -127,6 +127,13 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
                      index.numel(), ", i.e. ", expected);
   const int64_t size = x.dim() ? x.shape()[d] : 1;
   const Tensor idx = checked_index("index_add", index, size, x, dim);
+  if (x.dim() > 0 && !op_index_add.has(x.device(), x.dtype())) {
+    // A device without an index_add kernel (the CUDA backend today): scatter_add of the index expanded over
+    // src, the same sums through a per-element index.
+    Shape view;
+    for (int i = 0; i < src.dim(); ++i) view.push_back(i == d ? idx.numel() : 1);
+    return scatter_add(x, d, idx.reshape(view).expand(src.shape()), src);
+  }
   const Tensor srcs = src.contiguous();
   Tensor out = x.clone();
   IndexArgs a;
