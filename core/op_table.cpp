@@ -46,6 +46,7 @@ constinit OpTable<ElementwiseKernel> op_gelu_tanh_backward{"gelu_tanh_backward"}
 constinit OpTable<SelfAttentionKernel> op_self_attention{"self_attention"};
 constinit OpTable<SelfAttentionKernel> op_self_attention_backward{"self_attention_backward"};
 constinit OpTable<IndexKernel> op_index_add{"index_add"};
+constinit OpTable<TransposeKernel> op_transpose2d{"transpose2d"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

@@ -52,8 +52,19 @@ void gemm(const void* a, int64_t a_row, int64_t a_col, const void* b, int64_t b_
 Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   check_linear("linear", x_in, weight, bias);
   const Tensor x = contiguous(x_in);
-  const Tensor wt = contiguous(weight.t());  // [in, out]
   const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
+  Tensor wt = weight.t();  // [in, out]: contiguous already when weight is a transposed view
+  if (!wt.is_contiguous()) {
+    const Tensor w = contiguous(weight);
+    wt = empty({in, out}, w.options());
+    TransposeArgs t;
+    t.in = w.raw_data();
+    t.out = wt.raw_data();
+    t.rows = out;
+    t.cols = in;
+    t.in_stride = in;
+    if (wt.numel() > 0) op_transpose2d.get(w.device(), w.dtype())(t);
+  }
   Tensor y = empty({m, out}, x.options());
   if (bias.defined()) copy_(y, bias.expand({m, out}));
   gemm(x.raw_data(), in, 1, wt.raw_data(), out, 1, y, in, bias.defined());
