@@ -42,6 +42,13 @@ using Vec = typename VecOf<T>::type;
 template <typename T>
 constexpr int kLanes = int(64 / sizeof(T));
 
+// x in every lane: x - 0 is x for every x (V{} + x is not: the compiler must keep that add for the sign of
+// zero), so this compiles to one broadcast.
+template <typename T>
+inline Vec<T> splat(T x) {
+  return x - Vec<T>{};
+}
+
 template <typename T, int MR>
 inline void gemm_block_full(int64_t k0, int64_t k1, const T* a, int64_t ars, int64_t acs, const T* b,
                             int64_t brs, T* c, int64_t crs) {
@@ -56,7 +63,7 @@ inline void gemm_block_full(int64_t k0, int64_t k1, const T* a, int64_t ars, int
     std::memcpy(&b1, b + p * brs + L, sizeof(V));
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const V av = V{} + a[r * ars + p * acs];
+      const V av = splat<T>(a[r * ars + p * acs]);
       lo[r] += av * b0;
       hi[r] += av * b1;
     }
@@ -188,6 +195,15 @@ void copy_rows(int64_t rows, int64_t cols, const From* src, int64_t src_stride, 
     for (int64_t c = 0; c < cols; ++c) dst[r * dst_stride + c] = To(src[r * src_stride + c]);
 }
 
+// Asks for the cache lines of `rows` rows of `cols` elements, `stride` elements apart: the next head's
+// operands, fetched while this head computes (they are strided rows of a large tensor, which the hardware
+// prefetchers follow late).
+template <typename T>
+inline void prefetch_rows(const T* p, int64_t rows, int64_t cols, int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; c += 64 / int64_t(sizeof(T))) __builtin_prefetch(p + r * stride + c);
+}
+
 // qkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C); y: [B, T, H, hd] (T); workspace: [threads, hd * T] (C),
 // plus 4 T hd when T is not C (q, k, v, y converted)
 template <typename T>
@@ -202,6 +218,10 @@ void self_attention_forward_cpu(const SelfAttentionArgs& a) {
     C* kt = scratch<C>(a, hd * t + (convert ? 4 * t * hd : 0));
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
+      if (bh + 1 < end) {
+        const HeadOffsets next = head_offsets(a, bh + 1);
+        for (int w = 0; w < 3; ++w) prefetch_rows(qkv + next.q + w * d, t, hd, 3 * d);
+      }
       if constexpr (convert) {
         C* q = kt + hd * t;
         C *k = q + t * hd, *v = k + t * hd, *y = v + t * hd;
@@ -233,6 +253,12 @@ void self_attention_backward_cpu(const SelfAttentionArgs& a) {
     C* vt = ds + t * t;
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
+      if (bh + 1 < end) {
+        const HeadOffsets next = head_offsets(a, bh + 1);
+        for (int w = 0; w < 3; ++w) prefetch_rows(qkv + next.q + w * d, t, hd, 3 * d);
+        prefetch_rows(dys + next.y, t, hd, d);
+        prefetch_rows(probs + next.p, t, t, t);
+      }
       if constexpr (convert) {
         C* q = vt + hd * t;
         C *k = q + t * hd, *v = k + t * hd, *dy = v + t * hd, *dq = dy + t * hd, *dk = dq + t * hd,
