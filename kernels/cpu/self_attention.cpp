@@ -157,7 +157,11 @@ void head_forward(const SelfAttentionArgs& a, const C* q, const C* k, const C* v
     Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> r(row, n);
     // max(scale x) is scale max(x) for scale > 0 and scale min(x) otherwise.
     const C m = scale >= 0 ? scale * r.maxCoeff() : scale * r.minCoeff();
-    r = (r * scale - m).exp();
+    // exp over whole vectors: past n (masked, but computed by the product's last column block) the values
+    // are thrown away below; a partial vector would go through the scalar exp, element by element.
+    const int64_t whole = std::min(t, (n + kLanes<C> - 1) / kLanes<C> * kLanes<C>);
+    Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> rw(row, whole);
+    rw = (rw * scale - m).exp();
     r *= C(1) / r.sum();
     std::fill(row + n, row + t, C(0));
   }
@@ -253,12 +257,6 @@ void self_attention_backward_cpu(const SelfAttentionArgs& a) {
     C* vt = ds + t * t;
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
-      if (bh + 1 < end) {
-        const HeadOffsets next = head_offsets(a, bh + 1);
-        for (int w = 0; w < 3; ++w) prefetch_rows(qkv + next.q + w * d, t, hd, 3 * d);
-        prefetch_rows(dys + next.y, t, hd, d);
-        prefetch_rows(probs + next.p, t, t, t);
-      }
       if constexpr (convert) {
         C* q = vt + hd * t;
         C *k = q + t * hd, *v = k + t * hd, *dy = v + t * hd, *dq = dy + t * hd, *dk = dq + t * hd,
