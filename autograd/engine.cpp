@@ -11,8 +11,17 @@ namespace frugal::autograd {
 
 namespace {
 
-// Adds g into slot (out of place: the tensor already there may be shared, e.g. add's two input gradients).
-void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add(slot, g) : g; }
+// Adds g into slot: in place when nothing else can see the slot's tensor and g has its shape and dtype (no
+// new buffer), out of place otherwise (the tensor there may be shared, e.g. add's two input gradients).
+void accumulate(Tensor& slot, const Tensor& g) {
+  if (!slot.defined())
+    slot = g;
+  else if (slot.is_unique() && slot.shape() == g.shape() && slot.dtype() == g.dtype() &&
+           slot.device() == g.device())
+    ops::add_(slot, g);
+  else
+    slot = add(slot, g);
+}
 
 // A leaf's .grad is its own contiguous tensor, so in-place updates of it (clipping, optimizers) can touch no
 // other gradient: the first gradient is taken over only when nothing else can see it, and copied otherwise.

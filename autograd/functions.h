@@ -126,6 +126,10 @@ Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {
 Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {}, Size2 padding = 0,
                   bool count_include_pad = true);
 
+// y [M, out] = x [M, in] weight^T + bias as one GEMM (see core/ops.h: one floating dtype with a GEMM kernel);
+// gradients for x, weight and bias, first order only. nn::functional::linear calls it where it applies.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+
 // Layer normalisation over the trailing dims named by normalized_shape, fused (see core/ops.h); gradients for
 // x, weight and bias, first order only. nn::functional::layer_norm and nn::LayerNorm call it.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},

@@ -79,6 +79,7 @@ constinit OpTable<SelfAttentionKernel> op_self_attention{"self_attention"};
 constinit OpTable<SelfAttentionKernel> op_self_attention_backward{"self_attention_backward"};
 constinit OpTable<IndexKernel> op_index_add{"index_add"};
 constinit OpTable<DeviceCopyKernel> op_copy_between_devices{"copy between devices"};
+constinit OpTable<TransposeKernel> op_transpose2d{"transpose2d"};
 
 void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row) {
   std::string supported;

@@ -396,4 +396,15 @@ struct DeviceCopyArgs {
 using DeviceCopyKernel = void(const DeviceCopyArgs& args);
 extern OpTable<DeviceCopyKernel> op_copy_between_devices;
 
+// out [cols, rows] = in [rows, cols]^T, in's rows in_stride elements apart (unit column stride), out
+// contiguous. Keyed by the dtype (the copy is by element). Cache-blocked: a strided element-by-element copy
+// misses the cache once per element of the transposed side.
+struct TransposeArgs {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t rows = 0, cols = 0, in_stride = 0;
+};
+using TransposeKernel = void(const TransposeArgs& args);
+extern OpTable<TransposeKernel> op_transpose2d;
+
 }  // namespace frugal

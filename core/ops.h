@@ -202,4 +202,17 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, cons
                                    const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool need_dx,
                                    bool need_dweight, bool need_dbias);
 
+// The affine map of a linear layer as one GEMM: y [M, out] = x [M, in] weight^T + bias, x, weight [out, in]
+// and bias [out] (or undefined) of one floating dtype that has a GEMM kernel on their device. The bias
+// fills y first and the GEMM adds onto it; the weight is transposed once into [in, out], which runs faster
+// than a GEMM reading it transposed.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// Its gradients from d y [M, out]: d x = d y weight (when need_dx; weight needed), d weight = d y^T x, in
+// weight's [out, in] layout (when need_dweight; x needed), d bias = the column sums of d y (when need_dbias).
+struct LinearGrads {
+  Tensor dx, dweight, dbias;
+};
+LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_dx,
+                            bool need_dweight, bool need_dbias);
+
 }  // namespace frugal::ops

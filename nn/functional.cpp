@@ -1,11 +1,13 @@
 // nn::functional layers (linear, dropout, layer_norm, batch_norm, embedding): composites of differentiable
-// ops, so their gradients come from autograd/ and recompute segments replay them, except layer_norm, which
-// runs the fused op (autograd/grad_norm.cpp) and keeps its composite as layer_norm_composite. Losses are in
+// ops, so their gradients come from autograd/ and recompute segments replay them, except linear and
+// layer_norm, which run fused ops (autograd/grad_linear.cpp, autograd/grad_norm.cpp) and keep their
+// composites as linear_composite and layer_norm_composite. Losses are in
 // nn/functional_losses.cpp.
 #include "nn/functional.h"
 
 #include "autograd/autocast_casts.h"
 #include "autograd/sparse.h"
+#include "core/op_table.h"
 
 namespace frugal::nn::functional {
 
@@ -29,18 +31,26 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   FRUGAL_CHECK_SHAPE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
                      "linear: the bias must have shape [", weight.size(0), "], got ",
                      bias.defined() ? bias.shape() : Shape{});
-  // Leading dims are folded into one so that matmul runs one GEMM and its backward one GEMM per operand (a
-  // batched matmul against a 2-D weight would sum a [batch, in, out] gradient).
-  const bool fold = x.dim() > 2;
+  // Leading dims are folded into one so that one GEMM runs forward and one per operand backward (a batched
+  // matmul against a 2-D weight would sum a [batch, in, out] gradient).
+  const bool fold = x.dim() != 2;
   const Tensor x2 = fold ? x.reshape({-1, x.size(-1)}) : x;
-  Tensor y = matmul(x2, weight.t());
-  if (bias.defined()) y = add(y, bias);
+  // The fused op where it applies: one dtype (no promotion), one device, a GEMM kernel for it.
+  const bool fused = x.dtype() == weight.dtype() && (!bias.defined() || bias.dtype() == x.dtype()) &&
+                     is_floating(x.dtype()) && weight.device() == x.device() &&
+                     (!bias.defined() || bias.device() == x.device()) && op_gemm.has(x.device(), x.dtype());
+  Tensor y = fused ? frugal::linear(x2, weight, bias) : linear_composite(x2, weight, bias);
   if (fold) {
     Shape s = x.shape();
     s[s.size() - 1] = weight.size(0);
     y = y.reshape(s);
   }
   return y;
+}
+
+Tensor linear_composite(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  Tensor y = matmul(x, weight.t());
+  return bias.defined() ? add(y, bias) : y;
 }
 
 Tensor dropout(const Tensor& x, double p, bool training) {

@@ -22,8 +22,11 @@ const char* reduction_name(Reduction r);
 
 // ---- Layers ----
 
-// y = x @ weight^T + bias; x [..., in], weight [out, in], bias [out] or undefined.
+// y = x @ weight^T + bias; x [..., in], weight [out, in], bias [out] or undefined. One fused GEMM
+// (frugal::linear) when the three share a dtype that has a GEMM kernel, the composite otherwise.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// The same from matmul and add (x [M, in] or batched): the reference the fused op is tested against.
+Tensor linear_composite(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training; x itself
 // otherwise. Drawn from the default generator, so recompute segments replay the same mask.

@@ -91,6 +91,32 @@ void sum_cpu(const ReduceArgs& a) {
     }
   }
   if constexpr (std::is_floating_point_v<C>) {
+    if (a.kept_ndim == 1 && a.kept_strides[0] == 1 && a.red_ndim == 1 && a.n_out <= 1024 &&
+        a.n_reduce * a.n_out >= 4 * kGrain) {
+      // Many rows of a short contiguous kept run (a bias gradient [M, n] -> [n]): the rows split into chunks
+      // (their number from the shape alone, so the sums do not depend on the thread count), each summed into
+      // its own partial row, then the partial rows in order.
+      const int64_t n = a.n_out, rows = a.n_reduce, step = a.red_strides[0];
+      const int64_t chunks = std::min<int64_t>(16, rows * n / (2 * kGrain)),
+                    per = (rows + chunks - 1) / chunks;
+      std::vector<C> part(size_t(chunks * n), C(0));
+      parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          C* acc = part.data() + c * n;
+          for (int64_t r = c * per, r1 = std::min(rows, (c + 1) * per); r < r1; ++r) {
+            const T* row = in + r * step;
+#pragma omp simd
+            for (int64_t j = 0; j < n; ++j) acc[j] += C(row[j]);
+          }
+        }
+      });
+      for (int64_t j = 0; j < n; ++j) {
+        C s = 0;
+        for (int64_t c = 0; c < chunks; ++c) s += part[size_t(c * n + j)];
+        res[j] = Out(s);
+      }
+      return;
+    }
     if (a.kept_ndim == 1 && a.kept_strides[0] == 1) {
       // Reduced dims outside a contiguous kept run (e.g. a bias gradient): accumulate whole rows, split the
       // row across threads.

@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include "core/error.h"
@@ -22,29 +23,69 @@ namespace {
 // For a block of rows [i, i + MR), c runs over the whole k, or only up to row i + MR - 1 (lower_k) or from
 // row i on (upper_k), and columns stop at the first block of NR past row i + MR - 1 (lower_n): how a causal
 // product skips what the mask zeroes. Register blocking of MR
-// rows by NR columns, kept in registers by the compiler (fixed sizes, omp simd); Eigen's general product
-// spends most of its time packing at these sizes (64 x 64 x 32 per head in W3) and cannot skip blocks.
+// rows by NR columns (two vectors) kept in registers; Eigen's general product spends most of its time packing
+// at these sizes (64 x 64 x 32 per head in W3) and cannot skip blocks.
+// A full MR x NR block: 2 x MR vector accumulators (GCC/Clang vector types, so they stay in registers; a
+// zero-initialised array would live in memory), one broadcast of A and two loads of B per row and step.
+template <typename T>
+struct VecOf;
+template <>
+struct VecOf<float> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct VecOf<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+template <typename T>
+using Vec = typename VecOf<T>::type;
+template <typename T>
+constexpr int kLanes = int(64 / sizeof(T));
+
+// x in every lane: x - 0 is x for every x (V{} + x is not: the compiler must keep that add for the sign of
+// zero), so this compiles to one broadcast.
+template <typename T>
+inline Vec<T> splat(T x) {
+  return x - Vec<T>{};
+}
+
+template <typename T, int MR>
+inline void gemm_block_full(int64_t k0, int64_t k1, const T* a, int64_t ars, int64_t acs, const T* b,
+                            int64_t brs, T* c, int64_t crs) {
+  using V = Vec<T>;
+  constexpr int L = kLanes<T>;
+  V lo[MR], hi[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = V{};
+  for (int64_t p = k0; p < k1; ++p) {
+    V b0, b1;
+    std::memcpy(&b0, b + p * brs, sizeof(V));
+    std::memcpy(&b1, b + p * brs + L, sizeof(V));
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const V av = splat<T>(a[r * ars + p * acs]);
+      lo[r] += av * b0;
+      hi[r] += av * b1;
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    std::memcpy(c + r * crs, &lo[r], sizeof(V));
+    std::memcpy(c + r * crs + L, &hi[r], sizeof(V));
+  }
+}
+
+// Any block up to MR x NR (the edges): plain loops.
 template <typename T, int MR, int NR>
 inline void gemm_block(int64_t mr, int64_t nr, int64_t k0, int64_t k1, const T* a, int64_t ars, int64_t acs,
                        const T* b, int64_t brs, T* c, int64_t crs) {
+  if (mr == MR && nr == NR) return gemm_block_full<T, MR>(k0, k1, a, ars, acs, b, brs, c, crs);
   T acc[MR][NR] = {};
-  if (mr == MR && nr == NR) {
-    for (int64_t p = k0; p < k1; ++p) {
-      const T* bp = b + p * brs;
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        const T av = a[r * ars + p * acs];
-#pragma omp simd
-        for (int j = 0; j < NR; ++j) acc[r][j] += av * bp[j];
-      }
+  for (int64_t p = k0; p < k1; ++p)
+    for (int64_t r = 0; r < mr; ++r) {
+      const T av = a[r * ars + p * acs];
+      for (int64_t j = 0; j < nr; ++j) acc[r][j] += av * b[p * brs + j];
     }
-  } else {
-    for (int64_t p = k0; p < k1; ++p)
-      for (int64_t r = 0; r < mr; ++r) {
-        const T av = a[r * ars + p * acs];
-        for (int64_t j = 0; j < nr; ++j) acc[r][j] += av * b[p * brs + j];
-      }
-  }
   for (int64_t r = 0; r < mr; ++r)
     for (int64_t j = 0; j < nr; ++j) c[r * crs + j] = acc[r][j];
 }
@@ -55,7 +96,7 @@ struct Range {           // the bounds of a causal product; the defaults give th
   bool lower_n = false;  // j <= i: columns end after row i (C's lower triangle wanted)
 };
 
-template <typename T, int MR = 8, int NR = 32>
+template <typename T, int MR = 8, int NR = 2 * kLanes<T>>
 void small_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t ars, int64_t acs, const T* b,
                 int64_t brs, T* c, int64_t crs, Range range = {}) {
   for (int64_t i = 0; i < m; i += MR) {
@@ -116,7 +157,11 @@ void head_forward(const SelfAttentionArgs& a, const C* q, const C* k, const C* v
     Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> r(row, n);
     // max(scale x) is scale max(x) for scale > 0 and scale min(x) otherwise.
     const C m = scale >= 0 ? scale * r.maxCoeff() : scale * r.minCoeff();
-    r = (r * scale - m).exp();
+    // exp over whole vectors: past n (masked, but computed by the product's last column block) the values
+    // are thrown away below; a partial vector would go through the scalar exp, element by element.
+    const int64_t whole = std::min(t, (n + kLanes<C> - 1) / kLanes<C> * kLanes<C>);
+    Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> rw(row, whole);
+    rw = (rw * scale - m).exp();
     r *= C(1) / r.sum();
     std::fill(row + n, row + t, C(0));
   }
@@ -154,6 +199,15 @@ void copy_rows(int64_t rows, int64_t cols, const From* src, int64_t src_stride, 
     for (int64_t c = 0; c < cols; ++c) dst[r * dst_stride + c] = To(src[r * src_stride + c]);
 }
 
+// Asks for the cache lines of `rows` rows of `cols` elements, `stride` elements apart: the next head's
+// operands, fetched while this head computes (they are strided rows of a large tensor, which the hardware
+// prefetchers follow late).
+template <typename T>
+inline void prefetch_rows(const T* p, int64_t rows, int64_t cols, int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; c += 64 / int64_t(sizeof(T))) __builtin_prefetch(p + r * stride + c);
+}
+
 // qkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C); y: [B, T, H, hd] (T); workspace: [threads, hd * T] (C),
 // plus 4 T hd when T is not C (q, k, v, y converted)
 template <typename T>
@@ -168,6 +222,10 @@ void self_attention_forward_cpu(const SelfAttentionArgs& a) {
     C* kt = scratch<C>(a, hd * t + (convert ? 4 * t * hd : 0));
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
+      if (bh + 1 < end) {
+        const HeadOffsets next = head_offsets(a, bh + 1);
+        for (int w = 0; w < 3; ++w) prefetch_rows(qkv + next.q + w * d, t, hd, 3 * d);
+      }
       if constexpr (convert) {
         C* q = kt + hd * t;
         C *k = q + t * hd, *v = k + t * hd, *y = v + t * hd;

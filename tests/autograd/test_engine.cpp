@@ -66,6 +66,30 @@ Tensor mlp_loss(const Tensor& x, const Tensor& w1, const Tensor& w2) {
   return mean(pow(matmul(relu(matmul(x, w1)), w2), 2.0));
 }
 
+// A non-leaf with several consumers: their gradients sum into one pending gradient, in place when nobody
+// else sees it (the engine's accumulate), out of place when they share a buffer (add hands the same tensor to
+// both of its inputs) or a saved tensor is the gradient.
+TEST(Backward, GradientsOfManyConsumersSumCorrectly) {
+  const Tensor x = uniform({3, 4}, -1, 1, DType::F64, 3).requires_grad_();
+  const Tensor a = uniform({3, 4}, -1, 1, DType::F64, 4), b = uniform({3, 4}, -1, 1, DType::F64, 5);
+  const Tensor h = x * 2.0;  // the node whose gradient is accumulated
+  const Tensor y = sum(h * a) + sum(h * b) + sum(h + h) + sum(h * h);
+  y.backward();
+  // d/dx = 2 (a + b + 2 + 2 h)
+  const Tensor expected = ((a + b) + 2.0 + h.detach() * 2.0) * 2.0;
+  expect_close(x.grad(), expected.to_vector<double>(), {1e-12, 1e-12}, "sum of four consumers' gradients");
+  // The upstream gradients are left as they were: a second backward through a retained graph agrees.
+  x.zero_grad();
+  const Tensor h2 = x * 2.0;
+  const Tensor z = sum(h2 * a) + sum(h2 * a);
+  z.backward({}, true);
+  const auto first = x.grad().to_vector<double>();
+  x.zero_grad();
+  z.backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), first);
+  expect_close(x.grad(), (a * 4.0).to_vector<double>(), {1e-12, 1e-12}, "twice the same consumer");
+}
+
 TEST(Backward, AccumulatedMicroBatchesEqualOneBatch) {
   const Tensor x = uniform({128, 16}, -1, 1, DType::F32, 3);
   Tensor w1 = uniform({16, 32}, -0.5, 0.5, DType::F32, 4).requires_grad_();

@@ -152,6 +152,19 @@ TEST(Reduce, LargeSumsParallelAndColumnPaths) {
   expect_close(sum(m, {0}), reference(m, {0}, Kind::Sum), {1e-3, 1e-5}, "column sum");
   const Tensor wide = uniform({3, 5000}, -1, 1, DType::F32, 15);  // columns split across threads
   expect_close(sum(wide, {0}), reference(wide, {0}, Kind::Sum), {1e-4, 1e-5}, "wide column sum");
+  // Many rows of a short run (a bias gradient): rows split into chunks, the same sums for any thread count.
+  const Tensor tall = uniform({2048, 128}, -1, 1, DType::F32, 16);
+  expect_close(sum(tall, {0}), reference(tall, {0}, Kind::Sum), {1e-4, 1e-5}, "tall column sum");
+  const Tensor tall_bf16 = tall.to(DType::BF16);
+  expect_close(sum(tall_bf16, {0}), reference(tall_bf16, {0}, Kind::Sum), {0.25, 1e-2},
+               "tall column sum bf16");
+  const int before = num_threads();
+  set_num_threads(1);
+  const auto one = sum(tall, {0}).to_vector<float>();
+  set_num_threads(std::max(2, before));
+  const auto many = sum(tall, {0}).to_vector<float>();
+  set_num_threads(before);
+  EXPECT_EQ(one, many);
 }
 
 TEST(Reduce, EmptyAndSizeOne) {

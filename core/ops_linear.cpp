@@ -1,0 +1,101 @@
+// The fused linear layer (linear and its backward): checks, then GEMM calls through the op table. The
+// differentiable wrapper is autograd/grad_linear.cpp; its reference, nn::functional::linear_composite.
+#include "core/op_table.h"
+#include "core/ops.h"
+
+namespace frugal::ops {
+
+namespace {
+
+void check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  FRUGAL_CHECK(x.defined() && weight.defined(), op, ": the input or the weight is undefined");
+  FRUGAL_CHECK_SHAPE(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), op,
+                     ": expected x [M, in] and weight [out, in], got shapes ", x.shape(), " and ",
+                     weight.shape());
+  FRUGAL_CHECK_SHAPE(!bias.defined() || bias.shape() == Shape{weight.size(0)}, op,
+                     ": the bias must have shape [", weight.size(0), "], got ", bias.shape());
+  FRUGAL_CHECK_DTYPE(
+      is_floating(x.dtype()) && weight.dtype() == x.dtype() && (!bias.defined() || bias.dtype() == x.dtype()),
+      op, ": expected x, weight and bias of one floating dtype, got ", dtype_name(x.dtype()), ", ",
+      dtype_name(weight.dtype()), " and ", bias.defined() ? dtype_name(bias.dtype()) : "no bias");
+  FRUGAL_CHECK_T(DeviceError,
+                 weight.device() == x.device() && (!bias.defined() || bias.device() == x.device()), op,
+                 ": x, weight and bias must be on one device");
+}
+
+// C [m, n] = A [m, k] B [k, n] (+ C when accumulate); A and B given by (row, col) strides in elements.
+void gemm(const void* a, int64_t a_row, int64_t a_col, const void* b, int64_t b_row, int64_t b_col, Tensor& c,
+          int64_t k, bool accumulate) {
+  GemmArgs g;
+  g.m = c.size(0);
+  g.n = c.size(1);
+  g.k = k;
+  g.a = a;
+  g.a_row = a_row;
+  g.a_col = a_col;
+  g.b = b;
+  g.b_row = b_row;
+  g.b_col = b_col;
+  g.c = c.raw_data();
+  g.c_row = g.n;
+  g.beta = accumulate ? 1.0f : 0.0f;
+  if (c.numel() == 0) return;
+  if (k == 0) {
+    if (!accumulate) c.zero_();
+    return;
+  }
+  op_gemm.get(c.device(), c.dtype())(g);
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
+  check_linear("linear", x_in, weight, bias);
+  const Tensor x = contiguous(x_in);
+  const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
+  Tensor wt = weight.t();  // [in, out]: contiguous already when weight is a transposed view
+  if (!wt.is_contiguous()) {
+    const Tensor w = contiguous(weight);
+    wt = empty({in, out}, w.options());
+    TransposeArgs t;
+    t.in = w.raw_data();
+    t.out = wt.raw_data();
+    t.rows = out;
+    t.cols = in;
+    t.in_stride = in;
+    if (wt.numel() > 0) op_transpose2d.get(w.device(), w.dtype())(t);
+  }
+  Tensor y = empty({m, out}, x.options());
+  if (bias.defined()) copy_(y, bias.expand({m, out}));
+  gemm(x.raw_data(), in, 1, wt.raw_data(), out, 1, y, in, bias.defined());
+  return y;
+}
+
+LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x_in, const Tensor& weight, bool need_dx,
+                            bool need_dweight, bool need_dbias) {
+  const char* op = "linear_backward";
+  FRUGAL_CHECK(grad_out.defined() && grad_out.dim() == 2, op, ": expected a 2-D gradient [M, out]");
+  FRUGAL_CHECK(!need_dx || weight.defined(), op, ": d x needs the weight");
+  FRUGAL_CHECK(!need_dweight || x_in.defined(), op, ": d weight needs x");
+  const Tensor g = contiguous(grad_out);
+  const int64_t m = g.size(0), out = g.size(1);
+  LinearGrads r;
+  if (need_dx) {
+    FRUGAL_CHECK_SHAPE(weight.dim() == 2 && weight.size(0) == out && weight.dtype() == g.dtype(), op,
+                       ": the weight ", weight.shape(), " does not fit the gradient ", g.shape());
+    const Tensor w = contiguous(weight);
+    r.dx = empty({m, w.size(1)}, g.options());
+    gemm(g.raw_data(), out, 1, w.raw_data(), w.size(1), 1, r.dx, out, false);  // [M, out] [out, in]
+  }
+  if (need_dweight) {
+    FRUGAL_CHECK_SHAPE(x_in.dim() == 2 && x_in.size(0) == m && x_in.dtype() == g.dtype(), op, ": x ",
+                       x_in.shape(), " does not fit the gradient ", g.shape());
+    const Tensor x = contiguous(x_in);
+    r.dweight = empty({out, x.size(1)}, g.options());
+    gemm(g.raw_data(), 1, out, x.raw_data(), x.size(1), 1, r.dweight, m, false);  // [out, M] [M, in]
+  }
+  if (need_dbias) r.dbias = sum(g, {0});
+  return r;
+}
+
+}  // namespace frugal::ops
