@@ -324,25 +324,15 @@ struct ConvPlan {
   dnnl::memory::desc scratchpad;
 };
 
-struct ConvKey {
-  std::array<int64_t, 18> v;
-  bool operator==(const ConvKey&) const = default;
-};
-struct ConvKeyHash {
-  size_t operator()(const ConvKey& k) const {
-    size_t h = 1469598103934665603ull;
-    for (int64_t x : k.v) h = (h ^ size_t(x)) * 1099511628211ull;
-    return h;
-  }
-};
+using ConvPlans = cpu::PlanCache<18, ConvPlan>;
 
 using cpu::onednn_engine;
 using DataType = dnnl::memory::data_type;
 
-ConvKey key_of(const ConvArgs& a, Direction dir, bool any, DataType type) {
+ConvPlans::Key key_of(const ConvArgs& a, Direction dir, bool any, DataType type) {
   const bool bias = dir == Direction::Forward ? a.bias != nullptr : a.dbias != nullptr;
-  return {{int64_t(dir), any, bias, a.n, a.c, a.h, a.w, a.o, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_h,
-           a.pad_w, a.dil_h, a.dil_w, a.groups, int64_t(type)}};
+  return {int64_t(dir), any,        bias,       a.n,     a.c,     a.h,     a.w,     a.o,      a.kh,
+          a.kw,         a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, int64_t(type)};
 }
 
 // Every user tensor has the dtype `type` (f32 or bf16); oneDNN accumulates bf16 in f32.
@@ -422,29 +412,12 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, boo
   return plan;
 }
 
-// Plans by shape and arguments, so a training loop creates each primitive once. Bounded: a program that
-// sweeps many shapes starts over rather than growing without end. A null plan means oneDNN declined the
-// shape (im2col runs instead, or for bf16 the f32 kernels on widened operands).
+// A null plan means oneDNN declined the shape (im2col runs instead, or for bf16 the f32 kernels on widened
+// operands).
 std::shared_ptr<const ConvPlan> plan_for(const ConvArgs& a, Direction dir, DataType type) {
-  constexpr size_t kMaxPlans = 128;
-  static std::mutex mutex;
-  static std::unordered_map<ConvKey, std::shared_ptr<const ConvPlan>, ConvKeyHash> plans;
+  static ConvPlans plans(128);
   const bool any = g_any_layout.load(std::memory_order_relaxed);
-  const ConvKey key = key_of(a, dir, any, type);
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = plans.find(key); it != plans.end()) return it->second;
-  }
-  std::shared_ptr<const ConvPlan> plan;
-  try {
-    plan = build_plan(a, dir, any, type);
-  } catch (const dnnl::error&) {
-    plan = nullptr;
-  }
-  std::lock_guard<std::mutex> lock(mutex);
-  if (plans.size() >= kMaxPlans) plans.clear();
-  plans.emplace(key, plan);
-  return plan;
+  return plans.get(key_of(a, dir, any, type), [&] { return build_plan(a, dir, any, type); });
 }
 
 const void* user_pointer(const ConvArgs& a, int arg) {

@@ -173,23 +173,24 @@ struct MatmulPlan {
 };
 
 // Everything the primitive is specialised on: sizes, strides (transposes are strides), alpha and beta.
-struct MatmulKey {
-  std::array<int64_t, 14> v;
-  bool operator==(const MatmulKey&) const = default;
-};
-struct MatmulKeyHash {
-  size_t operator()(const MatmulKey& k) const {
-    size_t h = 1469598103934665603ull;
-    for (int64_t x : k.v) h = (h ^ size_t(x)) * 1099511628211ull;
-    return h;
-  }
-};
+using MatmulPlans = cpu::PlanCache<14, MatmulPlan>;
 
-MatmulKey key_of(const GemmArgs& g) {
+MatmulPlans::Key key_of(const GemmArgs& g) {
   const bool batched = g.batch > 1;
-  return {{g.batch, g.m, g.n, g.k, batched ? g.a_batch : 0, g.a_row, g.a_col, batched ? g.b_batch : 0,
-           g.b_row, g.b_col, batched ? g.c_batch : 0, g.c_row, std::bit_cast<int32_t>(g.alpha),
-           std::bit_cast<int32_t>(g.beta)}};
+  return {g.batch,
+          g.m,
+          g.n,
+          g.k,
+          batched ? g.a_batch : 0,
+          g.a_row,
+          g.a_col,
+          batched ? g.b_batch : 0,
+          g.b_row,
+          g.b_col,
+          batched ? g.c_batch : 0,
+          g.c_row,
+          std::bit_cast<int32_t>(g.alpha),
+          std::bit_cast<int32_t>(g.beta)};
 }
 
 // A batch operand with batch stride 0 (one matrix for every batch entry) gets oneDNN's batch broadcast: a
@@ -223,27 +224,10 @@ std::shared_ptr<const MatmulPlan> build_plan(const GemmArgs& g) {
   return plan;
 }
 
-// Plans by key, so a training loop creates each primitive once; bounded like the convolutions' plans. A null
-// plan means oneDNN declined the layout (overlapping batches, say), and the widened path runs instead.
+// A null plan means oneDNN declined the layout (overlapping batches, say), and the widened path runs instead.
 std::shared_ptr<const MatmulPlan> plan_for(const GemmArgs& g) {
-  constexpr size_t kMaxPlans = 256;
-  static std::mutex mutex;
-  static std::unordered_map<MatmulKey, std::shared_ptr<const MatmulPlan>, MatmulKeyHash> plans;
-  const MatmulKey key = key_of(g);
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = plans.find(key); it != plans.end()) return it->second;
-  }
-  std::shared_ptr<const MatmulPlan> plan;
-  try {
-    plan = build_plan(g);
-  } catch (const dnnl::error&) {
-    plan = nullptr;
-  }
-  std::lock_guard<std::mutex> lock(mutex);
-  if (plans.size() >= kMaxPlans) plans.clear();
-  plans.emplace(key, plan);
-  return plan;
+  static MatmulPlans plans(256);
+  return plans.get(key_of(g), [&] { return build_plan(g); });
 }
 
 void gemm_bf16_onednn(const GemmArgs& g) {

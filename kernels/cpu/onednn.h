@@ -1,6 +1,13 @@
 // The oneDNN engine and streams the CPU kernels share (include only under FRUGAL_HAVE_ONEDNN).
 #pragma once
 
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
 #include <dnnl.hpp>
 
 namespace frugal::cpu {
@@ -15,5 +22,45 @@ inline dnnl::stream& onednn_stream() {
   thread_local dnnl::stream stream(onednn_engine());
   return stream;
 }
+
+// Primitives by key (everything they are specialised on, as integers), so a training loop creates each one
+// once. Bounded: a program that sweeps many shapes starts over rather than growing without end. A null plan
+// (oneDNN declined: `build` threw dnnl::error) is cached too, and tells the caller to take its fallback path.
+template <size_t N, class Plan>
+class PlanCache {
+ public:
+  using Key = std::array<int64_t, N>;
+  explicit PlanCache(size_t max_plans) : max_plans_(max_plans) {}
+
+  template <class Build>
+  std::shared_ptr<const Plan> get(const Key& key, Build&& build) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    }
+    std::shared_ptr<const Plan> plan;
+    try {
+      plan = build();
+    } catch (const dnnl::error&) {
+      plan = nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (plans_.size() >= max_plans_) plans_.clear();
+    plans_.emplace(key, plan);
+    return plan;
+  }
+
+ private:
+  struct Hash {  // FNV-1a over the integers
+    size_t operator()(const Key& k) const {
+      size_t h = 1469598103934665603ull;
+      for (int64_t x : k) h = (h ^ size_t(x)) * 1099511628211ull;
+      return h;
+    }
+  };
+  size_t max_plans_;
+  std::mutex mutex_;
+  std::unordered_map<Key, std::shared_ptr<const Plan>, Hash> plans_;
+};
 
 }  // namespace frugal::cpu
