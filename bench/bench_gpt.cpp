@@ -45,17 +45,38 @@ std::string check_fused() {
   return "";
 }
 
+// The step's median wall time in ms over the benchmark's iterations.
+template <class Step>
+double median_step_ms(benchmark::State& state, Step&& step) {
+  std::vector<double> ms;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
+// W3's model, optimizer and one batch of random tokens.
+struct GPTSetup {
+  nn::GPT gpt = [] {  // seeded before the weights are drawn
+    manual_seed(0);
+    return nn::GPT(nn::GPTConfig{.vocab = kVocab});
+  }();
+  optim::AdamW opt{gpt.parameters(), optim::AdamWOptions(1e-3)};
+  Generator g{2};
+  Tensor tokens = randint(0, kVocab, {kBatch, kContext}, DType::I64, &g);
+  Tensor targets = randint(0, kVocab, {kBatch, kContext}, DType::I64, &g);
+};
+
 void BM_GPTStep(benchmark::State& state) {
   if (const std::string problem = check_fused(); !problem.empty())
     return state.SkipWithError(problem.c_str());
   const bool recompute = state.range(0) == 1;
-  manual_seed(0);
-  nn::GPT gpt(nn::GPTConfig{.vocab = kVocab});
+  GPTSetup s;
+  auto& [gpt, opt, g, tokens, targets] = s;
   gpt.recompute(recompute);
-  optim::AdamW opt(gpt.parameters(), optim::AdamWOptions(1e-3));
-  Generator g(2);
-  const Tensor tokens = randint(0, kVocab, {kBatch, kContext}, DType::I64, &g);
-  const Tensor targets = randint(0, kVocab, {kBatch, kContext}, DType::I64, &g);
   double loss = 0;
   auto step = [&] {
     opt.zero_grad();
@@ -70,14 +91,7 @@ void BM_GPTStep(benchmark::State& state) {
   memory::reset_peak();
   step();
   const int64_t peak = memory::stats().allocated.peak;
-  std::vector<double> ms;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  state.counters["median_ms"] = ms[ms.size() / 2];
+  state.counters["median_ms"] = median_step_ms(state, step);
   state.counters["peak_bytes"] = double(peak);
   state.counters["step_bytes"] = double(peak - before);
   state.counters["loss"] = loss;
@@ -95,12 +109,8 @@ BENCHMARK(BM_GPTStep)
 // and the activation bytes (what the forward and the loss leave allocated for backward: activation_bytes).
 void BM_AmpGPTStep(benchmark::State& state) {
   const bool bf16 = state.range(0) == 1;
-  manual_seed(0);
-  nn::GPT gpt(nn::GPTConfig{.vocab = kVocab});
-  optim::AdamW opt(gpt.parameters(), optim::AdamWOptions(1e-3));
-  Generator g(2);
-  const Tensor tokens = randint(0, kVocab, {kBatch, kContext}, DType::I64, &g);
-  const Tensor targets = randint(0, kVocab, {kBatch, kContext}, DType::I64, &g);
+  GPTSetup s;
+  auto& [gpt, opt, g, tokens, targets] = s;
   double loss = 0;
   int64_t activation_bytes = 0;
   auto step = [&] {
@@ -118,14 +128,7 @@ void BM_AmpGPTStep(benchmark::State& state) {
   };
   for (int i = 0; i < 5; ++i) step();
   if (!std::isfinite(loss)) return state.SkipWithError("the loss is not finite");
-  std::vector<double> ms;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  state.counters["median_ms"] = ms[ms.size() / 2];
+  state.counters["median_ms"] = median_step_ms(state, step);
   state.counters["activation_bytes"] = double(activation_bytes);
   state.counters["loss"] = loss;
 }
