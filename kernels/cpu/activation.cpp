@@ -9,52 +9,19 @@
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include "core/op_table.h"
+#include "kernels/cpu/map.h"
 #include "kernels/cpu/register.h"
 
 namespace frugal {
 namespace {
 
-template <typename C>
-using In = Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>>;
-template <typename C>
-using Out = Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>>;
+using cpu::In;
+using cpu::Out;
 
-constexpr int64_t kChunk = 256;  // elements per buffered step: a few KiB, stays in L1
-
-// Runs f(dx, dy, x) as Eigen maps over every run of a loop whose operands are dx, dy, x (all of type T), in
-// steps of kChunk elements so that a rule of two statements finds its first result still in L1: straight
-// over memory when T is its own compute type and the run is contiguous, through buffers otherwise. (The
-// scheme of kernels/cpu/elementwise.cpp's map_kernel, for three operands.)
+// dx, dy, x as Eigen maps, in L1-sized pieces: the rules below are two statements.
 template <typename T, typename F>
 void map_backward(const Loop& loop, F f) {
-  using C = acc_t<T>;
-  for_each_run(loop, [&](char* const* p, const int64_t* s, int64_t n) {
-    constexpr int64_t w = int64_t(sizeof(T));
-    if constexpr (std::is_same_v<T, C>) {
-      if (s[0] == w && s[1] == w && s[2] == w) {
-        C* dx = reinterpret_cast<C*>(p[0]);
-        const C* dy = reinterpret_cast<const C*>(p[1]);
-        const C* x = reinterpret_cast<const C*>(p[2]);
-        for (int64_t i = 0; i < n; i += kChunk) {
-          const int64_t m = std::min(kChunk, n - i);
-          Out<C> o(dx + i, m);
-          f(o, In<C>(dy + i, m), In<C>(x + i, m));
-        }
-        return;
-      }
-    }
-    alignas(64) C dy[kChunk], x[kChunk], dx[kChunk];
-    for (int64_t i = 0; i < n; i += kChunk) {
-      const int64_t m = std::min(kChunk, n - i);
-      for (int64_t j = 0; j < m; ++j) {
-        dy[j] = C(*reinterpret_cast<const T*>(p[1] + (i + j) * s[1]));
-        x[j] = C(*reinterpret_cast<const T*>(p[2] + (i + j) * s[2]));
-      }
-      Out<C> o(dx, m);
-      f(o, In<C>(dy, m), In<C>(x, m));
-      for (int64_t j = 0; j < m; ++j) *reinterpret_cast<T*>(p[0] + (i + j) * s[0]) = T(dx[j]);
-    }
-  });
+  cpu::map_kernel<T, 2, /*Chunked=*/true>(loop, f);
 }
 
 // dx = dy (Phi(x) + x phi(x)): Phi(x) = (1 + erf(x / sqrt 2)) / 2, phi(x) = exp(-x^2 / 2) / sqrt(2 pi)

@@ -10,6 +10,7 @@
 
 #include "core/op_table.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/map.h"
 #include "kernels/cpu/register.h"
 
 namespace frugal {
@@ -17,76 +18,10 @@ namespace {
 
 using cpu::for_types;
 
-template <typename C>
-using Arr = Eigen::Array<C, Eigen::Dynamic, 1>;
-template <typename C>
-using Out = Eigen::Map<Arr<C>>;
-template <typename C>
-using In = Eigen::Map<const Arr<C>>;
-
-constexpr int64_t kChunk = 256;  // elements per buffered step: a few KiB, stays in L1
-
-// f16/bf16 <-> f32 runs convert through kernels/cpu/convert.h (vectorised).
-template <typename T, typename C>
-constexpr bool kWidens = std::is_same_v<C, float> && (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>);
-
-template <typename T, typename C>
-inline void load(const char* p, int64_t stride, int64_t n, C* buf) {
-  if constexpr (kWidens<T, C>) {
-    if (stride == int64_t(sizeof(T))) return cpu::to_f32(reinterpret_cast<const T*>(p), buf, n);
-  }
-  if (stride == int64_t(sizeof(T))) {
-    const T* q = reinterpret_cast<const T*>(p);
-    for (int64_t i = 0; i < n; ++i) buf[i] = C(q[i]);
-  } else {
-    for (int64_t i = 0; i < n; ++i) buf[i] = C(*reinterpret_cast<const T*>(p + i * stride));
-  }
-}
-
-template <typename T, typename C>
-inline void store(char* p, int64_t stride, int64_t n, const C* buf) {
-  if constexpr (kWidens<T, C>) {
-    if (stride == int64_t(sizeof(T))) return cpu::from_f32(buf, reinterpret_cast<T*>(p), n);
-  }
-  if (stride == int64_t(sizeof(T))) {
-    T* q = reinterpret_cast<T*>(p);
-    for (int64_t i = 0; i < n; ++i) q[i] = T(buf[i]);
-  } else {
-    for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(p + i * stride) = T(buf[i]);
-  }
-}
-
-// Runs f(out, in_1, ..., in_N) as Eigen maps over every run of the loop: straight over memory when T is its
-// own compute type and every operand is contiguous, through kChunk-sized buffers otherwise.
-template <typename T, int N, typename F>
-void map_kernel(const Loop& loop, F f) {
-  using C = acc_t<T>;
-  for_each_run(loop, [&](char* const* p, const int64_t* s, int64_t n) {
-    if constexpr (std::is_same_v<T, C>) {
-      bool contiguous = true;
-      for (int k = 0; k <= N; ++k) contiguous = contiguous && s[k] == int64_t(sizeof(T));
-      if (contiguous) {
-        Out<C> o(reinterpret_cast<C*>(p[0]), n);
-        if constexpr (N == 1) f(o, In<C>(reinterpret_cast<const C*>(p[1]), n));
-        if constexpr (N == 2)
-          f(o, In<C>(reinterpret_cast<const C*>(p[1]), n), In<C>(reinterpret_cast<const C*>(p[2]), n));
-        return;
-      }
-    }
-    alignas(64) C a[kChunk], b[kChunk], r[kChunk];
-    for (int64_t i = 0; i < n; i += kChunk) {
-      const int64_t m = std::min(kChunk, n - i);
-      Out<C> o(r, m);
-      load<T>(p[1] + i * s[1], s[1], m, a);
-      if constexpr (N == 1) f(o, In<C>(a, m));
-      if constexpr (N == 2) {
-        load<T>(p[2] + i * s[2], s[2], m, b);
-        f(o, In<C>(a, m), In<C>(b, m));
-      }
-      store<T>(p[0] + i * s[0], s[0], m, r);
-    }
-  });
-}
+using cpu::In;
+using cpu::kWidens;
+using cpu::map_kernel;
+using cpu::Out;
 
 // The math: one Eigen expression per op. `A` is the OpArgs (clamp's bounds).
 #define FRUGAL_UNARY_MATH(X)                                                                            \

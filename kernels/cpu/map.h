@@ -1,0 +1,92 @@
+// Elementwise CPU kernels as Eigen array expressions over a Loop's runs (kernels/cpu/elementwise.cpp,
+// kernels/cpu/activation.cpp). The math of an op is a callable f(out, in_1, ..., in_N) on Eigen maps, so
+// contiguous f32/f64 runs use Eigen's vectorised exp, tanh, erf, ...; other runs (strided, broadcast,
+// f16/bf16) pass through small buffers in the compute type (f32 for f16/bf16).
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <type_traits>
+#include <utility>
+
+#include "core/op_table.h"
+#include "kernels/cpu/convert.h"
+
+namespace frugal::cpu {
+
+template <typename C>
+using Arr = Eigen::Array<C, Eigen::Dynamic, 1>;
+template <typename C>
+using Out = Eigen::Map<Arr<C>>;
+template <typename C>
+using In = Eigen::Map<const Arr<C>>;
+
+constexpr int64_t kMapChunk = 256;  // elements per buffered step: a few KiB, stays in L1
+
+// f16/bf16 <-> f32 runs convert through kernels/cpu/convert.h (vectorised).
+template <typename T, typename C>
+constexpr bool kWidens = std::is_same_v<C, float> && (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>);
+
+template <typename T, typename C>
+inline void load(const char* p, int64_t stride, int64_t n, C* buf) {
+  if constexpr (kWidens<T, C>) {
+    if (stride == int64_t(sizeof(T))) return to_f32(reinterpret_cast<const T*>(p), buf, n);
+  }
+  if (stride == int64_t(sizeof(T))) {
+    const T* q = reinterpret_cast<const T*>(p);
+    for (int64_t i = 0; i < n; ++i) buf[i] = C(q[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) buf[i] = C(*reinterpret_cast<const T*>(p + i * stride));
+  }
+}
+
+template <typename T, typename C>
+inline void store(char* p, int64_t stride, int64_t n, const C* buf) {
+  if constexpr (kWidens<T, C>) {
+    if (stride == int64_t(sizeof(T))) return from_f32(buf, reinterpret_cast<T*>(p), n);
+  }
+  if (stride == int64_t(sizeof(T))) {
+    T* q = reinterpret_cast<T*>(p);
+    for (int64_t i = 0; i < n; ++i) q[i] = T(buf[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(p + i * stride) = T(buf[i]);
+  }
+}
+
+// Runs f(out, in_1, ..., in_N) over every run of a loop whose operands (all of type T) are out, in_1, ...:
+// straight over memory when T is its own compute type and every operand is contiguous, through
+// kMapChunk-sized buffers otherwise. `Chunked` also cuts the contiguous runs into kMapChunk pieces, so that
+// a rule of several statements (each a pass over its piece) finds its first results still in L1.
+template <typename T, int N, bool Chunked = false, typename F>
+void map_kernel(const Loop& loop, F f) {
+  using C = acc_t<T>;
+  for_each_run(loop, [&](char* const* p, const int64_t* s, int64_t n) {
+    if constexpr (std::is_same_v<T, C>) {
+      bool contiguous = true;
+      for (int k = 0; k <= N; ++k) contiguous = contiguous && s[k] == int64_t(sizeof(T));
+      if (contiguous) {
+        const int64_t step = Chunked ? kMapChunk : n;
+        for (int64_t i = 0; i < n; i += step) {
+          const int64_t m = std::min(step, n - i);
+          Out<C> o(reinterpret_cast<C*>(p[0]) + i, m);
+          [&]<int... K>(std::integer_sequence<int, K...>) {
+            f(o, In<C>(reinterpret_cast<const C*>(p[K + 1]) + i, m)...);
+          }
+          (std::make_integer_sequence<int, N>{});
+        }
+        return;
+      }
+    }
+    alignas(64) C in[N][kMapChunk], r[kMapChunk];
+    for (int64_t i = 0; i < n; i += kMapChunk) {
+      const int64_t m = std::min(kMapChunk, n - i);
+      for (int k = 0; k < N; ++k) load<T>(p[k + 1] + i * s[k + 1], s[k + 1], m, in[k]);
+      Out<C> o(r, m);
+      [&]<int... K>(std::integer_sequence<int, K...>) { f(o, In<C>(in[K], m)...); }
+      (std::make_integer_sequence<int, N>{});
+      store<T>(p[0] + i * s[0], s[0], m, r);
+    }
+  });
+}
+
+}  // namespace frugal::cpu
