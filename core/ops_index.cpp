@@ -30,6 +30,31 @@ void split_at(const Shape& shape, int d, int64_t& outer, int64_t& inner) {
   for (int i = d + 1; i < shape.size(); ++i) inner *= shape[i];
 }
 
+// The checks scatter_add and index_add share: every tensor defined, src of x's dtype and on x's device.
+void check_src(const char* op, const Tensor& x, const Tensor& index, const Tensor& src) {
+  FRUGAL_CHECK(x.defined() && index.defined() && src.defined(), op, ": an input tensor is undefined");
+  FRUGAL_CHECK_DTYPE(src.dtype() == x.dtype(), op, ": src dtype ", dtype_name(src.dtype()),
+                     " differs from the input's ", dtype_name(x.dtype()));
+  FRUGAL_CHECK_T(DeviceError, src.device() == x.device(), op, ": src is on ", src.device(),
+                 " but the input is on ", x.device(), "; move one with .to(device)");
+}
+
+// A copy of x with the contiguous src's slices summed in at dim d of `loop_shape` (index's shape for
+// scatter_add, src's for index_add) by the op's kernel.
+Tensor add_into_copy(const OpTable<IndexKernel>& op, const Tensor& x, const Shape& loop_shape, int d,
+                     const Tensor& idx, const Tensor& srcs, int64_t size, int64_t n_index) {
+  Tensor out = x.clone();
+  IndexArgs a;
+  split_at(loop_shape, d, a.outer, a.inner);
+  a.src = srcs.raw_data();
+  a.index = idx.data<int64_t>();
+  a.out = out.raw_data();
+  a.dim_size = size;
+  a.n_index = n_index;
+  if (loop_shape.numel() > 0) op.get(x.device(), x.dtype())(a);
+  return out;
+}
+
 }  // namespace
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
@@ -83,12 +108,8 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
-  FRUGAL_CHECK(x.defined() && index.defined() && src.defined(), "scatter_add: an input tensor is undefined");
+  check_src("scatter_add", x, index, src);
   const int d = wrap_dim(dim, x.dim(), "scatter_add");
-  FRUGAL_CHECK_DTYPE(src.dtype() == x.dtype(), "scatter_add: src dtype ", dtype_name(src.dtype()),
-                     " differs from the input's ", dtype_name(x.dtype()));
-  FRUGAL_CHECK_T(DeviceError, src.device() == x.device(), "scatter_add: src is on ", src.device(),
-                 " but the input is on ", x.device(), "; move one with .to(device)");
   FRUGAL_CHECK_SHAPE(index.dim() == x.dim() && src.dim() == x.dim(), "scatter_add: input (shape ", x.shape(),
                      "), index (shape ", index.shape(), ") and src (shape ", src.shape(),
                      ") must have the same number of dims");
@@ -101,24 +122,13 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
   }
   const int64_t size = x.dim() ? x.shape()[d] : 1;
   const Tensor idx = checked_index("scatter_add", index, size, x, dim);
-  srcs = srcs.contiguous();
-  Tensor out = x.clone();
-  IndexArgs a;
-  split_at(index.shape(), d, a.outer, a.inner);
-  a.src = srcs.raw_data();
-  a.index = idx.data<int64_t>();
-  a.out = out.raw_data();
-  a.dim_size = size;
-  a.n_index = index.dim() ? index.shape()[d] : 1;
-  if (index.numel() > 0) op_scatter_add.get(x.device(), x.dtype())(a);
-  return out;
+  return add_into_copy(op_scatter_add, x, index.shape(), d, idx, srcs.contiguous(), size,
+                       index.dim() ? index.shape()[d] : 1);
 }
 
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
-  FRUGAL_CHECK(x.defined() && index.defined() && src.defined(), "index_add: an input tensor is undefined");
+  check_src("index_add", x, index, src);
   const int d = x.dim() ? wrap_dim(dim, x.dim(), "index_add") : 0;
-  FRUGAL_CHECK_DTYPE(src.dtype() == x.dtype(), "index_add: src dtype ", dtype_name(src.dtype()),
-                     " differs from the input's ", dtype_name(x.dtype()));
   FRUGAL_CHECK_SHAPE(index.dim() <= 1, "index_add: the index must be 0-d or 1-d, got shape ", index.shape());
   Shape expected = x.shape();
   if (x.dim()) expected[d] = index.numel();
@@ -134,17 +144,7 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
     for (int i = 0; i < src.dim(); ++i) view.push_back(i == d ? idx.numel() : 1);
     return scatter_add(x, d, idx.reshape(view).expand(src.shape()), src);
   }
-  const Tensor srcs = src.contiguous();
-  Tensor out = x.clone();
-  IndexArgs a;
-  split_at(src.shape(), d, a.outer, a.inner);
-  a.src = srcs.raw_data();
-  a.index = idx.data<int64_t>();
-  a.out = out.raw_data();
-  a.dim_size = size;
-  a.n_index = idx.numel();
-  if (src.numel() > 0) op_index_add.get(x.device(), x.dtype())(a);
-  return out;
+  return add_into_copy(op_index_add, x, src.shape(), d, idx, src.contiguous(), size, idx.numel());
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {

@@ -154,6 +154,11 @@ TEST(Devices, OpsThatMixDevicesNameThem) {
       {"scatter_add", "cpu", "cuda:0"});
   expect_error<DeviceError>(
       [&] {
+        ops::index_add(ones({2, 3}), 0, tensor<int64_t>({1}), ones({1, 3}, kGpu));
+      },
+      {"index_add", "cpu", "cuda:0"});
+  expect_error<DeviceError>(
+      [&] {
         nn::functional::cross_entropy(randn({2, 3}).to(kGpu), tensor<int64_t>({0, 1}));
       },
       {"cross_entropy", "cpu", "cuda:0"});
