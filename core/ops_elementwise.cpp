@@ -192,12 +192,36 @@ Tensor cast(const Tensor& x, DType dtype) {
   return out;
 }
 
+namespace {
+
+// self [c, r] contiguous and src of its dtype the transpose of a row-major [r, c] matrix (rows stride(1)
+// apart), with a transposing kernel on the device.
+bool is_transposed_matrix_copy(const Tensor& self, const Tensor& src) {
+  return src.dim() == 2 && self.dtype() == src.dtype() && src.size(0) > 1 && src.size(1) > 1 &&
+         src.stride(0) == 1 && src.stride(1) >= src.size(0) && self.is_contiguous() &&
+         self.storage() != src.storage() && op_transpose2d.has(self.device(), self.dtype());
+}
+
+}  // namespace
+
 Tensor& copy_(Tensor& self, const Tensor& src) {
   check_defined(src, "copy_", "source");
   const Shape shape = broadcast_shapes(self.shape(), src.shape(), "copy_");
   FRUGAL_CHECK_SHAPE(shape == self.shape(), "copy_: a source of shape ", src.shape(),
                      " does not broadcast to the destination's shape ", self.shape());
   if (self.device() != src.device()) return copy_between_devices(self, src);
+  if (is_transposed_matrix_copy(self, src)) {
+    // The blocked transposing kernel: the element-by-element copy would stride through src's columns.
+    TransposeArgs t;
+    t.in = src.raw_data();
+    t.out = self.raw_data();
+    t.rows = src.size(1);
+    t.cols = src.size(0);
+    t.in_stride = src.stride(1);
+    op_transpose2d.get(self.device(), self.dtype())(t);
+    self.storage()->bump_version();
+    return self;
+  }
   op_cast.get(self.device(), self.dtype())(make_loop({&self, &src}), {double(int(src.dtype()))});
   self.storage()->bump_version();
   return self;

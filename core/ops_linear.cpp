@@ -53,20 +53,8 @@ Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   check_linear("linear", x_in, weight, bias);
   const Tensor x = contiguous(x_in);
   const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
-  Tensor wt = weight.t();  // [in, out]: contiguous already when weight is a transposed view
-  if (!wt.is_contiguous() && !op_transpose2d.has(weight.device(), weight.dtype())) {
-    wt = contiguous(wt);  // a device without the blocked kernel (CUDA today): the generic strided copy
-  } else if (!wt.is_contiguous()) {
-    const Tensor w = contiguous(weight);
-    wt = empty({in, out}, w.options());
-    TransposeArgs t;
-    t.in = w.raw_data();
-    t.out = wt.raw_data();
-    t.rows = out;
-    t.cols = in;
-    t.in_stride = in;
-    if (wt.numel() > 0) op_transpose2d.get(w.device(), w.dtype())(t);
-  }
+  // [in, out]: a transposing copy, unless weight is a transposed view already.
+  const Tensor wt = contiguous(weight.t());
   Tensor y = empty({m, out}, x.options());
   if (bias.defined()) copy_(y, bias.expand({m, out}));
   gemm(x.raw_data(), in, 1, wt.raw_data(), out, 1, y, in, bias.defined());
