@@ -27,16 +27,16 @@ using cpu::Out;
 #define FRUGAL_UNARY_MATH(X)                                                                            \
   X(neg, o = -x)                                                                                        \
   X(abs, o = x.abs())                                                                                   \
-  X(exp, o = x.exp())                                                                                   \
+  X(exp, cpu::exp_into(o, x))                                                                           \
   X(log, o = x.log())                                                                                   \
   X(sqrt, o = x.sqrt())                                                                                 \
   X(rsqrt, o = x.rsqrt())                                                                               \
   X(relu, o = x.max(C(0)))                                                                              \
   X(gelu, o = C(0.5) * x * (C(1) + (x * C(0.70710678118654752)).erf()))                                 \
   X(gelu_tanh, o = C(0.5) * x * (C(1) + (C(0.7978845608028654) * (x + C(0.044715) * x.cube())).tanh())) \
-  X(sigmoid, o = x.logistic())                                                                          \
+  X(sigmoid, cpu::exp_into(o, -x); o = C(1) / (C(1) + o))                                               \
   X(tanh, o = x.tanh())                                                                                 \
-  X(silu, o = x * x.logistic())                                                                         \
+  X(silu, cpu::exp_into(o, -x); o = x / (C(1) + o))                                                     \
   X(erf, o = x.erf())                                                                                   \
   X(clamp, o = x.max(clamp_bound<C>(A.a)).min(clamp_bound<C>(A.b)))
 

@@ -89,4 +89,16 @@ void map_kernel(const Loop& loop, F f) {
   });
 }
 
+// out = exp(x) for an Eigen array expression x, right down to the underflow. Why not x.exp() alone: Eigen
+// 3.4's SSE/AVX exp clamps its argument at about -88.4 (f32) / -709.4 (f64), so exp(-100) came out as
+// 2.9e-39 instead of 3.8e-44 and exp(-inf) not as 0 (its AVX-512 kernels are right). The rare elements below
+// that bound are redone as exp(x + 64) e^-64, whose factors are normal numbers.
+template <typename O, typename X>
+void exp_into(O&& out, const X& x) {
+  using C = typename std::decay_t<O>::Scalar;
+  constexpr C lo = std::is_same_v<C, float> ? C(-87) : C(-708);
+  out = x.exp();
+  if ((x < lo).any()) out = (x < lo).select((x + C(64)).exp() * C(1.6038108905486378e-28), out);
+}
+
 }  // namespace frugal::cpu

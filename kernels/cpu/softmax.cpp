@@ -1,10 +1,11 @@
 // CPU softmax / log-softmax over contiguous rows: max, then sum of exp(x - max), then the outputs. f32/f64
-// rows use Eigen's vectorised exp; f16/bf16 rows compute in f32 element by element.
+// rows use Eigen's vectorised exp (through cpu::exp_into); f16/bf16 rows compute in f32 element by element.
 #include <Eigen/Core>
 #include <cmath>
 
 #include "core/op_table.h"
 #include "core/parallel.h"
+#include "kernels/cpu/map.h"
 
 namespace frugal {
 namespace {
@@ -25,7 +26,7 @@ void softmax_cpu(const SoftmaxArgs& s) {
                      Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> yv(y, cols);
                      const C m = xv.maxCoeff();
                      // A row of -inf (or with +inf/nan) gives nan through x - m, as in PyTorch.
-                     yv = (xv - m).exp();
+                     cpu::exp_into(yv, xv - m);
                      const C sum = yv.sum();
                      if (s.log)
                        yv = (xv - m) - std::log(sum);

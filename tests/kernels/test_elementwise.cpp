@@ -110,6 +110,30 @@ TEST(Unary, SpecialValues) {
   EXPECT_LT(s[0], 1e-40f);  // e^-100: a float subnormal
   EXPECT_EQ(s[1], 1.f);
   EXPECT_TRUE(std::isnan(log(tensor<float>({-1.f})).item<float>()));
+  // Down to the underflow (subnormal results; Eigen's SSE/AVX exp alone clamps at about -88.4 / -709.4),
+  // against std::exp, in vectors long enough for the vectorised path.
+  const std::vector<float> xf{-87.5f, -90.f, -100.f, -103.f, -110.f, -1e30f, 2.f, -3.f};
+  std::vector<float> bf(16 * xf.size());
+  for (size_t i = 0; i < bf.size(); ++i) bf[i] = xf[i % xf.size()];
+  const auto ef = exp(tensor<float>(bf)).to_vector<float>();
+  const auto sf = sigmoid(tensor<float>(bf)).to_vector<float>();
+  for (size_t i = 0; i < bf.size(); ++i) {
+    EXPECT_NEAR(ef[i], std::exp(bf[i]), 1e-6f * std::exp(bf[i]) + 2e-45f) << "exp(" << bf[i] << ")";
+    EXPECT_NEAR(sf[i], 1 / (1 + std::exp(-bf[i])), 1e-6f / (1 + std::exp(-bf[i])) + 2e-45f)
+        << "sigmoid(" << bf[i] << ")";
+  }
+  std::vector<double> bd(32);
+  for (size_t i = 0; i < bd.size(); ++i) bd[i] = -700.0 - 2.0 * double(i);
+  const auto ed = exp(tensor<double>(bd)).to_vector<double>();
+  for (size_t i = 0; i < bd.size(); ++i)
+    EXPECT_NEAR(ed[i], std::exp(bd[i]), 1e-13 * std::exp(bd[i]) + 1e-323) << "exp(" << bd[i] << ")";
+  // A row with masked (-inf) entries: exactly 0 there.
+  const auto p = softmax(tensor<float>({0.f, -INFINITY, 1.f, -INFINITY, -95.f, 2.f, 3.f, -INFINITY}), 0)
+                     .to_vector<float>();
+  EXPECT_EQ(p[1], 0.f);
+  EXPECT_EQ(p[3], 0.f);
+  EXPECT_EQ(p[7], 0.f);
+  EXPECT_LT(p[4], 1e-41f);
 }
 
 struct BinaryCase {
