@@ -8,6 +8,7 @@
 
 #include "core/op_table.h"
 #include "core/parallel.h"
+#include "kernels/cpu/register.h"
 
 namespace frugal {
 namespace {
@@ -81,14 +82,11 @@ void attention_softmax_backward_cpu(const AttentionSoftmaxArgs& a) {
 }
 
 const bool kRegistered = [] {
-  op_attention_softmax.set(DeviceType::CPU, DType::F32, attention_softmax_forward_cpu<float>);
-  op_attention_softmax.set(DeviceType::CPU, DType::F64, attention_softmax_forward_cpu<double>);
-  op_attention_softmax.set(DeviceType::CPU, DType::F16, attention_softmax_forward_cpu<Half>);
-  op_attention_softmax.set(DeviceType::CPU, DType::BF16, attention_softmax_forward_cpu<BFloat16>);
-  op_attention_softmax_backward.set(DeviceType::CPU, DType::F32, attention_softmax_backward_cpu<float>);
-  op_attention_softmax_backward.set(DeviceType::CPU, DType::F64, attention_softmax_backward_cpu<double>);
-  op_attention_softmax_backward.set(DeviceType::CPU, DType::F16, attention_softmax_backward_cpu<Half>);
-  op_attention_softmax_backward.set(DeviceType::CPU, DType::BF16, attention_softmax_backward_cpu<BFloat16>);
+  cpu::for_types<float, double, Half, BFloat16>([](auto t) {
+    using T = decltype(t);
+    op_attention_softmax.set(DeviceType::CPU, dtype_v<T>, attention_softmax_forward_cpu<T>);
+    op_attention_softmax_backward.set(DeviceType::CPU, dtype_v<T>, attention_softmax_backward_cpu<T>);
+  });
   return true;
 }();
 

@@ -6,6 +6,7 @@
 
 #include "core/op_table.h"
 #include "core/parallel.h"
+#include "kernels/cpu/register.h"
 
 namespace frugal {
 namespace {
@@ -105,14 +106,11 @@ void cross_entropy_backward_cpu(const CrossEntropyArgs& a) {
 }
 
 const bool kRegistered = [] {
-  op_cross_entropy.set(DeviceType::CPU, DType::F32, cross_entropy_forward_cpu<float>);
-  op_cross_entropy.set(DeviceType::CPU, DType::F64, cross_entropy_forward_cpu<double>);
-  op_cross_entropy.set(DeviceType::CPU, DType::F16, cross_entropy_forward_cpu<Half>);
-  op_cross_entropy.set(DeviceType::CPU, DType::BF16, cross_entropy_forward_cpu<BFloat16>);
-  op_cross_entropy_backward.set(DeviceType::CPU, DType::F32, cross_entropy_backward_cpu<float>);
-  op_cross_entropy_backward.set(DeviceType::CPU, DType::F64, cross_entropy_backward_cpu<double>);
-  op_cross_entropy_backward.set(DeviceType::CPU, DType::F16, cross_entropy_backward_cpu<Half>);
-  op_cross_entropy_backward.set(DeviceType::CPU, DType::BF16, cross_entropy_backward_cpu<BFloat16>);
+  cpu::for_types<float, double, Half, BFloat16>([](auto t) {
+    using T = decltype(t);
+    op_cross_entropy.set(DeviceType::CPU, dtype_v<T>, cross_entropy_forward_cpu<T>);
+    op_cross_entropy_backward.set(DeviceType::CPU, dtype_v<T>, cross_entropy_backward_cpu<T>);
+  });
   return true;
 }();
 

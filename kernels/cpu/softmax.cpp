@@ -6,6 +6,7 @@
 #include "core/op_table.h"
 #include "core/parallel.h"
 #include "kernels/cpu/map.h"
+#include "kernels/cpu/register.h"
 
 namespace frugal {
 namespace {
@@ -46,10 +47,10 @@ void softmax_cpu(const SoftmaxArgs& s) {
 }
 
 const bool kRegistered = [] {
-  op_softmax.set(DeviceType::CPU, DType::F32, softmax_cpu<float>);
-  op_softmax.set(DeviceType::CPU, DType::F64, softmax_cpu<double>);
-  op_softmax.set(DeviceType::CPU, DType::F16, softmax_cpu<Half>);
-  op_softmax.set(DeviceType::CPU, DType::BF16, softmax_cpu<BFloat16>);
+  cpu::for_types<float, double, Half, BFloat16>([](auto t) {
+    using T = decltype(t);
+    op_softmax.set(DeviceType::CPU, dtype_v<T>, softmax_cpu<T>);
+  });
   return true;
 }();
 
