@@ -119,6 +119,8 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   const int d = x.dim() ? wrap_dim(dim, x.dim(), "index_add") : 0;
   FRUGAL_CHECK_DTYPE(src.dtype() == x.dtype(), "index_add: src dtype ", dtype_name(src.dtype()),
                      " differs from the input's ", dtype_name(x.dtype()));
+  FRUGAL_CHECK_T(DeviceError, src.device() == x.device(), "index_add: src is on ", src.device(),
+                 " but the input is on ", x.device(), "; move one with .to(device)");
   FRUGAL_CHECK_SHAPE(index.dim() <= 1, "index_add: the index must be 0-d or 1-d, got shape ", index.shape());
   Shape expected = x.shape();
   if (x.dim()) expected[d] = index.numel();
@@ -128,7 +130,7 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   const int64_t size = x.dim() ? x.shape()[d] : 1;
   const Tensor idx = checked_index("index_add", index, size, x, dim);
   if (x.dim() > 0 && !op_index_add.has(x.device(), x.dtype())) {
-    // A device without an index_add kernel (the CUDA backend today): scatter_add of the index expanded over
+    // A device without an index_add kernel: scatter_add of the index expanded over
     // src, the same sums through a per-element index.
     Shape view;
     for (int i = 0; i < src.dim(); ++i) view.push_back(i == d ? idx.numel() : 1);

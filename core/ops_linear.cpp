@@ -55,7 +55,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
   Tensor wt = weight.t();  // [in, out]: contiguous already when weight is a transposed view
   if (!wt.is_contiguous() && !op_transpose2d.has(weight.device(), weight.dtype())) {
-    wt = contiguous(wt);  // a device without the blocked kernel (CUDA today): the generic strided copy
+    wt = contiguous(wt);  // a device without the transposing kernel: the generic strided copy
   } else if (!wt.is_contiguous()) {
     const Tensor w = contiguous(weight);
     wt = empty({in, out}, w.options());

@@ -159,6 +159,24 @@ TEST_F(GptOps, NonFiniteCheckAndUnscaleMatchesTheCpu) {
   }
 }
 
+// Operands on two devices are refused before any kernel reads a pointer of the wrong kind.
+TEST_F(GptOps, OperandsOnTwoDevicesAreRefused) {
+  const Tensor x = uniform({4, 8}, -1, 1, DType::F32, 16).to(kGpu);
+  const Tensor w_cpu = uniform({8}, -1, 1, DType::F32, 17);
+  testing::expect_error<DeviceError>([&] { F::layer_norm(x, {8}, w_cpu); }, {"layer_norm", "cpu", "cuda:0"});
+  testing::expect_error<DeviceError>(
+      [&] {
+        ops::index_add(x, 0, tensor<int64_t>({1, 2}).to(kGpu), uniform({2, 8}, -1, 1, DType::F32, 18));
+      },
+      {"index_add", "src is on cpu", "cuda:0"});
+  testing::expect_error<DeviceError>(
+      [&] {
+        ops::linear(x, uniform({3, 8}, -1, 1, DType::F32, 19), {});
+      },
+      {"linear", "one device"});
+  testing::expect_error<DeviceError>([&] { ops::gelu_backward(x.to(kCPU), x); }, {"gelu_backward", "cuda:0"});
+}
+
 // Three training steps of a small GPT (the W3 model's shape, smaller) on each device: the losses and the
 // parameters after the steps.
 enum class Precision { F32, Bf16Autocast, F16Scaled };
