@@ -121,6 +121,11 @@ TEST_F(GptOps, IndexAddAndTransposeMatchTheCpu) {
     const Tensor src = uniform({6, 13}, -1, 1, DType::F64, 11).to(t);
     testing::expect_gpu_matches_cpu([](const Inputs& in) { return ops::index_add(in[0], 0, in[1], in[2]); },
                                     {x, idx, src}, tol_for(t), std::string("index_add ") + dtype_name(t));
+    // src as a transposed view (the op layer copies it contiguous first).
+    const Tensor src_t = uniform({13, 6}, -1, 1, DType::F64, 20).to(t);
+    testing::expect_gpu_matches_cpu(
+        [](const Inputs& in) { return ops::index_add(in[0], 0, in[1], in[2].t()); }, {x, idx, src_t},
+        tol_for(t), std::string("index_add transposed src ") + dtype_name(t));
     const Tensor src1 = uniform({9, 6}, -1, 1, DType::F64, 12).to(t);
     testing::expect_gpu_matches_cpu([](const Inputs& in) { return ops::index_add(in[0], 1, in[1], in[2]); },
                                     {x, idx, src1}, tol_for(t),
