@@ -1,7 +1,8 @@
 // The measurements of scripts/gpu-check.sh: bf16 GEMM 8192^3 through frugal beside cuBLAS's own rate, a 1 GiB
 // device-to-device copy (cudaMemcpy beside frugal's copy_), and the bandwidth of elementwise adds and a sum
-// against the copy's. Each is checked before it is timed (STYLE.md rule 15), then timed with CUDA events as
-// the median of several runs after a warm-up. Prints a markdown table; exits non-zero when a check fails.
+// against the copy's, and the W3 GPT training step in f32 and under bf16 autocast. Each is checked before it
+// is timed (STYLE.md rule 15), then timed with CUDA events as the median of several runs after a warm-up.
+// Prints a markdown table; exits non-zero when a check fails.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -198,6 +199,63 @@ void bandwidth(double copy_gbs) {
   row("sum over rows f32 [65536, 4096]", double(kGiB), [&] { s = ops::sum(m, {1}); });
 }
 
+// W3 (shared/WORKLOADS.md): the GPT of nn/gpt.h (4 blocks, d 128, 4 heads, context 64), batch 32, AdamW lr
+// 1e-3, on random tokens (the corpus need not be on the GPU machine), the whole step on cuda:0: forward,
+// cross-entropy, backward, update; in f32 or under bf16 autocast. Checked first: one step's loss against the
+// same step on the CPU. Then the median step time (CUDA events) and the arena's peak bytes over the steps.
+void gpt_step(bool bf16) {
+  constexpr int64_t kVocab = 100, kBatch = 32, kContext = 64;
+  std::vector<int64_t> ids(size_t(kBatch * (kContext + 1)));
+  uint64_t state = 12345;
+  for (int64_t& v : ids) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    v = int64_t((state >> 33) % uint64_t(kVocab));
+  }
+  const Tensor tokens = tensor(ids, {kBatch, kContext + 1});
+  auto make = [&](Device d) {
+    manual_seed(0);
+    auto model = std::make_shared<nn::GPT>(nn::GPTConfig{.vocab = kVocab});
+    model->to(d);
+    return model;
+  };
+  auto step = [&](nn::GPT& model, optim::Optimizer& opt, const Tensor& input, const Tensor& target) {
+    opt.zero_grad();
+    Tensor loss;
+    {
+      amp::Autocast autocast(DType::BF16, bf16);
+      loss = nn::functional::cross_entropy(model.forward(input).view({-1, kVocab}), target.view({-1}));
+    }
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  const std::string name = bf16 ? "bf16 autocast" : "f32";
+  double loss_cpu = 0, loss_gpu = 0;
+  {
+    auto model = make(kCPU);
+    optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+    loss_cpu = step(*model, opt, tokens.narrow(1, 0, kContext).contiguous(),
+                    tokens.narrow(1, 1, kContext).contiguous())
+                   .item<double>();
+  }
+  auto model = make(cuda(0));
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+  const Tensor on_gpu = tokens.to(cuda(0));
+  const Tensor input = on_gpu.narrow(1, 0, kContext).contiguous(),
+               target = on_gpu.narrow(1, 1, kContext).contiguous();
+  loss_gpu = step(*model, opt, input, target).item<double>();
+  const double tol = bf16 ? 3e-2 : 1e-4;
+  check(std::isfinite(loss_gpu) && std::fabs(loss_gpu - loss_cpu) <= tol * std::fabs(loss_cpu),
+        "W3 " + name + ": first-step loss on the GPU " + std::to_string(loss_gpu) + ", on the CPU " +
+            std::to_string(loss_cpu));
+  memory::reset_peak(cuda(0));
+  const double ms = median_ms([&] { step(*model, opt, input, target); }, 5, 20);
+  const double peak = double(memory::stats(cuda(0)).allocated.peak);
+  g_rows.push_back({"W3 GPT step " + name + " (B 32, T 64, d 128)",
+                    fmt("%.2f ms", ms) + ", peak " + fmt("%.1f MiB", peak / double(1 << 20)),
+                    "loss " + fmt("%.4f", loss_gpu) + " (CPU " + fmt("%.4f", loss_cpu) + ")", "", ""});
+}
+
 }  // namespace
 
 int main() {
@@ -224,8 +282,8 @@ int main() {
   gemm_bf16(8192);
   const double copy_gbs = copies();
   bandwidth(copy_gbs);
-  g_rows.push_back({"W3 GPT step (f32, bf16)", "not run", "", "",
-                    "needs GPU LayerNorm, GELU and attention kernels (later work)"});
+  gpt_step(false);
+  gpt_step(true);
 
   std::printf("\n| measure | frugal | peer, same run | frugal / peer | target |\n|---|---|---|---|---|\n");
   for (const Row& r : g_rows)

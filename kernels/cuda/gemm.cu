@@ -16,6 +16,7 @@
 #include "core/op_table.h"
 #include "core/storage.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.cuh"
 
 namespace frugal {
 namespace {
@@ -52,8 +53,8 @@ uint32_t alignment_of(const void* p) {
   return align;
 }
 
-using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int64_t, uint32_t, uint32_t, uint32_t, bool>;
+using Key = std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, bool>;
 
 // Per device: the handles, the workspace (from the arena, kept for the process) and the algorithms chosen
 // per problem (a heuristic query costs more than a small GEMM).
@@ -87,11 +88,17 @@ Context& context(int device) {
   return c;
 }
 
-template <typename T>
-constexpr cudaDataType_t data_type() {
-  if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
-  if constexpr (std::is_same_v<T, Half>) return CUDA_R_16F;
-  if constexpr (std::is_same_v<T, BFloat16>) return CUDA_R_16BF;
+cudaDataType_t data_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::F16:
+      return CUDA_R_16F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      throw DeviceError(detail::str_cat("matmul on a GPU: no cuBLAS GEMM for ", dtype_name(t)));
+  }
 }
 
 // RAII for the cuBLASLt descriptors of one call (a destroy cannot usefully fail: its status is ignored).
@@ -127,8 +134,11 @@ void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int64_t ro
   }
 }
 
-template <typename T>
-void gemm_cuda(const GemmArgs& g) {
+}  // namespace
+
+namespace gpu {
+
+void gemm(const GemmArgs& g, DType ab_dtype, DType c_dtype) {
   if (g.batch == 0 || g.m == 0 || g.n == 0) return;
   FRUGAL_CHECK_T(DeviceError,
                  g.batch <= INT32_MAX && g.m <= INT32_MAX && g.n <= INT32_MAX && g.k <= INT32_MAX,
@@ -139,12 +149,30 @@ void gemm_cuda(const GemmArgs& g) {
   // cuBLAS's A is our B^T (n x k), its B our A^T (k x m), its C our C^T (n x m, ld c_row).
   const Operand ca = transposed_view(g.k, g.n, g.b_row, g.b_col, g.b_batch);
   const Operand cb = transposed_view(g.m, g.k, g.a_row, g.a_col, g.a_batch);
-  const cudaDataType_t type = data_type<T>();
+  const cudaDataType_t type = data_type(ab_dtype), c_type = data_type(c_dtype);
+  FRUGAL_CHECK_T(DeviceError, c_type == type || c_type == CUDA_R_32F,
+                 "matmul on a GPU: ", dtype_name(ab_dtype), " operands into a ", dtype_name(c_dtype),
+                 " result are not supported");
   const float alpha = g.alpha, beta = g.beta;
   const uint32_t align_a = alignment_of(g.b), align_b = alignment_of(g.a), align_c = alignment_of(g.c);
-  const Key key{
-      int(type), int(ca.op),      int(cb.op),      g.m,       g.n,     g.k,     ca.ld,   cb.ld,    g.c_row,
-      g.batch,   ca.batch_stride, cb.batch_stride, g.c_batch, align_a, align_b, align_c, beta != 0};
+  const Key key{int(type),
+                int(c_type),
+                int(ca.op),
+                int(cb.op),
+                g.m,
+                g.n,
+                g.k,
+                ca.ld,
+                cb.ld,
+                g.c_row,
+                g.batch,
+                ca.batch_stride,
+                cb.batch_stride,
+                g.c_batch,
+                align_a,
+                align_b,
+                align_c,
+                beta != 0};
 
   std::lock_guard lock(ctx.mu);  // the workspace is shared
   if (on.stream != ctx.last_stream) {
@@ -160,7 +188,7 @@ void gemm_cuda(const GemmArgs& g) {
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &cb.op, sizeof(cb.op)));
   make_layout(&d.a, type, ca.rows, ca.cols, ca.ld, g.batch, ca.batch_stride);
   make_layout(&d.b, type, cb.rows, cb.cols, cb.ld, g.batch, cb.batch_stride);
-  make_layout(&d.c, type, g.n, g.m, g.c_row, g.batch, g.c_batch);
+  make_layout(&d.c, c_type, g.n, g.m, g.c_row, g.batch, g.c_batch);
 
   auto it = ctx.algos.find(key);
   if (it == ctx.algos.end()) {
@@ -188,8 +216,17 @@ void gemm_cuda(const GemmArgs& g) {
   FRUGAL_CUBLAS_CHECK(cublasSetStream(ctx.blas, on.stream));
   FRUGAL_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       ctx.blas, ca.op, cb.op, int(g.n), int(g.m), int(g.k), &alpha, g.b, type, int(ca.ld), ca.batch_stride,
-      g.a, type, int(cb.ld), cb.batch_stride, &beta, g.c, type, int(g.c_row), g.c_batch, int(g.batch),
+      g.a, type, int(cb.ld), cb.batch_stride, &beta, g.c, c_type, int(g.c_row), g.c_batch, int(g.batch),
       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace gpu
+
+namespace {
+
+template <typename T>
+void gemm_cuda(const GemmArgs& g) {
+  gpu::gemm(g, dtype_v<T>, dtype_v<T>);
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

@@ -1,6 +1,7 @@
 // CUDA indexing over [outer, dim_size, inner] layouts (IndexArgs in core/op_table.h), and the segment sums of
-// sparse rows (SegmentSumArgs). One thread per output element; scatter_add accumulates with atomics, so equal
-// indices add in an unspecified order (sums of floats may differ from the CPU's in the last bits).
+// sparse rows (SegmentSumArgs). One thread per output element; scatter_add and index_add (the dense
+// embedding backward) accumulate with atomics, so equal indices add in an unspecified order (sums of floats
+// may differ from the CPU's in the last bits).
 #include "core/op_table.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/types.cuh"
@@ -57,6 +58,18 @@ __global__ void scatter_add_kernel(IndexArgs a, int64_t total) {
   }
 }
 
+// out[o, index[i], j] += src[o, i, j] over src [outer, n_index, inner] (index 1-d).
+template <typename T>
+__global__ void index_add_kernel(IndexArgs a, int64_t total) {
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += step) {
+    const int64_t j = p % a.inner, row = p / a.inner, i = row % a.n_index, o = row / a.n_index;
+    atomic_add(out + (o * a.dim_size + a.index[i]) * a.inner + j, src[p]);
+  }
+}
+
 template <typename T, void (*kKernel)(IndexArgs, int64_t)>
 void index_cuda(const IndexArgs& a) {
   const int64_t total = a.outer * a.n_index * a.inner;
@@ -99,6 +112,7 @@ const bool kRegistered = [] {
   for_types(gpu::Types<float, Half, BFloat16, int64_t, int32_t>{}, [](auto t) {
     using T = decltype(t);
     op_scatter_add.set(DeviceType::CUDA, dtype_v<T>, index_cuda<T, scatter_add_kernel<T>>);
+    op_index_add.set(DeviceType::CUDA, dtype_v<T>, index_cuda<T, index_add_kernel<T>>);
   });
   for_types(gpu::Floating{}, [](auto t) {
     using T = decltype(t);

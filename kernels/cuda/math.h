@@ -416,4 +416,45 @@ FRUGAL_HOST_DEVICE C sparse_adam_step(C p, C g, C* m, C* v, const SparseAdamHype
   return p + -h.step_size * (m_new / denom);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// The fused ops of the GPT path (formulas in core/op_table.h): the activations' gradients, LayerNorm's dx,
+// the attention probabilities' gradient and the GradScaler's check.
+
+// dx = dy (Phi(x) + x phi(x))
+struct GeluBackward {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C dy, C x) const {
+    return dy * (C(0.5) + C(0.5) * erf_(x * C(0.70710678118654752)) +
+                 x * C(0.39894228040143267794) * exp_(C(-0.5) * x * x));
+  }
+};
+// dx = dy ((1 + t) / 2 + x (1 - t^2) k (1 + 3 c x^2) / 2), t = tanh(k (x + c x^3))
+struct GeluTanhBackward {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C dy, C x) const {
+    const C k = C(0.79788456080286535588), c = C(0.044715);
+    const C t = tanh_(k * x * (C(1) + c * x * x));
+    return dy * C(0.5) * (C(1) + t + x * (C(1) - t * t) * k * (C(1) + C(3) * c * x * x));
+  }
+};
+
+// LayerNorm backward of one element: dx = rstd (g - mean(g) - xh mean(g xh)), g = dy weight, xh the
+// normalised input.
+template <typename C>
+FRUGAL_HOST_DEVICE C layer_norm_dx(C g, C xh, C rstd, C mean_g, C mean_gx) {
+  return rstd * (g - mean_g - xh * mean_gx);
+}
+
+// The attention probabilities' gradient of one element: dx = scale y (dy - sum_k dy[k] y[k]).
+template <typename C>
+FRUGAL_HOST_DEVICE C attention_softmax_dx(C y, C dy, C dot, C scale) {
+  return scale * y * (dy - dot);
+}
+
+// Whether a gradient element makes the GradScaler skip the step: inf or NaN.
+template <typename C>
+FRUGAL_HOST_DEVICE bool non_finite(C x) {
+  return !(fabs_(x) <= std::numeric_limits<C>::max());  // false for finite x, true for inf and NaN
+}
+
 }  // namespace frugal::math

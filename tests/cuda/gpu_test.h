@@ -57,6 +57,17 @@ inline bool fake_gpu() {
     detail::use_cpu_kernels(op_scatter_add);
     detail::use_cpu_kernels(op_cross_entropy);
     detail::use_cpu_kernels(op_cross_entropy_backward);
+    detail::use_cpu_kernels(op_layer_norm);
+    detail::use_cpu_kernels(op_layer_norm_backward);
+    detail::use_cpu_kernels(op_gelu_backward);
+    detail::use_cpu_kernels(op_gelu_tanh_backward);
+    detail::use_cpu_kernels(op_attention_softmax);
+    detail::use_cpu_kernels(op_attention_softmax_backward);
+    detail::use_cpu_kernels(op_self_attention);
+    detail::use_cpu_kernels(op_self_attention_backward);
+    detail::use_cpu_kernels(op_index_add);
+    detail::use_cpu_kernels(op_transpose2d);
+    detail::use_cpu_kernels(op_non_finite_check_and_unscale);
 #undef FRUGAL_USE_CPU
     return true;
   }();

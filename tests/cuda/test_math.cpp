@@ -381,5 +381,69 @@ TEST(CudaMath, OptimizerUpdatesMatchTheCpuKernels) {
   }
 }
 
+TEST(CudaMath, GptPathMathMatchesTheCpuKernels) {
+  // GELU's gradients against the one-pass CPU kernels.
+  const Tensor x = uniform({4099}, -8, 8, DType::F32, 60), dy = uniform({4099}, -2, 2, DType::F32, 61);
+  expect_close(apply2<float>(dy, x, math::GeluBackward{}), ops::gelu_backward(dy, x).to_vector<double>(),
+               kF32, "gelu_backward");
+  // t = tanh(...) near -1 leaves 1 + t with few bits: libm's tanhf and Eigen's approximation differ there by
+  // a few ulp of 1, i.e. ~1e-6 absolute.
+  expect_close(apply2<float>(dy, x, math::GeluTanhBackward{}),
+               ops::gelu_tanh_backward(dy, x).to_vector<double>(), {1e-5, 2e-6}, "gelu_tanh_backward");
+
+  // LayerNorm's dx of one row from the statistics of the CPU forward, against the CPU backward (f64).
+  constexpr int64_t n = 37;
+  const Tensor xr = uniform({1, n}, -2, 3, DType::F64, 62), g = uniform({1, n}, -1, 1, DType::F64, 63);
+  const Tensor w = uniform({n}, 0.5, 1.5, DType::F64, 64);
+  const ops::LayerNormResult f = ops::layer_norm(xr, {n}, w, {}, 1e-5);
+  const ops::LayerNormGrads b = ops::layer_norm_backward(g, xr, {n}, w, f.mean, f.rstd, true, false, false);
+  const auto xv = xr.to_vector<double>(), gv = g.to_vector<double>(), wv = w.to_vector<double>();
+  const double mu = f.mean.item<double>(), rs = f.rstd.item<double>();
+  double sum_g = 0, sum_gx = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    sum_g += gv[size_t(j)] * wv[size_t(j)];
+    sum_gx += gv[size_t(j)] * wv[size_t(j)] * (xv[size_t(j)] - mu) * rs;
+  }
+  std::vector<double> dx;
+  for (int64_t j = 0; j < n; ++j)
+    dx.push_back(math::layer_norm_dx(gv[size_t(j)] * wv[size_t(j)], (xv[size_t(j)] - mu) * rs, rs, sum_g / n,
+                                     sum_gx / n));
+  expect_close(dx, b.dx.to_vector<double>(), kF64, "layer_norm dx");
+
+  // The attention probabilities' gradient of one causal row against the CPU kernel.
+  constexpr int64_t t = 6;
+  const Tensor s = uniform({t, t}, -3, 3, DType::F64, 65), ds = uniform({t, t}, -1, 1, DType::F64, 66);
+  AttentionSoftmaxArgs a;
+  const Tensor y = empty({t, t}, DType::F64), dx_cpu = empty({t, t}, DType::F64);
+  a.x = s.raw_data();
+  a.y = y.raw_data();
+  a.dy = ds.raw_data();
+  a.dx = dx_cpu.raw_data();
+  a.rows = t;
+  a.t = t;
+  a.scale = 0.5;
+  a.causal = true;
+  op_attention_softmax.get(kCPU, DType::F64)(a);
+  op_attention_softmax_backward.get(kCPU, DType::F64)(a);
+  const auto yv = y.to_vector<double>(), dyv = ds.to_vector<double>();
+  std::vector<double> dxs;
+  for (int64_t r = 0; r < t; ++r) {
+    double dot = 0;
+    for (int64_t j = 0; j <= r; ++j) dot += yv[size_t(r * t + j)] * dyv[size_t(r * t + j)];
+    for (int64_t j = 0; j < t; ++j)
+      dxs.push_back(
+          j <= r ? math::attention_softmax_dx(yv[size_t(r * t + j)], dyv[size_t(r * t + j)], dot, 0.5) : 0);
+  }
+  expect_close(dxs, dx_cpu.to_vector<double>(), kF64, "attention softmax dx");
+
+  // The GradScaler's test: inf and NaN, not the largest finite values.
+  EXPECT_FALSE(math::non_finite(std::numeric_limits<float>::max()));
+  EXPECT_FALSE(math::non_finite(-std::numeric_limits<float>::max()));
+  EXPECT_FALSE(math::non_finite(0.0f));
+  EXPECT_TRUE(math::non_finite(INFINITY));
+  EXPECT_TRUE(math::non_finite(-INFINITY));
+  EXPECT_TRUE(math::non_finite(NAN));
+}
+
 }  // namespace
 }  // namespace frugal

@@ -48,10 +48,16 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
   expect_kernels(op_adam_step, floats);
   expect_kernels(op_sparse_adam_step, floats);
   expect_kernels(op_segment_sum_rows, floats);
-  // Later work (convolution through cuDNN, pooling, fused attention): not registered, so a model that needs
-  // them on the GPU fails with a clear error instead of running on the CPU behind the user's back.
+  for (auto* t : {&op_layer_norm, &op_layer_norm_backward}) expect_kernels(*t, floats);
+  for (auto* t : {&op_gelu_backward, &op_gelu_tanh_backward}) expect_kernels(*t, floats);
+  for (auto* t : {&op_attention_softmax, &op_attention_softmax_backward}) expect_kernels(*t, floats);
+  for (auto* t : {&op_self_attention, &op_self_attention_backward}) expect_kernels(*t, floats);
+  expect_kernels(op_index_add, {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32});
+  expect_kernels(op_transpose2d, all);
+  expect_kernels(op_non_finite_check_and_unscale, floats);
+  // Later work (convolution through cuDNN, pooling): not registered, so a model that needs them on the GPU
+  // fails with a clear error instead of running on the CPU behind the user's back.
   EXPECT_FALSE(op_conv2d.has(kGpu, DType::F32));
-  EXPECT_FALSE(op_attention_softmax.has(kGpu, DType::F32));
   // f64 arithmetic stays on the CPU (gradient checks); a GPU holds, moves and converts f64.
   EXPECT_FALSE(op_add.has(kGpu, DType::F64));
 #endif

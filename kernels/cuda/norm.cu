@@ -1,0 +1,186 @@
+// CUDA kernels of the fused layer normalisation (op_layer_norm, formulas in core/op_table.h). One block per
+// row: the forward reads the row three times (the mean, the centred sum of squares, the output: two passes
+// keep the variance exact, as the CPU kernel), the backward twice (the two row sums, then dx). dweight and
+// dbias are column sums: each block sums a strip of 32 columns over one chunk of rows (the op layer's
+// `chunks`, chosen from the shape) into the workspace, and a second kernel adds the chunks in order, so the
+// results do not depend on the launch configuration. f16/bf16 rows accumulate in f32.
+#include <algorithm>
+
+#include "core/op_table.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/types.cuh"
+
+namespace frugal {
+namespace {
+
+// Threads per row: a warp for short rows, up to 512 for long ones.
+int threads_for(int64_t cols) {
+  int t = 32;
+  while (t < 512 && int64_t(t) * 4 < cols) t *= 2;
+  return t;
+}
+
+unsigned grid_for_rows(int64_t rows) { return unsigned(std::min<int64_t>(rows, 65535 * 32)); }
+
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Sums {
+  float g, gx;
+};
+struct AddSums {
+  __device__ Sums operator()(Sums a, Sums b) const { return {a.g + b.g, a.gx + b.gx}; }
+};
+
+template <typename T>
+__global__ void layer_norm_forward_kernel(LayerNormArgs a) {
+  __shared__ float scratch[32];
+  const T* xs = static_cast<const T*>(a.x);
+  T* ys = static_cast<T*>(a.y);
+  const float* w = static_cast<const float*>(a.weight);
+  const float* bias = static_cast<const float*>(a.bias);
+  const int64_t n = a.cols;
+  const float inv_n = 1.0f / float(n), eps = float(a.eps);
+  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    const T* x = xs + r * n;
+    T* y = ys + r * n;
+    float sum = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += gpu::load(x[j]);
+    const float mu = gpu::block_merge(sum, Add{}, scratch) * inv_n;
+    float ss = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float d = gpu::load(x[j]) - mu;
+      ss += d * d;
+    }
+    const float rs = 1.0f / sqrtf(gpu::block_merge(ss, Add{}, scratch) * inv_n + eps);
+    if (threadIdx.x == 0) {
+      static_cast<float*>(a.mean)[r] = mu;
+      static_cast<float*>(a.rstd)[r] = rs;
+    }
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      float v = (gpu::load(x[j]) - mu) * rs;
+      if (w) v *= w[j];
+      if (bias) v += bias[j];
+      y[j] = gpu::store<T>(v);
+    }
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_dx_kernel(LayerNormArgs a) {
+  __shared__ Sums scratch[32];
+  const T* xs = static_cast<const T*>(a.x);
+  const T* dys = static_cast<const T*>(a.dy);
+  T* dxs = static_cast<T*>(a.dx);
+  const float* w = static_cast<const float*>(a.weight);
+  const int64_t n = a.cols;
+  const float inv_n = 1.0f / float(n);
+  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    const T* x = xs + r * n;
+    const T* dy = dys + r * n;
+    const float mu = static_cast<const float*>(a.mean)[r], rs = static_cast<const float*>(a.rstd)[r];
+    Sums s{0, 0};
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float xh = (gpu::load(x[j]) - mu) * rs, d = gpu::load(dy[j]), g = w ? d * w[j] : d;
+      s.g += g;
+      s.gx += g * xh;
+    }
+    s = gpu::block_merge(s, AddSums{}, scratch);
+    const float mean_g = s.g * inv_n, mean_gx = s.gx * inv_n;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float xh = (gpu::load(x[j]) - mu) * rs, d = gpu::load(dy[j]), g = w ? d * w[j] : d;
+      dxs[r * n + j] = gpu::store<T>(math::layer_norm_dx(g, xh, rs, mean_g, mean_gx));
+    }
+  }
+}
+
+// Block (32, 8), grid (column strips, chunks): thread (x, y) sums rows y, y + 8, ... of its chunk in column
+// strip * 32 + x; the 8 partial sums merge in shared memory into workspace [chunk, 0 / 1, column].
+constexpr int kColumns = 32, kRowThreads = 8;
+template <typename T>
+__global__ void layer_norm_param_partial_kernel(LayerNormArgs a, int64_t per_chunk) {
+  __shared__ float sw[kRowThreads][kColumns], sb[kRowThreads][kColumns];
+  const T* xs = static_cast<const T*>(a.x);
+  const T* dys = static_cast<const T*>(a.dy);
+  const float* means = static_cast<const float*>(a.mean);
+  const float* rstds = static_cast<const float*>(a.rstd);
+  const int64_t n = a.cols, j = int64_t(blockIdx.x) * kColumns + threadIdx.x, c = blockIdx.y;
+  const int64_t r_end = min(a.rows, (c + 1) * per_chunk);
+  float dw = 0, db = 0;
+  if (j < n) {
+    for (int64_t r = c * per_chunk + threadIdx.y; r < r_end; r += kRowThreads) {
+      const float d = gpu::load(dys[r * n + j]);
+      dw += d * (gpu::load(xs[r * n + j]) - means[r]) * rstds[r];
+      db += d;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = dw;
+  sb[threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < n) {
+    for (int k = 1; k < kRowThreads; ++k) {
+      dw += sw[k][threadIdx.x];
+      db += sb[k][threadIdx.x];
+    }
+    float* part = static_cast<float*>(a.workspace) + c * 2 * n;
+    part[j] = dw;
+    part[n + j] = db;
+  }
+}
+
+// The chunks' partial sums added in chunk order.
+__global__ void layer_norm_param_finish_kernel(LayerNormArgs a) {
+  const int64_t n = a.cols, step = int64_t(gridDim.x) * blockDim.x;
+  const float* ws = static_cast<const float*>(a.workspace);
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += step) {
+    float dw = 0, db = 0;
+    for (int64_t c = 0; c < a.chunks; ++c) {
+      dw += ws[c * 2 * n + j];
+      db += ws[c * 2 * n + n + j];
+    }
+    if (a.dweight) static_cast<float*>(a.dweight)[j] = dw;
+    if (a.dbias) static_cast<float*>(a.dbias)[j] = db;
+  }
+}
+
+template <typename T>
+void layer_norm_forward_cuda(const LayerNormArgs& a) {
+  if (a.rows == 0) return;
+  gpu::LaunchOn on(a.x);
+  layer_norm_forward_kernel<T><<<grid_for_rows(a.rows), threads_for(a.cols), 0, on.stream>>>(a);
+  FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
+}
+
+template <typename T>
+void layer_norm_backward_cuda(const LayerNormArgs& a) {
+  gpu::LaunchOn on(a.x);
+  if (a.dx && a.rows > 0) {
+    layer_norm_dx_kernel<T><<<grid_for_rows(a.rows), threads_for(a.cols), 0, on.stream>>>(a);
+    FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_dx_kernel");
+  }
+  if (!a.dweight && !a.dbias) return;
+  FRUGAL_CHECK_T(DeviceError, a.workspace, "layer_norm_backward: no workspace for dweight and dbias");
+  const int64_t chunks = std::max<int64_t>(1, a.chunks);
+  FRUGAL_CHECK_T(DeviceError, chunks <= 65535, "layer_norm_backward: ", chunks,
+                 " chunks exceed the CUDA grid");
+  LayerNormArgs b = a;
+  b.chunks = chunks;
+  const int64_t per_chunk = (a.rows + chunks - 1) / chunks;
+  const dim3 grid(unsigned((a.cols + kColumns - 1) / kColumns), unsigned(chunks));
+  layer_norm_param_partial_kernel<T><<<grid, dim3(kColumns, kRowThreads), 0, on.stream>>>(b, per_chunk);
+  FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_param_partial_kernel");
+  layer_norm_param_finish_kernel<<<gpu::grid_for(a.cols, 256, on.device), 256, 0, on.stream>>>(b);
+  FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_param_finish_kernel");
+}
+
+const bool kRegistered = [] {
+  gpu::for_types(gpu::Floating{}, [](auto t) {
+    using T = decltype(t);
+    op_layer_norm.set(DeviceType::CUDA, dtype_v<T>, layer_norm_forward_cuda<T>);
+    op_layer_norm_backward.set(DeviceType::CUDA, dtype_v<T>, layer_norm_backward_cuda<T>);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace frugal

@@ -1,0 +1,234 @@
+// The CUDA kernels of the GPT path (LayerNorm, GELU's gradient, the attention probabilities, the fused
+// self-attention, index_add, the transposing copy, the GradScaler's check) against the CPU, forward and
+// backward, on random inputs with odd sizes and non-contiguous views; then whole GPT training steps (f32,
+// bf16 autocast, f16 autocast with the GradScaler) on cuda:0 against the same steps on the CPU. Skipped
+// without a GPU.
+#include "tests/cuda/gpu_test.h"
+
+namespace frugal {
+namespace {
+
+using testing::GpuTest;
+using testing::kGpu;
+using testing::Tol;
+using testing::tol_for;
+using testing::uniform;
+namespace F = nn::functional;
+
+using GptOps = GpuTest;
+using Inputs = std::vector<Tensor>;
+
+// f32 sums run in another order on the GPU (block reductions, cuBLAS): a little looser than one rounding.
+Tol tol_of(DType t) { return t == DType::F32 ? Tol{2e-5, 2e-5} : tol_for(t); }
+
+// Runs f on leaf copies of the inputs on each device, backpropagates a fixed random gradient of the output
+// and compares the output and every input's gradient.
+void expect_forward_backward_match(const std::function<Tensor(const Inputs&)>& f, const Inputs& inputs,
+                                   Tol tol, const std::string& what) {
+  Tensor dy;
+  auto run = [&](Device d) {
+    Inputs leaves;
+    for (const Tensor& t : inputs) leaves.push_back(t.to(d).detach().requires_grad_());
+    const Tensor y = f(leaves);
+    if (!dy.defined()) dy = uniform(y.shape(), -1, 1, DType::F64, 77).to(y.dtype());
+    (y * dy.to(d)).sum().backward();
+    std::vector<Tensor> out{y.detach().to(kCPU)};
+    for (const Tensor& l : leaves) out.push_back(l.grad().to(kCPU));
+    return out;
+  };
+  const auto cpu = run(kCPU), gpu = run(kGpu);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_EQ(gpu[i].shape(), cpu[i].shape()) << what;
+    ASSERT_EQ(gpu[i].dtype(), cpu[i].dtype()) << what;
+    testing::expect_close(gpu[i], cpu[i].to_vector<double>(), tol,
+                          what + (i == 0 ? " (output)" : " (gradient " + std::to_string(i - 1) + ")"));
+  }
+}
+
+const DType kFloats[] = {DType::F32, DType::F16, DType::BF16};
+
+TEST_F(GptOps, LayerNormForwardAndBackwardMatchTheCpu) {
+  for (DType t : kFloats) {
+    for (int64_t cols : {1, 37, 128, 1030}) {
+      const std::string what = std::string("layer_norm ") + dtype_name(t) + " cols " + std::to_string(cols);
+      const Tensor x = uniform({2, 7, cols}, -2, 3, DType::F64, 1).to(t);
+      const Tensor w = uniform({cols}, 0.5, 1.5, DType::F32, 2), b = uniform({cols}, -1, 1, DType::F32, 3);
+      expect_forward_backward_match(
+          [&](const Inputs& in) { return F::layer_norm(in[0], {cols}, in[1], in[2]); }, {x, w, b}, tol_of(t),
+          what);
+      expect_forward_backward_match([&](const Inputs& in) { return F::layer_norm(in[0], {cols}); }, {x},
+                                    tol_of(t), what + " no affine");
+    }
+    // A non-contiguous input (the op layer copies it) and many rows (several chunks of dweight partials).
+    const Tensor xt = uniform({130, 300}, -1, 1, DType::F64, 4).to(t);
+    const Tensor w = uniform({130}, 0.5, 1.5, DType::F32, 5), b = uniform({130}, -1, 1, DType::F32, 6);
+    expect_forward_backward_match(
+        [&](const Inputs& in) { return F::layer_norm(in[0].t(), {130}, in[1], in[2]); }, {xt, w, b},
+        tol_of(t), std::string("layer_norm transposed ") + dtype_name(t));
+  }
+}
+
+TEST_F(GptOps, GeluGradientsMatchTheCpu) {
+  for (DType t : kFloats) {
+    const Tensor x = uniform({33, 17}, -5, 5, DType::F64, 7).to(t);
+    expect_forward_backward_match([](const Inputs& in) { return gelu(in[0]); }, {x}, tol_of(t),
+                                  std::string("gelu ") + dtype_name(t));
+    expect_forward_backward_match([](const Inputs& in) { return gelu_tanh(in[0].t()); }, {x}, tol_of(t),
+                                  std::string("gelu_tanh transposed ") + dtype_name(t));
+  }
+}
+
+TEST_F(GptOps, AttentionScoresSoftmaxMatchesTheCpu) {
+  for (DType t : kFloats) {
+    for (bool causal : {false, true}) {
+      for (int64_t n : {1, 5, 64, 130}) {
+        const Tensor s = uniform({2, 3, n, n}, -4, 4, DType::F64, 8).to(t);
+        expect_forward_backward_match(
+            [&](const Inputs& in) { return F::attention_scores_softmax(in[0], 0.37, causal); }, {s},
+            tol_of(t),
+            std::string("attention_scores_softmax ") + dtype_name(t) + (causal ? " causal" : "") + " T " +
+                std::to_string(n));
+      }
+    }
+  }
+}
+
+TEST_F(GptOps, SelfAttentionMatchesTheCpu) {
+  struct Case {
+    int64_t b, t, heads, hd;
+  };
+  for (DType t : kFloats) {
+    for (const Case& c : {Case{2, 5, 3, 4}, Case{1, 64, 4, 32}, Case{3, 17, 2, 8}, Case{2, 1, 1, 8}}) {
+      for (bool causal : {true, false}) {
+        const int64_t d = c.heads * c.hd;
+        const Tensor qkv = uniform({c.b, c.t, 3 * d}, -1, 1, DType::F64, 9).to(t);
+        const double scale = 1.0 / std::sqrt(double(c.hd));
+        // bf16 products round the probabilities to bf16 on the GPU (f32 on the CPU): within bf16's tolerance.
+        expect_forward_backward_match(
+            [&](const Inputs& in) { return F::self_attention(in[0], c.heads, scale, causal); }, {qkv},
+            tol_of(t),
+            std::string("self_attention ") + dtype_name(t) + (causal ? " causal" : "") + " T " +
+                std::to_string(c.t));
+      }
+    }
+  }
+}
+
+TEST_F(GptOps, IndexAddAndTransposeMatchTheCpu) {
+  for (DType t : kFloats) {
+    const Tensor x = uniform({9, 13}, -1, 1, DType::F64, 10).to(t);
+    const Tensor idx = tensor<int64_t>({3, 0, 8, 3, -1, 3});  // duplicates accumulate
+    const Tensor src = uniform({6, 13}, -1, 1, DType::F64, 11).to(t);
+    testing::expect_gpu_matches_cpu([](const Inputs& in) { return ops::index_add(in[0], 0, in[1], in[2]); },
+                                    {x, idx, src}, tol_for(t), std::string("index_add ") + dtype_name(t));
+    // src as a transposed view (the op layer copies it contiguous first).
+    const Tensor src_t = uniform({13, 6}, -1, 1, DType::F64, 20).to(t);
+    testing::expect_gpu_matches_cpu(
+        [](const Inputs& in) { return ops::index_add(in[0], 0, in[1], in[2].t()); }, {x, idx, src_t},
+        tol_for(t), std::string("index_add transposed src ") + dtype_name(t));
+    const Tensor src1 = uniform({9, 6}, -1, 1, DType::F64, 12).to(t);
+    testing::expect_gpu_matches_cpu([](const Inputs& in) { return ops::index_add(in[0], 1, in[1], in[2]); },
+                                    {x, idx, src1}, tol_for(t),
+                                    std::string("index_add dim 1 ") + dtype_name(t));
+    // The fused linear transposes its [out, in] weight once (op_transpose2d); odd sizes cross tile edges.
+    const Tensor a = uniform({7, 45}, -1, 1, DType::F64, 13).to(t),
+                 w = uniform({33, 45}, -1, 1, DType::F64, 14).to(t);
+    testing::expect_gpu_matches_cpu([](const Inputs& in) { return ops::linear(in[0], in[1], {}); }, {a, w},
+                                    tol_of(t), std::string("linear ") + dtype_name(t));
+  }
+}
+
+TEST_F(GptOps, NonFiniteCheckAndUnscaleMatchesTheCpu) {
+  for (DType t : kFloats) {
+    for (double bad : {0.0, double(INFINITY), double(NAN)}) {
+      Tensor g = uniform({1001}, -100, 100, DType::F64, 15).to(t);
+      if (bad != 0.0) g.narrow(0, 777, 1).fill_(bad);
+      auto run = [&](Device d) {
+        Tensor w = g.to(d).clone();
+        bool found = false;
+        UnscaleArgs a;
+        a.grad = w.raw_data();
+        a.n = w.numel();
+        a.inv_scale = 1.0f / 1024;
+        a.found_inf = &found;
+        op_non_finite_check_and_unscale.get(d, t)(a);
+        return std::make_pair(found, w.to(kCPU));
+      };
+      const auto [found_cpu, w_cpu] = run(kCPU);
+      const auto [found_gpu, w_gpu] = run(kGpu);
+      const std::string what = std::string("unscale ") + dtype_name(t) + " with " + std::to_string(bad);
+      EXPECT_EQ(found_gpu, bad != 0.0) << what;
+      EXPECT_EQ(found_gpu, found_cpu) << what;
+      testing::expect_close(w_gpu, w_cpu.to_vector<double>(), {0, 0}, what);
+    }
+  }
+}
+
+// Operands on two devices are refused before any kernel reads a pointer of the wrong kind.
+TEST_F(GptOps, OperandsOnTwoDevicesAreRefused) {
+  const Tensor x = uniform({4, 8}, -1, 1, DType::F32, 16).to(kGpu);
+  const Tensor w_cpu = uniform({8}, -1, 1, DType::F32, 17);
+  testing::expect_error<DeviceError>([&] { F::layer_norm(x, {8}, w_cpu); }, {"layer_norm", "cpu", "cuda:0"});
+  testing::expect_error<DeviceError>(
+      [&] {
+        ops::index_add(x, 0, tensor<int64_t>({1, 2}).to(kGpu), uniform({2, 8}, -1, 1, DType::F32, 18));
+      },
+      {"index_add", "src is on cpu", "cuda:0"});
+  testing::expect_error<DeviceError>(
+      [&] {
+        ops::linear(x, uniform({3, 8}, -1, 1, DType::F32, 19), {});
+      },
+      {"linear", "one device"});
+  testing::expect_error<DeviceError>([&] { ops::gelu_backward(x.to(kCPU), x); }, {"gelu_backward", "cuda:0"});
+}
+
+// Three training steps of a small GPT (the W3 model's shape, smaller) on each device: the losses and the
+// parameters after the steps.
+enum class Precision { F32, Bf16Autocast, F16Scaled };
+void check_gpt_steps(Precision precision, Tol tol, const std::string& what) {
+  auto run = [&](Device d) {
+    manual_seed(3);
+    nn::GPT model(nn::GPTConfig{.vocab = 40, .d_model = 32, .n_layers = 2, .n_heads = 4, .context = 16});
+    model.to(d);
+    optim::AdamW opt(model.parameters(), optim::AdamWOptions(1e-2));
+    // A scale that keeps the f16 gradients finite on both devices (an overflow on one only would skip its
+    // step).
+    amp::GradScaler scaler(
+        amp::GradScalerOptions().init_scale(1024).enabled(precision == Precision::F16Scaled));
+    std::vector<double> losses;
+    for (int step = 0; step < 3; ++step) {
+      const Tensor tokens = uniform({4, 17}, 0, 40, DType::F64, uint64_t(20 + step)).to(DType::I64).to(d);
+      const Tensor input = tokens.narrow(1, 0, 16), target = tokens.narrow(1, 1, 16).contiguous();
+      opt.zero_grad();
+      Tensor loss;
+      {
+        const DType low = precision == Precision::F16Scaled ? DType::F16 : DType::BF16;
+        amp::Autocast autocast(low, precision != Precision::F32);
+        loss = F::cross_entropy(model.forward(input).view({-1, 40}), target.view({-1}));
+      }
+      scaler.scale(loss).backward();
+      scaler.unscale_(opt);
+      optim::clip_grad_norm_(model.parameters(), 1.0);
+      scaler.step(opt);
+      scaler.update();
+      losses.push_back(loss.item<double>());
+    }
+    std::vector<double> params;
+    for (const Tensor& p : model.parameters())
+      for (double v : p.detach().to(kCPU).to_vector<double>()) params.push_back(v);
+    return std::make_pair(losses, params);
+  };
+  const auto [loss_cpu, params_cpu] = run(kCPU);
+  const auto [loss_gpu, params_gpu] = run(kGpu);
+  testing::expect_close(loss_gpu, loss_cpu, tol, what + " losses");
+  testing::expect_close(params_gpu, params_cpu, tol, what + " parameters");
+}
+
+TEST_F(GptOps, GptTrainingStepsMatchTheCpu) {
+  check_gpt_steps(Precision::F32, {1e-4, 1e-3}, "gpt f32");
+  check_gpt_steps(Precision::Bf16Autocast, {3e-2, 3e-2}, "gpt bf16 autocast");
+  check_gpt_steps(Precision::F16Scaled, {5e-3, 5e-3}, "gpt f16 autocast + GradScaler");
+}
+
+}  // namespace
+}  // namespace frugal
