@@ -48,9 +48,12 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
   expect_kernels(op_adam_step, floats);
   expect_kernels(op_sparse_adam_step, floats);
   expect_kernels(op_segment_sum_rows, floats);
-  // Later work (convolution through cuDNN, pooling, fused attention): not registered, so a model that needs
-  // them on the GPU fails with a clear error instead of running on the CPU behind the user's back.
-  EXPECT_FALSE(op_conv2d.has(kGpu, DType::F32));
+  for (auto* t : {&op_conv2d, &op_conv2d_backward_data, &op_conv2d_backward_weight})
+    expect_kernels(*t, floats);
+  for (auto* t : {&op_max_pool2d, &op_max_pool2d_backward, &op_avg_pool2d, &op_avg_pool2d_backward})
+    expect_kernels(*t, floats);
+  // Later work (fused attention): not registered, so a model that needs it on the GPU fails with a clear
+  // error instead of running on the CPU behind the user's back.
   EXPECT_FALSE(op_attention_softmax.has(kGpu, DType::F32));
   // f64 arithmetic stays on the CPU (gradient checks); a GPU holds, moves and converts f64.
   EXPECT_FALSE(op_add.has(kGpu, DType::F64));
