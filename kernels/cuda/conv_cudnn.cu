@@ -53,7 +53,7 @@ struct Choice {
   size_t workspace = 0;
 };
 
-// Per device: the handle (its stream set for each call under the lock) and the choices made.
+// Per device: the handle (its stream set for each call under the lock, which also guards the choices made).
 struct Context {
   std::once_flag created;
   std::mutex mu;
@@ -148,6 +148,13 @@ Choice choose(cudnnHandle_t h, const Problem& p, ConvDirection dir, DType dtype)
 
 }  // namespace
 
+CudnnHandle cudnn_handle(int device, cudaStream_t stream) {
+  Context& ctx = context(device);
+  CudnnHandle h{std::unique_lock(ctx.mu), ctx.handle};
+  FRUGAL_CUDNN_CHECK(cudnnSetStream(h.handle, stream));
+  return h;
+}
+
 bool cudnn_conv2d(ConvDirection dir, DType dtype, const ConvArgs& a) {
   // cuDNN's 4-D descriptors take int sizes, and its kernels index tensors of fewer than 2^31 elements.
   for (int64_t v : {a.n, a.c, a.h, a.w, a.o, a.kh, a.kw, a.oh, a.ow, a.stride_h, a.stride_w, a.pad_h, a.pad_w,
@@ -159,14 +166,13 @@ bool cudnn_conv2d(ConvDirection dir, DType dtype, const ConvArgs& a) {
                                                          : a.dweight;
   LaunchOn on(out);
   Context& ctx = context(on.device);
-  std::lock_guard lock(ctx.mu);
-  FRUGAL_CUDNN_CHECK(cudnnSetStream(ctx.handle, on.stream));
+  const CudnnHandle h = cudnn_handle(on.device, on.stream);  // holds ctx.mu
   Problem p;
   describe(p, dtype, a);
   const Key key{int64_t(dir), int64_t(dtype), a.n,        a.c,     a.h,     a.w,     a.o,     a.kh,
                 a.kw,         a.stride_h,     a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups};
   auto it = ctx.choices.find(key);
-  if (it == ctx.choices.end()) it = ctx.choices.emplace(key, choose(ctx.handle, p, dir, dtype)).first;
+  if (it == ctx.choices.end()) it = ctx.choices.emplace(key, choose(h.handle, p, dir, dtype)).first;
   const Choice& c = it->second;
   if (!c.ok) return false;
   FRUGAL_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.d, c.math));
@@ -174,26 +180,26 @@ bool cudnn_conv2d(ConvDirection dir, DType dtype, const ConvArgs& a) {
   Storage workspace(int64_t(std::max<size_t>(c.workspace, 1)), cuda(on.device));
   const float one = 1, zero = 0;
   if (dir == ConvDirection::Forward) {
-    FRUGAL_CUDNN_CHECK(cudnnConvolutionForward(ctx.handle, &one, p.x.d, a.x, p.w.d, a.weight, p.conv.d,
+    FRUGAL_CUDNN_CHECK(cudnnConvolutionForward(h.handle, &one, p.x.d, a.x, p.w.d, a.weight, p.conv.d,
                                                cudnnConvolutionFwdAlgo_t(c.algo), workspace.data(),
                                                c.workspace, &zero, p.y.d, a.y));
     if (a.bias) {
       TensorDesc b;
       b.set(dtype, 1, int(a.o), 1, 1);
-      FRUGAL_CUDNN_CHECK(cudnnAddTensor(ctx.handle, &one, b.d, a.bias, &one, p.y.d, a.y));
+      FRUGAL_CUDNN_CHECK(cudnnAddTensor(h.handle, &one, b.d, a.bias, &one, p.y.d, a.y));
     }
   } else if (dir == ConvDirection::BackwardData) {
-    FRUGAL_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx.handle, &one, p.w.d, a.weight, p.y.d, a.dy, p.conv.d,
+    FRUGAL_CUDNN_CHECK(cudnnConvolutionBackwardData(h.handle, &one, p.w.d, a.weight, p.y.d, a.dy, p.conv.d,
                                                     cudnnConvolutionBwdDataAlgo_t(c.algo), workspace.data(),
                                                     c.workspace, &zero, p.x.d, a.dx));
   } else {
     FRUGAL_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-        ctx.handle, &one, p.x.d, a.x, p.y.d, a.dy, p.conv.d, cudnnConvolutionBwdFilterAlgo_t(c.algo),
+        h.handle, &one, p.x.d, a.x, p.y.d, a.dy, p.conv.d, cudnnConvolutionBwdFilterAlgo_t(c.algo),
         workspace.data(), c.workspace, &zero, p.w.d, a.dweight));
     if (a.dbias) {
       TensorDesc b;
       b.set(dtype, 1, int(a.o), 1, 1);
-      FRUGAL_CUDNN_CHECK(cudnnConvolutionBackwardBias(ctx.handle, &one, p.y.d, a.dy, &zero, b.d, a.dbias));
+      FRUGAL_CUDNN_CHECK(cudnnConvolutionBackwardBias(h.handle, &one, p.y.d, a.dy, &zero, b.d, a.dbias));
     }
   }
   return true;

@@ -7,6 +7,8 @@
 
 #include <cudnn.h>
 
+#include <mutex>
+
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/runtime.h"
@@ -22,6 +24,14 @@ inline void check_cudnn(cudnnStatus_t status, const char* call, const char* file
 
 // cuDNN's name for a stored dtype (f32, f16, bf16; others are not used with cuDNN).
 cudnnDataType_t cudnn_data_type(DType dtype);
+
+// A device's cuDNN handle (one per device, created on first use, shared by every caller) with its stream set
+// to `stream`; usable while this object (and its lock on the handle) lives.
+struct CudnnHandle {
+  std::unique_lock<std::mutex> lock;
+  cudnnHandle_t handle;
+};
+CudnnHandle cudnn_handle(int device, cudaStream_t stream);
 
 }  // namespace frugal::gpu
 

@@ -4,6 +4,7 @@
 // inputs with odd sizes, strides, padding, dilation and groups; bad inputs. Skipped without a GPU.
 #include <cmath>
 
+#include "core/batch_norm.h"
 #include "tests/cuda/gpu_test.h"
 
 #ifdef FRUGAL_HAVE_CUDA
@@ -31,6 +32,7 @@ class Cnn : public testing::GpuTest {
       testing::detail::use_cpu_kernels(*t);
     for (auto* t : {&op_max_pool2d, &op_max_pool2d_backward, &op_avg_pool2d, &op_avg_pool2d_backward})
       testing::detail::use_cpu_kernels(*t);
+    for (auto* t : {&op_batch_norm, &op_batch_norm_backward}) testing::detail::use_cpu_kernels(*t);
   }
 };
 
@@ -50,11 +52,13 @@ struct UsePath {
   explicit UsePath([[maybe_unused]] ConvPath p) {
 #ifdef FRUGAL_HAVE_CUDA
     set_cuda_conv_cudnn(p.cudnn);
+    set_cuda_batch_norm_cudnn(p.cudnn);
 #endif
   }
   ~UsePath() {
 #ifdef FRUGAL_HAVE_CUDA
     set_cuda_conv_cudnn(true);
+    set_cuda_batch_norm_cudnn(true);
 #endif
   }
 };
@@ -264,30 +268,45 @@ TEST_F(Cnn, MaxPoolPropagatesNan) {
                          {0, 0}, "nan max indices (ties keep the first)");
 }
 
-// Batch norm (nn::functional::batch_norm, a composite of reductions and elementwise ops on every device): the
-// output, the running statistics and the gradients, training and eval, f32 and bf16 inputs.
+// Batch norm (the fused op through nn::functional::batch_norm; cuDNN or frugal's kernels in training): the
+// output, the running statistics and the gradients, training and eval, with and without weight and bias,
+// f32/f16/bf16 inputs (f32 parameters and statistics, as under autocast).
 TEST_F(Cnn, BatchNormTrainingAndEvalMatchTheCpu) {
-  for (DType t : {DType::F32, DType::BF16})
-    for (bool training : {true, false}) {
-      auto run = [&](Device d) {
-        const Tensor x = uniform({4, 6, 7, 5}, -2, 3, t, 31).to(d).detach().requires_grad_();
-        const Tensor w = uniform({6}, 0.5, 1.5, DType::F32, 32).to(d).detach().requires_grad_();
-        const Tensor b = uniform({6}, -1, 1, DType::F32, 33).to(d).detach().requires_grad_();
-        Tensor rm = uniform({6}, -1, 1, DType::F32, 34).to(d),
-               rv = uniform({6}, 0.5, 2, DType::F32, 35).to(d);
-        const Tensor y = nn::functional::batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5);
-        const Tensor dy = uniform(y.shape(), -1, 1, y.dtype(), 36).to(d);
-        (y * dy).sum().backward();
-        return std::vector<Tensor>{y.to(kCPU),        rm.to(kCPU),       rv.to(kCPU),
-                                   x.grad().to(kCPU), w.grad().to(kCPU), b.grad().to(kCPU)};
-      };
-      const auto cpu = run(kCPU), gpu = run(testing::kGpu);
-      const char* names[] = {"y", "running_mean", "running_var", "dx", "dweight", "dbias"};
-      for (size_t i = 0; i < cpu.size(); ++i)
-        testing::expect_close(
-            gpu[i], cpu[i].to_vector<double>(), t == DType::F32 ? testing::Tol{2e-5, 2e-5} : tol_for(t),
-            std::string("batch_norm ") + (training ? "training " : "eval ") + names[i] + " " + dtype_name(t));
-    }
+  for (const ConvPath& path : conv_paths()) {
+    UsePath use(path);
+    for (DType t : {DType::F32, DType::F16, DType::BF16})
+      for (const Shape& shape : {Shape{4, 6, 7, 5}, Shape{9, 6}, Shape{2, 6, 1, 33}})
+        for (bool affine : {true, false})
+          for (bool training : {true, false}) {
+            auto run = [&](Device d) {
+              const Tensor x = uniform(shape, -2, 3, t, 31).to(d).detach().requires_grad_();
+              const Tensor w =
+                  affine ? uniform({6}, 0.5, 1.5, DType::F32, 32).to(d).detach().requires_grad_() : Tensor();
+              const Tensor b =
+                  affine ? uniform({6}, -1, 1, DType::F32, 33).to(d).detach().requires_grad_() : Tensor();
+              Tensor rm = uniform({6}, -1, 1, DType::F32, 34).to(d),
+                     rv = uniform({6}, 0.5, 2, DType::F32, 35).to(d);
+              const Tensor y = nn::functional::batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5);
+              const Tensor dy = uniform(y.shape(), -1, 1, y.dtype(), 36).to(d);
+              (y * dy).sum().backward();
+              std::vector<Tensor> out{y.to(kCPU), rm.to(kCPU), rv.to(kCPU), x.grad().to(kCPU)};
+              if (affine) {
+                out.push_back(w.grad().to(kCPU));
+                out.push_back(b.grad().to(kCPU));
+              }
+              return out;
+            };
+            const auto cpu = run(kCPU), gpu = run(testing::kGpu);
+            const char* names[] = {"y", "running_mean", "running_var", "dx", "dweight", "dbias"};
+            const testing::Tol tol = t == DType::F32 ? testing::Tol{2e-5, 2e-5} : tol_for(t);
+            for (size_t i = 0; i < cpu.size(); ++i)
+              testing::expect_close(
+                  gpu[i], cpu[i].to_vector<double>(), i >= 3 ? testing::Tol{tol.atol * 4, tol.rtol * 2} : tol,
+                  detail::str_cat(path.name(), " batch_norm ", training ? "training " : "eval ", names[i],
+                                  " ", dtype_name(t), " x ", shape, affine ? " affine" : ""));
+            if (HasFailure()) return;
+          }
+  }
 }
 
 TEST_F(Cnn, BatchNorm2dModuleTracksTheSameStatistics) {

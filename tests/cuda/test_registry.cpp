@@ -3,6 +3,7 @@
 // kernel for dtype ... on cuda:0" error.
 #include <gtest/gtest.h>
 
+#include "core/batch_norm.h"
 #include "core/op_table.h"
 
 namespace frugal {
@@ -52,6 +53,7 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
     expect_kernels(*t, floats);
   for (auto* t : {&op_max_pool2d, &op_max_pool2d_backward, &op_avg_pool2d, &op_avg_pool2d_backward})
     expect_kernels(*t, floats);
+  for (auto* t : {&op_batch_norm, &op_batch_norm_backward}) expect_kernels(*t, floats);
   // Later work (fused attention): not registered, so a model that needs it on the GPU fails with a clear
   // error instead of running on the CPU behind the user's back.
   EXPECT_FALSE(op_attention_softmax.has(kGpu, DType::F32));
