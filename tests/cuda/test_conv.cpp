@@ -94,6 +94,8 @@ const std::vector<Case> kCases = {
     {5, 1, 28, 28, 8, 3, 3, 1, 1},
     {4, 32, 14, 14, 16, 3, 3, 1, 1},
     {3, 17, 13, 11, 33, 3, 3, 2, 1},
+    {64, 1, 28, 28, 32, 3, 3, 1, 1},  // W2's layers at its batch
+    {64, 32, 14, 14, 64, 3, 3, 1, 1},
 };
 
 // Sums of k products of values in [-1, 1]: f32 sums in another order differ by a few ulps of the terms; the
