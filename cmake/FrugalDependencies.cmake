@@ -63,8 +63,8 @@ if(NOT FRUGAL_CUDA STREQUAL "OFF")
 endif()
 
 # cuDNN: in the CUDA toolkit, or where CUDNN_ROOT points (a Python wheel's nvidia/cudnn folder has include/
-# and lib/ with only versioned names such as libcudnn.so.9). Nothing in the library uses it yet; the GPU check
-# program links it to report the version it loads.
+# and lib/ with only versioned names such as libcudnn.so.9). The CUDA convolution runs through it when found
+# (kernels/cuda/conv_cudnn.cu; im2col + GEMM otherwise); the GPU check program reports the version it loads.
 set(FRUGAL_CUDNN AUTO CACHE STRING "cuDNN: AUTO (when found), ON (required), OFF")
 set_property(CACHE FRUGAL_CUDNN PROPERTY STRINGS AUTO ON OFF)
 set(FRUGAL_HAVE_CUDNN OFF)

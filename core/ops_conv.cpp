@@ -219,7 +219,8 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Size2 kernel,
   PoolArgs a = pool_geometry("max_pool2d", x.shape(), kernel, stride.value_or(kernel), padding, dilation,
                              true, y_shape);
   const Tensor xc = x.contiguous();
-  Tensor y = empty(y_shape, x.options()), indices = empty(y_shape, DType::I64);
+  // The indices live beside the output, on x's device.
+  Tensor y = empty(y_shape, x.options()), indices = empty(y_shape, x.options().dtype(DType::I64));
   if (y.numel() == 0) return {y, indices};
   a.x = xc.raw_data();
   a.y = y.raw_data();
@@ -236,6 +237,8 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   const char* op = "max_pool2d_backward";
   check_pool_input(op, grad_out);
   FRUGAL_CHECK(indices.defined() && indices.dtype() == DType::I64, op, ": expected i64 indices");
+  FRUGAL_CHECK_T(DeviceError, indices.device() == grad_out.device(), op, ": the indices are on ",
+                 indices.device(), " but the output gradient is on ", grad_out.device());
   FRUGAL_CHECK_SHAPE(indices.shape() == grad_out.shape() && (x_shape.size() == 3 || x_shape.size() == 4) &&
                          grad_out.dim() == x_shape.size(),
                      op, ": the output gradient ", grad_out.shape(), ", the indices ", indices.shape(),

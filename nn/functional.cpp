@@ -7,6 +7,7 @@
 
 #include "autograd/autocast_casts.h"
 #include "autograd/sparse.h"
+#include "core/batch_norm.h"
 #include "core/op_table.h"
 
 namespace frugal::nn::functional {
@@ -101,6 +102,50 @@ Tensor layer_norm_composite(const Tensor& x_in, const Shape& normalized_shape, c
   return y.to(x.dtype());
 }
 
+namespace {
+
+DType compute_dtype_of(DType t) { return is_half(t) ? DType::F32 : t; }
+
+// The fused batch norm (core/batch_norm.h) beside its backward rule (first order only: the rule is not itself
+// recorded); arguments checked by batch_norm below. The running statistics are updated as the composite does,
+// the biased variance recovered from invstd as 1 / invstd^2 - eps. n: values per channel.
+Tensor batch_norm_fused(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
+                        int64_t n) {
+  ops::BatchNormResult r = autograd::forward_only(
+      [&] { return ops::batch_norm(x, weight, bias, running_mean, running_var, training, eps); });
+  if (training && running_mean.defined()) {
+    NoGradGuard no_grad;
+    Tensor rm = running_mean, rv = running_var;
+    const Tensor var = ops::sub(ops::div(frugal::ones_like(r.invstd), ops::mul(r.invstd, r.invstd)), eps);
+    ops::mul_(rm, 1 - momentum);
+    ops::add_(rm, ops::mul(r.mean, momentum));
+    ops::mul_(rv, 1 - momentum);
+    ops::add_(rv, ops::mul(var, momentum * double(n) / double(n - 1)));
+  }
+  if (autograd::Node* node = autograd::recorded("batch_norm", {&x, &weight, &bias}, r.y)) {
+    const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
+               need_b = autograd::needs_grad({&bias});
+    node->save(x);
+    node->save(r.mean);
+    node->save(r.invstd);
+    if (weight.defined()) node->save(weight);
+    const DType w_dtype = weight.defined() ? weight.dtype() : x.dtype();
+    const DType b_dtype = bias.defined() ? bias.dtype() : x.dtype();
+    node->backward = [=](const autograd::Grads& s, const Tensor& g) -> autograd::Grads {
+      const Tensor w = s.size() > 3 ? s[3] : Tensor();
+      ops::BatchNormGrads d =
+          ops::batch_norm_backward(g, s[0], w, s[1], s[2], training, eps, need_x, need_w, need_b);
+      if (d.dweight.defined() && d.dweight.dtype() != w_dtype) d.dweight = ops::cast(d.dweight, w_dtype);
+      if (d.dbias.defined() && d.dbias.dtype() != b_dtype) d.dbias = ops::cast(d.dbias, b_dtype);
+      return {d.dx, d.dweight, d.dbias};
+    };
+  }
+  return r.y;
+}
+
+}  // namespace
+
 Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight_in, const Tensor& bias_in, bool training, double momentum,
                   double eps) {
@@ -123,16 +168,20 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   check_param(bias, "bias");
   FRUGAL_CHECK(training || (running_mean.defined() && running_var.defined()),
                "batch_norm: without training, running_mean and running_var must be defined");
+  const int64_t n = x.numel() / std::max<int64_t>(c, 1);
+  if (training)
+    FRUGAL_CHECK_SHAPE(n > 1,
+                       "batch_norm: expected more than 1 value per channel when training, got input shape ",
+                       x.shape());
+  if (op_batch_norm.has(x.device(), compute_dtype_of(x.dtype())))
+    return batch_norm_fused(x, running_mean, running_var, weight, bias, training, momentum, eps, n);
+  // The composite, on devices without the fused kernels.
   Shape dims{0}, bshape = Shape::filled(x.dim(), 1);
   for (int d = 2; d < x.dim(); ++d) dims.push_back(d);
   bshape[1] = c;
   const Tensor xf = compute_dtype(x);
   Tensor mu, v;
   if (training) {
-    const int64_t n = x.numel() / std::max<int64_t>(c, 1);
-    FRUGAL_CHECK_SHAPE(n > 1,
-                       "batch_norm: expected more than 1 value per channel when training, got input shape ",
-                       x.shape());
     mu = mean(xf, dims, true);
     v = var(xf, dims, 0, true);
     if (running_mean.defined()) {

@@ -43,7 +43,9 @@ Tensor layer_norm_composite(const Tensor& x, const Shape& normalized_shape, cons
 
 // Batch norm over x [N, C, ...] per channel. Training: batch statistics over every dim but C (biased variance
 // to normalise), and running_mean / running_var (if defined) updated in place as
-// r = (1 - momentum) r + momentum s, with the unbiased variance. Not training: the running statistics.
+// r = (1 - momentum) r + momentum s, with the unbiased variance. Not training: the running statistics. Runs
+// the fused op (core/batch_norm.h) where x's device has its kernels, a composite of mean, var and elementwise
+// ops elsewhere; f16/bf16 inputs compute in f32.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight = {}, const Tensor& bias = {}, bool training = false,
                   double momentum = 0.1, double eps = 1e-5);

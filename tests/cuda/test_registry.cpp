@@ -3,6 +3,7 @@
 // kernel for dtype ... on cuda:0" error.
 #include <gtest/gtest.h>
 
+#include "core/batch_norm.h"
 #include "core/op_table.h"
 
 namespace frugal {
@@ -55,9 +56,11 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
   expect_kernels(op_index_add, {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32});
   expect_kernels(op_transpose2d, all);
   expect_kernels(op_non_finite_check_and_unscale, floats);
-  // Later work (convolution through cuDNN, pooling): not registered, so a model that needs them on the GPU
-  // fails with a clear error instead of running on the CPU behind the user's back.
-  EXPECT_FALSE(op_conv2d.has(kGpu, DType::F32));
+  for (auto* t : {&op_conv2d, &op_conv2d_backward_data, &op_conv2d_backward_weight})
+    expect_kernels(*t, floats);
+  for (auto* t : {&op_max_pool2d, &op_max_pool2d_backward, &op_avg_pool2d, &op_avg_pool2d_backward})
+    expect_kernels(*t, floats);
+  for (auto* t : {&op_batch_norm, &op_batch_norm_backward}) expect_kernels(*t, floats);
   // f64 arithmetic stays on the CPU (gradient checks); a GPU holds, moves and converts f64.
   EXPECT_FALSE(op_add.has(kGpu, DType::F64));
 #endif
