@@ -1,8 +1,8 @@
 // The measurements of scripts/gpu-check.sh: bf16 GEMM 8192^3 through frugal beside cuBLAS's own rate, a 1 GiB
 // device-to-device copy (cudaMemcpy beside frugal's copy_), and the bandwidth of elementwise adds and a sum
-// against the copy's, and the W3 GPT training step in f32 and under bf16 autocast. Each is checked before it
-// is timed (STYLE.md rule 15), then timed with CUDA events as the median of several runs after a warm-up.
-// Prints a markdown table; exits non-zero when a check fails.
+// against the copy's, and the W3 GPT and W2 CNN training steps in f32 and under bf16 autocast. Each is
+// checked before it is timed (STYLE.md rule 15), then timed with CUDA events as the median of several runs
+// after a warm-up. Prints a markdown table; exits non-zero when a check fails.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -10,9 +10,11 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "bench/cuda/w2_step.h"
 #include "frugal.h"
 #include "kernels/cuda/runtime.h"
 
@@ -256,6 +258,18 @@ void gpt_step(bool bf16) {
                     "loss " + fmt("%.4f", loss_gpu) + " (CPU " + fmt("%.4f", loss_cpu) + ")", "", ""});
 }
 
+// W2 (shared/WORKLOADS.md): the trainer's CNN, Adam, batch 64, on a fixed synthetic batch
+// (bench/cuda/w2_step.h). The step must learn: the last timed loss below the first.
+void cnn_step(std::optional<DType> autocast) {
+  const std::string name = autocast ? "bf16 autocast" : "f32";
+  const bench::W2StepTiming t = bench::time_w2_step(autocast);
+  check(std::isfinite(t.last_loss) && t.last_loss < t.first_loss,
+        "W2 " + name + ": the loss on a fixed batch went from " + std::to_string(t.first_loss) + " to " +
+            std::to_string(t.last_loss));
+  g_rows.push_back({"W2 CNN step " + name + " (batch 64)", fmt("%.2f ms", t.median_ms),
+                    "loss " + fmt("%.4f", t.first_loss) + " -> " + fmt("%.4f", t.last_loss), "", ""});
+}
+
 }  // namespace
 
 int main() {
@@ -272,10 +286,8 @@ int main() {
               prop.minor, prop.multiProcessorCount, double(prop.totalGlobalMem) / double(kGiB), driver / 1000,
               (driver % 1000) / 10, runtime / 1000, (runtime % 1000) / 10);
 #ifdef FRUGAL_HAVE_CUDNN
-  std::printf(
-      "cuDNN: linked %s, loaded version %zu; frugal's kernels do not use it yet (convolution is later "
-      "work)\n",
-      FRUGAL_CUDNN_LIBRARY, cudnnGetVersion());
+  std::printf("cuDNN: linked %s, loaded version %zu; used for convolution and batch norm in training\n",
+              FRUGAL_CUDNN_LIBRARY, cudnnGetVersion());
 #else
   std::printf("cuDNN: not found at build time, not used\n");
 #endif
@@ -284,6 +296,8 @@ int main() {
   bandwidth(copy_gbs);
   gpt_step(false);
   gpt_step(true);
+  cnn_step(std::nullopt);
+  cnn_step(DType::BF16);
 
   std::printf("\n| measure | frugal | peer, same run | frugal / peer | target |\n|---|---|---|---|---|\n");
   for (const Row& r : g_rows)
