@@ -30,10 +30,16 @@
 // its input's dtype (the widest-input rule) so that the [B, H, T, T] probabilities, the largest activation
 // of a transformer, stay in L for the product with v that follows (as PyTorch's scaled_dot_product_attention
 // is in its L list).
-// The casts are recorded by autograd, so gradients flow back through them to f32 parameters in f32. A cast of
-// a leaf that requires grad (a weight) is cached while the outermost enabled guard lives: a weight used twice
-// is cast once. Backward runs with autocast off (each rule computes in the dtypes its forward saw), and a
-// recompute segment replays its forward under the autocast state it first ran with (autograd/recompute.h).
+// What the f32 ops keep for backward under autocast is not always f32: layer_norm keeps x-hat = (x - mean)
+// rstd in L (and rstd) instead of its f32 input (PyTorch keeps the f32 input); in a transformer that input is
+// the f32 residual stream, which nothing else keeps, so this halves the bytes of 2 of the 9 activations of a
+// block (the forward's result is the same bit for bit; Note [layer norm saves x-hat] in
+// autograd/grad_norm.cpp says why x-hat may be rounded and x may not). The fused self_attention likewise
+// keeps its probabilities in L when its qkv is in L (nn/attention.h). The casts are recorded by autograd, so
+// gradients flow back through them to f32 parameters in f32. A cast of a leaf that requires grad (a weight)
+// is cached while the outermost enabled guard lives: a weight used twice is cast once. Backward runs with
+// autocast off (each rule computes in the dtypes its forward saw), and a recompute segment replays its
+// forward under the autocast state it first ran with (autograd/recompute.h).
 #pragma once
 
 #include <cstdint>

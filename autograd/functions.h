@@ -136,6 +136,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   const Tensor& bias = {}, double eps = 1e-5);
 
 namespace autograd {
+// frugal::layer_norm keeping for backward x-hat = (x - mean) rstd in xhat_dtype (and rstd) instead of x: what
+// it does under autocast (Note [layer norm saves x-hat], autograd/grad_norm.cpp), in any floating dtype, for
+// tests.
+Tensor layer_norm_saving_xhat(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                              const Tensor& bias, double eps, DType xhat_dtype);
+
 // Backpropagates from root (a scalar, or any tensor with an explicit gradient of its shape) into the .grad of
 // every leaf that requires grad. Without retain_graph, each node frees its saved tensors once used.
 void backward(const Tensor& root, const Tensor& grad = {}, bool retain_graph = false);

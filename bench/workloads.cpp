@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -117,40 +118,94 @@ void deep(const char* name, int recompute_every) {
       static_cast<long long>(peak_rss_bytes()), num_threads());
 }
 
-// W3: the char-level GPT of nn/gpt.h (4 pre-norm blocks, d 128, 4 heads, context 64) on the fortunes corpus,
-// batch 32 of random windows of the training split, AdamW lr 1e-3; each step samples its batch, runs forward,
-// backward and the update. Median over the steps after 5 warm-up steps; the loss of the last step.
-void gpt() {
-  manual_seed(0);
-  std::unique_ptr<data::TextDataset> text;
-  {
-    memory::Tag tag("dataset");
-    text = std::make_unique<data::TextDataset>(data::TextDatasetOptions().context(64));
+// W3's training run (nn/gpt.h's GPT: 4 pre-norm blocks, d 128, 4 heads, context 64, on the fortunes corpus;
+// batch 32 of random windows of the training split, AdamW lr 1e-3), one step at a time; with `bf16`, the
+// forward and the loss run under bf16 autocast (W6). Two runs start from the same weights and see the same
+// batches.
+struct GPTRun {
+  GPTRun(const data::TextDataset& text, bool bf16) : text(text), bf16(bf16) {
+    manual_seed(0);
+    model = std::make_unique<nn::GPT>(nn::GPTConfig{.vocab = text.vocab_size()});
+    opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions(1e-3));
   }
-  nn::GPT model(nn::GPTConfig{.vocab = text->vocab_size()});
-  optim::AdamW opt(model.parameters(), optim::AdamWOptions(1e-3));
-  Generator gen(0);
+  // One step: its batch, forward, backward, update; returns its ms.
+  double step() {
+    const Clock::time_point t = Clock::now();
+    const data::Batch b = text.sample_batch(32, gen);
+    opt->zero_grad();
+    const int64_t before = memory::stats().allocated.current;
+    Tensor l;
+    {
+      amp::Autocast autocast(DType::BF16, bf16);
+      l = nn::functional::cross_entropy(model->forward(b.input).view({-1, text.vocab_size()}),
+                                        b.target.view({-1}));
+    }
+    // What the forward and the loss keep for backward (the same every step).
+    activation_bytes = memory::stats().allocated.current - before;
+    l.backward();
+    opt->step();
+    loss = l.item<double>();
+    return ms_since(t);
+  }
+  const data::TextDataset& text;
+  bool bf16;
+  std::unique_ptr<nn::GPT> model;
+  std::unique_ptr<optim::AdamW> opt;
+  Generator gen{0};
+  double loss = 0;
+  int64_t activation_bytes = 0;
+};
+
+std::unique_ptr<data::TextDataset> fortunes() {
+  memory::Tag tag("dataset");
+  return std::make_unique<data::TextDataset>(data::TextDatasetOptions().context(64));
+}
+
+// W3: median step ms over the steps after 5 warm-up steps; the loss of the last step.
+void gpt() {
+  const auto text = fortunes();
+  GPTRun run(*text, false);
   memory::reset_peak();
   std::vector<double> step_ms;
-  double loss = 0;
   const int64_t steps = steps_or(30);
   for (int64_t s = 0; s < steps + 5; ++s) {
-    const Clock::time_point t = Clock::now();
-    const data::Batch b = text->sample_batch(32, gen);
-    opt.zero_grad();
-    Tensor l = nn::functional::cross_entropy(model.forward(b.input).view({-1, text->vocab_size()}),
-                                             b.target.view({-1}));
-    l.backward();
-    opt.step();
-    loss = l.item<double>();
-    if (s >= 5) step_ms.push_back(ms_since(t));
+    const double ms = run.step();
+    if (s >= 5) step_ms.push_back(ms);
   }
   std::printf(
-      "{\"name\": \"W3\", \"median_step_ms\": %.3f, \"steps\": %zu, \"loss\": %.6f, \"peak_arena_bytes\": "
-      "%lld, "
-      "\"peak_rss_bytes\": %lld, \"threads\": %d}\n",
-      median(step_ms), step_ms.size(), loss, static_cast<long long>(memory::stats().allocated.peak),
-      static_cast<long long>(peak_rss_bytes()), num_threads());
+      "{\"name\": \"W3\", \"median_step_ms\": %.3f, \"steps\": %zu, \"loss\": %.6f, \"activation_bytes\": "
+      "%lld, \"peak_arena_bytes\": %lld, \"peak_rss_bytes\": %lld, \"threads\": %d}\n",
+      median(step_ms), step_ms.size(), run.loss, static_cast<long long>(run.activation_bytes),
+      static_cast<long long>(memory::stats().allocated.peak), static_cast<long long>(peak_rss_bytes()),
+      num_threads());
+}
+
+// W6: W3 under bf16 autocast beside W3 itself, stepped alternately in this process (so the ratios come from
+// one run): 200 steps each by default (5 warm-up), the loss after the last. Its own figures (median step ms,
+// activation bytes, loss) and W3's, and the ratios WORKLOADS.md asks for.
+void gpt_bf16() {
+  const auto text = fortunes();
+  GPTRun f32(*text, false), bf16(*text, true);
+  std::vector<double> f32_ms, bf16_ms;
+  const int64_t steps = steps_or(195);
+  for (int64_t s = 0; s < steps + 5; ++s) {
+    const double a = bf16.step(), b = f32.step();
+    if (s >= 5) {
+      bf16_ms.push_back(a);
+      f32_ms.push_back(b);
+    }
+  }
+  const double ms = median(bf16_ms), w3_ms = median(f32_ms);
+  std::printf(
+      "{\"name\": \"W6\", \"median_step_ms\": %.3f, \"steps\": %zu, \"loss\": %.6f, \"activation_bytes\": "
+      "%lld, \"W3_median_step_ms\": %.3f, \"W3_loss\": %.6f, \"W3_activation_bytes\": %lld, "
+      "\"step_ms_ratio_to_W3\": %.4f, \"act_ratio_to_W3\": %.4f, \"loss_ratio_to_W3\": %.5f, "
+      "\"peak_arena_bytes\": %lld, \"peak_rss_bytes\": %lld, \"threads\": %d}\n",
+      ms, bf16_ms.size(), bf16.loss, static_cast<long long>(bf16.activation_bytes), w3_ms, f32.loss,
+      static_cast<long long>(f32.activation_bytes), ms / w3_ms,
+      double(bf16.activation_bytes) / double(f32.activation_bytes), bf16.loss / f32.loss,
+      static_cast<long long>(memory::stats().allocated.peak), static_cast<long long>(peak_rss_bytes()),
+      num_threads());
 }
 
 // W5: f32 GEMM 1024^3.
@@ -170,7 +225,7 @@ void gemm() {
 
 int main(int argc, char** argv) {
   std::vector<std::string> names(argv + 1, argv + argc);
-  if (names.empty()) names = {"W1", "W2", "W3", "W4", "W4r", "W5"};
+  if (names.empty()) names = {"W1", "W2", "W3", "W4", "W4r", "W5", "W6"};
   try {
     for (const std::string& n : names) {
       if (n == "W1")
@@ -185,8 +240,11 @@ int main(int argc, char** argv) {
         deep("W4r", 6);
       else if (n == "W5")
         gemm();
+      else if (n == "W6")
+        gpt_bf16();
       else {
-        std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W5)\n", n.c_str());
+        std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W5 W6)\n",
+                     n.c_str());
         return 1;
       }
       std::fflush(stdout);

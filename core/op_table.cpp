@@ -73,10 +73,15 @@ std::vector<OpTableRef> op_tables() {
 }
 constinit OpTable<LayerNormKernel> op_layer_norm{"layer_norm"};
 constinit OpTable<LayerNormKernel> op_layer_norm_backward{"layer_norm_backward"};
+constinit OpTable<LayerNormKernel> op_layer_norm_xhat{"layer_norm_xhat"};
+constinit OpTable<LayerNormKernel> op_layer_norm_backward_xhat{"layer_norm_backward_xhat"};
 constinit OpTable<ElementwiseKernel> op_gelu_backward{"gelu_backward"};
 constinit OpTable<ElementwiseKernel> op_gelu_tanh_backward{"gelu_tanh_backward"};
 constinit OpTable<SelfAttentionKernel> op_self_attention{"self_attention"};
 constinit OpTable<SelfAttentionKernel> op_self_attention_backward{"self_attention_backward"};
+constinit OpTable<SelfAttentionKernel> op_self_attention_low_probs{"self_attention_low_probs"};
+constinit OpTable<SelfAttentionKernel> op_self_attention_backward_low_probs{
+    "self_attention_backward_low_probs"};
 constinit OpTable<IndexKernel> op_index_add{"index_add"};
 constinit OpTable<DeviceCopyKernel> op_copy_between_devices{"copy between devices"};
 constinit OpTable<TransposeKernel> op_transpose2d{"transpose2d"};

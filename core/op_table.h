@@ -321,6 +321,10 @@ extern OpTable<UnscaleKernel> op_non_finite_check_and_unscale;
 // dbias (backward) may be null. The backward sums dweight and dbias per chunk of rows (`chunks` equal spans,
 // chosen by the op layer from the shape alone) into workspace [chunks, 2, cols], then over the chunks in
 // order, so the results do not depend on the number of threads.
+// The x-hat forms (Note [layer norm saves x-hat] in autograd/grad_norm.cpp): op_layer_norm_xhat is the
+// forward that also writes xh into xhat (rounded to xhat_dtype; y as op_layer_norm's, bit for bit), and
+// op_layer_norm_backward_xhat the backward from xhat (read as xhat_dtype) and rstd instead of x and mean.
+// Both are keyed by x's dtype; xhat_dtype is any floating dtype (f32, f64, f16, bf16).
 struct LayerNormArgs {
   const void* x = nullptr;
   const void* weight = nullptr;
@@ -333,12 +337,16 @@ struct LayerNormArgs {
   void* dweight = nullptr;    // backward out [cols]
   void* dbias = nullptr;      // backward out [cols]
   void* workspace = nullptr;  // backward scratch [chunks, 2, cols]
+  void* xhat = nullptr;       // x-hat forms: forward out, backward in [rows, cols]
+  DType xhat_dtype = DType::F32;
   int64_t rows = 0, cols = 0, chunks = 1;
   double eps = 1e-5;
 };
 using LayerNormKernel = void(const LayerNormArgs& args);
 extern OpTable<LayerNormKernel> op_layer_norm;
 extern OpTable<LayerNormKernel> op_layer_norm_backward;
+extern OpTable<LayerNormKernel> op_layer_norm_xhat;
+extern OpTable<LayerNormKernel> op_layer_norm_backward_xhat;
 
 // GELU's gradient in one pass (autograd/grad_elementwise.cpp): operands out (dx), dy, x, all of x's dtype
 // (the table's key), f16/bf16 computing in f32. With Phi and phi the standard normal CDF and density:
@@ -357,7 +365,11 @@ extern OpTable<ElementwiseKernel> op_gelu_tanh_backward;
 //             [B, T, 3, H, hd]
 // qkv, y, dy, dqkv have the table's dtype; probs and the workspace its compute type (f32 for f16/bf16).
 // workspace: per-thread scratch for `threads` threads (the op layer's num_threads(), at least the number the
-// kernel runs on) of self_attention_workspace(args, dtype, backward) elements each.
+// kernel runs on) of self_attention_workspace(args, dtype, backward, low_probs) elements each.
+// The low-probs forms (f16/bf16 only) keep probs in the table's dtype, for the backward: half the bytes of
+// the largest tensor attention keeps, and one relative rounding error per entry of P, as the composite's
+// f16/bf16 P has. Their forward computes y from P before the rounding, so y is op_self_attention's bit for
+// bit.
 struct SelfAttentionArgs {
   const void* qkv = nullptr;  // forward and backward in
   void* probs = nullptr;      // forward out, backward in
@@ -371,14 +383,19 @@ struct SelfAttentionArgs {
 };
 // Per-thread scratch elements: K^T (forward) or dS and V^T (backward), plus converted copies of one head's
 // operands when the dtype is not its own compute type.
-inline int64_t self_attention_workspace(const SelfAttentionArgs& a, DType dtype, bool backward) {
+// (low_probs: plus one head's P in the compute type, and 64 elements to align it.)
+inline int64_t self_attention_workspace(const SelfAttentionArgs& a, DType dtype, bool backward,
+                                        bool low_probs = false) {
   const bool convert = dtype == DType::F16 || dtype == DType::BF16;
   const int64_t th = a.t * a.head_dim;
-  return backward ? a.t * a.t + th + (convert ? 7 * th : 0) : th + (convert ? 4 * th : 0);
+  return (backward ? a.t * a.t + th + (convert ? 7 * th : 0) : th + (convert ? 4 * th : 0)) +
+         (low_probs ? a.t * a.t + 64 : 0);
 }
 using SelfAttentionKernel = void(const SelfAttentionArgs& args);
 extern OpTable<SelfAttentionKernel> op_self_attention;
 extern OpTable<SelfAttentionKernel> op_self_attention_backward;
+extern OpTable<SelfAttentionKernel> op_self_attention_low_probs;
+extern OpTable<SelfAttentionKernel> op_self_attention_backward_low_probs;
 
 // index_select's transpose, over IndexArgs' [outer, dim_size, inner] layout: out[o, index[i], j] +=
 // src[o, i, j] for i < n_index (src [outer, n_index, inner], index 1-d, duplicates accumulate; out starts as

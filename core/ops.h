@@ -187,12 +187,18 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, Size2 k
 // Layer normalisation over the trailing dims of x named by normalized_shape, in one fused pass per row:
 // y = (x - mean) / sqrt(var + eps) * weight + bias (biased variance; weight and bias of normalized_shape, or
 // undefined). y has x's dtype; f16/bf16 compute in f32, and weight and bias are used in that compute type.
-// Also returns each row's mean and 1 / sqrt(var + eps) ([rows], the compute type) for the backward.
+// Also returns each row's mean and 1 / sqrt(var + eps) ([rows], the compute type) for the backward, and
+// with xhat_dtype (a floating dtype, where has_layer_norm_xhat) x-hat = (x - mean) rstd rounded to it, x's
+// shape, for layer_norm_backward_xhat; y is the same bit for bit with or without it.
 struct LayerNormResult {
   Tensor y, mean, rstd;
+  Tensor xhat;  // undefined without xhat_dtype
 };
 LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
-                           const Tensor& bias = {}, double eps = 1e-5);
+                           const Tensor& bias = {}, double eps = 1e-5,
+                           std::optional<DType> xhat_dtype = std::nullopt);
+// Whether layer_norm can return x-hat for inputs of this device and dtype (the device has the x-hat kernels).
+bool has_layer_norm_xhat(Device device, DType dtype);
 // Its gradients from d y: d x (when need_dx; x's dtype) and d weight, d bias (when asked for, d weight only
 // with a weight; in the compute type). mean and rstd are layer_norm's.
 struct LayerNormGrads {
@@ -201,6 +207,11 @@ struct LayerNormGrads {
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Shape& normalized_shape,
                                    const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool need_dx,
                                    bool need_dweight, bool need_dbias);
+// The same from layer_norm's x-hat and rstd instead of x and mean (x itself no longer needed): d x of
+// x_dtype, the dtype of the x that xhat came from.
+LayerNormGrads layer_norm_backward_xhat(const Tensor& grad_out, const Tensor& xhat, DType x_dtype,
+                                        const Shape& normalized_shape, const Tensor& weight,
+                                        const Tensor& rstd, bool need_dx, bool need_dweight, bool need_dbias);
 
 // The affine map of a linear layer as one GEMM: y [M, out] = x [M, in] weight^T + bias, x, weight [out, in]
 // and bias [out] (or undefined) of one floating dtype that has a GEMM kernel on their device. The bias

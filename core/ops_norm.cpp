@@ -39,12 +39,67 @@ int64_t check_layer_norm(const char* op, const Tensor& x, const Shape& normalize
 // A parameter (or undefined) as a contiguous tensor of the compute dtype, as the kernels read it.
 Tensor as_compute(const Tensor& t, DType c) { return t.defined() ? contiguous(t.to(c)) : t; }
 
+// The outputs of a backward whose inputs are in a already: d x of x_dtype and the shape of `like` (x or
+// x-hat), d weight and d bias when asked for, through `table` keyed by x_dtype.
+LayerNormGrads run_backward(const OpTable<LayerNormKernel>& table, LayerNormArgs& a, const Tensor& like,
+                            DType x_dtype, const Shape& normalized_shape, bool need_dx, bool need_dweight,
+                            bool need_dbias) {
+  const DType c = compute_dtype(x_dtype);
+  const TensorOptions opts = like.options().dtype(c);
+  const int64_t cols = a.cols;
+  // Chunks of at least 8192 elements for the partial sums of dweight and dbias, from the shape alone (so
+  // the sums, and the results, are the same for every thread count).
+  a.chunks = std::clamp<int64_t>(like.numel() / 8192, 1, std::max<int64_t>(1, std::min<int64_t>(a.rows, 64)));
+  LayerNormGrads g;
+  Tensor workspace;
+  if (need_dx) {
+    g.dx = empty(like.shape(), like.options().dtype(x_dtype));
+    a.dx = g.dx.raw_data();
+  }
+  if (need_dweight) {
+    g.dweight = empty(normalized_shape, opts);
+    a.dweight = g.dweight.raw_data();
+  }
+  if (need_dbias) {
+    g.dbias = empty(normalized_shape, opts);
+    a.dbias = g.dbias.raw_data();
+  }
+  if (need_dweight || need_dbias) {
+    workspace = empty({a.chunks, 2, cols}, opts);
+    a.workspace = workspace.raw_data();
+  }
+  if (like.numel() > 0) {
+    table.get(like.device(), x_dtype)(a);
+  } else {
+    if (g.dweight.defined()) fill_(g.dweight, 0);
+    if (g.dbias.defined()) fill_(g.dbias, 0);
+  }
+  return g;
+}
+
+void check_stats(const char* op, const Tensor& stat, const char* what, int64_t rows, DType c) {
+  FRUGAL_CHECK(stat.defined() && stat.numel() == rows && stat.dtype() == c, op, ": ", what,
+               " must be layer_norm's [", rows, "] ", dtype_name(c), " statistics, got ",
+               stat.defined() ? dtype_name(stat.dtype()) : "undefined", " ",
+               stat.defined() ? stat.shape() : Shape{});
+}
+
 }  // namespace
 
+bool has_layer_norm_xhat(Device device, DType dtype) {
+  return op_layer_norm_xhat.has(device, dtype) && op_layer_norm_backward_xhat.has(device, dtype);
+}
+
 LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                           const Tensor& bias, double eps) {
+                           const Tensor& bias, double eps, std::optional<DType> xhat_dtype) {
   const char* op = "layer_norm";
   const int64_t rows = check_layer_norm(op, x, normalized_shape, weight, bias);
+  if (xhat_dtype) {
+    FRUGAL_CHECK_DTYPE(is_floating(*xhat_dtype), op, ": x-hat can be kept in a floating dtype only, got ",
+                       dtype_name(*xhat_dtype));
+    FRUGAL_CHECK_T(DeviceError, has_layer_norm_xhat(x.device(), x.dtype()), op, ": no x-hat kernels for ",
+                   dtype_name(x.dtype()), " inputs on ", x.device());
+  }
   const DType c = compute_dtype(x.dtype());
   const Tensor xc = contiguous(x), w = as_compute(weight, c), b = as_compute(bias, c);
   LayerNormResult r;
@@ -61,7 +116,12 @@ LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const
   a.rows = rows;
   a.cols = normalized_shape.numel();
   a.eps = eps;
-  if (x.numel() > 0) op_layer_norm.get(x.device(), x.dtype())(a);
+  if (xhat_dtype) {
+    r.xhat = empty(x.shape(), x.options().dtype(*xhat_dtype));
+    a.xhat = r.xhat.raw_data();
+    a.xhat_dtype = *xhat_dtype;
+  }
+  if (x.numel() > 0) (xhat_dtype ? op_layer_norm_xhat : op_layer_norm).get(x.device(), x.dtype())(a);
   return r;
 }
 
@@ -73,14 +133,10 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   FRUGAL_CHECK(grad_out.defined() && grad_out.shape() == x.shape(), op, ": the gradient's shape ",
                grad_out.defined() ? grad_out.shape() : Shape{}, " differs from the input's ", x.shape());
   const DType c = compute_dtype(x.dtype());
-  FRUGAL_CHECK(mean.defined() && rstd.defined() && mean.numel() == rows && rstd.numel() == rows &&
-                   mean.dtype() == c && rstd.dtype() == c,
-               op, ": mean and rstd must be layer_norm's [", rows, "] ", dtype_name(c), " statistics");
-  need_dweight = need_dweight && weight.defined();
+  check_stats(op, mean, "mean", rows, c);
+  check_stats(op, rstd, "rstd", rows, c);
   const Tensor xc = contiguous(x), w = as_compute(weight, c), mc = contiguous(mean), rc = contiguous(rstd);
   const Tensor dy = contiguous(grad_out.to(x.dtype()));
-  const int64_t cols = normalized_shape.numel();
-  LayerNormGrads g;
   LayerNormArgs a;
   a.x = xc.raw_data();
   a.dy = dy.raw_data();
@@ -88,34 +144,37 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   a.mean = mc.raw_data();
   a.rstd = rc.raw_data();
   a.rows = rows;
-  a.cols = cols;
-  // Chunks of at least 8192 elements for the partial sums of dweight and dbias, from the shape alone (so
-  // the sums, and the results, are the same for every thread count).
-  a.chunks = std::clamp<int64_t>(x.numel() / 8192, 1, std::max<int64_t>(1, std::min<int64_t>(rows, 64)));
-  Tensor workspace;
-  if (need_dx) {
-    g.dx = empty(x.shape(), x.options());
-    a.dx = g.dx.raw_data();
-  }
-  if (need_dweight) {
-    g.dweight = empty(normalized_shape, x.options().dtype(c));
-    a.dweight = g.dweight.raw_data();
-  }
-  if (need_dbias) {
-    g.dbias = empty(normalized_shape, x.options().dtype(c));
-    a.dbias = g.dbias.raw_data();
-  }
-  if (need_dweight || need_dbias) {
-    workspace = empty({a.chunks, 2, cols}, x.options().dtype(c));
-    a.workspace = workspace.raw_data();
-  }
-  if (x.numel() > 0) {
-    op_layer_norm_backward.get(x.device(), x.dtype())(a);
-  } else {
-    if (g.dweight.defined()) fill_(g.dweight, 0);
-    if (g.dbias.defined()) fill_(g.dbias, 0);
-  }
-  return g;
+  a.cols = normalized_shape.numel();
+  return run_backward(op_layer_norm_backward, a, x, x.dtype(), normalized_shape, need_dx,
+                      need_dweight && weight.defined(), need_dbias);
+}
+
+LayerNormGrads layer_norm_backward_xhat(const Tensor& grad_out, const Tensor& xhat, DType x_dtype,
+                                        const Shape& normalized_shape, const Tensor& weight,
+                                        const Tensor& rstd, bool need_dx, bool need_dweight,
+                                        bool need_dbias) {
+  const char* op = "layer_norm_backward_xhat";
+  const int64_t rows = check_layer_norm(op, xhat, normalized_shape, weight, {});
+  FRUGAL_CHECK_DTYPE(is_floating(x_dtype), op, ": expected the floating dtype of layer_norm's input, got ",
+                     dtype_name(x_dtype));
+  FRUGAL_CHECK_T(DeviceError, has_layer_norm_xhat(xhat.device(), x_dtype), op, ": no x-hat kernels for ",
+                 dtype_name(x_dtype), " inputs on ", xhat.device());
+  FRUGAL_CHECK(grad_out.defined() && grad_out.shape() == xhat.shape(), op, ": the gradient's shape ",
+               grad_out.defined() ? grad_out.shape() : Shape{}, " differs from x-hat's ", xhat.shape());
+  const DType c = compute_dtype(x_dtype);
+  check_stats(op, rstd, "rstd", rows, c);
+  const Tensor xc = contiguous(xhat), w = as_compute(weight, c), rc = contiguous(rstd);
+  const Tensor dy = contiguous(grad_out.to(x_dtype));
+  LayerNormArgs a;
+  a.xhat = xc.raw_data();
+  a.xhat_dtype = xhat.dtype();
+  a.dy = dy.raw_data();
+  a.weight = w.defined() ? w.raw_data() : nullptr;
+  a.rstd = rc.raw_data();
+  a.rows = rows;
+  a.cols = normalized_shape.numel();
+  return run_backward(op_layer_norm_backward_xhat, a, xhat, x_dtype, normalized_shape, need_dx,
+                      need_dweight && weight.defined(), need_dbias);
 }
 
 }  // namespace frugal::ops

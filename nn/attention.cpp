@@ -96,7 +96,10 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, double scale, bool cau
   const TensorOptions compute = qkv.options().dtype(dt == DType::F16 || dt == DType::BF16 ? DType::F32 : dt);
   const Tensor x = ops::contiguous(qkv.detach());
   const int64_t b = x.size(0), t = x.size(1), d = n_heads * hd;
-  const Tensor probs = empty({b, n_heads, t, t}, compute);
+  // f16/bf16: the probabilities the backward needs in that dtype where the device can (op_table.h).
+  const bool low_probs = op_self_attention_low_probs.has(x.device(), dt) &&
+                         op_self_attention_backward_low_probs.has(x.device(), dt);
+  const Tensor probs = empty({b, n_heads, t, t}, low_probs ? x.options() : compute);
   Tensor y = empty({b, t, d}, x.options());
   SelfAttentionArgs a;
   a.qkv = x.raw_data();
@@ -109,25 +112,28 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, double scale, bool cau
   a.scale = scale;
   a.causal = causal;
   a.threads = num_threads();
-  const Tensor workspace = empty({a.threads, self_attention_workspace(a, dt, false)}, compute);
+  const Tensor workspace = empty({a.threads, self_attention_workspace(a, dt, false, low_probs)}, compute);
   a.workspace = workspace.raw_data();
-  if (y.numel() > 0) op_self_attention.get(x.device(), dt)(a);
+  if (y.numel() > 0) (low_probs ? op_self_attention_low_probs : op_self_attention).get(x.device(), dt)(a);
   if (Node* n = autograd::recorded(op, {&qkv}, y)) {
     n->save(x);
     n->save(probs);
-    n->backward = [a, compute](const Grads& s, const Tensor& g) -> Grads {
+    n->backward = [a, compute, low_probs](const Grads& s, const Tensor& g) -> Grads {
       const Tensor& x = s[0];
       const Tensor dy = ops::contiguous(g.dtype() == x.dtype() ? g : ops::cast(g, x.dtype()));
       Tensor dqkv = empty(x.shape(), x.options());
       SelfAttentionArgs b = a;
       b.threads = num_threads();
-      const Tensor workspace = empty({b.threads, self_attention_workspace(b, x.dtype(), true)}, compute);
+      const Tensor workspace =
+          empty({b.threads, self_attention_workspace(b, x.dtype(), true, low_probs)}, compute);
       b.qkv = x.raw_data();
       b.probs = s[1].raw_data();
       b.dy = dy.raw_data();
       b.dqkv = dqkv.raw_data();
       b.workspace = workspace.raw_data();
-      if (dqkv.numel() > 0) op_self_attention_backward.get(x.device(), x.dtype())(b);
+      if (dqkv.numel() > 0)
+        (low_probs ? op_self_attention_backward_low_probs : op_self_attention_backward)
+            .get(x.device(), x.dtype())(b);
       return {dqkv};
     };
   }

@@ -31,7 +31,8 @@ Tensor attention_scores_softmax_composite(const Tensor& scores, double scale, bo
 // in that order along the last dim, each split into n_heads heads of d / n_heads): per head softmax(scale q
 // k^T), masked as attention_scores_softmax masks it, times v; the heads merged into y [B, T, d]. One fused
 // op each way (no head split or merge copies); keeps qkv and the probabilities [B, H, T, T] for the
-// backward, which is first order only. f16/bf16 compute in f32.
+// backward, which is first order only. f16/bf16 compute in f32 and keep the probabilities in their own
+// dtype (computing y from them before the rounding), as the composite does.
 Tensor self_attention(const Tensor& qkv, int64_t n_heads, double scale, bool causal);
 // The same from views, matmul and attention_scores_softmax: the reference the fused op is tested against.
 Tensor self_attention_composite(const Tensor& qkv, int64_t n_heads, double scale, bool causal);

@@ -1,6 +1,7 @@
 """The reference workloads of shared/WORKLOADS.md in PyTorch, printing the same JSON lines as bench/workloads:
     python3 bench/peers/torch_workloads.py W1 W4 W4r
 Run it through bench/compare.sh, which alternates it with frugal and sets the environment WORKLOADS.md asks for."""
+import contextlib
 import gzip
 import json
 import os
@@ -123,6 +124,77 @@ def gpt():
             "peak_rss_bytes": peak_rss(), "threads": torch.get_num_threads()}
 
 
+def fortunes():
+    """The fortunes corpus as frugal's data::TextDataset reads it: the training tokens and the vocabulary size."""
+    root = "/usr/share/games/fortunes"
+    files = sorted(f for f in os.listdir(root) if "." not in f and os.path.isfile(os.path.join(root, f)))
+    corpus = b"".join(open(os.path.join(root, f), "rb").read() for f in files)
+    vocab = sorted(set(corpus))
+    lut = torch.zeros(256, dtype=torch.long)
+    lut[torch.tensor(vocab)] = torch.arange(len(vocab))
+    tokens = lut[torch.frombuffer(bytearray(corpus), dtype=torch.uint8).long()]
+    return tokens[:len(tokens) - int(len(tokens) * 0.1)], len(vocab)
+
+
+class GPTRun:
+    """W3's training run one step at a time, the forward and loss under bf16 autocast with bf16=True (W6). Runs
+    start from the same weights and draw the same batches (their own generator)."""
+
+    def __init__(self, train, vocab, bf16):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from torch_gpt import make_gpt
+        torch.manual_seed(0)
+        self.train, self.vocab, self.bf16 = train, vocab, bf16
+        self.model = make_gpt(vocab)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.gen = torch.Generator().manual_seed(0)
+        self.loss, self.activation_bytes = 0.0, 0
+
+    def step(self, measure=False):
+        """One step; returns its ms. With measure, also counts the bytes autograd keeps for backward: the
+        distinct storages saved, parameters excluded (frugal's activation bytes, from its arena)."""
+        t = time.perf_counter()
+        starts = torch.randint(0, len(self.train) - 64, (32,), generator=self.gen)
+        window = self.train[starts.unsqueeze(1) + torch.arange(65)]
+        self.opt.zero_grad(set_to_none=True)
+        saved, params = {}, {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+
+        def pack(x):
+            ptr = x.untyped_storage().data_ptr()
+            if ptr not in params:
+                saved[ptr] = x.untyped_storage().nbytes()
+            return x
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x) if measure else contextlib.nullcontext()
+        with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            loss = F.cross_entropy(self.model(window[:, :-1]).reshape(-1, self.vocab), window[:, 1:].reshape(-1))
+        loss.backward()
+        self.opt.step()
+        self.loss = loss.item()
+        if measure:
+            self.activation_bytes = sum(saved.values())
+        return (time.perf_counter() - t) * 1e3
+
+
+def gpt_bf16():
+    """W6: W3 under torch.autocast("cpu", dtype=torch.bfloat16) beside W3 itself, stepped alternately: 200 steps
+    each by default (5 warm-up; the last warm-up step counts the activation bytes), the loss after the last."""
+    train, vocab = fortunes()
+    f32, bf16 = GPTRun(train, vocab, False), GPTRun(train, vocab, True)
+    f32_ms, bf16_ms, steps = [], [], steps_or(195)
+    for s in range(steps + 5):
+        a, b = bf16.step(measure=s == 4), f32.step(measure=s == 4)
+        if s >= 5:
+            bf16_ms.append(a)
+            f32_ms.append(b)
+    ms, w3_ms = statistics.median(bf16_ms), statistics.median(f32_ms)
+    return {"name": "W6", "median_step_ms": ms, "steps": steps, "loss": bf16.loss,
+            "activation_bytes": bf16.activation_bytes, "W3_median_step_ms": w3_ms, "W3_loss": f32.loss,
+            "W3_activation_bytes": f32.activation_bytes, "step_ms_ratio_to_W3": ms / w3_ms,
+            "act_ratio_to_W3": bf16.activation_bytes / f32.activation_bytes, "loss_ratio_to_W3": bf16.loss / f32.loss,
+            "peak_rss_bytes": peak_rss(), "threads": torch.get_num_threads()}
+
+
 def gemm():
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     times = []
@@ -136,9 +208,9 @@ def gemm():
 
 
 def main():
-    names = sys.argv[1:] or ["W1", "W2", "W3", "W4", "W4r", "W5"]
+    names = sys.argv[1:] or ["W1", "W2", "W3", "W4", "W4r", "W5", "W6"]
     run = {"W1": lambda: fashion("W1", False), "W2": lambda: fashion("W2", True), "W3": gpt, "W4": lambda: deep("W4", 0),
-           "W4r": lambda: deep("W4r", 6), "W5": gemm}
+           "W4r": lambda: deep("W4r", 6), "W5": gemm, "W6": gpt_bf16}
     for n in names:
         if n not in run:
             sys.exit(f"torch_workloads: unknown workload {n}")

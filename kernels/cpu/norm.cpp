@@ -2,11 +2,14 @@
 // read twice in the forward (mean, then the centred sum of squares and the output: two passes keep the
 // variance exact where one-pass sums would cancel) and twice in the backward (the two row sums, then dx),
 // while it sits in L1. Plain loops under `omp simd` so f32 and f64 vectorise; f16/bf16 convert element by
-// element and accumulate in f32. The reference they are tested against is the composite
-// nn::functional::layer_norm_composite.
+// element and accumulate in f32. The x-hat forms (op_layer_norm_xhat, op_layer_norm_backward_xhat) are the
+// same loops writing, or reading, x-hat in its saved dtype. The reference they are tested against is the
+// composite nn::functional::layer_norm_composite.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
+#include "core/error.h"
 #include "core/op_table.h"
 #include "core/parallel.h"
 #include "kernels/cpu/register.h"
@@ -14,12 +17,40 @@
 namespace frugal {
 namespace {
 
-// x, y: [rows, cols]; weight, bias: [cols] or null; mean, rstd: [rows]
-template <typename T>
+// y[j] = T(xh w[j] + bias[j]) with xh = (x[j] - mu) rs (each factor only when given), and xo[j] = S(xh)
+// when S is not void (the x-hat form): the same operations in the same order either way, so y is the same
+// bit for bit.
+// The compiler contracts (x - mu) rs + bias into one fused multiply-add where the machine has one, unless
+// (x - mu) rs is also stored (the x-hat form): there the fma is written out, so that y stays the same.
+template <bool kWeight, bool kBias, typename S, typename T, typename C>
+inline void normalize_row(const T* x, T* y, S* xo, const C* w, const C* bias, C mu, C rs, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const C d = C(x[j]) - mu;
+    C v = d * rs;
+    if constexpr (!std::is_void_v<S>) xo[j] = S(v);
+    if constexpr (kWeight) v = v * w[j];
+#if defined(__FMA__)
+    if constexpr (kBias && !kWeight && !std::is_void_v<S>) {
+      v = std::fma(d, rs, bias[j]);
+    } else if constexpr (kBias) {
+      v = v + bias[j];
+    }
+#else
+    if constexpr (kBias) v = v + bias[j];
+#endif
+    y[j] = T(v);
+  }
+}
+
+// x, y: [rows, cols]; weight, bias: [cols] or null; mean, rstd: [rows]; xhat: [rows, cols] of S when S is
+// not void
+template <typename T, typename S = void>
 void layer_norm_forward_cpu(const LayerNormArgs& a) {
   using C = acc_t<T>;
   const T* xs = static_cast<const T*>(a.x);
   T* ys = static_cast<T*>(a.y);
+  S* xos = static_cast<S*>(a.xhat);
   const C* w = static_cast<const C*>(a.weight);
   const C* bias = static_cast<const C*>(a.bias);
   C* means = static_cast<C*>(a.mean);
@@ -30,6 +61,8 @@ void layer_norm_forward_cpu(const LayerNormArgs& a) {
     for (int64_t r = b; r < e; ++r) {
       const T* x = xs + r * n;
       T* y = ys + r * n;
+      S* xo = nullptr;
+      if constexpr (!std::is_void_v<S>) xo = xos + r * n;
       C sum = 0;
 #pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < n; ++j) sum += C(x[j]);
@@ -43,29 +76,40 @@ void layer_norm_forward_cpu(const LayerNormArgs& a) {
       const C rs = C(1) / std::sqrt(ss * inv_n + eps);
       means[r] = mu;
       rstds[r] = rs;
-      if (w && bias) {
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) y[j] = T((C(x[j]) - mu) * rs * w[j] + bias[j]);
-      } else if (w) {
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) y[j] = T((C(x[j]) - mu) * rs * w[j]);
-      } else if (bias) {
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) y[j] = T((C(x[j]) - mu) * rs + bias[j]);
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) y[j] = T((C(x[j]) - mu) * rs);
-      }
+      if (w && bias)
+        normalize_row<true, true>(x, y, xo, w, bias, mu, rs, n);
+      else if (w)
+        normalize_row<true, false>(x, y, xo, w, bias, mu, rs, n);
+      else if (bias)
+        normalize_row<false, true>(x, y, xo, w, bias, mu, rs, n);
+      else
+        normalize_row<false, false>(x, y, xo, w, bias, mu, rs, n);
     }
   });
 }
 
-// dy, x, dx: [rows, cols]; weight: [cols] or null; mean, rstd: [rows]; dweight, dbias: [cols] or null;
-// workspace: [chunks, 2, cols] when dweight or dbias is wanted
-template <typename T>
+// Where the backward reads x-hat from: x with the row's mean and rstd, or a saved x-hat of S.
+template <typename T, typename C>
+struct XhatFromX {
+  const T* x;
+  C mu, rs;
+  C operator[](int64_t j) const { return (C(x[j]) - mu) * rs; }
+};
+template <typename S, typename C>
+struct XhatSaved {
+  const S* xo;
+  C operator[](int64_t j) const { return C(xo[j]); }
+};
+
+// dy, dx: [rows, cols]; x (from x) or xhat of S (saved x-hat): [rows, cols]; weight: [cols] or null; mean
+// (from x only), rstd: [rows]; dweight, dbias: [cols] or null; workspace: [chunks, 2, cols] when dweight or
+// dbias is wanted
+template <typename T, typename S = void>
 void layer_norm_backward_cpu(const LayerNormArgs& a) {
   using C = acc_t<T>;
-  const T* xs = static_cast<const T*>(a.x);
+  constexpr bool kFromX = std::is_void_v<S>;
+  using XS = std::conditional_t<kFromX, T, S>;
+  const XS* xs = static_cast<const XS*>(kFromX ? a.x : a.xhat);
   const T* dys = static_cast<const T*>(a.dy);
   T* dxs = static_cast<T*>(a.dx);
   const C* w = static_cast<const C*>(a.weight);
@@ -83,14 +127,19 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
       C* pdb = param_grads ? pdw + n : nullptr;
       if (param_grads) std::fill(pdw, pdw + 2 * n, C(0));
       for (int64_t r = c * per_chunk, r_end = std::min(rows, (c + 1) * per_chunk); r < r_end; ++r) {
-        const T* x = xs + r * n;
         const T* dy = dys + r * n;
-        const C mu = means[r], rs = rstds[r];
+        const C rs = rstds[r];
+        const auto xhat = [&] {
+          if constexpr (kFromX)
+            return XhatFromX<T, C>{xs + r * n, means[r], rs};
+          else
+            return XhatSaved<S, C>{xs + r * n};
+        }();
         C sum_g = 0, sum_gx = 0;
         if (param_grads) {
 #pragma omp simd reduction(+ : sum_g, sum_gx)
           for (int64_t j = 0; j < n; ++j) {
-            const C xh = (C(x[j]) - mu) * rs, d = C(dy[j]), g = w ? d * w[j] : d;
+            const C xh = xhat[j], d = C(dy[j]), g = w ? d * w[j] : d;
             sum_g += g;
             sum_gx += g * xh;
             pdw[j] += d * xh;
@@ -99,7 +148,7 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
         } else {
 #pragma omp simd reduction(+ : sum_g, sum_gx)
           for (int64_t j = 0; j < n; ++j) {
-            const C xh = (C(x[j]) - mu) * rs, d = C(dy[j]), g = w ? d * w[j] : d;
+            const C xh = xhat[j], d = C(dy[j]), g = w ? d * w[j] : d;
             sum_g += g;
             sum_gx += g * xh;
           }
@@ -109,7 +158,7 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
         const C mean_g = sum_g * inv_n, mean_gx = sum_gx * inv_n;
 #pragma omp simd
         for (int64_t j = 0; j < n; ++j) {
-          const C xh = (C(x[j]) - mu) * rs, d = C(dy[j]), g = w ? d * w[j] : d;
+          const C xh = xhat[j], d = C(dy[j]), g = w ? d * w[j] : d;
           dx[j] = T(rs * (g - mean_g - xh * mean_gx));
         }
       }
@@ -131,11 +180,38 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
   }
 }
 
+// The x-hat forms for x of T: the kernel for the saved x-hat's dtype.
+template <typename T, bool kBackward>
+void layer_norm_xhat_cpu(const LayerNormArgs& a) {
+  auto run = [&](auto s) {
+    using S = decltype(s);
+    if constexpr (kBackward)
+      layer_norm_backward_cpu<T, S>(a);
+    else
+      layer_norm_forward_cpu<T, S>(a);
+  };
+  switch (a.xhat_dtype) {
+    case DType::F32:
+      return run(float());
+    case DType::F64:
+      return run(double());
+    case DType::F16:
+      return run(Half());
+    case DType::BF16:
+      return run(BFloat16());
+    default:
+      FRUGAL_CHECK_T(DTypeError, false, "layer_norm x-hat: expected a floating dtype for x-hat, got ",
+                     dtype_name(a.xhat_dtype));
+  }
+}
+
 const bool kRegistered = [] {
   cpu::for_types<float, double, Half, BFloat16>([](auto t) {
     using T = decltype(t);
     op_layer_norm.set(DeviceType::CPU, dtype_v<T>, layer_norm_forward_cpu<T>);
     op_layer_norm_backward.set(DeviceType::CPU, dtype_v<T>, layer_norm_backward_cpu<T>);
+    op_layer_norm_xhat.set(DeviceType::CPU, dtype_v<T>, layer_norm_xhat_cpu<T, false>);
+    op_layer_norm_backward_xhat.set(DeviceType::CPU, dtype_v<T>, layer_norm_xhat_cpu<T, true>);
   });
   return true;
 }();

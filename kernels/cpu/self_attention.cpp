@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -208,18 +209,32 @@ inline void prefetch_rows(const T* p, int64_t rows, int64_t cols, int64_t stride
     for (int64_t c = 0; c < cols; c += 64 / int64_t(sizeof(T))) __builtin_prefetch(p + r * stride + c);
 }
 
-// qkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C); y: [B, T, H, hd] (T); workspace: [threads, hd * T] (C),
-// plus 4 T hd when T is not C (q, k, v, y converted)
-template <typename T>
+// The first element at or after `from` (at most kLanes - 1 on) that sits where element `index` of a
+// vector-aligned array would, relative to the vector width. Eigen runs the unaligned head of a row through
+// scalar code (exp included, whose last bit differs from the vector exp's), so a head's P computed in scratch
+// matches the P computed in place only at the same alignment.
+template <typename C>
+C* aligned_as(C* from, int64_t index) {
+  constexpr int64_t L = kLanes<C>;
+  const int64_t e = int64_t(reinterpret_cast<uintptr_t>(from) / sizeof(C));
+  return from + ((index - e) % L + L) % L;
+}
+
+// qkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C, or T with kLowProbs); y: [B, T, H, hd] (T); workspace:
+// [threads, hd * T] (C), plus 4 T hd when T is not C (q, k, v, y converted), plus T * T + kLanes with
+// kLowProbs (P before rounding)
+template <typename T, bool kLowProbs = false>
 void self_attention_forward_cpu(const SelfAttentionArgs& a) {
   using C = acc_t<T>;
+  using P = std::conditional_t<kLowProbs, T, C>;
   const T* qkv = static_cast<const T*>(a.qkv);
-  C* probs = static_cast<C*>(a.probs);
+  P* probs = static_cast<P*>(a.probs);
   T* ys = static_cast<T*>(a.y);
   const int64_t t = a.t, hd = a.head_dim, d = a.heads * hd;
   constexpr bool convert = !std::is_same_v<T, C>;
+  static_assert(convert || !kLowProbs, "probs are kept in a 16-bit dtype only");
   parallel_for(0, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
-    C* kt = scratch<C>(a, hd * t + (convert ? 4 * t * hd : 0));
+    C* kt = scratch<C>(a, hd * t + (convert ? 4 * t * hd : 0) + (kLowProbs ? t * t + kLanes<C> : 0));
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
       if (bh + 1 < end) {
@@ -232,7 +247,13 @@ void self_attention_forward_cpu(const SelfAttentionArgs& a) {
         copy_rows(t, hd, qkv + o.q, 3 * d, q, hd);
         copy_rows(t, hd, qkv + o.q + d, 3 * d, k, hd);
         copy_rows(t, hd, qkv + o.q + 2 * d, 3 * d, v, hd);
-        head_forward<C>(a, q, k, v, hd, probs + o.p, y, hd, kt);
+        if constexpr (kLowProbs) {
+          C* p = aligned_as(y + t * hd, o.p);  // where op_self_attention's f32 probs have it
+          head_forward<C>(a, q, k, v, hd, p, y, hd, kt);
+          copy_rows(t, t, p, t, probs + o.p, t);  // rounded, for the backward
+        } else {
+          head_forward<C>(a, q, k, v, hd, probs + o.p, y, hd, kt);
+        }
         copy_rows(t, hd, y, hd, ys + o.y, d);
       } else {
         head_forward<C>(a, qkv + o.q, qkv + o.q + d, qkv + o.q + 2 * d, 3 * d, probs + o.p, ys + o.y, d, kt);
@@ -241,19 +262,22 @@ void self_attention_forward_cpu(const SelfAttentionArgs& a) {
   });
 }
 
-// qkv, dqkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C); dy: [B, T, H, hd] (T); workspace: [threads,
-// T * T + hd * T] (C), plus 7 T hd when T is not C (q, k, v, dy, dq, dk, dv converted)
-template <typename T>
+// qkv, dqkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C, or T with kLowProbs); dy: [B, T, H, hd] (T);
+// workspace: [threads, T * T + hd * T] (C), plus 7 T hd when T is not C (q, k, v, dy, dq, dk, dv converted),
+// plus T * T with kLowProbs (P converted)
+template <typename T, bool kLowProbs = false>
 void self_attention_backward_cpu(const SelfAttentionArgs& a) {
   using C = acc_t<T>;
+  using P = std::conditional_t<kLowProbs, T, C>;
   const T* qkv = static_cast<const T*>(a.qkv);
-  const C* probs = static_cast<const C*>(a.probs);
+  const P* probs = static_cast<const P*>(a.probs);
   const T* dys = static_cast<const T*>(a.dy);
   T* dqkv = static_cast<T*>(a.dqkv);
   const int64_t t = a.t, hd = a.head_dim, d = a.heads * hd;
   constexpr bool convert = !std::is_same_v<T, C>;
+  static_assert(convert || !kLowProbs, "probs are kept in a 16-bit dtype only");
   parallel_for(0, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
-    C* ds = scratch<C>(a, t * t + hd * t + (convert ? 7 * t * hd : 0));
+    C* ds = scratch<C>(a, t * t + hd * t + (convert ? 7 * t * hd : 0) + (kLowProbs ? t * t : 0));
     C* vt = ds + t * t;
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
@@ -265,7 +289,15 @@ void self_attention_backward_cpu(const SelfAttentionArgs& a) {
         copy_rows(t, hd, qkv + o.q + d, 3 * d, k, hd);
         copy_rows(t, hd, qkv + o.q + 2 * d, 3 * d, v, hd);
         copy_rows(t, hd, dys + o.y, d, dy, hd);
-        head_backward<C>(a, q, k, v, hd, probs + o.p, dy, hd, dq, dk, dv, ds, vt);
+        const C* p;
+        if constexpr (kLowProbs) {
+          C* pc = dv + t * hd;
+          copy_rows(t, t, probs + o.p, t, pc, t);
+          p = pc;
+        } else {
+          p = probs + o.p;
+        }
+        head_backward<C>(a, q, k, v, hd, p, dy, hd, dq, dk, dv, ds, vt);
         copy_rows(t, hd, dq, hd, dqkv + o.q, 3 * d);
         copy_rows(t, hd, dk, hd, dqkv + o.q + d, 3 * d);
         copy_rows(t, hd, dv, hd, dqkv + o.q + 2 * d, 3 * d);
@@ -284,6 +316,12 @@ const bool kRegistered = [] {
     using T = decltype(t);
     op_self_attention.set(DeviceType::CPU, dtype_v<T>, self_attention_forward_cpu<T>);
     op_self_attention_backward.set(DeviceType::CPU, dtype_v<T>, self_attention_backward_cpu<T>);
+  });
+  cpu::for_types<Half, BFloat16>([](auto t) {
+    using T = decltype(t);
+    op_self_attention_low_probs.set(DeviceType::CPU, dtype_v<T>, self_attention_forward_cpu<T, true>);
+    op_self_attention_backward_low_probs.set(DeviceType::CPU, dtype_v<T>,
+                                             self_attention_backward_cpu<T, true>);
   });
   return true;
 }();

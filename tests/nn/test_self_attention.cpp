@@ -1,9 +1,12 @@
 // The fused self-attention of packed q, k, v (nn::functional::self_attention) against its composite (views,
 // matmul, attention_scores_softmax): outputs and gradients in f32 (tight) and bf16 (dtype tolerance), causal
 // and not, for several head counts and scales, on a non-contiguous qkv; finite differences in f64; the module
-// path; bad inputs.
+// path; f16/bf16 probabilities kept in their dtype; bad inputs.
+#include <any>
 #include <cmath>
 
+#include "core/op_table.h"
+#include "core/parallel.h"
 #include "nn/attention.h"
 #include "tests/autograd/gradcheck_helpers.h"
 
@@ -95,6 +98,58 @@ TEST(SelfAttention, FutureTokensDoNotChangeEarlierOutputs) {
   }
   const auto y2 = F::self_attention(qkv, 2, 0.5, true).to_vector<double>();
   for (size_t i = 0; i < 4 * 8; ++i) EXPECT_EQ(y1[i], y2[i]) << i;
+}
+
+// The kernels that keep f16/bf16 probabilities in that dtype (what F::self_attention runs on the CPU) against
+// those that keep them in f32: the same y bit for bit, probabilities that are the f32 ones rounded, and
+// gradients within the dtype's tolerance.
+TEST(SelfAttention, LowPrecisionProbabilities) {
+  for (DType t : {DType::BF16, DType::F16})
+    for (const Case& c : kCases) {
+      const std::string what = name(c) + " " + dtype_name(t);
+      const Tensor qkv = uniform({c.b, c.t, 3 * c.d}, -2, 2, t, 7);
+      const Tensor dy = uniform({c.b, c.t, c.d}, -1, 1, t, 8);
+      std::vector<Tensor> out[2];  // y, probs, dqkv; f32 probs, then t
+      for (bool low : {false, true}) {
+        SelfAttentionArgs a;
+        a.batch = c.b;
+        a.t = c.t;
+        a.heads = c.heads;
+        a.head_dim = c.d / c.heads;
+        a.scale = c.scale;
+        a.causal = c.causal;
+        a.threads = num_threads();
+        const Tensor probs = empty({c.b, c.heads, c.t, c.t}, low ? t : DType::F32);
+        const Tensor y = empty({c.b, c.t, c.d}, t), dqkv = empty(qkv.shape(), t);
+        const Tensor ws = empty({a.threads, self_attention_workspace(a, t, true, low)});
+        a.qkv = qkv.raw_data();
+        a.probs = probs.raw_data();
+        a.y = y.raw_data();
+        a.dy = dy.raw_data();
+        a.dqkv = dqkv.raw_data();
+        a.workspace = ws.raw_data();
+        (low ? op_self_attention_low_probs : op_self_attention).get(kCPU, t)(a);
+        (low ? op_self_attention_backward_low_probs : op_self_attention_backward).get(kCPU, t)(a);
+        out[low] = {y, probs, dqkv};
+      }
+      EXPECT_EQ(out[1][0].to_vector<float>(), out[0][0].to_vector<float>()) << what << " y";
+      EXPECT_EQ(out[1][1].to_vector<float>(), out[0][1].to(t).to_vector<float>()) << what << " probs";
+      const testing::Tol tol = testing::tol_for(t);
+      expect_close(out[1][2], out[0][2].to_vector<double>(), {2 * tol.atol, 2 * tol.rtol}, what + " dqkv");
+    }
+  // The op keeps them so.
+  for (DType t : {DType::BF16, DType::F16, DType::F32}) {
+    const Tensor qkv = uniform({2, 8, 24}, -2, 2, t, 9).requires_grad_();
+    std::vector<DType> kept;
+    autograd::SavedTensorHooks hooks(
+        [&kept](const Tensor& x) -> std::any {
+          kept.push_back(x.dtype());
+          return x;
+        },
+        [](const std::any& a) { return std::any_cast<Tensor>(a); });
+    F::self_attention(qkv, 2, 0.5, true);
+    EXPECT_EQ(kept, (std::vector<DType>{t, t})) << dtype_name(t);
+  }
 }
 
 TEST(SelfAttention, BadInputs) {
