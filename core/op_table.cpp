@@ -74,6 +74,7 @@ std::vector<OpTableRef> op_tables() {
 constinit OpTable<LayerNormKernel> op_layer_norm{"layer_norm"};
 constinit OpTable<LayerNormKernel> op_layer_norm_backward{"layer_norm_backward"};
 constinit OpTable<ElementwiseKernel> op_gelu_backward{"gelu_backward"};
+constinit OpTable<ElementwiseKernel> op_relu_backward{"relu_backward"};
 constinit OpTable<ElementwiseKernel> op_gelu_tanh_backward{"gelu_tanh_backward"};
 constinit OpTable<SelfAttentionKernel> op_self_attention{"self_attention"};
 constinit OpTable<SelfAttentionKernel> op_self_attention_backward{"self_attention_backward"};
