@@ -1,11 +1,13 @@
-// The reference workloads of shared/WORKLOADS.md in libtorch's C++ frontend (Debian's libtorch-dev 1.13),
-// printing the same JSON lines as bench/peers/torch_workloads.py and bench/workloads:
+// The reference workloads of shared/WORKLOADS.md in libtorch's C++ frontend, printing the same JSON lines as
+// bench/peers/torch_workloads.py and bench/workloads:
 //   build/bench/libtorch_workloads W1 W4 W4r      (none named: W1-W6)
-// Built only where CMake finds Torch (bench/CMakeLists.txt); bench/compare.sh runs it beside frugal and
-// PyTorch. Data as the Python peer reads it: Fashion-MNIST from Debian's gzip'd IDX files (pixels / 255,
-// u8 in memory, converted per batch), the fortunes corpus (files without a '.', sorted, byte tokens, the
-// first 90% for training). Differences forced by the 1.13 C++ API, each the nearest equivalent:
-// - attention is the explicit softmax form (scaled_dot_product_attention came in 2.0);
+// Built on request (bench/CMakeLists.txt): against Debian's libtorch-dev 1.13 (libtorch_workloads) and
+// against the C++ library inside pip's torch wheel (libtorch2_workloads); bench/compare.sh runs them beside
+// frugal and PyTorch. Data as the Python peer reads it: Fashion-MNIST from Debian's gzip'd IDX files (pixels
+// / 255, u8 in memory, converted per batch), the fortunes corpus (files without a '.', sorted, byte tokens,
+// the first 90% for training). Differences forced by the C++ API, each the nearest equivalent:
+// - attention is scaled_dot_product_attention in 2.x, the explicit softmax form in 1.13 (where it is
+// missing);
 // - W4r's recompute is a custom autograd Function (libtorch has no torch.utils.checkpoint), with the
 //   segments of Python's checkpoint_sequential(net, 6): 5 recomputed segments of 10 modules, the last 14
 //   modules run plainly;
@@ -228,9 +230,14 @@ struct AttentionImpl : nn::Module {
     const int64_t b = x.size(0), t = x.size(1);
     const auto qkv_heads = qkv->forward(x).view({b, t, 3, kHeads, kD / kHeads}).permute({2, 0, 3, 1, 4});
     const torch::Tensor q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];
+#if TORCH_VERSION_MAJOR >= 2
+    const torch::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+#else
     torch::Tensor att = torch::matmul(q, k.transpose(-1, -2)) * (1 / std::sqrt(double(kD / kHeads)));
     att = torch::softmax(att.masked_fill(mask.slice(0, 0, t).slice(1, 0, t), -INFINITY), -1);
-    return proj->forward(torch::matmul(att, v).transpose(1, 2).reshape({b, t, kD}));
+    const torch::Tensor y = torch::matmul(att, v);
+#endif
+    return proj->forward(y.transpose(1, 2).reshape({b, t, kD}));
   }
 };
 TORCH_MODULE(Attention);
@@ -273,6 +280,18 @@ struct GPTImpl : nn::Module {
 };
 TORCH_MODULE(GPT);
 
+// torch.autocast("cpu", torch.bfloat16) on entry and exit, in either API.
+void set_cpu_autocast(bool on) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, on);
+#else
+  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  at::autocast::set_cpu_enabled(on);
+#endif
+  if (!on) at::autocast::clear_cache();
+}
+
 // W3, and W6 (W3 under bf16 autocast) when bf16 is set.
 void gpt(const char* name, bool bf16) {
   namespace fs = std::filesystem;
@@ -311,18 +330,12 @@ void gpt(const char* name, bool bf16) {
     const torch::Tensor window = train.index({starts.unsqueeze(1) + offsets});
     for (auto& p : model->parameters()) p.mutable_grad().reset();  // zero_grad(set_to_none=True)
     torch::Tensor loss;
-    if (bf16) {
-      at::autocast::set_cpu_enabled(true);
-      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    }
+    if (bf16) set_cpu_autocast(true);
     {
       torch::Tensor logits = model->forward(window.slice(1, 0, kT));
       loss = F::cross_entropy(logits.reshape({-1, vocab}), window.slice(1, 1, kT + 1).reshape({-1}));
     }
-    if (bf16) {
-      at::autocast::set_cpu_enabled(false);
-      at::autocast::clear_cache();
-    }
+    if (bf16) set_cpu_autocast(false);
     loss.backward();
     opt.step();
     value = loss.item<double>();
