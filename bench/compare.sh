@@ -10,6 +10,7 @@
 # The C++ peers are built with cmake -DFRUGAL_LIBTORCH_WORKLOADS=ON; a peer that is missing is left out. Each
 # peer runs with the settings WORKLOADS.md names (OpenBLAS core-type pin removed, passive OpenMP waiting),
 # once with OPENBLAS_NUM_THREADS=1 and once with the default each round; the table keeps its better setting.
+# frugal runs with the same passive OpenMP waiting. FRUGAL_BENCH_STEPS shortens every side's runs alike.
 # W4r and W6 are judged against frugal's own W4 and W3 (run W4r with W4; W6 carries its W3 figures itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +41,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for r in $(seq "$rounds"); do
   for w in "${workloads[@]}"; do
-    "$ours" "$w" | sed "s/^/frugal $r /" >>"$log"
+    # frugal gets the peers' OpenMP setting: on a loaded host, threads spinning at barriers cost it up to 2x.
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE "$ours" "$w" | sed "s/^/frugal $r /" >>"$log"
     for p in "${peers[@]}"; do
       for t in 1 default; do
         if [ "$t" = 1 ]; then extra=(OPENBLAS_NUM_THREADS=1); else extra=(); fi
