@@ -146,30 +146,46 @@ torch::Tensor run_modules(nn::Sequential& net, int64_t begin, int64_t end, torch
 }
 
 // Runs modules [begin, end) of a Sequential without recording; backward runs them again with recording on
-// and back-propagates through them (the reentrant form of torch.utils.checkpoint).
+// and differentiates them (the reentrant form of torch.utils.checkpoint). The segment's parameters are inputs
+// too, so that its output requires grad even when x does not (the first segment's).
 struct Checkpoint : torch::autograd::Function<Checkpoint> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, nn::Sequential* net,
-                               int64_t begin, int64_t end) {
+  // params is a TensorList: the form Function::apply counts as inputs (a std::vector would not be).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, at::TensorList params,
+                               nn::Sequential* net, int64_t begin, int64_t end) {
     ctx->save_for_backward({x});
     ctx->saved_data["net"] = reinterpret_cast<int64_t>(net);
     ctx->saved_data["begin"] = begin;
     ctx->saved_data["end"] = end;
+    ctx->saved_data["params"] = int64_t(params.size());
     torch::NoGradGuard no_grad;
     return run_modules(*net, begin, end, x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
     auto* net = reinterpret_cast<nn::Sequential*>(ctx->saved_data["net"].toInt());
+    const int64_t begin = ctx->saved_data["begin"].toInt(), end = ctx->saved_data["end"].toInt();
     const torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::autograd::variable_list inputs{x};
+    for (auto it = (*net)->begin() + begin; it != (*net)->begin() + end; ++it)
+      for (const torch::Tensor& p : it->ptr()->parameters()) inputs.push_back(p);
     torch::Tensor y;
     {
       torch::AutoGradMode on(true);
-      y = run_modules(*net, ctx->saved_data["begin"].toInt(), ctx->saved_data["end"].toInt(), x);
+      y = run_modules(*net, begin, end, x);
     }
-    torch::autograd::backward({y}, {grad[0]});
-    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    torch::autograd::variable_list grads = torch::autograd::grad({y}, inputs, {grad[0]});
+    grads.resize(grads.size() + 3);  // net, begin, end
+    return grads;
   }
 };
+
+// The parameters of modules [begin, end).
+torch::autograd::variable_list parameters_of(nn::Sequential& net, int64_t begin, int64_t end) {
+  torch::autograd::variable_list ps;
+  for (auto it = net->begin() + begin; it != net->begin() + end; ++it)
+    for (const torch::Tensor& p : it->ptr()->parameters()) ps.push_back(p);
+  return ps;
+}
 
 // checkpoint_sequential(net, segments, x): segments - 1 recomputed runs of size() / segments modules, then
 // the rest plainly.
@@ -178,7 +194,8 @@ torch::Tensor checkpoint_sequential(nn::Sequential& net, int64_t segments, torch
   int64_t end = -1;
   for (int64_t start = 0; start < size * (segments - 1); start += size) {
     end = start + size - 1;
-    x = Checkpoint::apply(x, &net, start, end + 1);
+    const torch::autograd::variable_list params = parameters_of(net, start, end + 1);
+    x = Checkpoint::apply(x, at::TensorList(params), &net, start, end + 1);
   }
   return run_modules(net, end + 1, n, x);
 }
