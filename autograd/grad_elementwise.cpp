@@ -4,6 +4,7 @@
 
 #include "autograd/autocast_casts.h"
 #include "autograd/functions.h"
+#include "core/op_table.h"
 
 namespace frugal {
 
@@ -66,7 +67,14 @@ Tensor rsqrt(const Tensor& x_in) {  // d x^(-1/2) = -1/2 y^3
 }
 Tensor relu(const Tensor& x) {
   return unary("relu", x, forward_only([&] { return ops::relu(x); }), Save::Output,
-               [](const Grads& s, const Tensor& g) { return where(gt(s[0], 0.0), g, zeros_as(g)); });
+               [](const Grads& s, const Tensor& g) {
+                 // One pass where the device has the kernel (the same values); the composite otherwise, and
+                 // when the rule is itself recorded (double backward needs a differentiable form).
+                 if (!autograd::grad_mode_enabled() && g.dtype() == s[0].dtype() &&
+                     op_relu_backward.has(s[0].device(), s[0].dtype()))
+                   return ops::relu_backward(g, s[0]);
+                 return where(gt(s[0], 0.0), g, zeros_as(g));
+               });
 }
 // gelu and gelu_tanh: one-pass backward ops (core/ops.h; first order only), tested against the gradients of
 // their composite forms (tests/kernels/test_gelu.cpp).

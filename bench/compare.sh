@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# Side by side: frugal's bench/workloads and PyTorch's bench/peers/torch_workloads.py, alternated for ROUNDS
-# rounds (default 3) on this machine; PyTorch gets the settings shared/WORKLOADS.md names (OpenBLAS core-type
-# pin removed, passive OpenMP waiting) and the better of OPENBLAS_NUM_THREADS=1 and the default each round.
-# Prints a Markdown table of medians and ratios.   bench/compare.sh W1 W5      (default: W1 W3 W4 W4r W5)
+# Side by side: frugal's bench/workloads and its peers, alternated for ROUNDS rounds (default 3) on this
+# machine, then a Markdown table of medians, ratios and shared/WORKLOADS.md's targets.
+#   bench/compare.sh W1 W5          (default: W1 W3 W4 W4r W5)
+# Peers (PEERS, default "pytorch libtorch"):
+#   pytorch          bench/peers/torch_workloads.py under python3 (pip's torch)
+#   libtorch         build/bench/libtorch2_workloads: the C++ peer built against pip's torch wheel
+#   libtorch-debian  build/bench/libtorch_workloads: the same against Debian's libtorch-dev 1.13, whose GEMMs run
+#                    on the reference BLAS (about 3 GFLOP/s here), so W4/W4r take minutes a step; not by default
+# The C++ peers are built with cmake -DFRUGAL_LIBTORCH_WORKLOADS=ON; a peer that is missing is left out. Each
+# peer runs with the settings WORKLOADS.md names (OpenBLAS core-type pin removed, passive OpenMP waiting),
+# once with OPENBLAS_NUM_THREADS=1 and once with the default each round; the table keeps its better setting.
+# frugal runs with the same passive OpenMP waiting. FRUGAL_BENCH_STEPS shortens every side's runs alike.
+# W4r and W6 are judged against frugal's own W4 and W3 (run W4r with W4; W6 carries its W3 figures itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}
@@ -10,39 +19,38 @@ workloads=("$@")
 [ ${#workloads[@]} -gt 0 ] || workloads=(W1 W3 W4 W4r W5)
 ours=build/bench/workloads
 [ -x "$ours" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
-python3 -c "import torch" 2>/dev/null || { echo "PyTorch is not installed (pip install torch)" >&2; exit 1; }
+
+declare -A peer_cmd=(
+  [pytorch]="python3 bench/peers/torch_workloads.py"
+  [libtorch]="build/bench/libtorch2_workloads"
+  [libtorch-debian]="build/bench/libtorch_workloads"
+)
+peers=()
+for p in ${PEERS:-pytorch libtorch}; do
+  [ -n "${peer_cmd[$p]:-}" ] || { echo "unknown peer $p (pytorch, libtorch, libtorch-debian)" >&2; exit 1; }
+  if [ "$p" = pytorch ]; then
+    python3 -c "import torch" 2>/dev/null || { echo "note: PyTorch is not installed; no pytorch column" >&2; continue; }
+  elif [ ! -x "${peer_cmd[$p]}" ]; then
+    echo "note: ${peer_cmd[$p]} is not built (cmake -DFRUGAL_LIBTORCH_WORKLOADS=ON); no $p column" >&2
+    continue
+  fi
+  peers+=("$p")
+done
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for r in $(seq "$rounds"); do
   for w in "${workloads[@]}"; do
-    "$ours" "$w" | sed "s/^/frugal $r /" >>"$log"
-    for t in 1 default; do
-      if [ "$t" = 1 ]; then extra=(OPENBLAS_NUM_THREADS=1); else extra=(); fi
-      env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE "${extra[@]}" \
-        python3 bench/peers/torch_workloads.py "$w" | sed "s/^/pytorch-$t $r /" >>"$log"
+    # frugal gets the peers' OpenMP setting: on a loaded host, threads spinning at barriers cost it up to 2x.
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE "$ours" "$w" | sed "s/^/frugal $r /" >>"$log"
+    for p in "${peers[@]}"; do
+      for t in 1 default; do
+        if [ "$t" = 1 ]; then extra=(OPENBLAS_NUM_THREADS=1); else extra=(); fi
+        # shellcheck disable=SC2086  # the command is words
+        env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE "${extra[@]}" \
+          ${peer_cmd[$p]} "$w" | sed "s/^/$p:$t $r /" >>"$log"
+      done
     done
   done
 done
-python3 - "$log" <<'PY'
-import json, statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    who, rnd, js = line.split(" ", 2)
-    d = json.loads(js)
-    rows.setdefault(d["name"], {}).setdefault(who, []).append(d)
-def key(d):  # the time figure of a workload
-    return d.get("median_step_ms", d.get("median_ms"))
-print("| workload | frugal ms | pytorch ms (best setting) | ratio frugal/pytorch | frugal peak RSS | pytorch peak RSS | RSS ratio | quality frugal / pytorch |")
-print("|---|---|---|---|---|---|---|---|")
-for name, sides in rows.items():
-    f = statistics.median(key(d) for d in sides["frugal"])
-    best = min(("pytorch-1", "pytorch-default"), key=lambda s: statistics.median(key(d) for d in sides[s]))
-    p = statistics.median(key(d) for d in sides[best])
-    fr = max(d.get("peak_rss_bytes", 0) for d in sides["frugal"]) / 2**20
-    pr = max(d.get("peak_rss_bytes", 0) for d in sides[best]) / 2**20
-    q = next((k for k in ("test_accuracy", "loss", "gflops") if k in sides["frugal"][0]), None)
-    qual = f'{sides["frugal"][-1][q]:.4g} / {sides[best][-1][q]:.4g} ({q})' if q else ""
-    setting = "OPENBLAS_NUM_THREADS=1" if best == "pytorch-1" else "default threads"
-    print(f"| {name} | {f:.3f} | {p:.3f} ({setting}) | {f / p:.3f} | {fr:.0f} MiB | {pr:.0f} MiB | "
-          f"{(fr / pr if pr else 0):.2f} | {qual} |")
-PY
+python3 bench/compare_table.py "$log" "${peers[@]}"

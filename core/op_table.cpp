@@ -76,6 +76,7 @@ constinit OpTable<LayerNormKernel> op_layer_norm_backward{"layer_norm_backward"}
 constinit OpTable<LayerNormKernel> op_layer_norm_xhat{"layer_norm_xhat"};
 constinit OpTable<LayerNormKernel> op_layer_norm_backward_xhat{"layer_norm_backward_xhat"};
 constinit OpTable<ElementwiseKernel> op_gelu_backward{"gelu_backward"};
+constinit OpTable<ElementwiseKernel> op_relu_backward{"relu_backward"};
 constinit OpTable<ElementwiseKernel> op_gelu_tanh_backward{"gelu_tanh_backward"};
 constinit OpTable<SelfAttentionKernel> op_self_attention{"self_attention"};
 constinit OpTable<SelfAttentionKernel> op_self_attention_backward{"self_attention_backward"};

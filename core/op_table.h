@@ -354,6 +354,9 @@ extern OpTable<LayerNormKernel> op_layer_norm_backward_xhat;
 //   gelu_tanh_backward: dx = dy ((1 + t) / 2 + x (1 - t^2) k (1 + 3 c x^2) / 2),
 //                       t = tanh(k (x + c x^3)), k = sqrt(2 / pi), c = 0.044715
 extern OpTable<ElementwiseKernel> op_gelu_backward;
+// ReLU's gradient from its output in one pass: operands out (dx), dy, y, all of y's dtype (the table's key);
+// dx = y > 0 ? dy : 0, the values where(y > 0, dy, 0) selects (a NaN y gives 0).
+extern OpTable<ElementwiseKernel> op_relu_backward;
 extern OpTable<ElementwiseKernel> op_gelu_tanh_backward;
 
 // Fused multi-head self-attention over q, k, v packed as one [B, T, 3, H, hd] tensor (the output of one

@@ -27,6 +27,8 @@ Tensor gelu_tanh(const Tensor& x);  // the tanh approximation
 // Their gradients in one pass, d y * gelu'(x), for d y and x of one shape (d y is converted to x's dtype).
 Tensor gelu_backward(const Tensor& grad_out, const Tensor& x);
 Tensor gelu_tanh_backward(const Tensor& grad_out, const Tensor& x);
+// ReLU's gradient from its output y in one pass: y > 0 ? d y : 0 (d y converted to y's dtype).
+Tensor relu_backward(const Tensor& grad_out, const Tensor& y);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor silu(const Tensor& x);

@@ -1,4 +1,5 @@
-// The one-pass gradients of the activations (gelu_backward, gelu_tanh_backward): argument checks and the call
+// The one-pass gradients of the activations (gelu_backward, gelu_tanh_backward, relu_backward): argument
+// checks and the call
 // into the op table. The kernels are in kernels/cpu/activation.cpp.
 #include "core/op_table.h"
 #include "core/ops.h"
@@ -29,6 +30,9 @@ Tensor gelu_backward(const Tensor& grad_out, const Tensor& x) {
 }
 Tensor gelu_tanh_backward(const Tensor& grad_out, const Tensor& x) {
   return activation_backward(op_gelu_tanh_backward, grad_out, x);
+}
+Tensor relu_backward(const Tensor& grad_out, const Tensor& y) {
+  return activation_backward(op_relu_backward, grad_out, y);
 }
 
 }  // namespace frugal::ops

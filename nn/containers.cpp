@@ -30,12 +30,19 @@ Sequential& Sequential::recompute_every(int k) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  if (recompute_every_ == 0 || !autograd::grad_mode_enabled()) {
+  if (recompute_every_ == 0 || !autograd::grad_mode_enabled() || modules_.empty()) {
     for (const auto& m : modules_) h = m->forward(h);
     return h;
   }
   const size_t k = size_t(recompute_every_);
+  // The last segment runs plainly: backward starts with it, so its activations would be recomputed at once
+  // and the peak is the same either way (PyTorch's checkpoint_sequential does the same).
+  const size_t last = (modules_.size() - 1) / k * k;
   for (size_t s = 0; s < modules_.size(); s += k) {
+    if (s == last) {
+      for (size_t i = s; i < modules_.size(); ++i) h = modules_[i]->forward(h);
+      break;
+    }
     // The segment holds its modules, so it stays valid however long backward takes to reach it.
     std::vector<std::shared_ptr<Module>> group(modules_.begin() + long(s),
                                                modules_.begin() + long(std::min(s + k, modules_.size())));

@@ -1,9 +1,9 @@
-// CPU kernels of the activations' gradients that run as one pass (op_gelu_backward, op_gelu_tanh_backward;
-// formulas in core/op_table.h) instead of a dozen elementwise ops. The math is one Eigen array expression, so
-// contiguous f32/f64 runs use Eigen's vectorised erf, exp and tanh (Eigen's float erf is a clamped rational
-// approximation accurate to a few ulps, the same the forward gelu uses); other runs (strided, f16/bf16) pass
-// through small buffers in the compute type. Their reference is the gradient autograd derives from the
-// composite forms (tests/kernels/test_gelu.cpp).
+// CPU kernels of the activations' gradients that run as one pass (op_gelu_backward, op_gelu_tanh_backward,
+// op_relu_backward; formulas in core/op_table.h) instead of several elementwise ops. The math is one Eigen
+// array expression, so contiguous f32/f64 runs use Eigen's vectorised erf, exp and tanh (Eigen's float erf is
+// a clamped rational approximation accurate to a few ulps, the same the forward gelu uses); other runs
+// (strided, f16/bf16) pass through small buffers in the compute type. Their reference is the gradient
+// autograd derives from the composite forms (tests/kernels/test_gelu.cpp).
 #include <Eigen/Core>
 #include <algorithm>
 #include <unsupported/Eigen/SpecialFunctions>
@@ -45,11 +45,20 @@ void gelu_tanh_backward_cpu(const Loop& loop, const OpArgs&) {
   });
 }
 
+// dx = y > 0 ? dy : 0 (y is ReLU's output; a select, so the values are exactly where(y > 0, dy, 0)'s)
+template <typename T>
+void relu_backward_cpu(const Loop& loop, const OpArgs&) {
+  using C = acc_t<T>;
+  map_backward<T>(loop,
+                  [](Out<C>& dx, const In<C>& dy, const In<C>& y) { dx = (y > C(0)).select(dy, C(0)); });
+}
+
 const bool kRegistered = [] {
   cpu::for_types<float, double, Half, BFloat16>([](auto t) {
     using T = decltype(t);
     op_gelu_backward.set(DeviceType::CPU, dtype_v<T>, gelu_backward_cpu<T>);
     op_gelu_tanh_backward.set(DeviceType::CPU, dtype_v<T>, gelu_tanh_backward_cpu<T>);
+    op_relu_backward.set(DeviceType::CPU, dtype_v<T>, relu_backward_cpu<T>);
   });
   return true;
 }();

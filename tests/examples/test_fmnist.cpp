@@ -156,7 +156,7 @@ TEST(Fmnist, MemoryLimitFailsWithAdviceAndAccumulationFits) {
     memory::set_memory_limit(kCPU, 0);
     return ok;
   };
-  const int64_t limit = dataset_bytes + (40 << 20);  // the dataset (kept in memory) and 40 MiB
+  const int64_t limit = dataset_bytes + (32 << 20);  // the dataset (kept in memory) and 32 MiB
   std::string message;
   EXPECT_FALSE(fits(1, limit, &message));
   EXPECT_NE(message.find("limit"), std::string::npos) << message;

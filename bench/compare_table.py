@@ -1,0 +1,137 @@
+"""The Markdown table of bench/compare.sh: reads its log (lines "<who> <round> <json>", who = "frugal" or
+"<peer>:<setting>") and prints, per workload, the medians over rounds, each peer at its better thread setting,
+frugal / best peer, the memory ratio, and shared/WORKLOADS.md's target with met or not.
+    python3 bench/compare_table.py LOG pytorch libtorch"""
+import json
+import statistics
+import sys
+
+SETTINGS = {"1": "OPENBLAS_NUM_THREADS=1", "default": "default threads"}
+
+
+def time_of(d):
+    return d.get("median_step_ms", d.get("median_ms"))
+
+
+def load(path):
+    runs = {}  # name -> who -> [json]
+    for line in open(path):
+        who, _, js = line.split(" ", 2)
+        d = json.loads(js)
+        runs.setdefault(d["name"], {}).setdefault(who, []).append(d)
+    return runs
+
+
+def med(ds, key):
+    vals = [key(d) for d in ds if key(d) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def best_setting(sides, peer):
+    """The peer's setting with the lower median time: (label, its runs), or None when it did not run."""
+    options = [(s, sides[f"{peer}:{s}"]) for s in SETTINGS if f"{peer}:{s}" in sides]
+    return min(options, key=lambda o: med(o[1], time_of)) if options else None
+
+
+def mib(n):
+    return f"{n / 2**20:.0f} MiB"
+
+
+def fmt(x, spec=".3g"):
+    return "–" if x is None else format(x, spec)
+
+
+def met(ok):
+    return "**met**" if ok else "not met"
+
+
+def judge(name, f, runs, best_ratio, rss_ratio, peer_best):
+    """The target of WORKLOADS.md for a workload and whether frugal's figures meet it."""
+    fr = runs[name]["frugal"]
+    if name == "W1":
+        acc = med(fr, lambda d: d.get("test_accuracy"))
+        py = peer_best.get("pytorch")
+        py_acc = med(py, lambda d: d.get("test_accuracy")) if py else None
+        checks = [best_ratio is not None and best_ratio <= 0.5, rss_ratio is not None and rss_ratio <= 0.5]
+        if acc is not None and py_acc is not None:
+            checks.append(acc >= py_acc - 0.005)
+        return "time ≤ 0.5 × best peer; RSS ≤ 0.5 × PyTorch's; accuracy ≥ PyTorch's − 0.5 pt", all(checks)
+    limits = {"W2": 1.0, "W3": 0.7, "W5": 1.0}
+    if name in limits:
+        return f"time ≤ {limits[name]} × best peer", best_ratio is not None and best_ratio <= limits[name]
+    if name == "W4":
+        text = "time ≤ 0.8 × best peer; GFLOP/s ≥ 0.8 × frugal's W5"
+        ok = best_ratio is not None and best_ratio <= 0.8
+        if "W5" in runs:
+            own = med(fr, lambda d: d.get("gflops")) / med(runs["W5"]["frugal"], lambda d: d.get("gflops"))
+            text += f" (is {own:.2f})"
+            ok = ok and own >= 0.8
+        return text, ok
+    if name == "W4r":
+        if "W4" not in runs:
+            return "≤ 1.35 × W4 time, activations ≤ 0.35 × W4's (run W4 too)", None
+        w4 = runs["W4"]["frugal"]
+        t = f / med(w4, time_of)
+        a = med(fr, lambda d: d.get("activation_bytes")) / med(w4, lambda d: d.get("activation_bytes"))
+        return f"time ≤ 1.35 × W4 (is {t:.3f}); activations ≤ 0.35 × W4's (is {a:.3f})", t <= 1.35 and a <= 0.35
+    if name == "W6":
+        # W6's line carries the W3 run it alternated with; otherwise frugal's W3 of this comparison.
+        t = med(fr, lambda d: d.get("step_ms_ratio_to_W3"))
+        a = med(fr, lambda d: d.get("act_ratio_to_W3"))
+        loss = med(fr, lambda d: d.get("loss_ratio_to_W3"))
+        if t is None and "W3" in runs:
+            t = f / med(runs["W3"]["frugal"], time_of)
+        if a is None and "W3" in runs:
+            w3_act = med(runs["W3"]["frugal"], lambda d: d.get("activation_bytes"))
+            w6_act = med(fr, lambda d: d.get("activation_bytes"))
+            a = w6_act / w3_act if w3_act and w6_act else None
+        text = f"time ≤ 1.0 × W3 (is {fmt(t)}); activations ≤ 0.55 × W3's (is {fmt(a)})"
+        ok = t is not None and a is not None and t <= 1.0 and a <= 0.55
+        if loss is not None:
+            text += f"; loss within 2% of W3's (is {loss:.4f})"
+            ok = ok and abs(loss - 1) <= 0.02
+        return text, (ok if t is not None and a is not None else None)
+    return "", None
+
+
+def main():
+    runs = load(sys.argv[1])
+    peers = sys.argv[2:]
+    head = ["workload", "frugal ms"] + [f"{p} ms (setting)" for p in peers] + [
+        "frugal ÷ best peer", "RSS frugal ÷ PyTorch", "quality frugal / PyTorch", "target", "met"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for name, sides in runs.items():
+        if "frugal" not in sides:
+            continue
+        f = med(sides["frugal"], time_of)
+        cells, peer_best, best = [], {}, None
+        for p in peers:
+            b = best_setting(sides, p)
+            if b is None:
+                cells.append("–")
+                continue
+            peer_best[p] = b[1]
+            t = med(b[1], time_of)
+            cells.append(f"{t:.3f} ({SETTINGS[b[0]]})")
+            best = t if best is None else min(best, t)
+        ratio = f / best if best else None
+        rss_f = max(d.get("peak_rss_bytes", 0) for d in sides["frugal"])
+        py = peer_best.get("pytorch")
+        rss_p = max(d.get("peak_rss_bytes", 0) for d in py) if py else 0
+        rss_ratio = rss_f / rss_p if rss_p and rss_f else None
+        rss = f"{fmt(rss_ratio, '.2f')} ({mib(rss_f)} / {mib(rss_p)})" if rss_ratio else "–"
+        q = next((k for k in ("test_accuracy", "loss", "gflops") if k in sides["frugal"][0]), None)
+        qual = ""
+        if q:
+            qf = med(sides["frugal"], lambda d: d.get(q))
+            qp = med(py, lambda d: d.get(q)) if py else None
+            qual = f"{qf:.4g} / {fmt(qp, '.4g')} ({q})"
+        target, ok = judge(name, f, runs, ratio, rss_ratio, peer_best)
+        row = [name, f"{f:.3f}"] + cells + [fmt(ratio, ".3f"), rss, qual, target,
+                                            "–" if ok is None else met(ok)]
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
