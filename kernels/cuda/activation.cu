@@ -1,6 +1,6 @@
-// CUDA kernels of the activations' one-pass gradients (op_gelu_backward, op_gelu_tanh_backward; formulas in
-// core/op_table.h): operands dx, dy, x of one dtype through the elementwise launcher, f16/bf16 computing in
-// f32. The math is kernels/cuda/math.h's.
+// CUDA kernels of the activations' one-pass gradients (op_gelu_backward, op_gelu_tanh_backward,
+// op_relu_backward; formulas in core/op_table.h): operands dx, dy, x of one dtype through the elementwise
+// launcher, f16/bf16 computing in f32. The math is kernels/cuda/math.h's.
 #include "core/op_table.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/types.cuh"
@@ -20,6 +20,7 @@ const bool kRegistered = [] {
     op_gelu_backward.set(DeviceType::CUDA, dtype_v<T>, activation_backward_cuda<T, math::GeluBackward>);
     op_gelu_tanh_backward.set(DeviceType::CUDA, dtype_v<T>,
                               activation_backward_cuda<T, math::GeluTanhBackward>);
+    op_relu_backward.set(DeviceType::CUDA, dtype_v<T>, activation_backward_cuda<T, math::ReluBackward>);
   });
   return true;
 }();

@@ -420,6 +420,13 @@ FRUGAL_HOST_DEVICE C sparse_adam_step(C p, C g, C* m, C* v, const SparseAdamHype
 // The fused ops of the GPT path (formulas in core/op_table.h): the activations' gradients, LayerNorm's dx,
 // the attention probabilities' gradient and the GradScaler's check.
 
+// dx = y > 0 ? dy : 0, y being ReLU's output (exactly where(y > 0, dy, 0); NaN in y gives 0)
+struct ReluBackward {
+  template <typename C>
+  FRUGAL_HOST_DEVICE C operator()(C dy, C y) const {
+    return y > C(0) ? dy : C(0);
+  }
+};
 // dx = dy (Phi(x) + x phi(x))
 struct GeluBackward {
   template <typename C>

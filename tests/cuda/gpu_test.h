@@ -61,6 +61,7 @@ inline bool fake_gpu() {
     detail::use_cpu_kernels(op_layer_norm_backward);
     detail::use_cpu_kernels(op_gelu_backward);
     detail::use_cpu_kernels(op_gelu_tanh_backward);
+    detail::use_cpu_kernels(op_relu_backward);
     detail::use_cpu_kernels(op_attention_softmax);
     detail::use_cpu_kernels(op_attention_softmax_backward);
     detail::use_cpu_kernels(op_self_attention);

@@ -68,13 +68,15 @@ TEST_F(GptOps, LayerNormForwardAndBackwardMatchTheCpu) {
   }
 }
 
-TEST_F(GptOps, GeluGradientsMatchTheCpu) {
+TEST_F(GptOps, GeluAndReluGradientsMatchTheCpu) {
   for (DType t : kFloats) {
     const Tensor x = uniform({33, 17}, -5, 5, DType::F64, 7).to(t);
     expect_forward_backward_match([](const Inputs& in) { return gelu(in[0]); }, {x}, tol_of(t),
                                   std::string("gelu ") + dtype_name(t));
     expect_forward_backward_match([](const Inputs& in) { return gelu_tanh(in[0].t()); }, {x}, tol_of(t),
                                   std::string("gelu_tanh transposed ") + dtype_name(t));
+    expect_forward_backward_match([](const Inputs& in) { return relu(in[0].t()); }, {x}, tol_of(t),
+                                  std::string("relu transposed ") + dtype_name(t));
   }
 }
 

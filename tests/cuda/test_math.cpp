@@ -386,6 +386,12 @@ TEST(CudaMath, GptPathMathMatchesTheCpuKernels) {
   const Tensor x = uniform({4099}, -8, 8, DType::F32, 60), dy = uniform({4099}, -2, 2, DType::F32, 61);
   expect_close(apply2<float>(dy, x, math::GeluBackward{}), ops::gelu_backward(dy, x).to_vector<double>(),
                kF32, "gelu_backward");
+  // ReLU's gradient: a select, bit for bit (ReLU outputs with zeros, a NaN and -0).
+  Tensor relu_y = ops::relu(uniform({4099}, -1, 1, DType::F32, 59));
+  relu_y.data<float>()[3] = NAN;
+  relu_y.data<float>()[4] = -0.0f;
+  EXPECT_EQ(apply2<float>(dy, relu_y, math::ReluBackward{}),
+            ops::relu_backward(dy, relu_y).to_vector<double>());
   // t = tanh(...) near -1 leaves 1 + t with few bits: libm's tanhf and Eigen's approximation differ there by
   // a few ulp of 1, i.e. ~1e-6 absolute.
   expect_close(apply2<float>(dy, x, math::GeluTanhBackward{}),

@@ -50,7 +50,7 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
   expect_kernels(op_sparse_adam_step, floats);
   expect_kernels(op_segment_sum_rows, floats);
   for (auto* t : {&op_layer_norm, &op_layer_norm_backward}) expect_kernels(*t, floats);
-  for (auto* t : {&op_gelu_backward, &op_gelu_tanh_backward}) expect_kernels(*t, floats);
+  for (auto* t : {&op_gelu_backward, &op_gelu_tanh_backward, &op_relu_backward}) expect_kernels(*t, floats);
   for (auto* t : {&op_attention_softmax, &op_attention_softmax_backward}) expect_kernels(*t, floats);
   for (auto* t : {&op_self_attention, &op_self_attention_backward}) expect_kernels(*t, floats);
   expect_kernels(op_index_add, {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32});
