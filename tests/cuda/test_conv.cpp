@@ -6,6 +6,7 @@
 
 #include "core/batch_norm.h"
 #include "tests/cuda/gpu_test.h"
+#include "tests/kernels/conv_case.h"
 
 #ifdef FRUGAL_HAVE_CUDA
 #include "kernels/cuda/conv.h"
@@ -63,22 +64,7 @@ struct UsePath {
   }
 };
 
-struct Case {
-  int64_t n, c, h, w, o, kh, kw;
-  Size2 stride = 1, pad = 0, dil = 1;
-  int64_t groups = 1;
-  bool bias = true;
-  std::string str() const {
-    return detail::str_cat("x [", n, ", ", c, ", ", h, ", ", w, "] w [", o, ", ", c / groups, ", ", kh, ", ",
-                           kw, "] stride (", stride.h, ", ", stride.w, ") pad (", pad.h, ", ", pad.w,
-                           ") dil (", dil.h, ", ", dil.w, ") groups ", groups, bias ? " bias" : "");
-  }
-  Shape x_shape() const { return {n, c, h, w}; }
-  Shape w_shape() const { return {o, c / groups, kh, kw}; }
-  int64_t oh() const { return (h + 2 * pad.h - dil.h * (kh - 1) - 1) / stride.h + 1; }
-  int64_t ow() const { return (w + 2 * pad.w - dil.w * (kw - 1) - 1) / stride.w + 1; }
-  Shape y_shape() const { return {n, o, oh(), ow()}; }
-};
+using Case = testing::ConvCase;
 
 // Groups, dilation, strides, padding (also wider than the kernel), 1x1, a kernel as large as the input,
 // depthwise, odd sizes, and W2-like layers.
