@@ -10,7 +10,8 @@
 # The C++ peers are built with cmake -DFRUGAL_LIBTORCH_WORKLOADS=ON; a peer that is missing is left out. Each
 # peer runs with the settings WORKLOADS.md names (OpenBLAS core-type pin removed, passive OpenMP waiting),
 # once with OPENBLAS_NUM_THREADS=1 and once with the default each round; the table keeps its better setting.
-# frugal runs with the same passive OpenMP waiting. FRUGAL_BENCH_STEPS shortens every side's runs alike.
+# frugal runs with the same passive OpenMP waiting. FRUGAL_BENCH_STEPS shortens every side's runs alike;
+# FRUGAL_BENCH_SEED sets W1/W2's seed on every side (a quality figure from one seed is noisy).
 # W4r and W6 are judged against frugal's own W4 and W3 (run W4r with W4; W6 carries its W3 figures itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -44,9 +44,16 @@ int64_t steps_or(int64_t dflt) {
   return s ? std::max<int64_t>(1, std::atoll(s)) : dflt;
 }
 
+// The seed of the weights and the data order, from FRUGAL_BENCH_SEED (to see the spread of a quality
+// figure), else 0.
+uint64_t seed() {
+  const char* s = std::getenv("FRUGAL_BENCH_SEED");
+  return s ? uint64_t(std::atoll(s)) : 0;
+}
+
 // W1 / W2: one epoch of the trainer's steps (shuffled, drop_last), then the test accuracy.
 void fashion(const char* name, bool cnn) {
-  manual_seed(0);
+  manual_seed(seed());
   std::shared_ptr<data::FashionMNIST> train_set, test_set;
   {
     memory::Tag tag("dataset");
@@ -54,8 +61,8 @@ void fashion(const char* name, bool cnn) {
     test_set = std::make_shared<data::FashionMNIST>(std::string(data::kFashionMNISTRoot), data::Split::Test);
   }
   const int64_t batch = cnn ? 64 : 128;
-  data::DataLoader train(train_set,
-                         data::DataLoaderOptions().batch_size(batch).shuffle(true).drop_last(true));
+  data::DataLoader train(
+      train_set, data::DataLoaderOptions().batch_size(batch).shuffle(true).drop_last(true).seed(seed()));
   data::DataLoader test(test_set, data::DataLoaderOptions().batch_size(250));
   auto model = cnn ? fmnist::make_cnn() : fmnist::make_mlp();
   optim::Adam opt(model->parameters(), optim::AdamOptions(1e-3));

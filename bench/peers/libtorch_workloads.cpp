@@ -87,7 +87,8 @@ torch::Tensor read_idx(const std::string& path) {
 
 void fashion(const char* name, bool cnn) {
   const std::string root = "/usr/share/datasets/fashion-mnist/";
-  torch::manual_seed(0);
+  const char* seed = std::getenv("FRUGAL_BENCH_SEED");  // the seed's spread: as bench/workloads
+  torch::manual_seed(seed ? uint64_t(std::atoll(seed)) : 0);
   const torch::Tensor xtr = read_idx(root + "train-images-idx3-ubyte.gz"),
                       ytr = read_idx(root + "train-labels-idx1-ubyte.gz").to(torch::kLong),
                       xte = read_idx(root + "t10k-images-idx3-ubyte.gz"),

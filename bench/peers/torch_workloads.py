@@ -34,7 +34,7 @@ def read_idx(path):
 
 
 def fashion(name, cnn):
-    torch.manual_seed(0)
+    torch.manual_seed(int(os.environ.get("FRUGAL_BENCH_SEED", "0")))  # the seed's spread: as bench/workloads
     xtr, ytr = read_idx(f"{ROOT}/train-images-idx3-ubyte.gz"), read_idx(f"{ROOT}/train-labels-idx1-ubyte.gz").long()
     xte, yte = read_idx(f"{ROOT}/t10k-images-idx3-ubyte.gz"), read_idx(f"{ROOT}/t10k-labels-idx1-ubyte.gz").long()
     if cnn:
