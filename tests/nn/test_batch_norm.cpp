@@ -113,6 +113,31 @@ TEST(BatchNorm, Gradcheck) {
   }
 }
 
+// A non-contiguous input (channels-last memory seen as [N, C, H, W], and every second column) gives what its
+// contiguous copy gives, outputs and gradients, in training and eval.
+TEST(BatchNorm, NonContiguousInputs) {
+  const Tensor nhwc = uniform({4, 5, 6, 3}, -2, 3, DType::F32, 16);
+  const Tensor wide = uniform({4, 3, 5, 12}, -2, 3, DType::F32, 17);
+  for (const Tensor& view : {nhwc.permute({0, 3, 1, 2}), wide.narrow(3, 1, 6)}) {
+    ASSERT_FALSE(view.is_contiguous());
+    for (bool training : {true, false}) {
+      const Tensor dy = uniform(view.shape(), -1, 1, DType::F32, 18);
+      auto run = [&](const Tensor& input) {
+        const Tensor x = input.detach().requires_grad_();
+        const Tensor w = uniform({3}, 0.5, 1.5, DType::F32, 19).requires_grad_();
+        Tensor rm = uniform({3}, -1, 1, DType::F32, 20), rv = uniform({3}, 0.5, 2, DType::F32, 21);
+        const Tensor y = F::batch_norm(x, rm, rv, w, {}, training, 0.1, 1e-5);
+        (y * dy).sum().backward();
+        return std::vector<Tensor>{y.detach(), x.grad(), w.grad(), rm, rv};
+      };
+      const std::vector<Tensor> strided = run(view), dense = run(view.contiguous());
+      for (size_t i = 0; i < dense.size(); ++i)
+        expect_close(strided[i], dense[i].to_vector<double>(), {1e-6, 1e-6},
+                     detail::str_cat("output ", i, training ? " training " : " eval ", view.shape()));
+    }
+  }
+}
+
 TEST(BatchNorm, OnlyTheWantedGradients) {
   const Tensor x = uniform({4, 3, 2, 2}, -1, 1, DType::F64, 13);
   const Tensor w = uniform({3}, 0.5, 1.5, DType::F64, 14).requires_grad_();
