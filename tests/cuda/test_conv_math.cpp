@@ -86,6 +86,23 @@ TEST(CudaConvMath, Im2colColumnsTimesTheWeightGiveTheConvolution) {
   }
 }
 
+// The gather the col2im kernel does: each input element sums the column entries that read it
+// (math::for_each_reader), for columns of all a.n images.
+std::vector<double> gather(const ConvArgs& a, const std::vector<double>& col) {
+  std::vector<double> out(size_t(a.n * a.c * a.h * a.w));
+  for (int64_t img = 0; img < a.n; ++img)
+    for (int64_t c = 0; c < a.c; ++c)
+      for (int64_t ih = 0; ih < a.h; ++ih)
+        for (int64_t iw = 0; iw < a.w; ++iw) {
+          double s = 0;
+          math::for_each_reader(a, ih, iw, [&](int64_t i, int64_t j, int64_t oh, int64_t ow) {
+            s += col[size_t(math::col_offset(a, a.n, img, c, i, j, oh, ow))];
+          });
+          out[size_t(((img * a.c + c) * a.h + ih) * a.w + iw)] = s;
+        }
+  return out;
+}
+
 TEST(CudaConvMath, Col2imGatherIsTheAdjointOfIm2colAndGivesTheDataGradient) {
   for (const ConvCase& cc : kConvCases) {
     const ConvArgs a = cc.args();
@@ -99,17 +116,7 @@ TEST(CudaConvMath, Col2imGatherIsTheAdjointOfIm2colAndGivesTheDataGradient) {
         if (src >= 0) scattered[size_t(src)] += col[size_t(r * cols + q)];
       }
     // ... and the gather the kernel does.
-    std::vector<double> gathered(scattered.size());
-    for (int64_t img = 0; img < a.n; ++img)
-      for (int64_t c = 0; c < a.c; ++c)
-        for (int64_t ih = 0; ih < a.h; ++ih)
-          for (int64_t iw = 0; iw < a.w; ++iw) {
-            double s = 0;
-            math::for_each_reader(a, ih, iw, [&](int64_t i, int64_t j, int64_t oh, int64_t ow) {
-              s += col[size_t(math::col_offset(a, a.n, img, c, i, j, oh, ow))];
-            });
-            gathered[size_t(((img * a.c + c) * a.h + ih) * a.w + iw)] = s;
-          }
+    const std::vector<double> gathered = gather(a, col);
     expect_close(gathered, scattered, {1e-12, 1e-12}, "col2im " + cc.str());
 
     // W_g^T dy gathered is the data gradient.
@@ -126,17 +133,7 @@ TEST(CudaConvMath, Col2imGatherIsTheAdjointOfIm2colAndGivesTheDataGradient) {
           s += wv[size_t(oc * kk + k)] * dyv[size_t((img * a.o + oc) * ohw + p)];
         dcol[size_t(r * cols + q)] = s;
       }
-    std::vector<double> dx(scattered.size());
-    for (int64_t img = 0; img < a.n; ++img)
-      for (int64_t c = 0; c < a.c; ++c)
-        for (int64_t ih = 0; ih < a.h; ++ih)
-          for (int64_t iw = 0; iw < a.w; ++iw) {
-            double s = 0;
-            math::for_each_reader(a, ih, iw, [&](int64_t i, int64_t j, int64_t oh, int64_t ow) {
-              s += dcol[size_t(math::col_offset(a, a.n, img, c, i, j, oh, ow))];
-            });
-            dx[size_t(((img * a.c + c) * a.h + ih) * a.w + iw)] = s;
-          }
+    const std::vector<double> dx = gather(a, dcol);
     const Tensor want =
         ops::conv2d_backward_data(dy, wt, {a.n, a.c, a.h, a.w}, cc.stride, cc.pad, cc.dil, cc.groups);
     expect_close(dx, want.to_vector<double>(), {1e-12, 1e-12}, "backward data " + cc.str());
