@@ -299,14 +299,17 @@ extern OpTable<AttentionSoftmaxKernel> op_attention_softmax;
 extern OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward;
 
 // Loss scaling (optim/grad_scaler.h): one pass over a contiguous gradient of n elements, keyed by its dtype.
-//   found_inf = true when some element is inf or nan (never set back to false);
+//   *found_inf = 1 when some element is inf or nan (never set back to 0);
 //   grad[i] *= inv_scale, in f32 for f16/bf16 (as PyTorch's _amp_foreach_non_finite_check_and_unscale_;
 //   skipped when inv_scale is 1, which makes the pass a check only)
+// found_inf is one f32 in the gradient's device memory (a 0-d tensor's data), as PyTorch's found_inf tensor:
+// a CUDA kernel ORs into it on the stream without waiting, and whoever needs the answer reads it once for
+// all the gradients of that device (Note [one found_inf per device] in optim/grad_scaler.cpp).
 struct UnscaleArgs {
   void* grad = nullptr;
   int64_t n = 0;
   float inv_scale = 1;
-  bool* found_inf = nullptr;
+  float* found_inf = nullptr;
 };
 using UnscaleKernel = void(const UnscaleArgs& args);
 extern OpTable<UnscaleKernel> op_non_finite_check_and_unscale;

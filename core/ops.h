@@ -142,6 +142,9 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // i64 tensor of shape index.shape + [num_classes] with a 1 at each index; num_classes < 0 infers max + 1.
 Tensor one_hot(const Tensor& index, int64_t num_classes = -1);
+// {min, max} of a non-empty integer tensor, on the host, for bounds checks of indices: on a GPU one reduction
+// and one copy, so one wait for the device (Note [index bounds on a GPU] in core/ops_index.cpp).
+std::pair<int64_t, int64_t> integer_range(const Tensor& x);
 
 }  // namespace frugal::ops
 

@@ -16,7 +16,7 @@ Tensor checked_index(const char* op, const Tensor& index, int64_t size, const Te
                  " but the tensor is on ", x.device());
   Tensor idx = index.to(DType::I64).contiguous();
   if (idx.numel() == 0) return idx;
-  const int64_t lo = min(idx).item<int64_t>(), hi = max(idx).item<int64_t>();
+  const auto [lo, hi] = integer_range(idx);
   FRUGAL_CHECK_INDEX(lo >= -size && hi < size, op, ": index ", (lo < -size ? lo : hi),
                      " is out of range for dim ", dim, " of size ", size, " (tensor shape ", x.shape(),
                      "); valid indices are [", -size, ", ", size - 1, "]");
@@ -56,6 +56,31 @@ Tensor add_into_copy(const OpTable<IndexKernel>& op, const Tensor& x, const Shap
 }
 
 }  // namespace
+
+// Note [index bounds on a GPU]
+// The index ops check every index on the host before a kernel runs (checked_index; embedding and the
+// class-index losses do the same with integer_range), so that a bad index is a clear IndexError naming the
+// op, the value and the size, thrown where the op is called, and no kernel ever reads or writes out of
+// bounds. On a GPU that costs a wait for the device per op: the {min, max} pair comes back in one copy after
+// one reduction (max over [~x, x]; ~v = -1 - v never overflows, unlike -v), one wait instead of the two of a
+// min and a max read separately. The CPU keeps its two reductions: it waits for nothing, and they are cheaper
+// than building [~x, x].
+// Not done yet (a debt): PyTorch checks inside its CUDA kernels and reports through an asynchronous device
+// assert. The frugal equivalent: the CUDA index kernels skip an out-of-range element and record the first
+// (position, value) in a per-device error word, raised as IndexError at the next point that waits for the
+// device anyway (a copy to the host, item(), cuda_synchronize()). It needs the op layer to know that the
+// kernel in the table checks for itself (the stand-in GPU of tests/cuda/gpu_test.h puts the CPU kernels,
+// which trust their indices, in the CUDA slots) and the wrap of negative indices moved into the kernels.
+std::pair<int64_t, int64_t> integer_range(const Tensor& x) {
+  FRUGAL_CHECK(x.defined() && x.numel() > 0, "integer_range: expected a non-empty tensor");
+  FRUGAL_CHECK_DTYPE(is_integral(x.dtype()), "integer_range: expected an integer tensor, got ",
+                     dtype_name(x.dtype()));
+  if (x.device().type == DeviceType::CPU) return {min(x).item<int64_t>(), max(x).item<int64_t>()};
+  const Tensor flat = x.to(DType::I64).reshape({1, x.numel()});
+  const Tensor ends = max(cat({sub(full({1, 1}, -1, flat.options()), flat), flat}, 0), {1}).to(kCPU);
+  const int64_t* e = ends.data<int64_t>();
+  return {-1 - e[0], e[1]};
+}
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   FRUGAL_CHECK(x.defined(), "index_select: the input tensor is undefined");
@@ -181,8 +206,7 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
   FRUGAL_CHECK(index.defined(), "one_hot: the index tensor is undefined");
   FRUGAL_CHECK_DTYPE(is_integral(index.dtype()), "one_hot: the index must be an integer tensor, got ",
                      dtype_name(index.dtype()));
-  const int64_t lo = index.numel() ? min(index).to(DType::I64).item<int64_t>() : 0;
-  const int64_t hi = index.numel() ? max(index).to(DType::I64).item<int64_t>() : -1;
+  const auto [lo, hi] = index.numel() ? integer_range(index) : std::pair<int64_t, int64_t>{0, -1};
   if (num_classes < 0) num_classes = hi + 1;
   FRUGAL_CHECK_INDEX(lo >= 0 && hi < num_classes, "one_hot: class values must be in [0, ", num_classes,
                      "), got values in [", lo, ", ", hi, "]");

@@ -246,7 +246,7 @@ Tensor embedding(const Tensor& input, const Tensor& weight, std::optional<int64_
   const int64_t num = weight.size(0);
   const Tensor flat = input.reshape({-1});
   if (flat.numel() > 0) {
-    const int64_t lo = ops::min(flat).item<int64_t>(), hi = ops::max(flat).item<int64_t>();
+    const auto [lo, hi] = ops::integer_range(flat);  // one wait on a GPU
     FRUGAL_CHECK_INDEX(lo >= 0 && hi < num, "embedding: index ", lo < 0 ? lo : hi, " is out of range for ",
                        num, " embeddings (weight shape ", weight.shape(), "); valid indices are [0, ",
                        num - 1, "]");

@@ -91,7 +91,7 @@ ClassRows class_rows(const Tensor& input, const Tensor& target, int64_t ignore_i
   r.target = target.reshape({-1});
   if (r.target.numel() > 0) {
     const Tensor real = ops::where(ops::eq(r.target, double(ignore_index)), zeros_like(r.target), r.target);
-    const int64_t lo = ops::min(real).item<int64_t>(), hi = ops::max(real).item<int64_t>();
+    const auto [lo, hi] = ops::integer_range(real);  // one wait on a GPU
     FRUGAL_CHECK_INDEX(lo >= 0 && hi < classes, op, ": target ", lo < 0 ? lo : hi, " is out of range for ",
                        classes, " classes (input shape ", input.shape(), "); valid targets are [0, ",
                        classes - 1, "] or ignore_index (", ignore_index, ")");

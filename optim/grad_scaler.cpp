@@ -69,12 +69,13 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
   // As PyTorch, the reciprocal in f64, then rounded to f32.
   UnscaleArgs a;
   a.inv_scale = float(1.0 / double(scale_));
-  bool found_inf = false;
-  a.found_inf = &found_inf;
+  st.found_inf_flags.clear();
+  st.found_inf.reset();
   for (Tensor& g : grads) {
     Tensor work = g.is_contiguous() ? g : ops::contiguous(g);
     a.grad = work.raw_data();
     a.n = work.numel();
+    a.found_inf = static_cast<float*>(flag_for(st, work.device()).raw_data());
     if (a.n > 0) op_non_finite_check_and_unscale.get(work.device(), work.dtype())(a);
     if (!work.is_same(g))
       ops::copy_(g, work);
@@ -82,8 +83,32 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
       g.storage()->bump_version();
   }
   st.checked = st.checked || !grads.empty();
-  st.found_inf = found_inf;
   st.stage = Stage::Unscaled;
+}
+
+// Note [one found_inf per device]
+// unscale_ gives each device its own flag, a 0-d f32 tensor there, zeroed when first needed; every
+// gradient's kernel on that device ORs into it on the device's stream, and nothing waits for the kernels
+// (before, each gradient's check was copied back with a wait of its own). found_inf() reads the flags when
+// an answer is needed, one copy and one wait per device, as PyTorch's step does (_maybe_opt_step sums
+// found_inf.item() over its found_inf_per_device): by step(), to decide whether the optimizer runs, or by
+// update() when unscale_ was called without step(). The answer is kept, so an iteration reads each device's
+// flag once per optimizer. (PyTorch's update() also keeps the scale on the device; here it is a host float,
+// which needs the answer on the host anyway.)
+Tensor& GradScaler::flag_for(PerOptimizer& st, Device device) {
+  for (Tensor& f : st.found_inf_flags)
+    if (f.device() == device) return f;
+  return st.found_inf_flags.emplace_back(zeros({}, TensorOptions(DType::F32).device(device)));
+}
+
+bool GradScaler::found_inf(PerOptimizer& st) {
+  if (!st.found_inf) {
+    bool found = false;
+    for (const Tensor& f : st.found_inf_flags) found = found || f.item<float>() != 0.0f;
+    st.found_inf = found;
+    st.found_inf_flags.clear();
+  }
+  return *st.found_inf;
 }
 
 bool GradScaler::step(optim::Optimizer& opt) {
@@ -99,7 +124,7 @@ bool GradScaler::step(optim::Optimizer& opt) {
   FRUGAL_CHECK(after.checked,
                "No inf checks were recorded for this optimizer. (GradScaler.step: no parameter of this ",
                opt.name(), " has a gradient; call backward() on the scaled loss first)");
-  const bool run = !after.found_inf;
+  const bool run = !found_inf(after);
   if (run) opt.step();
   after.stage = Stage::Stepped;
   return run;
@@ -108,17 +133,17 @@ bool GradScaler::step(optim::Optimizer& opt) {
 void GradScaler::update() {
   if (!enabled()) return;
   check_started("update");
-  bool any = false, found_inf = false;
-  for (const auto& [opt, st] : per_optimizer_) {
+  bool any = false, any_inf = false;
+  for (auto& [opt, st] : per_optimizer_) {
     any = any || st.checked;
-    found_inf = found_inf || (st.checked && st.found_inf);
+    any_inf = any_inf || (st.checked && found_inf(st));
   }
   FRUGAL_CHECK(any,
                "No inf checks were recorded prior to update. (GradScaler.update: call step(optimizer) "
                "or unscale_(optimizer) after backward() first)");
   // torch._amp_update_scale_: back off on inf/nan and restart the count; grow after growth_interval clean
   // steps, unless the grown scale would not be finite in f32.
-  if (found_inf) {
+  if (any_inf) {
     scale_ = float(double(scale_) * options_.backoff_factor());
     growth_tracker_ = 0;
   } else if (growth_tracker_ + 1 == options_.growth_interval()) {

@@ -28,6 +28,8 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <vector>
 
 #include "core/options.h"
 #include "core/tensor.h"
@@ -78,10 +80,15 @@ class GradScaler {
   struct PerOptimizer {
     Stage stage = Stage::Ready;
     bool checked = false;  // some gradient was checked for inf/nan
-    bool found_inf = false;
+    // Written by the kernels without a wait (Note [one found_inf per device] in grad_scaler.cpp): one
+    // 0-d f32 flag per device until found_inf() reads them, then only the answer.
+    std::vector<Tensor> found_inf_flags;
+    std::optional<bool> found_inf;
   };
   bool enabled() const { return options_.enabled(); }
   void check_started(const char* what) const;
+  static Tensor& flag_for(PerOptimizer& st, Device device);
+  static bool found_inf(PerOptimizer& st);  // reads (and waits for) the flags the first time
 
   GradScalerOptions options_;
   float scale_;  // f32, as PyTorch keeps it

@@ -13,7 +13,8 @@ namespace {
 
 using cpu::for_types;
 
-// grad (n, T), updated in place; *found_inf set when some element is inf or nan.
+// grad (n, T), updated in place; *found_inf (one f32 in host memory) set to 1 when some element is inf or
+// nan.
 template <typename T>
 void non_finite_check_and_unscale_cpu(const UnscaleArgs& a) {
   using C = acc_t<T>;
@@ -34,7 +35,7 @@ void non_finite_check_and_unscale_cpu(const UnscaleArgs& a) {
     }
     if (bad) found.store(true, std::memory_order_relaxed);
   });
-  if (found.load()) *a.found_inf = true;
+  if (found.load()) *a.found_inf = 1.0f;
 }
 
 const bool kRegistered = [] {

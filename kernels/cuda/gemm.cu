@@ -9,14 +9,14 @@
 #include <cublas_v2.h>
 
 #include <array>
-#include <map>
+#include <memory>
 #include <mutex>
-#include <tuple>
 
 #include "core/op_table.h"
 #include "core/storage.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/plan_cache.h"
 
 namespace frugal {
 namespace {
@@ -31,6 +31,9 @@ void check_cublas(cublasStatus_t status, const char* call, const char* file, int
 
 constexpr int kMaxDevices = 64;
 constexpr int64_t kWorkspaceBytes = 32 << 20;  // what cuBLAS itself reserves on Hopper
+// Plans kept per device: a training step uses a few dozen shapes; an LRU bound keeps a long run over varying
+// shapes (sequence lengths, last batches) from growing the cache without end.
+constexpr size_t kPlansPerDevice = 256;
 
 // One operand in cuBLAS's terms: column-major rows x cols with leading dimension ld, used as is or
 // transposed, and its batch stride (elements).
@@ -53,41 +56,6 @@ uint32_t alignment_of(const void* p) {
   return align;
 }
 
-using Key = std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, bool>;
-
-// Per device: the handles, the workspace (from the arena, kept for the process) and the algorithms chosen
-// per problem (a heuristic query costs more than a small GEMM).
-struct Context {
-  std::once_flag created;
-  std::mutex mu;
-  cublasLtHandle_t lt = nullptr;
-  cublasHandle_t blas = nullptr;
-  void* workspace = nullptr;
-  // The workspace is shared by every stream: work on a new stream waits for the previous stream's GEMMs.
-  cudaStream_t last_stream = nullptr;
-  cudaEvent_t stream_switch = nullptr;
-  std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> algos;  // false: no cuBLASLt algorithm, use cuBLAS
-};
-
-Context& context(int device) {
-  // Never destroyed: the driver may be gone by the time static destructors run.
-  static auto* all = new std::array<Context, kMaxDevices>();
-  FRUGAL_CHECK_T(DeviceError, device >= 0 && device < kMaxDevices, "cuda:", device,
-                 " is beyond the devices frugal supports");
-  Context& c = (*all)[size_t(device)];
-  std::call_once(c.created, [&] {
-    FRUGAL_CUBLAS_CHECK(cublasLtCreate(&c.lt));
-    FRUGAL_CUBLAS_CHECK(cublasCreate(&c.blas));
-    memory::Tag tag("cublas workspace");
-    // Leaked on purpose, like the contexts: it shows in the arena's statistics under its tag.
-    c.workspace = (new Storage(kWorkspaceBytes, cuda(device)))->data();
-    FRUGAL_CUBLAS_CHECK(cublasSetWorkspace(c.blas, c.workspace, size_t(kWorkspaceBytes)));
-    FRUGAL_CUDA_CHECK(cudaEventCreateWithFlags(&c.stream_switch, cudaEventDisableTiming));
-  });
-  return c;
-}
-
 cudaDataType_t data_type(DType t) {
   switch (t) {
     case DType::F32:
@@ -101,11 +69,18 @@ cudaDataType_t data_type(DType t) {
   }
 }
 
-// RAII for the cuBLASLt descriptors of one call (a destroy cannot usefully fail: its status is ignored).
-struct LtDescriptors {
+// One problem's cuBLASLt descriptors and the algorithm chosen for them, made once and kept in the device's
+// cache (a destroy cannot usefully fail: its status is ignored). use_lt false: cuBLASLt offers no algorithm
+// for the layout, and cuBLAS runs it.
+struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  ~LtDescriptors() {
+  bool use_lt = false;
+  cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
     if (c) cublasLtMatrixLayoutDestroy(c);
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -134,6 +109,74 @@ void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int64_t ro
   }
 }
 
+// Per device: the handles, the workspace (from the arena, kept for the process) and the plans made per
+// problem: descriptors, layouts and the heuristic's algorithm (a heuristic query costs more than a small
+// GEMM).
+struct Context {
+  std::once_flag created;
+  std::mutex mu;
+  cublasLtHandle_t lt = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* workspace = nullptr;
+  // The workspace is shared by every stream: work on a new stream waits for the previous stream's GEMMs.
+  cudaStream_t last_stream = nullptr;
+  cudaEvent_t stream_switch = nullptr;
+  gpu::LruCache<gpu::GemmPlanKey, std::unique_ptr<Plan>, gpu::GemmPlanKeyHash> plans{kPlansPerDevice};
+};
+
+Context& context(int device) {
+  // Never destroyed: the driver may be gone by the time static destructors run.
+  static auto* all = new std::array<Context, kMaxDevices>();
+  FRUGAL_CHECK_T(DeviceError, device >= 0 && device < kMaxDevices, "cuda:", device,
+                 " is beyond the devices frugal supports");
+  Context& c = (*all)[size_t(device)];
+  std::call_once(c.created, [&] {
+    FRUGAL_CUBLAS_CHECK(cublasLtCreate(&c.lt));
+    FRUGAL_CUBLAS_CHECK(cublasCreate(&c.blas));
+    memory::Tag tag("cublas workspace");
+    // Leaked on purpose, like the contexts: it shows in the arena's statistics under its tag.
+    c.workspace = (new Storage(kWorkspaceBytes, cuda(device)))->data();
+    FRUGAL_CUBLAS_CHECK(cublasSetWorkspace(c.blas, c.workspace, size_t(kWorkspaceBytes)));
+    FRUGAL_CUDA_CHECK(cudaEventCreateWithFlags(&c.stream_switch, cudaEventDisableTiming));
+  });
+  return c;
+}
+
+// The descriptors and layouts of key's problem (ca, cb: its operands), and the heuristic's algorithm for
+// them.
+std::unique_ptr<Plan> make_plan(const Context& ctx, const gpu::GemmPlanKey& key, const Operand& ca,
+                                const Operand& cb) {
+  auto plan = std::make_unique<Plan>();
+  const auto type = cudaDataType_t(key.ab_type), c_type = cudaDataType_t(key.c_type);
+  FRUGAL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  FRUGAL_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ca.op, sizeof(ca.op)));
+  FRUGAL_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &cb.op, sizeof(cb.op)));
+  const auto epilogue = cublasLtEpilogue_t(key.epilogue);
+  FRUGAL_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  make_layout(&plan->a, type, ca.rows, ca.cols, ca.ld, key.batch, ca.batch_stride);
+  make_layout(&plan->b, type, cb.rows, cb.cols, cb.ld, key.batch, cb.batch_stride);
+  make_layout(&plan->c, c_type, key.m, key.n, key.ldc, key.batch, key.stride_c);
+
+  Preference pref;
+  const uint64_t workspace = uint64_t(key.workspace_bytes);
+  pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a, sizeof(key.align_a));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b, sizeof(key.align_b));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_c, sizeof(key.align_c));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof(key.align_c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  // Not checked on purpose: a layout no algorithm supports is an answer (use cuBLAS), not an error.
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(ctx.lt, plan->op, plan->a, plan->b, plan->c,
+                                                               plan->c, pref.p, 1, &result, &found);
+  plan->use_lt = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  plan->algo = result.algo;
+  return plan;
+}
+
 }  // namespace
 
 namespace gpu {
@@ -154,62 +197,39 @@ void gemm(const GemmArgs& g, DType ab_dtype, DType c_dtype) {
                  "matmul on a GPU: ", dtype_name(ab_dtype), " operands into a ", dtype_name(c_dtype),
                  " result are not supported");
   const float alpha = g.alpha, beta = g.beta;
-  const uint32_t align_a = alignment_of(g.b), align_b = alignment_of(g.a), align_c = alignment_of(g.c);
-  const Key key{int(type),
-                int(c_type),
-                int(ca.op),
-                int(cb.op),
-                g.m,
-                g.n,
-                g.k,
-                ca.ld,
-                cb.ld,
-                g.c_row,
-                g.batch,
-                ca.batch_stride,
-                cb.batch_stride,
-                g.c_batch,
-                align_a,
-                align_b,
-                align_c,
-                beta != 0};
+  const GemmPlanKey key{.device = on.device,
+                        .ab_type = int(type),
+                        .c_type = int(c_type),
+                        .op_a = int(ca.op),
+                        .op_b = int(cb.op),
+                        .m = g.n,
+                        .n = g.m,
+                        .k = g.k,
+                        .lda = ca.ld,
+                        .ldb = cb.ld,
+                        .ldc = g.c_row,
+                        .batch = g.batch,
+                        .stride_a = ca.batch_stride,
+                        .stride_b = cb.batch_stride,
+                        .stride_c = g.c_batch,
+                        .align_a = alignment_of(g.b),
+                        .align_b = alignment_of(g.a),
+                        .align_c = alignment_of(g.c),
+                        .beta_nonzero = beta != 0,
+                        .epilogue = int(CUBLASLT_EPILOGUE_DEFAULT),
+                        .workspace_bytes = kWorkspaceBytes};
 
-  std::lock_guard lock(ctx.mu);  // the workspace is shared
+  std::lock_guard lock(ctx.mu);  // the workspace and the plans are shared
   if (on.stream != ctx.last_stream) {
     FRUGAL_CUDA_CHECK(cudaEventRecord(ctx.stream_switch, ctx.last_stream));
     FRUGAL_CUDA_CHECK(cudaStreamWaitEvent(on.stream, ctx.stream_switch, 0));
     ctx.last_stream = on.stream;
   }
-  LtDescriptors d;
-  FRUGAL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  FRUGAL_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ca.op, sizeof(ca.op)));
-  FRUGAL_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &cb.op, sizeof(cb.op)));
-  make_layout(&d.a, type, ca.rows, ca.cols, ca.ld, g.batch, ca.batch_stride);
-  make_layout(&d.b, type, cb.rows, cb.cols, cb.ld, g.batch, cb.batch_stride);
-  make_layout(&d.c, c_type, g.n, g.m, g.c_row, g.batch, g.c_batch);
-
-  auto it = ctx.algos.find(key);
-  if (it == ctx.algos.end()) {
-    Preference pref;
-    const uint64_t workspace = uint64_t(kWorkspaceBytes);
-    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    // Not checked on purpose: a layout no algorithm supports is an answer (use cuBLAS), not an error.
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c, pref.p, 1, &result, &found);
-    const bool use_lt = status == CUBLAS_STATUS_SUCCESS && found > 0;
-    it = ctx.algos.emplace(key, std::make_pair(use_lt, result.algo)).first;
-  }
-  if (it->second.first) {
-    FRUGAL_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, d.op, &alpha, g.b, d.a, g.a, d.b, &beta, g.c, d.c, g.c, d.c,
-                                       &it->second.second, ctx.workspace, size_t(kWorkspaceBytes),
+  std::unique_ptr<Plan>* cached = ctx.plans.find(key);
+  const Plan& plan = cached ? **cached : *ctx.plans.insert(key, make_plan(ctx, key, ca, cb));
+  if (plan.use_lt) {
+    FRUGAL_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.op, &alpha, g.b, plan.a, g.a, plan.b, &beta, g.c, plan.c,
+                                       g.c, plan.c, &plan.algo, ctx.workspace, size_t(kWorkspaceBytes),
                                        on.stream));
     return;
   }

@@ -4,7 +4,6 @@
 // kernels/cuda/math.h (the CPU kernels' formulas and order). f16/bf16 parameters compute in f32 with f32
 // state (the master values live in the state; the parameter is rounded once per step).
 #include "core/op_table.h"
-#include "core/storage.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/types.cuh"
 
@@ -98,9 +97,10 @@ void sparse_adam_step_cuda(const SparseAdamStepArgs& a) {
   FRUGAL_CUDA_CHECK_LAUNCH("sparse_adam_step_kernel");
 }
 
-// The GradScaler's pass (UnscaleArgs): flags non-finite elements in a device word and scales the rest.
+// The GradScaler's pass (UnscaleArgs): flags non-finite elements in the device word found_inf and scales the
+// rest. Nothing waits for it: the scaler reads the word once per device (Note [one found_inf per device]).
 template <typename T>
-__global__ void non_finite_check_and_unscale_kernel(T* grad, int64_t n, float inv_scale, unsigned* found) {
+__global__ void non_finite_check_and_unscale_kernel(T* grad, int64_t n, float inv_scale, float* found) {
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   const bool scale = inv_scale != 1.0f;
   bool bad = false;
@@ -109,25 +109,17 @@ __global__ void non_finite_check_and_unscale_kernel(T* grad, int64_t n, float in
     bad |= math::non_finite(v);
     if (scale) grad[i] = gpu::store<T>(v * inv_scale);
   }
-  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *found = 1;
+  // Every writer stores the same value, so plain stores suffice (no atomics, no read of the word).
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *found = 1.0f;
 }
 
-// found_inf is host memory: the flag comes back through a copy that waits for the kernel (one small
-// synchronising copy per gradient; a device-side flag for all of them is a later refinement).
 template <typename T>
 void non_finite_check_and_unscale_cuda(const UnscaleArgs& a) {
   if (a.n == 0) return;
   gpu::LaunchOn on(a.grad);
-  Storage flag(int64_t(sizeof(unsigned)), cuda(on.device));
-  FRUGAL_CUDA_CHECK(cudaMemsetAsync(flag.data(), 0, sizeof(unsigned), on.stream));
   non_finite_check_and_unscale_kernel<T><<<gpu::grid_for(a.n, 256, on.device), 256, 0, on.stream>>>(
-      static_cast<T*>(a.grad), a.n, a.inv_scale, static_cast<unsigned*>(flag.data()));
+      static_cast<T*>(a.grad), a.n, a.inv_scale, a.found_inf);
   FRUGAL_CUDA_CHECK_LAUNCH("non_finite_check_and_unscale_kernel");
-  unsigned found = 0;
-  FRUGAL_CUDA_CHECK(
-      cudaMemcpyAsync(&found, flag.data(), sizeof(unsigned), cudaMemcpyDeviceToHost, on.stream));
-  FRUGAL_CUDA_CHECK(cudaStreamSynchronize(on.stream));
-  if (found) *a.found_inf = true;
 }
 
 const bool kRegistered = [] {

@@ -1,7 +1,7 @@
 // CUDA GEMM (cuBLASLt) against the CPU: f32, f16 and bf16, odd and tensor-core-friendly sizes, transposed and
-// misaligned operands, batches with and without broadcasting, 1-D operands, and the backward of a linear
-// layer. The CPU computes f16/bf16 products in f32 and rounds once, as the GPU accumulates. Skipped without a
-// GPU.
+// misaligned operands, batches with and without broadcasting, 1-D operands, more shapes than the plan cache
+// keeps, and the backward of a linear layer. The CPU computes f16/bf16 products in f32 and rounds once, as
+// the GPU accumulates. Skipped without a GPU.
 #include <cmath>
 
 #include "tests/cuda/gpu_test.h"
@@ -41,6 +41,21 @@ TEST_F(Gemm, MatricesOfEveryShapeAndLayoutMatchTheCpu) {
                              what + " B^T");
       expect_gpu_matches_cpu([](const Inputs& in) { return ops::matmul(in[0].t(), in[1].t()); }, {at, bt},
                              tol, what + " A^T B^T");
+    }
+  }
+}
+
+// More distinct problems than the per-device plan cache keeps (kernels/cuda/gemm.cu, 256), then the first
+// ones again: evicted plans are made anew, kept ones reused, and every product still matches the CPU.
+TEST_F(Gemm, MoreShapesThanThePlanCacheHoldsMatchTheCpu) {
+  const Tensor a = uniform({9, 300}, -1, 1, DType::F32, 45), b = uniform({300, 7}, -1, 1, DType::F32, 46);
+  const Tensor ag = a.to(testing::kGpu), bg = b.to(testing::kGpu);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int64_t k = 1; k <= 300; ++k) {
+      const Tensor want = ops::matmul(a.narrow(1, 0, k), b.narrow(0, 0, k));
+      const Tensor got = ops::matmul(ag.narrow(1, 0, k), bg.narrow(0, 0, k));
+      testing::expect_close(got.to(kCPU), want.to_vector<double>(), gemm_tol(DType::F32, k),
+                            "pass " + std::to_string(pass) + " k " + std::to_string(k));
     }
   }
 }

@@ -1,5 +1,9 @@
 // CUDA index ops (index_select, gather, scatter_add, the embedding forward and backward, dense and sparse)
-// and the fused optimizer steps (SGD, Adam, AdamW, SparseAdam) against the CPU. Skipped without a GPU.
+// and the fused optimizer steps (SGD, Adam, AdamW, SparseAdam) against the CPU, and the GradScaler's
+// per-device overflow flags. Skipped without a GPU.
+#include <algorithm>
+#include <climits>
+
 #include "tests/cuda/gpu_test.h"
 
 namespace frugal {
@@ -109,6 +113,100 @@ TEST_F(IndexOptim, SparseAdamUpdatesOnlyTheRowsPresent) {
     testing::expect_close(gpu, cpu.to_vector<double>(),
                           t == DType::F32 ? testing::Tol{1e-6, 1e-5} : tol_for(t),
                           std::string("sparse adam ") + dtype_name(t));
+  }
+}
+
+// Out-of-range indices on the GPU are refused before any kernel runs (Note [index bounds on a GPU]), with the
+// CPU's messages; the {min, max} read behind the check (one reduction, one copy) matches the CPU's, also at
+// the ends of i64, where negating would overflow.
+TEST_F(IndexOptim, OutOfRangeIndicesAreRefusedWithTheCpusMessages) {
+  const Tensor x = uniform({6, 11}, -1, 1, DType::F32, 34);
+  for (Device d : {kCPU, testing::kGpu}) {
+    const Tensor xd = x.to(d);
+    const std::string where = std::string(" on ") + (d == kCPU ? "cpu" : "cuda:0");
+    testing::expect_error<IndexError>(
+        [&] {
+          ops::index_select(xd, 1, tensor<int64_t>({3, 11}).to(d));
+        },
+        {"index_select", "index 11", "size 11"});
+    testing::expect_error<IndexError>(
+        [&] {
+          ops::index_select(xd, 1, tensor<int64_t>({-12, 0}).to(d));
+        },
+        {"index_select", "index -12", "size 11"});
+    testing::expect_error<IndexError>(
+        [&] {
+          ops::gather(xd, 0, tensor<int64_t>({0, 6}).reshape({1, 2}).to(d));
+        },
+        {"gather", "index 6"});
+    testing::expect_error<IndexError>(
+        [&] {
+          nn::functional::embedding(tensor<int64_t>({2, 6}).to(d), xd);
+        },
+        {"embedding", "index 6"});
+    testing::expect_error<IndexError>(
+        [&] {
+          nn::functional::cross_entropy(xd, tensor<int64_t>({0, 1, 2, 3, 4, 11}).to(d));
+        },
+        {"cross_entropy", "target 11"});
+    for (const std::vector<int64_t>& v : {std::vector<int64_t>{5},
+                                          {3, -7, 2, 9},
+                                          {INT64_MIN, 0, INT64_MAX},
+                                          {INT64_MAX, INT64_MAX - 1},
+                                          {INT64_MIN, INT64_MIN + 1}}) {
+      const auto [lo, hi] = ops::integer_range(tensor<int64_t>(v).to(d));
+      EXPECT_EQ(lo, *std::min_element(v.begin(), v.end())) << where;
+      EXPECT_EQ(hi, *std::max_element(v.begin(), v.end())) << where;
+    }
+    const auto [lo32, hi32] = ops::integer_range(tensor<int32_t>({-4, 8, 1}).to(d));
+    EXPECT_EQ(lo32, -4) << where;
+    EXPECT_EQ(hi32, 8) << where;
+  }
+}
+
+// The GradScaler's flags (Note [one found_inf per device] in optim/grad_scaler.cpp): parameters on cuda:0 and
+// on the CPU in one optimizer, so that each device has its own flag; an inf or nan in any one gradient, on
+// either device, skips the step for all and backs the scale off; a clean iteration steps like the CPU.
+TEST_F(IndexOptim, GradScalerSkipsTheStepForANonFiniteGradientOnAnyDevice) {
+  const int kParams = 12;
+  // bad: the parameter whose gradient gets an inf (even) or a nan (odd); -1 for none.
+  for (int bad : {-1, 0, 5, 6, kParams - 1}) {
+    std::vector<Tensor> params;
+    for (int i = 0; i < kParams; ++i) {
+      Tensor p = uniform({3 + i, 4}, -1, 1, DType::F32, uint64_t(40 + i));
+      if (i % 2 == 0) p = p.to(testing::kGpu);  // even ones on the GPU, odd ones on the CPU
+      params.push_back(p.requires_grad_());
+    }
+    optim::SGD opt(params, optim::SGDOptions(0.1).momentum(0.9));
+    amp::GradScaler scaler(amp::GradScalerOptions().init_scale(4096));
+    Tensor loss;
+    for (const Tensor& p : params) {
+      const Tensor term = sum(mul(p, p)).to(kCPU);
+      loss = loss.defined() ? add(loss, term) : term;
+    }
+    scaler.scale(loss).backward();
+    if (bad >= 0) {
+      NoGradGuard no_grad;
+      Tensor g = params[size_t(bad)].grad();
+      g.narrow(0, 1, 1).fill_(bad % 2 ? double(NAN) : double(INFINITY));
+    }
+    std::vector<std::vector<float>> before;
+    for (const Tensor& p : params) before.push_back(p.to(kCPU).to_vector<float>());
+    const std::string what = "bad parameter " + std::to_string(bad);
+    EXPECT_EQ(scaler.step(opt), bad < 0) << what;
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), bad < 0 ? 4096.0 : 2048.0) << what;
+    for (int i = 0; i < kParams; ++i) {
+      const Tensor after = params[size_t(i)].to(kCPU);
+      if (bad >= 0) {
+        EXPECT_EQ(after.to_vector<float>(), before[size_t(i)]) << what << ", parameter " << i;
+        continue;
+      }
+      // SGD's first step with momentum: p - lr * 2p (the unscaled gradient of p^2).
+      std::vector<double> want;
+      for (float v : before[size_t(i)]) want.push_back(double(v) - 0.1 * 2 * double(v));
+      testing::expect_close(after, want, {1e-6, 1e-6}, what + ", parameter " + std::to_string(i));
+    }
   }
 }
 

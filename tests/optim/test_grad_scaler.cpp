@@ -23,14 +23,14 @@ void check_kernel(DType dt) {
       Tensor g = uniform({n}, -1000, 1000, dt, uint64_t(bad_at + 7));
       if (bad_at >= 0) g.data<T>()[bad_at] = T(bad_at == 5 ? INFINITY : NAN);
       const Tensor before = g.clone();
-      bool found = false;
+      float found = 0;
       UnscaleArgs a;
       a.grad = g.raw_data();
       a.n = n;
       a.inv_scale = inv;
       a.found_inf = &found;
       op_non_finite_check_and_unscale.get(kCPU, dt)(a);
-      EXPECT_EQ(found, bad_at >= 0) << dtype_name(dt) << " inv " << inv;
+      EXPECT_EQ(found, bad_at >= 0 ? 1.0f : 0.0f) << dtype_name(dt) << " inv " << inv;
       const T* in = before.data<T>();
       const T* out = g.data<T>();
       using C = acc_t<T>;
@@ -55,13 +55,13 @@ TEST(GradScalerKernel, MatchesTheNaiveLoop) {
 
 TEST(GradScalerKernel, FoundInfIsNeverCleared) {
   Tensor g = ones({8});
-  bool found = true;
+  float found = 1;
   UnscaleArgs a;
   a.grad = g.raw_data();
   a.n = 8;
   a.found_inf = &found;
   op_non_finite_check_and_unscale.get(kCPU, DType::F32)(a);
-  EXPECT_TRUE(found);  // an earlier gradient's overflow stays recorded
+  EXPECT_EQ(found, 1.0f);  // an earlier gradient's overflow stays recorded
 }
 
 // A linear model y = x w with an MSE loss; w f32.
@@ -134,6 +134,60 @@ TEST(GradScaler, NanAlsoCountsAsOverflow) {
   EXPECT_FALSE(scaler.step(opt));
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 256.0);
+}
+
+// Many parameters share one flag per device (Note [one found_inf per device]): an inf or nan in any one of
+// them, first, last or in the middle, skips the whole step and backs the scale off; with none, every
+// parameter steps.
+TEST(GradScaler, ANonFiniteGradientAnywhereAmongManySkipsTheStep) {
+  const int kParams = 40;
+  for (int bad : {-1, 0, 17, kParams - 1}) {
+    std::vector<Tensor> params;
+    for (int i = 0; i < kParams; ++i)
+      params.push_back(uniform({1 + i % 5, 3}, -1, 1, DType::F32, uint64_t(100 + i)).requires_grad_());
+    optim::SGD opt(params, optim::SGDOptions(0.1));
+    amp::GradScaler scaler(amp::GradScalerOptions().init_scale(1024));
+    Tensor loss = sum(params[0]);
+    for (int i = 1; i < kParams; ++i) loss = add(loss, sum(mul(params[size_t(i)], params[size_t(i)])));
+    scaler.scale(loss).backward();
+    if (bad >= 0) {
+      NoGradGuard no_grad;
+      Tensor g = params[size_t(bad)].grad();
+      g.data<float>()[g.numel() - 1] = bad == 17 ? NAN : INFINITY;
+    }
+    std::vector<std::vector<float>> before;
+    for (const Tensor& p : params) before.push_back(p.to_vector<float>());
+    EXPECT_EQ(scaler.step(opt), bad < 0) << "bad parameter " << bad;
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), bad < 0 ? 1024.0 : 512.0) << "bad parameter " << bad;
+    for (int i = 0; i < kParams; ++i) {
+      if (bad >= 0)
+        EXPECT_EQ(params[size_t(i)].to_vector<float>(), before[size_t(i)]) << "parameter " << i;
+      else
+        EXPECT_NE(params[size_t(i)].to_vector<float>(), before[size_t(i)]) << "parameter " << i;
+    }
+  }
+}
+
+// unscale_ without step(): update() reads the flag itself; the next iteration starts from a clean flag.
+TEST(GradScaler, UpdateReadsTheFlagAndTheNextIterationStartsClean) {
+  Problem p;
+  optim::SGD opt({p.w}, optim::SGDOptions(0.1));
+  amp::GradScaler scaler(amp::GradScalerOptions().init_scale(1024));
+  scaler.scale(p.loss()).backward();
+  {
+    NoGradGuard no_grad;
+    p.w.grad().data<float>()[2] = INFINITY;
+  }
+  scaler.unscale_(opt);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+  opt.zero_grad();
+  scaler.scale(p.loss()).backward();
+  EXPECT_TRUE(scaler.step(opt));  // the last iteration's inf is not carried over
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+  EXPECT_EQ(scaler.growth_tracker(), 1);
 }
 
 TEST(GradScaler, GrowsAfterTheInterval) {
