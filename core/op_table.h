@@ -6,6 +6,7 @@
 // kernel, its public function in core/ops.h, its backward rule, its test.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -75,11 +76,20 @@ using IndexKernel = void(const IndexArgs& args);
 
 [[noreturn]] void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row);
 
-// A table seen without its kernel type, for code that sweeps every table (the dtype-coverage test).
+// One device type's kernels of a table, one per dtype, with their type erased (any function pointer converts
+// to void (*)() and back unchanged).
+using ErasedKernelRow = std::array<void (*)(), kNumDTypes>;
+
+// A table seen without its kernel type, for code that sweeps every table (the dtype-coverage test, the test
+// suites' stand-in GPUs).
+//   copy_row(table, from, to): device type `to` takes the kernel of every dtype that `from` has (none where
+//                              `from` has none); returns `to`'s kernels from before, for set_row to restore.
 struct OpTableRef {
   const char* name = nullptr;
-  const void* table = nullptr;
+  void* table = nullptr;
   bool (*has)(const void* table, Device device, DType dtype) = nullptr;
+  ErasedKernelRow (*copy_row)(void* table, DeviceType from, DeviceType to) = nullptr;
+  void (*set_row)(void* table, DeviceType device, const ErasedKernelRow& row) = nullptr;
 };
 // Every table that has had a kernel set so far (tables note themselves on their first set), by name.
 std::vector<OpTableRef> op_tables();
@@ -92,9 +102,18 @@ class OpTable {
   const char* name() const { return name_; }
   void set(DeviceType device, DType dtype, Fn* fn) {
     if (!noted_) {
-      note_op_table({name_, this, [](const void* t, Device d, DType dt) {
-                       return static_cast<const OpTable*>(t)->has(d, dt);
-                     }});
+      note_op_table(
+          {name_, this,
+           [](const void* t, Device d, DType dt) { return static_cast<const OpTable*>(t)->has(d, dt); },
+           [](void* t, DeviceType from, DeviceType to) {
+             OpTable& table = *static_cast<OpTable*>(t);
+             const ErasedKernelRow old = table.erased_row(to);
+             table.set_erased_row(to, table.erased_row(from));
+             return old;
+           },
+           [](void* t, DeviceType d, const ErasedKernelRow& row) {
+             static_cast<OpTable*>(t)->set_erased_row(d, row);
+           }});
       noted_ = true;
     }
     table_[int(device)][int(dtype)] = fn;
@@ -112,6 +131,15 @@ class OpTable {
   }
 
  private:
+  ErasedKernelRow erased_row(DeviceType device) const {
+    ErasedKernelRow row;
+    for (int i = 0; i < kNumDTypes; ++i) row[i] = reinterpret_cast<void (*)()>(table_[int(device)][i]);
+    return row;
+  }
+  void set_erased_row(DeviceType device, const ErasedKernelRow& row) {
+    for (int i = 0; i < kNumDTypes; ++i) table_[int(device)][i] = reinterpret_cast<Fn*>(row[i]);
+  }
+
   const char* name_;
   bool noted_ = false;
   Fn* table_[kNumDeviceTypes][kNumDTypes] = {};

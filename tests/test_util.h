@@ -11,8 +11,10 @@
 #include <functional>
 #include <string>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
+#include "core/op_table.h"
 #include "frugal.h"
 
 namespace frugal::testing {
@@ -142,5 +144,26 @@ class ScratchDirTest : public ::testing::Test {
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::filesystem::path dir_;
 };
+
+// The kernels of every op table for one device type, as they were before a stand-in replaced them.
+struct SavedKernelRows {
+  DeviceType device = DeviceType::CPU;
+  std::vector<std::pair<OpTableRef, ErasedKernelRow>> rows;
+};
+
+// A stand-in device on the CPU (the stand-in GPUs of tests/cuda/gpu_test.h and tests/core/test_devices.cpp):
+// every op table's row for `device` takes the CPU's kernels, of every dtype (none where the CPU has none), so
+// that no test on the stand-in reaches a real kernel of that device with host memory. Run it after static
+// initialisation (every kernel registered); op_copy_between_devices, which the CPU has no kernels of, is left
+// without any for `device`. restore_kernels(saved) undoes it.
+inline SavedKernelRows use_cpu_kernels_on(DeviceType device) {
+  SavedKernelRows saved{device, {}};
+  for (const OpTableRef& t : op_tables())
+    saved.rows.emplace_back(t, t.copy_row(t.table, DeviceType::CPU, device));
+  return saved;
+}
+inline void restore_kernels(const SavedKernelRows& saved) {
+  for (const auto& [t, row] : saved.rows) t.set_row(t.table, saved.device, row);
+}
 
 }  // namespace frugal::testing

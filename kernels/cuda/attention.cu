@@ -8,6 +8,10 @@
 //   f16/bf16 the products with the probabilities (P V, P^T dY) and with dS take them rounded to the dtype
 //   (tensor cores), where the CPU kernel keeps them in f32: results agree within the dtype's tolerance.
 //   Scratch comes from the arena on the stream (the op layer's per-thread workspace is the CPU's).
+// - op_self_attention(_backward)_low_probs (f16/bf16): the probabilities are saved in the dtype. The forward
+//   computes them in f32 scratch, rounds them into the saved ones, and takes Y = P V from the f32 ones (V
+//   converted to f32, an f32 product), as the CPU kernel does; the backward is op_self_attention_backward's
+//   with the saved probabilities read as they are (the products with P take them in the dtype anyway).
 #include <algorithm>
 
 #include "core/op_table.h"
@@ -111,9 +115,9 @@ void attention_softmax_backward_cuda(const AttentionSoftmaxArgs& a) {
 }
 
 // Between the packed rows [B, T, G, H, hd] and head-major [G, B, H, T, hd] (G = 3 for q, k, v; 1 for the
-// output), one thread per element.
-template <typename T>
-__global__ void heads_kernel(const T* in, T* out, int64_t b, int64_t t, int64_t g, int64_t h, int64_t hd,
+// output), one thread per element, converted from In to Out.
+template <typename In, typename Out>
+__global__ void heads_kernel(const In* in, Out* out, int64_t b, int64_t t, int64_t g, int64_t h, int64_t hd,
                              bool to_heads) {
   const int64_t total = b * t * g * h * hd, step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += step) {
@@ -128,26 +132,32 @@ __global__ void heads_kernel(const T* in, T* out, int64_t b, int64_t t, int64_t 
     const int64_t ti = q % t, bi = q / t;
     const int64_t head_major = (((gi * b + bi) * h + hi) * t + ti) * hd + e;
     if (to_heads)
-      out[head_major] = in[p];
+      out[head_major] = gpu::store<Out>(gpu::load(in[p]));
     else
-      out[p] = in[head_major];
+      out[p] = gpu::store<Out>(gpu::load(in[head_major]));
   }
 }
 
-template <typename T>
-void heads(const T* in, T* out, const SelfAttentionArgs& a, int64_t g, bool to_heads,
+template <typename In, typename Out>
+void heads(const In* in, Out* out, const SelfAttentionArgs& a, int64_t g, bool to_heads,
            const gpu::LaunchOn& on) {
   const int64_t total = a.batch * a.t * g * a.heads * a.head_dim;
-  heads_kernel<T><<<gpu::grid_for(total, 256, on.device), 256, 0, on.stream>>>(in, out, a.batch, a.t, g,
-                                                                               a.heads, a.head_dim, to_heads);
+  heads_kernel<In, Out><<<gpu::grid_for(total, 256, on.device), 256, 0, on.stream>>>(
+      in, out, a.batch, a.t, g, a.heads, a.head_dim, to_heads);
   FRUGAL_CUDA_CHECK_LAUNCH("heads_kernel");
 }
 
-template <typename T>
-__global__ void convert_kernel(const float* in, T* out, int64_t n) {
+template <typename In, typename Out>
+__global__ void convert_kernel(const In* in, Out* out, int64_t n) {
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
-    out[i] = gpu::store<T>(in[i]);
+    out[i] = gpu::store<Out>(gpu::load(in[i]));
+}
+
+template <typename In, typename Out>
+void convert(const In* in, Out* out, int64_t n, const gpu::LaunchOn& on) {
+  convert_kernel<In, Out><<<gpu::grid_for(n, 256, on.device), 256, 0, on.stream>>>(in, out, n);
+  FRUGAL_CUDA_CHECK_LAUNCH("convert_kernel");
 }
 
 // One product per head of the batch: C[i] = A[i] B[i], every operand's heads `batch` apart. A is m x k with
@@ -207,8 +217,37 @@ void self_attention_cuda(const SelfAttentionArgs& a) {
   heads(static_cast<const T*>(y_h.data()), static_cast<T*>(a.y), a, 1, false, on);
 }
 
+// f16/bf16 only: the probabilities saved in the dtype (rounded from the f32 ones Y is computed from).
 template <typename T>
+void self_attention_low_probs_cuda(const SelfAttentionArgs& a) {
+  static_assert(kLow<T>, "probs are kept in a 16-bit dtype only");
+  gpu::LaunchOn on(a.qkv);
+  const int64_t bh = a.batch * a.heads, t = a.t, hd = a.head_dim, head = t * hd, n = bh * head;
+  const DType dt = dtype_v<T>;
+  Storage qkv_h(3 * n * int64_t(sizeof(T)), cuda(on.device));
+  Storage scores(bh * t * t * int64_t(sizeof(float)), cuda(on.device));
+  Storage v_f32(n * int64_t(sizeof(float)), cuda(on.device));
+  Storage y_f32(n * int64_t(sizeof(float)), cuda(on.device));
+  T* q = static_cast<T*>(qkv_h.data());
+  T* k = q + n;
+  T* v = k + n;
+  float* p = static_cast<float*>(scores.data());
+  float* v32 = static_cast<float*>(v_f32.data());
+  float* y32 = static_cast<float*>(y_f32.data());
+  heads(static_cast<const T*>(a.qkv), q, a, 3, true, on);
+  // S = Q K^T (f32), its softmax in place, rounded into the saved probabilities.
+  batched({t, t, hd, q, hd, 1, head, k, 1, hd, head, p, t, t * t}, bh, dt, DType::F32);
+  launch_softmax(p, p, static_cast<T*>(a.probs), bh * t, t, a.scale, a.causal, on.stream);
+  // Y = P V in f32 from the unrounded P, then rounded into the merged rows [B, T, H, hd].
+  convert(v, v32, n, on);
+  batched({t, hd, t, p, t, 1, t * t, v32, hd, 1, head, y32, hd, head}, bh, DType::F32, DType::F32);
+  heads(static_cast<const float*>(y32), static_cast<T*>(a.y), a, 1, false, on);
+}
+
+// kLowProbs: the saved probabilities are of T (f16/bf16), else f32.
+template <typename T, bool kLowProbs = false>
 void self_attention_backward_cuda(const SelfAttentionArgs& a) {
+  using P = std::conditional_t<kLowProbs, T, float>;
   gpu::LaunchOn on(a.qkv);
   const int64_t bh = a.batch * a.heads, t = a.t, hd = a.head_dim, head = t * hd, n = bh * head;
   const DType dt = dtype_v<T>;
@@ -224,16 +263,14 @@ void self_attention_backward_cuda(const SelfAttentionArgs& a) {
   T* dk = dq + n;
   T* dv = dk + n;
   T* dy = static_cast<T*>(dy_h.data());
-  const float* probs = static_cast<const float*>(a.probs);
+  const P* probs = static_cast<const P*>(a.probs);
   float* dpf = static_cast<float*>(dp.data());
   heads(static_cast<const T*>(a.qkv), q, a, 3, true, on);
   heads(static_cast<const T*>(a.dy), dy, a, 1, true, on);
-  // dV = P^T dY (P in the dtype: the low buffer, before it holds dS).
+  // dV = P^T dY (P in the dtype: as saved, or rounded into the low buffer before it holds dS).
   const void* p = probs;
-  if constexpr (kLow<T>) {
-    convert_kernel<T><<<gpu::grid_for(bh * t * t, 256, on.device), 256, 0, on.stream>>>(
-        probs, static_cast<T*>(low.data()), bh * t * t);
-    FRUGAL_CUDA_CHECK_LAUNCH("convert_kernel");
+  if constexpr (kLow<T> && !kLowProbs) {
+    convert(probs, static_cast<T*>(low.data()), bh * t * t, on);
     p = low.data();
   }
   batched({t, hd, t, p, 1, t, t * t, dy, hd, 1, head, dv, hd, head}, bh, dt, dt);
@@ -254,6 +291,12 @@ const bool kRegistered = [] {
     op_attention_softmax_backward.set(DeviceType::CUDA, dtype_v<T>, attention_softmax_backward_cuda<T>);
     op_self_attention.set(DeviceType::CUDA, dtype_v<T>, self_attention_cuda<T>);
     op_self_attention_backward.set(DeviceType::CUDA, dtype_v<T>, self_attention_backward_cuda<T>);
+  });
+  gpu::for_types(gpu::Types<Half, BFloat16>{}, [](auto t) {
+    using T = decltype(t);
+    op_self_attention_low_probs.set(DeviceType::CUDA, dtype_v<T>, self_attention_low_probs_cuda<T>);
+    op_self_attention_backward_low_probs.set(DeviceType::CUDA, dtype_v<T>,
+                                             self_attention_backward_cuda<T, true>);
   });
   return true;
 }();

@@ -4,7 +4,12 @@
 // dbias are column sums: each block sums a strip of 32 columns over one chunk of rows (the op layer's
 // `chunks`, chosen from the shape) into the workspace, and a second kernel adds the chunks in order, so the
 // results do not depend on the launch configuration. f16/bf16 rows accumulate in f32.
+// The x-hat forms (op_layer_norm_xhat, op_layer_norm_backward_xhat; Note [layer norm saves x-hat] in
+// autograd/grad_norm.cpp) are the same kernels writing x-hat in its saved dtype, or reading it instead of x
+// and the mean. The forward's y is the same expression in both forms, with the roundings written out
+// (__fmul_rn and friends, which the compiler never contracts), so it is op_layer_norm's bit for bit.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/op_table.h"
 #include "kernels/cuda/common.cuh"
@@ -32,7 +37,28 @@ struct AddSums {
   __device__ Sums operator()(Sums a, Sums b) const { return {a.g + b.g, a.gx + b.gx}; }
 };
 
-template <typename T>
+// x-hat in its saved dtype S from the compute type, and back (S may be f64: the rounding to f32 on the way
+// back is the CPU kernel's).
+template <typename S>
+__device__ __forceinline__ S store_xhat(float v) {
+  return gpu::store<S>(v);
+}
+template <typename S>
+__device__ __forceinline__ float load_xhat(S v) {
+  return float(gpu::load(v));
+}
+
+// y = xh w + bias with xh = (x - mu) rs, each factor only when given.
+__device__ __forceinline__ float normalized(float d, float rs, const float* w, const float* bias, int64_t j) {
+  if (w) {
+    const float xh = __fmul_rn(d, rs);
+    return bias ? __fmaf_rn(xh, w[j], bias[j]) : __fmul_rn(xh, w[j]);
+  }
+  return bias ? __fmaf_rn(d, rs, bias[j]) : __fmul_rn(d, rs);
+}
+
+// S: the saved x-hat's dtype, or void (op_layer_norm).
+template <typename T, typename S>
 __global__ void layer_norm_forward_kernel(LayerNormArgs a) {
   __shared__ float scratch[32];
   const T* xs = static_cast<const T*>(a.x);
@@ -58,37 +84,58 @@ __global__ void layer_norm_forward_kernel(LayerNormArgs a) {
       static_cast<float*>(a.rstd)[r] = rs;
     }
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      float v = (gpu::load(x[j]) - mu) * rs;
-      if (w) v *= w[j];
-      if (bias) v += bias[j];
-      y[j] = gpu::store<T>(v);
+      const float d = gpu::load(x[j]) - mu;
+      if constexpr (!std::is_void_v<S>) static_cast<S*>(a.xhat)[r * n + j] = store_xhat<S>(__fmul_rn(d, rs));
+      y[j] = gpu::store<T>(normalized(d, rs, w, bias, j));
     }
   }
 }
 
-template <typename T>
+// Where the backward kernels read row r's x-hat from: x with the row's mean and rstd (S void), or the saved
+// x-hat of S.
+template <typename T, typename S>
+struct XhatRow {
+  const void* p;
+  float mu, rs;
+  __device__ XhatRow(const LayerNormArgs& a, int64_t r, float rs_) : rs(rs_) {
+    if constexpr (std::is_void_v<S>) {
+      p = static_cast<const T*>(a.x) + r * a.cols;
+      mu = static_cast<const float*>(a.mean)[r];
+    } else {
+      p = static_cast<const S*>(a.xhat) + r * a.cols;
+      mu = 0;
+    }
+  }
+  __device__ float operator[](int64_t j) const {
+    if constexpr (std::is_void_v<S>)
+      return (gpu::load(static_cast<const T*>(p)[j]) - mu) * rs;
+    else
+      return load_xhat(static_cast<const S*>(p)[j]);
+  }
+};
+
+template <typename T, typename S>
 __global__ void layer_norm_dx_kernel(LayerNormArgs a) {
   __shared__ Sums scratch[32];
-  const T* xs = static_cast<const T*>(a.x);
   const T* dys = static_cast<const T*>(a.dy);
   T* dxs = static_cast<T*>(a.dx);
   const float* w = static_cast<const float*>(a.weight);
   const int64_t n = a.cols;
   const float inv_n = 1.0f / float(n);
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
-    const T* x = xs + r * n;
     const T* dy = dys + r * n;
-    const float mu = static_cast<const float*>(a.mean)[r], rs = static_cast<const float*>(a.rstd)[r];
+    const float rs = static_cast<const float*>(a.rstd)[r];
+    const XhatRow<T, S> x(a, r, rs);
     Sums s{0, 0};
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float xh = (gpu::load(x[j]) - mu) * rs, d = gpu::load(dy[j]), g = w ? d * w[j] : d;
+      const float xh = x[j], d = gpu::load(dy[j]), g = w ? d * w[j] : d;
       s.g += g;
       s.gx += g * xh;
     }
     s = gpu::block_merge(s, AddSums{}, scratch);
     const float mean_g = s.g * inv_n, mean_gx = s.gx * inv_n;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float xh = (gpu::load(x[j]) - mu) * rs, d = gpu::load(dy[j]), g = w ? d * w[j] : d;
+      const float xh = x[j], d = gpu::load(dy[j]), g = w ? d * w[j] : d;
       dxs[r * n + j] = gpu::store<T>(math::layer_norm_dx(g, xh, rs, mean_g, mean_gx));
     }
   }
@@ -97,12 +144,10 @@ __global__ void layer_norm_dx_kernel(LayerNormArgs a) {
 // Block (32, 8), grid (column strips, chunks): thread (x, y) sums rows y, y + 8, ... of its chunk in column
 // strip * 32 + x; the 8 partial sums merge in shared memory into workspace [chunk, 0 / 1, column].
 constexpr int kColumns = 32, kRowThreads = 8;
-template <typename T>
+template <typename T, typename S>
 __global__ void layer_norm_param_partial_kernel(LayerNormArgs a, int64_t per_chunk) {
   __shared__ float sw[kRowThreads][kColumns], sb[kRowThreads][kColumns];
-  const T* xs = static_cast<const T*>(a.x);
   const T* dys = static_cast<const T*>(a.dy);
-  const float* means = static_cast<const float*>(a.mean);
   const float* rstds = static_cast<const float*>(a.rstd);
   const int64_t n = a.cols, j = int64_t(blockIdx.x) * kColumns + threadIdx.x, c = blockIdx.y;
   const int64_t r_end = min(a.rows, (c + 1) * per_chunk);
@@ -110,7 +155,7 @@ __global__ void layer_norm_param_partial_kernel(LayerNormArgs a, int64_t per_chu
   if (j < n) {
     for (int64_t r = c * per_chunk + threadIdx.y; r < r_end; r += kRowThreads) {
       const float d = gpu::load(dys[r * n + j]);
-      dw += d * (gpu::load(xs[r * n + j]) - means[r]) * rstds[r];
+      dw += d * XhatRow<T, S>(a, r, rstds[r])[j];
       db += d;
     }
   }
@@ -143,19 +188,20 @@ __global__ void layer_norm_param_finish_kernel(LayerNormArgs a) {
   }
 }
 
-template <typename T>
+template <typename T, typename S = void>
 void layer_norm_forward_cuda(const LayerNormArgs& a) {
   if (a.rows == 0) return;
   gpu::LaunchOn on(a.x);
-  layer_norm_forward_kernel<T><<<grid_for_rows(a.rows), threads_for(a.cols), 0, on.stream>>>(a);
+  layer_norm_forward_kernel<T, S><<<grid_for_rows(a.rows), threads_for(a.cols), 0, on.stream>>>(a);
   FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
 }
 
-template <typename T>
+// From x and the mean (S void), or from the saved x-hat of S (then x and mean are null).
+template <typename T, typename S = void>
 void layer_norm_backward_cuda(const LayerNormArgs& a) {
-  gpu::LaunchOn on(a.x);
+  gpu::LaunchOn on(a.dy);
   if (a.dx && a.rows > 0) {
-    layer_norm_dx_kernel<T><<<grid_for_rows(a.rows), threads_for(a.cols), 0, on.stream>>>(a);
+    layer_norm_dx_kernel<T, S><<<grid_for_rows(a.rows), threads_for(a.cols), 0, on.stream>>>(a);
     FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_dx_kernel");
   }
   if (!a.dweight && !a.dbias) return;
@@ -167,10 +213,35 @@ void layer_norm_backward_cuda(const LayerNormArgs& a) {
   b.chunks = chunks;
   const int64_t per_chunk = (a.rows + chunks - 1) / chunks;
   const dim3 grid(unsigned((a.cols + kColumns - 1) / kColumns), unsigned(chunks));
-  layer_norm_param_partial_kernel<T><<<grid, dim3(kColumns, kRowThreads), 0, on.stream>>>(b, per_chunk);
+  layer_norm_param_partial_kernel<T, S><<<grid, dim3(kColumns, kRowThreads), 0, on.stream>>>(b, per_chunk);
   FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_param_partial_kernel");
   layer_norm_param_finish_kernel<<<gpu::grid_for(a.cols, 256, on.device), 256, 0, on.stream>>>(b);
   FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_param_finish_kernel");
+}
+
+// The x-hat forms for x of T: the kernel for the saved x-hat's dtype.
+template <typename T, bool kBackward>
+void layer_norm_xhat_cuda(const LayerNormArgs& a) {
+  auto run = [&](auto s) {
+    using S = decltype(s);
+    if constexpr (kBackward)
+      layer_norm_backward_cuda<T, S>(a);
+    else
+      layer_norm_forward_cuda<T, S>(a);
+  };
+  switch (a.xhat_dtype) {
+    case DType::F32:
+      return run(float());
+    case DType::F64:
+      return run(double());
+    case DType::F16:
+      return run(Half());
+    case DType::BF16:
+      return run(BFloat16());
+    default:
+      FRUGAL_CHECK_T(DTypeError, false, "layer_norm x-hat: expected a floating dtype for x-hat, got ",
+                     dtype_name(a.xhat_dtype));
+  }
 }
 
 const bool kRegistered = [] {
@@ -178,6 +249,8 @@ const bool kRegistered = [] {
     using T = decltype(t);
     op_layer_norm.set(DeviceType::CUDA, dtype_v<T>, layer_norm_forward_cuda<T>);
     op_layer_norm_backward.set(DeviceType::CUDA, dtype_v<T>, layer_norm_backward_cuda<T>);
+    op_layer_norm_xhat.set(DeviceType::CUDA, dtype_v<T>, layer_norm_xhat_cuda<T, false>);
+    op_layer_norm_backward_xhat.set(DeviceType::CUDA, dtype_v<T>, layer_norm_xhat_cuda<T, true>);
   });
   return true;
 }();

@@ -1,8 +1,8 @@
 // Moving tensors and modules between devices (ops::copy_ across devices, Tensor::to, nn::Module::to), reading
 // and printing a device tensor, and the errors of ops that mix devices. On a machine with a GPU, cuda:0 is
 // the real one; elsewhere this program plays a GPU on the CPU: a host-memory backing for cuda:0, a byte copy
-// that checks what the op layer hands it, and the CPU's cast, fill and transpose kernels registered for it,
-// so that the device logic of the op layer runs on every machine.
+// that checks what the op layer hands it, and the CPU's kernels of every op table registered for it
+// (testing::use_cpu_kernels_on), so that the device logic of the op layer runs on every machine.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -33,14 +33,10 @@ bool real_gpu() {
   static const bool real = [] {
     if (cuda_is_available()) return true;
     memory::register_backing(DeviceType::CUDA, [](int) { return memory::make_host_backing(); });
-    for (int t = 0; t < kNumDTypes; ++t) {
-      op_copy_between_devices.set(DeviceType::CUDA, DType(t), fake_copy);
-      op_cast.set(DeviceType::CUDA, DType(t), op_cast.get(kCPU, DType(t)));
-      op_fill.set(DeviceType::CUDA, DType(t), op_fill.get(kCPU, DType(t)));
-      // copy_ of a transposed matrix takes the transposing kernel (a CUDA build registers the real one).
-      op_transpose2d.set(DeviceType::CUDA, DType(t),
-                         op_transpose2d.has(kCPU, DType(t)) ? op_transpose2d.get(kCPU, DType(t)) : nullptr);
-    }
+    // Every op table's kernels (copy_ converts with cast, fills with fill, transposes with transpose2d): a
+    // CUDA build registers its real kernels, which must not run on host memory.
+    testing::use_cpu_kernels_on(DeviceType::CUDA);
+    for (int t = 0; t < kNumDTypes; ++t) op_copy_between_devices.set(DeviceType::CUDA, DType(t), fake_copy);
     return false;
   }();
   return real;

@@ -36,5 +36,35 @@ TEST(OpTables, EveryF32CpuKernelHasF16AndBf16) {
     EXPECT_TRUE(names.count(name)) << name << " is on the allow-list but no such op table exists";
 }
 
+// The type-erased row hooks the stand-in devices use: every table's CUDA row takes the CPU's kernels, the
+// very functions, then gets back what it had (nothing in a build without CUDA, the CUDA kernels otherwise).
+TEST(OpTables, CopyRowGivesEveryDtypesKernelAndSetRowRestores) {
+  const Device gpu = cuda(0);
+  auto gpu_has = [&] {
+    std::vector<bool> has;
+    for (const OpTableRef& t : op_tables())
+      for (int d = 0; d < kNumDTypes; ++d) has.push_back(t.has(t.table, gpu, DType(d)));
+    return has;
+  };
+  const std::vector<bool> before = gpu_has();
+  const ElementwiseKernel* cuda_add = op_add.has(gpu, DType::F32) ? op_add.get(gpu, DType::F32) : nullptr;
+  const testing::SavedKernelRows saved = testing::use_cpu_kernels_on(DeviceType::CUDA);
+  EXPECT_EQ(saved.rows.size(), op_tables().size());
+  for (const OpTableRef& t : op_tables())
+    for (int d = 0; d < kNumDTypes; ++d)
+      EXPECT_EQ(t.has(t.table, gpu, DType(d)), t.has(t.table, kCPU, DType(d))) << t.name << " " << d;
+  EXPECT_EQ(op_add.get(gpu, DType::F32), op_add.get(kCPU, DType::F32));
+  EXPECT_EQ(op_layer_norm_xhat.get(gpu, DType::BF16), op_layer_norm_xhat.get(kCPU, DType::BF16));
+  testing::restore_kernels(saved);
+  EXPECT_EQ(gpu_has(), before);
+  EXPECT_EQ(op_add.has(gpu, DType::F32) ? op_add.get(gpu, DType::F32) : nullptr, cuda_add);
+#ifdef FRUGAL_HAVE_CUDA
+  EXPECT_NE(cuda_add, nullptr);
+  EXPECT_NE(cuda_add, op_add.get(kCPU, DType::F32));
+#else
+  EXPECT_EQ(cuda_add, nullptr);
+#endif
+}
+
 }  // namespace
 }  // namespace frugal

@@ -19,57 +19,21 @@ inline const Device kGpu = cuda(0);
 
 namespace detail {
 inline void host_copy(const DeviceCopyArgs& a) { std::memcpy(a.dst, a.src, size_t(a.nbytes)); }
-// The CUDA slots of a table take the CPU kernels (or none, where the CPU has none).
-template <typename Fn>
-void use_cpu_kernels(OpTable<Fn>& table) {
-  for (int t = 0; t < kNumDTypes; ++t)
-    table.set(DeviceType::CUDA, DType(t), table.has(kCPU, DType(t)) ? table.get(kCPU, DType(t)) : nullptr);
-}
 }  // namespace detail
 
-// With FRUGAL_FAKE_GPU=1 on a machine without a GPU, cuda:0 becomes host memory running the CPU's kernels,
-// so that the GPU suites' own logic (views, dtypes, shapes, autograd and optimizers across devices) runs
-// here. It checks the tests, not the CUDA kernels: both sides of every comparison run the same code.
+// With FRUGAL_FAKE_GPU=1 on a machine without a GPU, cuda:0 becomes host memory running the CPU's kernels
+// (every op table's, use_cpu_kernels_on in tests/test_util.h), so that the GPU suites' own logic (views,
+// dtypes, shapes, autograd and optimizers across devices) runs here. It checks the tests, not the CUDA
+// kernels: both sides of every comparison run the same code.
 inline bool fake_gpu() {
   static const bool on = [] {
     const char* env = std::getenv("FRUGAL_FAKE_GPU");
     if (!env || std::strcmp(env, "1") != 0 || cuda_is_available()) return false;
     memory::register_backing(DeviceType::CUDA, [](int) { return memory::make_host_backing(); });
     register_device_count(DeviceType::CUDA, [] { return 1; });
+    use_cpu_kernels_on(DeviceType::CUDA);
     for (int t = 0; t < kNumDTypes; ++t)
       op_copy_between_devices.set(DeviceType::CUDA, DType(t), detail::host_copy);
-#define FRUGAL_USE_CPU(name) detail::use_cpu_kernels(op_##name);
-    FRUGAL_UNARY_OPS(FRUGAL_USE_CPU)
-    FRUGAL_BINARY_OPS(FRUGAL_USE_CPU)
-    FRUGAL_COMPARE_OPS(FRUGAL_USE_CPU)
-    FRUGAL_REDUCE_OPS(FRUGAL_USE_CPU)
-    detail::use_cpu_kernels(op_where);
-    detail::use_cpu_kernels(op_cast);
-    detail::use_cpu_kernels(op_fill);
-    detail::use_cpu_kernels(op_gemm);
-    detail::use_cpu_kernels(op_softmax);
-    detail::use_cpu_kernels(op_sgd_step);
-    detail::use_cpu_kernels(op_adam_step);
-    detail::use_cpu_kernels(op_segment_sum_rows);
-    detail::use_cpu_kernels(op_sparse_adam_step);
-    detail::use_cpu_kernels(op_index_select);
-    detail::use_cpu_kernels(op_gather);
-    detail::use_cpu_kernels(op_scatter_add);
-    detail::use_cpu_kernels(op_cross_entropy);
-    detail::use_cpu_kernels(op_cross_entropy_backward);
-    detail::use_cpu_kernels(op_layer_norm);
-    detail::use_cpu_kernels(op_layer_norm_backward);
-    detail::use_cpu_kernels(op_gelu_backward);
-    detail::use_cpu_kernels(op_gelu_tanh_backward);
-    detail::use_cpu_kernels(op_relu_backward);
-    detail::use_cpu_kernels(op_attention_softmax);
-    detail::use_cpu_kernels(op_attention_softmax_backward);
-    detail::use_cpu_kernels(op_self_attention);
-    detail::use_cpu_kernels(op_self_attention_backward);
-    detail::use_cpu_kernels(op_index_add);
-    detail::use_cpu_kernels(op_transpose2d);
-    detail::use_cpu_kernels(op_non_finite_check_and_unscale);
-#undef FRUGAL_USE_CPU
     return true;
   }();
   return on;

@@ -23,19 +23,8 @@ using testing::uniform;
 using Inputs = std::vector<Tensor>;
 
 // The stand-in GPU (FRUGAL_FAKE_GPU=1, tests/cuda/gpu_test.h) runs the CPU's convolution and pooling kernels
-// as well.
-class Cnn : public testing::GpuTest {
- protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    if (IsSkipped() || !testing::fake_gpu()) return;
-    for (auto* t : {&op_conv2d, &op_conv2d_backward_data, &op_conv2d_backward_weight})
-      testing::detail::use_cpu_kernels(*t);
-    for (auto* t : {&op_max_pool2d, &op_max_pool2d_backward, &op_avg_pool2d, &op_avg_pool2d_backward})
-      testing::detail::use_cpu_kernels(*t);
-    for (auto* t : {&op_batch_norm, &op_batch_norm_backward}) testing::detail::use_cpu_kernels(*t);
-  }
-};
+// as every other.
+using Cnn = testing::GpuTest;
 
 // The convolution paths this build has: cuDNN (when built with it) and the im2col fallback. The switch is
 // restored when the scope ends, failed assertion or not.

@@ -49,10 +49,13 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
   expect_kernels(op_adam_step, floats);
   expect_kernels(op_sparse_adam_step, floats);
   expect_kernels(op_segment_sum_rows, floats);
-  for (auto* t : {&op_layer_norm, &op_layer_norm_backward}) expect_kernels(*t, floats);
+  for (auto* t : {&op_layer_norm, &op_layer_norm_backward, &op_layer_norm_xhat, &op_layer_norm_backward_xhat})
+    expect_kernels(*t, floats);
   for (auto* t : {&op_gelu_backward, &op_gelu_tanh_backward, &op_relu_backward}) expect_kernels(*t, floats);
   for (auto* t : {&op_attention_softmax, &op_attention_softmax_backward}) expect_kernels(*t, floats);
   for (auto* t : {&op_self_attention, &op_self_attention_backward}) expect_kernels(*t, floats);
+  for (auto* t : {&op_self_attention_low_probs, &op_self_attention_backward_low_probs})
+    expect_kernels(*t, {DType::F16, DType::BF16});
   expect_kernels(op_index_add, {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32});
   expect_kernels(op_transpose2d, all);
   expect_kernels(op_non_finite_check_and_unscale, floats);
