@@ -40,7 +40,10 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     if (need_w) n->save(x);
     n->backward = [=](const Grads& s, const Tensor& g) -> Grads {
       const Tensor w = need_x ? s[1] : Tensor(), xs = need_w ? s[need_x ? 2 : 1] : Tensor();
-      ops::LinearGrads d = ops::linear_relu_backward(g, xs, w, s[0], need_x, need_w, need_b);
+      // d y is the engine's alone when nothing else shares its storage (not a gradient the caller passed
+      // in, nor one retained): d z may overwrite it, saving a new buffer and its first touch.
+      const bool own = g.is_unique() && g.is_contiguous() && g.nbytes() == g.storage()->nbytes();
+      ops::LinearGrads d = ops::linear_relu_backward(g, xs, w, s[0], need_x, need_w, need_b, own);
       return {d.dx, d.dweight, d.dbias};
     };
   }

@@ -122,7 +122,8 @@ Tensor linear_relu(const Tensor& x_in, const Tensor& weight, const Tensor& bias)
 }
 
 LinearGrads linear_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                 const Tensor& y, bool need_dx, bool need_dweight, bool need_dbias) {
+                                 const Tensor& y, bool need_dx, bool need_dweight, bool need_dbias,
+                                 bool overwrite_grad) {
   const char* op = "linear_relu_backward";
   FRUGAL_CHECK(grad_out.defined() && grad_out.dim() == 2 && y.defined(), op,
                ": expected a 2-D gradient [M, out] and the layer's output");
@@ -136,7 +137,13 @@ LinearGrads linear_relu_backward(const Tensor& grad_out, const Tensor& x, const 
   Tensor gz, dbias;
   if (need_dbias && op_relu_backward_bias.has(y.device(), y.dtype()) && y.numel() > 0) {
     const Tensor g = contiguous(grad_out), yc = contiguous(y);
-    gz = empty(g.shape(), g.options());
+    // Over d y: each element is read before it is written.
+    if (overwrite_grad && g.is_same(grad_out) && !g.is_same(yc)) {
+      gz = g;
+      gz.storage()->bump_version();
+    } else {
+      gz = empty(g.shape(), g.options());
+    }
     dbias = empty({g.size(1)}, g.options());
     ReluBackwardBiasArgs a;
     a.rows = g.size(0);

@@ -131,6 +131,26 @@ TEST(LinearRelu, BackwardOpWithoutSomeGradients) {
   expect_same(only_b.dbias, ops::sum(ops::relu_backward(g, y), {0}), "dbias only, strided gradient");
 }
 
+// The backward writes d z over d y only where d y is the engine's alone: a gradient the caller passed in, or
+// one retained by retain_grad(), keeps its values; the gradients are the same either way.
+TEST(LinearRelu, OverwritesOnlyTheEnginesOwnGradient) {
+  const Tensor x = uniform({8, 6}, -1, 1, DType::F32, 41).requires_grad_();
+  const Tensor w = uniform({5, 6}, -1, 1, DType::F32, 42).requires_grad_();
+  const Tensor b = uniform({5}, -0.2, 0.2, DType::F32, 43).requires_grad_();
+  const Tensor g = uniform({8, 5}, -1, 1, DType::F32, 44), g_copy = g.clone();
+  F::linear_relu(x, w, b).backward(g);
+  expect_same(g, g_copy, "the caller's gradient");
+  const std::vector<Tensor> passed = {x.grad(), w.grad(), b.grad()};
+  for (const Tensor& p : {x, w, b}) p.zero_grad();
+  // The same upstream gradient, made by the engine (mul's backward) and so the rule's own.
+  Tensor y = F::linear_relu(x, w, b);
+  y.retain_grad();
+  sum(mul(y, g)).backward();
+  expect_same(y.grad(), g_copy, "the retained gradient");
+  const std::vector<Tensor> own = {x.grad(), w.grad(), b.grad()};
+  for (size_t i = 0; i < own.size(); ++i) expect_same(own[i], passed[i], "gradient " + std::to_string(i));
+}
+
 TEST(LinearRelu, RunsTheFusedOpWhereItApplies) {
   const Tensor x = uniform({4, 3}, -1, 1).requires_grad_(), w = uniform({2, 3}, -1, 1).requires_grad_();
   EXPECT_EQ(F::linear_relu(x, w).grad_fn_name(), std::string("linear_relu"));
