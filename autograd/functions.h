@@ -129,6 +129,10 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {
 // y [M, out] = x [M, in] weight^T + bias as one GEMM (see core/ops.h: one floating dtype with a GEMM kernel);
 // gradients for x, weight and bias, first order only. nn::functional::linear calls it where it applies.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// relu(linear(x, weight, bias)) as one op (core/ops.h: the bias and ReLU inside the GEMM where the device
+// can); first order only. nn::Sequential calls it, through nn::functional::linear_relu, for a Linear followed
+// by a ReLU.
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
 // Layer normalisation over the trailing dims named by normalized_shape, fused (see core/ops.h); gradients for
 // x, weight and bias, first order only. nn::functional::layer_norm and nn::LayerNorm call it.

@@ -1,6 +1,8 @@
-// The differentiable fused linear layer, beside its backward rule, which calls the backward op of core/ops.h
-// (first order only: the rule is not itself recorded). nn::functional::linear runs it where it applies and
-// keeps the composite (matmul, add) as linear_composite, its test reference.
+// The differentiable fused linear layer (and linear_relu, the same with a ReLU after it), beside their
+// backward rules, which call the backward ops of core/ops.h (first order only: the rules are not themselves
+// recorded). nn::functional::linear runs it where it applies and keeps the composite (matmul, add) as
+// linear_composite, its test reference; nn::functional::linear_relu likewise with
+// relu(linear_composite(...)).
 #include "autograd/functions.h"
 
 namespace frugal {
@@ -21,6 +23,27 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     n->backward = [=](const Grads& s, const Tensor& g) -> Grads {
       const Tensor w = need_x ? s[0] : Tensor(), xs = need_w ? s[need_x ? 1 : 0] : Tensor();
       ops::LinearGrads d = ops::linear_backward(g, xs, w, need_x, need_w, need_b);
+      return {d.dx, d.dweight, d.dbias};
+    };
+  }
+  return y;
+}
+
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  Tensor y = forward_only([&] { return ops::linear_relu(x, weight, bias); });
+  if (Node* n = recorded("linear_relu", {&x, &weight, &bias}, y)) {
+    const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
+               need_b = autograd::needs_grad({&bias});
+    // The output for the ReLU's mask (the next layer keeps it as its input anyway), then as linear.
+    n->save_output(y);
+    if (need_x) n->save(weight);
+    if (need_w) n->save(x);
+    n->backward = [=](const Grads& s, const Tensor& g) -> Grads {
+      const Tensor w = need_x ? s[1] : Tensor(), xs = need_w ? s[need_x ? 2 : 1] : Tensor();
+      // d y is the engine's alone when nothing else shares its storage (not a gradient the caller passed
+      // in, nor one retained): d z may overwrite it, saving a new buffer and its first touch.
+      const bool own = g.is_unique() && g.is_contiguous() && g.nbytes() == g.storage()->nbytes();
+      ops::LinearGrads d = ops::linear_relu_backward(g, xs, w, s[0], need_x, need_w, need_b, own);
       return {d.dx, d.dweight, d.dbias};
     };
   }

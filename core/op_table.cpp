@@ -23,6 +23,8 @@ constinit OpTable<ElementwiseKernel> op_where{"where"};
 constinit OpTable<ElementwiseKernel> op_cast{"cast"};
 constinit OpTable<ElementwiseKernel> op_fill{"fill"};
 constinit OpTable<GemmKernel> op_gemm{"matmul"};
+constinit OpTable<LinearReluKernel> op_linear_relu{"linear_relu"};
+constinit OpTable<ReluBackwardBiasKernel> op_relu_backward_bias{"relu_backward_bias"};
 constinit OpTable<SoftmaxKernel> op_softmax{"softmax"};
 constinit OpTable<SgdStepKernel> op_sgd_step{"sgd_step"};
 constinit OpTable<AdamStepKernel> op_adam_step{"adam_step"};

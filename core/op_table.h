@@ -51,6 +51,30 @@ struct GemmArgs {
 };
 using GemmKernel = void(const GemmArgs& args);
 
+// A linear layer followed by ReLU, the bias and the ReLU applied as the GEMM stores C: y [m, n] =
+// max(x [m, k] w^T + bias, 0), x and y contiguous, w [n, k] contiguous, bias [n] or null. Registered where a
+// device has such a fused GEMM (f32 through oneDNN on the CPU); ops::linear_relu composes it elsewhere.
+struct LinearReluArgs {
+  int64_t m = 0, n = 0, k = 0;
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* bias = nullptr;
+  void* y = nullptr;
+};
+using LinearReluKernel = void(const LinearReluArgs& args);
+
+// ReLU's backward and the bias gradient in one pass over contiguous [rows, cols] g and y (ReLU's output):
+// gz = y > 0 ? g : 0 and dbias [cols] = the column sums of gz, summed in the order ops::sum(gz, {0}) uses
+// for a bias gradient (the rows in at most 16 chunks fixed by the shape, then the chunks in order).
+struct ReluBackwardBiasArgs {
+  int64_t rows = 0, cols = 0;
+  const void* g = nullptr;
+  const void* y = nullptr;
+  void* gz = nullptr;
+  void* dbias = nullptr;
+};
+using ReluBackwardBiasKernel = void(const ReluBackwardBiasArgs& args);
+
 // Softmax (or log-softmax) over the last dim of a contiguous [rows, cols] input into a contiguous output.
 struct SoftmaxArgs {
   const void* in = nullptr;
@@ -171,6 +195,8 @@ extern OpTable<ElementwiseKernel> op_where;  // operands: out, cond (bool), a, b
 extern OpTable<ElementwiseKernel> op_cast;  // operands: out, in; keyed by the OUTPUT dtype; args.a = in dtype
 extern OpTable<ElementwiseKernel> op_fill;  // operands: out; args.a = the value
 extern OpTable<GemmKernel> op_gemm;
+extern OpTable<LinearReluKernel> op_linear_relu;
+extern OpTable<ReluBackwardBiasKernel> op_relu_backward_bias;
 extern OpTable<SoftmaxKernel> op_softmax;
 // Optimizer updates (optim/): one fused pass over a parameter, its gradient and its state, each contiguous
 // with n elements. Keyed by the parameter's dtype; the gradient has that dtype too, the state is f32 for

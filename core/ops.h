@@ -230,5 +230,16 @@ struct LinearGrads {
 };
 LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_dx,
                             bool need_dweight, bool need_dbias);
+// relu(linear(x, weight, bias)) with the same checks: one fused GEMM where the device registers one
+// (op_linear_relu: f32 on the CPU with oneDNN), whose products may round differently from linear's (within
+// f32 rounding); linear then relu_ (exactly their values) elsewhere.
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// Its gradients from d y and y, its output: d z = y > 0 ? d y : 0, then linear_backward's from d z; d bias
+// and d z come from one pass (op_relu_backward_bias) where the device has it, with exactly the values of
+// relu_backward and sum(d z, {0}) when out > 1. With overwrite_grad (the caller's d y is its own, contiguous,
+// and not needed after), d z is written over d y instead of into a new buffer.
+LinearGrads linear_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                 const Tensor& y, bool need_dx, bool need_dweight, bool need_dbias,
+                                 bool overwrite_grad = false);
 
 }  // namespace frugal::ops

@@ -1,5 +1,6 @@
-// The fused linear layer (linear and its backward): checks, then GEMM calls through the op table. The
-// differentiable wrapper is autograd/grad_linear.cpp; its reference, nn::functional::linear_composite.
+// The fused linear layer (linear and its backward, and linear_relu with the ReLU fused in): checks, then GEMM
+// calls through the op tables. The differentiable wrappers are autograd/grad_linear.cpp; their references,
+// nn::functional::linear_composite and relu of it.
 #include <algorithm>
 
 #include "core/op_table.h"
@@ -96,6 +97,68 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x_in, const Te
     gemm(g.raw_data(), 1, out, x.raw_data(), x.size(1), 1, r.dweight, m, false);  // [out, M] [M, in]
   }
   if (need_dbias) r.dbias = sum(g, {0});
+  return r;
+}
+
+Tensor linear_relu(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
+  check_linear("linear_relu", x_in, weight, bias);
+  const int64_t m = x_in.size(0), in = x_in.size(1), out = weight.size(0);
+  if (!op_linear_relu.has(x_in.device(), x_in.dtype()) || m == 0 || in == 0 || out == 0) {
+    Tensor y = linear(x_in, weight, bias);
+    return relu_(y);
+  }
+  const Tensor x = contiguous(x_in), w = contiguous(weight), b = bias.defined() ? contiguous(bias) : Tensor();
+  Tensor y = empty({m, out}, x.options());
+  LinearReluArgs a;
+  a.m = m;
+  a.n = out;
+  a.k = in;
+  a.x = x.raw_data();
+  a.w = w.raw_data();
+  a.bias = b.defined() ? b.raw_data() : nullptr;
+  a.y = y.raw_data();
+  op_linear_relu.get(x.device(), x.dtype())(a);
+  return y;
+}
+
+LinearGrads linear_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                 const Tensor& y, bool need_dx, bool need_dweight, bool need_dbias,
+                                 bool overwrite_grad) {
+  const char* op = "linear_relu_backward";
+  FRUGAL_CHECK(grad_out.defined() && grad_out.dim() == 2 && y.defined(), op,
+               ": expected a 2-D gradient [M, out] and the layer's output");
+  FRUGAL_CHECK_SHAPE(y.shape() == grad_out.shape(), op, ": the output's shape ", y.shape(),
+                     " differs from the gradient's ", grad_out.shape());
+  FRUGAL_CHECK_DTYPE(is_floating(y.dtype()) && grad_out.dtype() == y.dtype(), op,
+                     ": expected a gradient and an output of one floating dtype, got ",
+                     dtype_name(grad_out.dtype()), " and ", dtype_name(y.dtype()));
+  FRUGAL_CHECK_T(DeviceError, grad_out.device() == y.device(), op, ": the gradient is on ", grad_out.device(),
+                 " but the output is on ", y.device());
+  Tensor gz, dbias;
+  if (need_dbias && op_relu_backward_bias.has(y.device(), y.dtype()) && y.numel() > 0) {
+    const Tensor g = contiguous(grad_out), yc = contiguous(y);
+    // Over d y: each element is read before it is written.
+    if (overwrite_grad && g.is_same(grad_out) && !g.is_same(yc)) {
+      gz = g;
+      gz.storage()->bump_version();
+    } else {
+      gz = empty(g.shape(), g.options());
+    }
+    dbias = empty({g.size(1)}, g.options());
+    ReluBackwardBiasArgs a;
+    a.rows = g.size(0);
+    a.cols = g.size(1);
+    a.g = g.raw_data();
+    a.y = yc.raw_data();
+    a.gz = gz.raw_data();
+    a.dbias = dbias.raw_data();
+    op_relu_backward_bias.get(y.device(), y.dtype())(a);
+  } else {
+    gz = relu_backward(grad_out, y);
+    if (need_dbias) dbias = sum(gz, {0});
+  }
+  LinearGrads r = linear_backward(gz, x, weight, need_dx, need_dweight, false);
+  r.dbias = dbias;
   return r;
 }
 

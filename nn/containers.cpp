@@ -1,7 +1,11 @@
-// nn containers: Sequential's forward (plain, or in recompute segments) and indexing.
+// nn containers: Sequential's forward (plain, or in recompute segments; a Linear and a ReLU after it fused)
+// and indexing.
 #include "nn/containers.h"
 
+#include <typeinfo>
+
 #include "autograd/recompute.h"
+#include "nn/layers.h"
 
 namespace frugal::nn {
 
@@ -12,6 +16,23 @@ const std::shared_ptr<Module>& checked_at(const std::vector<std::shared_ptr<Modu
                      " modules");
   return modules[i];
 }
+
+// Runs modules [begin, end) in order on h; a Linear directly followed by a ReLU (both exactly those classes,
+// so no override of forward is skipped) runs as one F::linear_relu.
+Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t begin, size_t end, Tensor h) {
+  for (size_t i = begin; i < end; ++i) {
+    Module& m = *modules[i];
+    if (i + 1 < end && typeid(m) == typeid(Linear) && typeid(*modules[i + 1]) == typeid(ReLU)) {
+      const auto& linear = static_cast<const Linear&>(m);
+      h = functional::linear_relu(h, linear.weight, linear.bias);
+      ++i;
+      continue;
+    }
+    h = m.forward(h);
+  }
+  return h;
+}
+
 }  // namespace
 
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) : Module("Sequential") {
@@ -30,29 +51,22 @@ Sequential& Sequential::recompute_every(int k) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  if (recompute_every_ == 0 || !autograd::grad_mode_enabled() || modules_.empty()) {
-    for (const auto& m : modules_) h = m->forward(h);
-    return h;
-  }
+  if (recompute_every_ == 0 || !autograd::grad_mode_enabled() || modules_.empty())
+    return run_modules(modules_, 0, modules_.size(), h);
   const size_t k = size_t(recompute_every_);
   // The last segment runs plainly: backward starts with it, so its activations would be recomputed at once
   // and the peak is the same either way (PyTorch's checkpoint_sequential does the same).
   const size_t last = (modules_.size() - 1) / k * k;
   for (size_t s = 0; s < modules_.size(); s += k) {
     if (s == last) {
-      for (size_t i = s; i < modules_.size(); ++i) h = modules_[i]->forward(h);
+      h = run_modules(modules_, s, modules_.size(), h);
       break;
     }
     // The segment holds its modules, so it stays valid however long backward takes to reach it.
     std::vector<std::shared_ptr<Module>> group(modules_.begin() + long(s),
                                                modules_.begin() + long(std::min(s + k, modules_.size())));
     h = autograd::recompute(
-        [group](const std::vector<Tensor>& in) {
-          Tensor y = in[0];
-          for (const auto& m : group) y = m->forward(y);
-          return y;
-        },
-        {h});
+        [group](const std::vector<Tensor>& in) { return run_modules(group, 0, group.size(), in[0]); }, {h});
   }
   return h;
 }

@@ -18,7 +18,10 @@ bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
 Tensor compute_dtype(const Tensor& x) { return is_half(x.dtype()) ? x.to(DType::F32) : x; }
 }  // namespace
 
-Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+namespace {
+
+// linear, or linear then ReLU (with_relu): checks, autocast and leading dims shared.
+Tensor linear_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, bool with_relu) {
   FRUGAL_CHECK(x_in.defined() && weight_in.defined(), "linear: the input or the weight is undefined");
   // Under autocast, all three in its dtype, cast before the weight is transposed so that the weight's cast is
   // the cached one (Note [autocast policy], amp/autocast.h).
@@ -40,13 +43,27 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const bool fused = x.dtype() == weight.dtype() && (!bias.defined() || bias.dtype() == x.dtype()) &&
                      is_floating(x.dtype()) && weight.device() == x.device() &&
                      (!bias.defined() || bias.device() == x.device()) && op_gemm.has(x.device(), x.dtype());
-  Tensor y = fused ? frugal::linear(x2, weight, bias) : linear_composite(x2, weight, bias);
+  Tensor y;
+  if (with_relu)
+    y = fused ? frugal::linear_relu(x2, weight, bias) : relu(linear_composite(x2, weight, bias));
+  else
+    y = fused ? frugal::linear(x2, weight, bias) : linear_composite(x2, weight, bias);
   if (fold) {
     Shape s = x.shape();
     s[s.size() - 1] = weight.size(0);
     y = y.reshape(s);
   }
   return y;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear_impl(x, weight, bias, false);
+}
+
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear_impl(x, weight, bias, true);
 }
 
 Tensor linear_composite(const Tensor& x, const Tensor& weight, const Tensor& bias) {

@@ -27,6 +27,10 @@ const char* reduction_name(Reduction r);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // The same from matmul and add (x [M, in] or batched): the reference the fused op is tested against.
 Tensor linear_composite(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// relu(linear(x, weight, bias)) as one fused op (frugal::linear_relu: the bias and the ReLU applied inside
+// the GEMM where the device can) under the same conditions, relu(linear_composite(...)) otherwise.
+// nn::Sequential runs it for a Linear followed by a ReLU.
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training; x itself
 // otherwise. Drawn from the default generator, so recompute segments replay the same mask.

@@ -10,7 +10,11 @@ namespace frugal {
 namespace {
 
 // Ops whose CPU f32 kernel deliberately has no f16/bf16 twin, each with the reason.
-const std::map<std::string, std::string> kAllowedWithoutHalf = {};
+const std::map<std::string, std::string> kAllowedWithoutHalf = {
+    {"linear_relu",
+     "a fused f32 GEMM (oneDNN's matmul with a ReLU post-op); ops::linear_relu composes linear "
+     "and relu_ for f16/bf16"},
+};
 
 TEST(OpTables, EveryF32CpuKernelHasF16AndBf16) {
   const auto tables = op_tables();

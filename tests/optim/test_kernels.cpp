@@ -77,8 +77,8 @@ TEST_P(FusedKernels, SgdMatchesComposite) {
     double momentum, dampening, wd;
     bool nesterov;
   };
-  for (Case c :
-       {Case{0, 0, 0, false}, Case{0.9, 0, 1e-2, true}, Case{0.8, 0.3, 0, false}, Case{0, 0, 0.1, false}}) {
+  for (Case c : {Case{0, 0, 0, false}, Case{0.9, 0, 1e-2, true}, Case{0.8, 0.3, 0, false},
+                 Case{0, 0, 0.1, false}, Case{0.9, 0, 0, false}, Case{0.9, 0, 0, true}}) {
     Tensor p = testing::uniform({kN}, -1, 1, dtype).requires_grad_();
     optim::SGD opt({p}, optim::SGDOptions(0.1)
                             .momentum(c.momentum)

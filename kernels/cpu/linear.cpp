@@ -1,0 +1,163 @@
+// CPU kernels of the fused linear + ReLU layer (core/ops.h: linear_relu, linear_relu_backward).
+// Forward, f32 with oneDNN only (f16 and bf16 compose it in the op layer): oneDNN's matmul primitive adds the
+// bias and applies the ReLU as it stores each tile of y, at the speed of dnnl_sgemm alone, so no pass fills y
+// with the bias first and none applies the ReLU after. Backward (every floating dtype): the ReLU mask and the
+// bias gradient's column sums in one pass over d y. Their references are the unfused ops
+// (tests/nn/test_linear_relu.cpp).
+#include <algorithm>
+#include <vector>
+
+#include "core/op_table.h"
+#include "core/parallel.h"
+#include "kernels/cpu/register.h"
+
+#ifdef FRUGAL_HAVE_ONEDNN
+#include <unordered_map>
+
+#include "kernels/cpu/onednn.h"
+#include "kernels/cpu/workspace.h"
+#endif
+
+namespace frugal {
+namespace {
+
+#ifdef FRUGAL_HAVE_ONEDNN
+
+struct LinearReluPlan {
+  dnnl::matmul primitive;
+  dnnl::memory::desc x, w, bias, y, scratchpad;
+};
+
+using LinearReluPlans = cpu::PlanCache<4, LinearReluPlan>;
+
+std::shared_ptr<const LinearReluPlan> build_plan(const LinearReluArgs& a) {
+  using dt = dnnl::memory::data_type;
+  auto plan = std::make_shared<LinearReluPlan>();
+  plan->x = dnnl::memory::desc({a.m, a.k}, dt::f32, {a.k, 1});
+  plan->w = dnnl::memory::desc({a.k, a.n}, dt::f32, {1, a.k});  // w [n, k] read as its transpose
+  plan->y = dnnl::memory::desc({a.m, a.n}, dt::f32, {a.n, 1});
+  if (a.bias) plan->bias = dnnl::memory::desc({1, a.n}, dt::f32, {a.n, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::post_ops ops;
+  ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  attr.set_post_ops(ops);
+  const dnnl::matmul::desc desc = a.bias ? dnnl::matmul::desc(plan->x, plan->w, plan->bias, plan->y)
+                                         : dnnl::matmul::desc(plan->x, plan->w, plan->y);
+  const dnnl::matmul::primitive_desc pd(desc, attr, cpu::onednn_engine());
+  plan->primitive = dnnl::matmul(pd);
+  plan->scratchpad = pd.scratchpad_desc();
+  return plan;
+}
+
+// Where oneDNN declines the shape: the unfused steps (bias rows, a GEMM adding onto them, the ReLU).
+void linear_relu_unfused_f32(const LinearReluArgs& a) {
+  float* y = static_cast<float*>(a.y);
+  const float* bias = static_cast<const float*>(a.bias);
+  for (int64_t i = 0; i < a.m; ++i)
+    if (bias)
+      std::copy(bias, bias + a.n, y + i * a.n);
+    else
+      std::fill(y + i * a.n, y + (i + 1) * a.n, 0.0f);
+  GemmArgs g;
+  g.m = a.m;
+  g.n = a.n;
+  g.k = a.k;
+  g.a = a.x;
+  g.a_row = a.k;
+  g.b = a.w;
+  g.b_row = 1;
+  g.b_col = a.k;
+  g.c = a.y;
+  g.c_row = a.n;
+  g.beta = 1;
+  op_gemm.get(kCPU, DType::F32)(g);
+  for (int64_t i = 0; i < a.m * a.n; ++i) y[i] = std::max(y[i], 0.0f);
+}
+
+void linear_relu_f32(const LinearReluArgs& a) {
+  static LinearReluPlans plans(64);
+  const auto plan = plans.get({a.m, a.n, a.k, a.bias ? 1 : 0}, [&] { return build_plan(a); });
+  if (!plan) return linear_relu_unfused_f32(a);
+  auto& eng = cpu::onednn_engine();
+  auto& stream = cpu::onednn_stream();
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(plan->x, eng, const_cast<void*>(a.x))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(plan->w, eng, const_cast<void*>(a.w))},
+      {DNNL_ARG_DST, dnnl::memory(plan->y, eng, a.y)}};
+  if (a.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(plan->bias, eng, const_cast<void*>(a.bias)));
+  Tensor scratch;
+  if (plan->scratchpad.get_size() > 0) {
+    scratch = cpu::workspace(int64_t(plan->scratchpad.get_size()));
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(plan->scratchpad, eng, scratch.raw_data()));
+  }
+  plan->primitive.execute(stream, args);
+  stream.wait();
+}
+
+#endif  // FRUGAL_HAVE_ONEDNN
+
+// The rows split as kernels/cpu/reduce.cpp's sum splits a bias gradient (chunks from the shape alone, sums in
+// acc_t<T>), so d bias is bit-identical to sum(relu_backward(g, y), {0}): with one chunk every column sums
+// its rows in order, as sum does for short or wide gradients. d z is a select, exactly relu_backward's.
+template <typename T>
+void relu_backward_bias_cpu(const ReluBackwardBiasArgs& a) {
+  using C = acc_t<T>;
+  const T* g = static_cast<const T*>(a.g);
+  const T* y = static_cast<const T*>(a.y);
+  T* gz = static_cast<T*>(a.gz);
+  T* db = static_cast<T*>(a.dbias);
+  const int64_t rows = a.rows, n = a.cols;
+  // Masks columns [c0, c1) of row r into gz and adds them to acc (indexed from c0).
+  auto row = [&](int64_t r, C* acc, int64_t c0, int64_t c1) {
+    const T* gr = g + r * n;
+    const T* yr = y + r * n;
+    T* zr = gz + r * n;
+#pragma omp simd
+    for (int64_t j = c0; j < c1; ++j) {
+      const C v = C(yr[j]) > C(0) ? C(gr[j]) : C(0);
+      zr[j] = T(v);
+      acc[j - c0] += v;
+    }
+  };
+  const int64_t chunks =
+      n <= 1024 && rows * n >= 4 * kGrain ? std::min<int64_t>(16, rows * n / (2 * kGrain)) : 1;
+  if (chunks > 1) {
+    const int64_t per = (rows + chunks - 1) / chunks;
+    std::vector<C> part(size_t(chunks * n), C(0));
+    parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c)
+        for (int64_t r = c * per, r1 = std::min(rows, (c + 1) * per); r < r1; ++r)
+          row(r, part.data() + c * n, 0, n);
+    });
+    for (int64_t j = 0; j < n; ++j) {
+      C s = 0;
+      for (int64_t c = 0; c < chunks; ++c) s += part[size_t(c * n + j)];
+      db[j] = T(s);
+    }
+    return;
+  }
+  parallel_for(0, n, 1024, [&](int64_t b, int64_t e) {
+    constexpr int64_t kCols = 512;  // accumulators for a block of columns, on the stack
+    for (int64_t c0 = b; c0 < e; c0 += kCols) {
+      const int64_t c1 = std::min(e, c0 + kCols);
+      C acc[kCols] = {};
+      for (int64_t r = 0; r < rows; ++r) row(r, acc, c0, c1);
+      for (int64_t j = c0; j < c1; ++j) db[j] = T(acc[j - c0]);
+    }
+  });
+}
+
+const bool kRegistered = [] {
+#ifdef FRUGAL_HAVE_ONEDNN
+  op_linear_relu.set(DeviceType::CPU, DType::F32, linear_relu_f32);
+#endif
+  cpu::for_types<float, double, Half, BFloat16>([](auto t) {
+    using T = decltype(t);
+    op_relu_backward_bias.set(DeviceType::CPU, dtype_v<T>, relu_backward_bias_cpu<T>);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace frugal

@@ -1,0 +1,268 @@
+// The fused linear + ReLU op (frugal::linear_relu, behind F::linear_relu and nn::Sequential's Linear, ReLU
+// pairs) against its composite relu(F::linear_composite): outputs and gradients in f32 (oneDNN's fused GEMM
+// where built with it) and f64 (the composition), non-contiguous inputs and weights, leading dims, no bias;
+// its backward op bit-identical to the unfused ops (relu_backward, sum, linear_backward); finite differences
+// in f64; Sequential's fusion, with recompute segments bit-identical to without; bad inputs.
+#include "core/op_table.h"
+#include "nn/containers.h"
+#include "nn/layers.h"
+#include "tests/autograd/gradcheck_helpers.h"
+
+namespace frugal {
+namespace {
+
+namespace F = nn::functional;
+using testing::expect_close;
+using testing::expect_error;
+using testing::uniform;
+
+void expect_same(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.defined(), b.defined()) << what;
+  if (!a.defined()) return;
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  size_t differ = 0;
+  for (size_t i = 0; i < x.size(); ++i) differ += x[i] != y[i];
+  EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << x.size() << " elements differ";
+}
+
+struct Case {
+  Shape x_shape;
+  int64_t out;
+  bool bias, transposed_x, transposed_w;
+};
+const Case kCases[] = {
+    {{5, 7}, 3, true, false, false},
+    {{5, 7}, 3, false, false, false},
+    {{2, 3, 4}, 6, true, false, false},
+    {{7}, 4, true, false, false},
+    {{6, 5}, 4, true, true, false},
+    {{6, 5}, 4, true, false, true},
+    {{300, 64}, 96, true, false, false},
+    {{1, 9}, 1, true, false, false},
+    {{3, 1}, 5, false, false, false},
+    {{256, 130}, 600, true, false, false},  // the bias gradient summed in row chunks
+};
+
+std::string name(const Case& c) {
+  std::ostringstream s;
+  s << c.x_shape << " -> " << c.out << (c.bias ? " bias" : "") << (c.transposed_x ? " x^T view" : "")
+    << (c.transposed_w ? " w^T view" : "");
+  return s.str();
+}
+
+// y and the gradients of x, weight, bias for a fixed random upstream gradient.
+std::vector<Tensor> run(const Case& c, DType t, bool fused) {
+  Tensor x = c.transposed_x ? uniform({c.x_shape[1], c.x_shape[0]}, -2, 2, t, 1).t()
+                            : uniform(c.x_shape, -2, 2, t, 1);
+  const int64_t in = c.x_shape.back();
+  Tensor w = c.transposed_w ? uniform({in, c.out}, -1, 1, t, 2).t() : uniform({c.out, in}, -1, 1, t, 2);
+  Tensor b = c.bias ? uniform({c.out}, -1, 1, t, 3) : Tensor();
+  x = x.detach().requires_grad_();
+  w = w.detach().requires_grad_();
+  if (b.defined()) b.requires_grad_();
+  const Tensor y = fused ? F::linear_relu(x, w, b) : relu(F::linear_composite(x, w, b));
+  y.backward(uniform(y.shape(), -1, 1, t, 4));
+  return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : Tensor()};
+}
+
+TEST(LinearRelu, MatchesComposite) {
+  for (const Case& c : kCases)
+    for (DType t : {DType::F32, DType::F64}) {
+      const auto fused = run(c, t, true), ref = run(c, t, false);
+      const char* names[] = {"y", "dx", "dweight", "dbias"};
+      const testing::Tol tol = t == DType::F64 ? testing::Tol{1e-12, 1e-12} : testing::Tol{1e-5, 1e-5};
+      for (size_t i = 0; i < fused.size(); ++i) {
+        const std::string what = name(c) + " " + dtype_name(t) + " " + names[i];
+        ASSERT_EQ(fused[i].defined(), ref[i].defined()) << what;
+        if (!fused[i].defined()) continue;
+        EXPECT_EQ(fused[i].shape(), ref[i].shape()) << what;
+        EXPECT_EQ(fused[i].dtype(), t) << what;
+        expect_close(fused[i], ref[i].to_vector<double>(), tol, what);
+      }
+    }
+}
+
+// The forward kernel against the op it fuses at W4's layer size (oneDNN's matmul against dnnl_sgemm: the
+// products may round differently, so within f32 rounding).
+TEST(LinearRelu, ForwardKernelMatchesLinearThenRelu) {
+  for (bool bias : {true, false}) {
+    const Tensor x = uniform({1024, 1024}, -1, 1, DType::F32, 11),
+                 w = uniform({1024, 1024}, -0.05, 0.05, DType::F32, 12);
+    const Tensor b = bias ? uniform({1024}, -0.5, 0.5, DType::F32, 13) : Tensor();
+    const Tensor y = ops::linear_relu(x, w, b), ref = ops::relu(ops::linear(x, w, b));
+    expect_close(y, ref.to_vector<double>(), testing::Tol{1e-5, 1e-5}, bias ? "1024^3 bias" : "1024^3");
+  }
+}
+
+// The backward op's one pass gives exactly what the unfused ops give from the same y.
+TEST(LinearRelu, BackwardOpIsBitIdenticalToTheUnfusedOps) {
+  const Shape shapes[][2] = {{{5, 7}, {3, 7}},       {{300, 64}, {96, 64}},    {{1024, 256}, {1024, 256}},
+                             {{64, 40}, {1100, 40}}, {{256, 130}, {600, 130}}, {{2048, 16}, {512, 16}}};
+  for (const auto& s : shapes)
+    for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+      const Tensor x = uniform(s[0], -1, 1, t, 21), w = uniform(s[1], -1, 1, t, 22);
+      // About half the outputs zero, as after a ReLU; some exactly-zero gradients too.
+      const Tensor y = ops::relu(uniform({s[0][0], s[1][0]}, -1, 1, t, 23));
+      const Tensor g = ops::relu(uniform(y.shape(), -0.3, 1, t, 24));
+      const ops::LinearGrads fused = ops::linear_relu_backward(g, x, w, y, true, true, true);
+      const Tensor gz = ops::relu_backward(g, y);
+      const ops::LinearGrads ref = ops::linear_backward(gz, x, w, true, true, false);
+      std::ostringstream what;
+      what << s[0] << " x " << s[1] << " " << dtype_name(t);
+      expect_same(fused.dx, ref.dx, what.str() + " dx");
+      expect_same(fused.dweight, ref.dweight, what.str() + " dweight");
+      expect_same(fused.dbias, ops::sum(gz, {0}), what.str() + " dbias");
+    }
+}
+
+TEST(LinearRelu, BackwardOpWithoutSomeGradients) {
+  const Tensor x = uniform({6, 5}, -1, 1), w = uniform({4, 5}, -1, 1), y = ops::relu(uniform({6, 4}, -1, 1));
+  const Tensor g = uniform({6, 4}, -1, 1);
+  const ops::LinearGrads only_x = ops::linear_relu_backward(g, Tensor(), w, y, true, false, false);
+  EXPECT_TRUE(only_x.dx.defined());
+  EXPECT_FALSE(only_x.dweight.defined());
+  EXPECT_FALSE(only_x.dbias.defined());
+  expect_same(only_x.dx, ops::linear_backward(ops::relu_backward(g, y), Tensor(), w, true, false, false).dx,
+              "dx only");
+  const ops::LinearGrads only_b =
+      ops::linear_relu_backward(g.t().contiguous().t(), x, w, y, false, false, true);
+  expect_same(only_b.dbias, ops::sum(ops::relu_backward(g, y), {0}), "dbias only, strided gradient");
+}
+
+// The backward writes d z over d y only where d y is the engine's alone: a gradient the caller passed in, or
+// one retained by retain_grad(), keeps its values; the gradients are the same either way.
+TEST(LinearRelu, OverwritesOnlyTheEnginesOwnGradient) {
+  const Tensor x = uniform({8, 6}, -1, 1, DType::F32, 41).requires_grad_();
+  const Tensor w = uniform({5, 6}, -1, 1, DType::F32, 42).requires_grad_();
+  const Tensor b = uniform({5}, -0.2, 0.2, DType::F32, 43).requires_grad_();
+  const Tensor g = uniform({8, 5}, -1, 1, DType::F32, 44), g_copy = g.clone();
+  F::linear_relu(x, w, b).backward(g);
+  expect_same(g, g_copy, "the caller's gradient");
+  const std::vector<Tensor> passed = {x.grad(), w.grad(), b.grad()};
+  for (const Tensor& p : {x, w, b}) p.zero_grad();
+  // The same upstream gradient, made by the engine (mul's backward) and so the rule's own.
+  Tensor y = F::linear_relu(x, w, b);
+  y.retain_grad();
+  sum(mul(y, g)).backward();
+  expect_same(y.grad(), g_copy, "the retained gradient");
+  const std::vector<Tensor> own = {x.grad(), w.grad(), b.grad()};
+  for (size_t i = 0; i < own.size(); ++i) expect_same(own[i], passed[i], "gradient " + std::to_string(i));
+}
+
+TEST(LinearRelu, RunsTheFusedOpWhereItApplies) {
+  const Tensor x = uniform({4, 3}, -1, 1).requires_grad_(), w = uniform({2, 3}, -1, 1).requires_grad_();
+  EXPECT_EQ(F::linear_relu(x, w).grad_fn_name(), std::string("linear_relu"));
+  // Mixed dtypes take the composite, whose matmul names them.
+  expect_error<DTypeError>([&] { F::linear_relu(x, w.detach().to(DType::F64)); }, {"matmul", "f32", "f64"});
+#ifdef FRUGAL_HAVE_ONEDNN
+  EXPECT_TRUE(op_linear_relu.has(kCPU, DType::F32));
+#endif
+  EXPECT_TRUE(op_relu_backward_bias.has(kCPU, DType::F32));
+}
+
+TEST(LinearRelu, Gradcheck) {
+  // signed_leaf keeps the pre-activations away from ReLU's kink only by chance; these seeds stay clear.
+  for (testing::Layout layout : testing::kLayouts)
+    testing::expect_grads_ok(
+        [](const std::vector<Tensor>& in) { return F::linear_relu(in[0], in[1], in[2]); },
+        {testing::leaf({4, 5}, -1, 1, 5, layout), testing::leaf({3, 5}, -1, 1, 6, layout),
+         testing::leaf({3}, -1, 1, 7)},
+        std::string("linear_relu ") + testing::layout_name(layout));
+  testing::expect_grads_ok([](const std::vector<Tensor>& in) { return F::linear_relu(in[0], in[1]); },
+                           {testing::leaf({2, 3, 4}, -1, 1, 8), testing::leaf({2, 4}, -1, 1, 9)},
+                           "linear_relu 3-d no bias");
+}
+
+// Sequential runs a Linear, ReLU pair as one op (not a ReLU of another class, nor a pair split by a recompute
+// segment), with the values of the modules run one by one; recompute segments change no gradient bit.
+struct OtherReLU : nn::ReLU {};
+
+std::shared_ptr<nn::Sequential> make_net(bool other_relu) {
+  manual_seed(3);
+  auto net = std::make_shared<nn::Sequential>();
+  for (int i = 0; i < 4; ++i) {
+    net->push_back(std::make_shared<nn::Linear>(24, 24));
+    if (other_relu)
+      net->push_back(std::make_shared<OtherReLU>());
+    else
+      net->push_back(std::make_shared<nn::ReLU>());
+  }
+  net->push_back(std::make_shared<nn::Linear>(24, 5));
+  return net;
+}
+
+std::vector<Tensor> grads_of(nn::Sequential& net, const Tensor& x, Tensor* y_out = nullptr) {
+  net.zero_grad();
+  const Tensor y = net.forward(x);
+  if (y_out) *y_out = y.detach();
+  sum(mul(y, uniform(y.shape(), -1, 1, DType::F32, 31))).backward();
+  std::vector<Tensor> g;
+  for (const Tensor& p : net.parameters()) g.push_back(p.grad());
+  return g;
+}
+
+TEST(LinearRelu, SequentialFusesLinearReluPairs) {
+  const Tensor x = uniform({16, 24}, -1, 1, DType::F32, 30);
+  auto fused = make_net(false), plain = make_net(true);
+  nn::Sequential pair{std::make_shared<nn::Linear>(24, 24), std::make_shared<nn::ReLU>()};
+  EXPECT_EQ(std::string(pair.forward(x).grad_fn_name()), "linear_relu");
+  nn::Sequential other{std::make_shared<nn::Linear>(24, 24), std::make_shared<OtherReLU>()};
+  EXPECT_EQ(std::string(other.forward(x).grad_fn_name()), "relu");
+  Tensor y_fused, y_plain;
+  const auto g_fused = grads_of(*fused, x, &y_fused), g_plain = grads_of(*plain, x, &y_plain);
+  expect_close(y_fused, y_plain.to_vector<double>(), testing::Tol{1e-5, 1e-5}, "Sequential output");
+  ASSERT_EQ(g_fused.size(), g_plain.size());
+  for (size_t i = 0; i < g_fused.size(); ++i)
+    expect_close(g_fused[i], g_plain[i].to_vector<double>(), testing::Tol{1e-5, 1e-5},
+                 "parameter " + std::to_string(i));
+  // Segments of 3 modules split some pairs (Linear | ReLU): those run unfused, still the same gradients.
+  for (int k : {2, 3, 4}) {
+    auto rec = make_net(false);
+    rec->recompute_every(k);
+    const auto g_rec = grads_of(*rec, x);
+    for (size_t i = 0; i < g_fused.size(); ++i) {
+      if (k % 2 == 0)
+        expect_same(g_rec[i], g_fused[i],
+                    "recompute_every(" + std::to_string(k) + ") parameter " + std::to_string(i));
+      else
+        expect_close(g_rec[i], g_fused[i].to_vector<double>(), testing::Tol{1e-5, 1e-5},
+                     "recompute_every(" + std::to_string(k) + ") parameter " + std::to_string(i));
+    }
+  }
+}
+
+TEST(LinearRelu, BadInputs) {
+  const Tensor x = uniform({4, 3}, -1, 1), w = uniform({2, 3}, -1, 1);
+  expect_error<ShapeError>(
+      [&] {
+        ops::linear_relu(x, uniform({2, 4}, -1, 1));
+      },
+      {"linear_relu", "[4, 3]", "[2, 4]"});
+  expect_error<ShapeError>([&] { ops::linear_relu(x, w, uniform({3}, -1, 1)); },
+                           {"linear_relu", "bias", "[2]"});
+  expect_error<DTypeError>([&] { ops::linear_relu(x, w.to(DType::F64)); }, {"linear_relu", "f32", "f64"});
+  expect_error<DTypeError>([&] { ops::linear_relu(x.to(DType::I64), w.to(DType::I64)); },
+                           {"linear_relu", "i64"});
+  expect_error<ShapeError>(
+      [&] {
+        F::linear_relu(x, uniform({2, 4}, -1, 1));
+      },
+      {"linear", "[4, 3]", "[2, 4]"});
+  const Tensor y = uniform({4, 2}, 0, 1), g = uniform({4, 2}, -1, 1);
+  expect_error<ShapeError>(
+      [&] {
+        ops::linear_relu_backward(g, x, w, uniform({4, 3}, 0, 1), true, true, true);
+      },
+      {"linear_relu_backward", "[4, 3]", "[4, 2]"});
+  expect_error<DTypeError>([&] { ops::linear_relu_backward(g, x, w, y.to(DType::F64), true, true, true); },
+                           {"linear_relu_backward", "f32", "f64"});
+  expect_error<Error>([&] { ops::linear_relu_backward(g, x, w, Tensor(), true, true, true); },
+                      {"linear_relu_backward", "output"});
+  // Nothing was written into the inputs.
+  expect_close(x, uniform({4, 3}, -1, 1).to_vector<double>(), testing::Tol{0, 0}, "x untouched");
+}
+
+}  // namespace
+}  // namespace frugal
