@@ -468,10 +468,7 @@ bool run_onednn(const ConvArgs& a, Direction dir, DataType type) {
       op.reorder->execute(stream, user, compute);
     args.emplace(op.arg, compute);
   }
-  if (plan->scratchpad.get_size() > 0) {
-    buffers.push_back(workspace(int64_t(plan->scratchpad.get_size())));
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(plan->scratchpad, eng, buffers.back().raw_data()));
-  }
+  buffers.push_back(cpu::add_scratchpad(plan->scratchpad, args));
   plan->primitive.execute(stream, args);
   for (auto& [op, user] : outputs) op->reorder->execute(stream, args.at(op->arg), user);
   stream.wait();

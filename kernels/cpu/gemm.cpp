@@ -241,11 +241,7 @@ void gemm_bf16_onednn(const GemmArgs& g) {
       {DNNL_ARG_SRC, dnnl::memory(plan->a, eng, const_cast<void*>(g.a))},
       {DNNL_ARG_WEIGHTS, dnnl::memory(plan->b, eng, const_cast<void*>(g.b))},
       {DNNL_ARG_DST, dnnl::memory(plan->c, eng, g.c)}};
-  Tensor scratch;
-  if (plan->scratchpad.get_size() > 0) {
-    scratch = cpu::workspace(int64_t(plan->scratchpad.get_size()));
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(plan->scratchpad, eng, scratch.raw_data()));
-  }
+  const Tensor scratch = cpu::add_scratchpad(plan->scratchpad, args);
   plan->primitive.execute(stream, args);
   stream.wait();
 }

@@ -15,7 +15,6 @@
 #include <unordered_map>
 
 #include "kernels/cpu/onednn.h"
-#include "kernels/cpu/workspace.h"
 #endif
 
 namespace frugal {
@@ -86,11 +85,7 @@ void linear_relu_f32(const LinearReluArgs& a) {
       {DNNL_ARG_WEIGHTS, dnnl::memory(plan->w, eng, const_cast<void*>(a.w))},
       {DNNL_ARG_DST, dnnl::memory(plan->y, eng, a.y)}};
   if (a.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(plan->bias, eng, const_cast<void*>(a.bias)));
-  Tensor scratch;
-  if (plan->scratchpad.get_size() > 0) {
-    scratch = cpu::workspace(int64_t(plan->scratchpad.get_size()));
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(plan->scratchpad, eng, scratch.raw_data()));
-  }
+  const Tensor scratch = cpu::add_scratchpad(plan->scratchpad, args);
   plan->primitive.execute(stream, args);
   stream.wait();
 }

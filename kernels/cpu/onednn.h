@@ -10,6 +10,8 @@
 
 #include <dnnl.hpp>
 
+#include "kernels/cpu/workspace.h"
+
 namespace frugal::cpu {
 
 inline dnnl::engine& onednn_engine() {
@@ -21,6 +23,16 @@ inline dnnl::engine& onednn_engine() {
 inline dnnl::stream& onednn_stream() {
   thread_local dnnl::stream stream(onednn_engine());
   return stream;
+}
+
+// The scratchpad of a primitive made with scratchpad_mode::user, from the arena (so its bytes show in the
+// statistics), added to its arguments; the returned buffer must live until the primitive has run.
+inline Tensor add_scratchpad(const dnnl::memory::desc& scratchpad,
+                             std::unordered_map<int, dnnl::memory>& args) {
+  if (scratchpad.get_size() == 0) return {};
+  Tensor buffer = workspace(int64_t(scratchpad.get_size()));
+  args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratchpad, onednn_engine(), buffer.raw_data()));
+  return buffer;
 }
 
 // Primitives by key (everything they are specialised on, as integers), so a training loop creates each one
