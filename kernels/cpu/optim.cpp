@@ -59,9 +59,13 @@ void sgd_step_cpu(const SgdStepArgs& a) {
   a.weight_decay != 0 ? with_buf(std::true_type{}) : with_buf(std::false_type{});
 }
 
-// param, grad (n, T); exp_avg, exp_avg_sq, max_exp_avg_sq (n, acc_t<T>; the last only with amsgrad).
-template <typename T>
-void adam_step_cpu(const AdamStepArgs& a) {
+// param, grad (n, T); exp_avg, exp_avg_sq, max_exp_avg_sq (n, acc_t<T>; the last only with amsgrad). The
+// options are template arguments, as SGD's, so the loop vectorises (sqrt included: this file is compiled
+// with -fno-math-errno). Where the compiler contracts a product and a sum into an FMA may differ between the
+// vector loop and a scalar one, so a value can differ in its last bit from the scalar loop this replaced
+// (seen with AdamW's decoupled decay); the references compare within rounding.
+template <typename T, bool kCoupled, bool kDecoupled, bool kAmsgrad>
+void adam_loop(const AdamStepArgs& a) {
   using C = acc_t<T>;
   T* param = static_cast<T*>(a.param);
   const T* grad = static_cast<const T*>(a.grad);
@@ -72,20 +76,19 @@ void adam_step_cpu(const AdamStepArgs& a) {
           one_minus_beta2 = C(1 - a.beta2), eps = C(a.eps), wd = C(a.weight_decay),
           shrink = C(1 - a.lr * a.weight_decay), step_size = C(a.step_size),
           bc2_sqrt = C(a.bias_correction2_sqrt);
-  const bool coupled = a.weight_decay != 0 && !a.decoupled_weight_decay,
-             decoupled = a.weight_decay != 0 && a.decoupled_weight_decay, amsgrad = a.amsgrad;
   parallel_for(0, a.n, kGrain, [&](int64_t begin, int64_t end) {
+#pragma omp simd
     for (int64_t i = begin; i < end; ++i) {
       C p = C(param[i]);
       C g = C(grad[i]);
-      if (coupled) g = g + wd * p;
-      if (decoupled) p = p * shrink;
+      if constexpr (kCoupled) g = g + wd * p;
+      if constexpr (kDecoupled) p = p * shrink;
       const C m = exp_avg[i] * beta1 + one_minus_beta1 * g;
       const C v = exp_avg_sq[i] * beta2 + one_minus_beta2 * (g * g);
       exp_avg[i] = m;
       exp_avg_sq[i] = v;
       C v_used = v;
-      if (amsgrad) {
+      if constexpr (kAmsgrad) {
         v_used = std::max(max_sq[i], v);
         max_sq[i] = v_used;
       }
@@ -93,6 +96,21 @@ void adam_step_cpu(const AdamStepArgs& a) {
       param[i] = T(p - step_size * (m / denom));
     }
   });
+}
+
+template <typename T>
+void adam_step_cpu(const AdamStepArgs& a) {
+  const bool decay = a.weight_decay != 0;
+  auto run = [&](auto coupled, auto decoupled) {
+    a.amsgrad ? adam_loop<T, decltype(coupled)::value, decltype(decoupled)::value, true>(a)
+              : adam_loop<T, decltype(coupled)::value, decltype(decoupled)::value, false>(a);
+  };
+  if (decay && a.decoupled_weight_decay)
+    run(std::false_type{}, std::true_type{});
+  else if (decay)
+    run(std::true_type{}, std::false_type{});
+  else
+    run(std::false_type{}, std::false_type{});
 }
 
 const bool kRegistered = [] {
