@@ -4,6 +4,7 @@
 // bad inputs of the op.
 #include "nn/layers.h"
 #include "tests/autograd/gradcheck_helpers.h"
+#include "tests/nn/linear_case.h"
 
 namespace frugal {
 namespace {
@@ -13,54 +14,16 @@ using testing::expect_close;
 using testing::expect_error;
 using testing::uniform;
 
-struct Case {
-  Shape x_shape;
-  int64_t out;
-  bool bias, transposed_x, transposed_w;
-};
-const Case kCases[] = {
+const std::vector<testing::LinearCase> kCases = {
     {{5, 7}, 3, true, false, false},     {{5, 7}, 3, false, false, false}, {{2, 3, 4}, 6, true, false, false},
     {{7}, 4, true, false, false},        {{6, 5}, 4, true, true, false},   {{6, 5}, 4, true, false, true},
     {{300, 64}, 96, true, false, false},
 };
 
-std::string name(const Case& c) {
-  std::ostringstream s;
-  s << c.x_shape << " -> " << c.out << (c.bias ? " bias" : "") << (c.transposed_x ? " x^T view" : "")
-    << (c.transposed_w ? " w^T view" : "");
-  return s.str();
-}
-
-// y and the gradients of x, weight, bias for a fixed random upstream gradient.
-std::vector<Tensor> run(const Case& c, DType t, bool fused) {
-  Tensor x = c.transposed_x ? uniform({c.x_shape[1], c.x_shape[0]}, -2, 2, t, 1).t()
-                            : uniform(c.x_shape, -2, 2, t, 1);
-  const int64_t in = c.x_shape.back();
-  Tensor w = c.transposed_w ? uniform({in, c.out}, -1, 1, t, 2).t() : uniform({c.out, in}, -1, 1, t, 2);
-  Tensor b = c.bias ? uniform({c.out}, -1, 1, t, 3) : Tensor();
-  x = x.detach().requires_grad_();
-  w = w.detach().requires_grad_();
-  if (b.defined()) b.requires_grad_();
-  const Tensor y = fused ? F::linear(x, w, b) : F::linear_composite(x, w, b);
-  y.backward(uniform(y.shape(), -1, 1, t, 4));
-  return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : Tensor()};
-}
-
 TEST(Linear, MatchesComposite) {
-  for (const Case& c : kCases)
-    for (DType t : {DType::F32, DType::F64}) {
-      const auto fused = run(c, t, true), ref = run(c, t, false);
-      const char* names[] = {"y", "dx", "dweight", "dbias"};
-      const testing::Tol tol = t == DType::F64 ? testing::Tol{1e-12, 1e-12} : testing::Tol{1e-5, 1e-5};
-      for (size_t i = 0; i < fused.size(); ++i) {
-        const std::string what = name(c) + " " + dtype_name(t) + " " + names[i];
-        ASSERT_EQ(fused[i].defined(), ref[i].defined()) << what;
-        if (!fused[i].defined()) continue;
-        EXPECT_EQ(fused[i].shape(), ref[i].shape()) << what;
-        EXPECT_EQ(fused[i].dtype(), t) << what;
-        expect_close(fused[i], ref[i].to_vector<double>(), tol, what);
-      }
-    }
+  testing::expect_matches_composite(
+      kCases, [](const Tensor& x, const Tensor& w, const Tensor& b) { return F::linear(x, w, b); },
+      [](const Tensor& x, const Tensor& w, const Tensor& b) { return F::linear_composite(x, w, b); });
 }
 
 TEST(Linear, RunsTheFusedOpWhereItApplies) {
