@@ -1,6 +1,8 @@
 // DType names, sizes and the promotion lattice.
 #include "core/dtype.h"
 
+#include <cstdlib>
+
 #include "core/error.h"
 
 namespace frugal {
@@ -64,6 +66,11 @@ int64_t dtype_size(DType t) {
       return 1;
   }
   return 0;
+}
+
+void throw_not_floating(const char* what, DType t) {
+  FRUGAL_CHECK_DTYPE(false, what, ": expected a floating dtype (f32, f64, f16, bf16), got ", dtype_name(t));
+  std::abort();  // not reached: the check above throws
 }
 
 bool is_floating(DType t) {

@@ -103,4 +103,25 @@ decltype(auto) visit_dtype(DType t, Fn&& fn) {
   return fn(float{});  // unreachable: every enumerator is handled above
 }
 
+[[noreturn]] void throw_not_floating(const char* what,
+                                     DType t);  // DTypeError: "<what>: expected a floating ..."
+
+// visit_dtype over the floating dtypes only (fn(float{}), fn(double{}), fn(Half{}), fn(BFloat16{})); any
+// other dtype is a DTypeError that names `what`.
+template <typename Fn>
+void visit_floating_dtype(DType t, const char* what, Fn&& fn) {
+  switch (t) {
+    case DType::F32:
+      return fn(float{});
+    case DType::F64:
+      return fn(double{});
+    case DType::F16:
+      return fn(Half{});
+    case DType::BF16:
+      return fn(BFloat16{});
+    default:
+      throw_not_floating(what, t);
+  }
+}
+
 }  // namespace frugal

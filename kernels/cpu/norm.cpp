@@ -183,26 +183,13 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
 // The x-hat forms for x of T: the kernel for the saved x-hat's dtype.
 template <typename T, bool kBackward>
 void layer_norm_xhat_cpu(const LayerNormArgs& a) {
-  auto run = [&](auto s) {
+  visit_floating_dtype(a.xhat_dtype, "layer_norm x-hat", [&](auto s) {
     using S = decltype(s);
     if constexpr (kBackward)
       layer_norm_backward_cpu<T, S>(a);
     else
       layer_norm_forward_cpu<T, S>(a);
-  };
-  switch (a.xhat_dtype) {
-    case DType::F32:
-      return run(float());
-    case DType::F64:
-      return run(double());
-    case DType::F16:
-      return run(Half());
-    case DType::BF16:
-      return run(BFloat16());
-    default:
-      FRUGAL_CHECK_T(DTypeError, false, "layer_norm x-hat: expected a floating dtype for x-hat, got ",
-                     dtype_name(a.xhat_dtype));
-  }
+  });
 }
 
 const bool kRegistered = [] {

@@ -64,6 +64,28 @@ TEST(DType, CppTypesMatchDTypes) {
   }
 }
 
+TEST(DType, VisitFloatingDtypeTakesTheFourFloatsAndRefusesTheRest) {
+  for (DType t : kAll) {
+    if (is_floating(t)) {
+      int calls = 0;
+      visit_floating_dtype(t, "visit", [&](auto tag) {
+        EXPECT_EQ(dtype_v<decltype(tag)>, t) << dtype_name(t);
+        ++calls;
+      });
+      EXPECT_EQ(calls, 1) << dtype_name(t);
+      continue;
+    }
+    try {
+      visit_floating_dtype(t, "layer_norm x-hat", [](auto) { FAIL() << "called for a non-floating dtype"; });
+      ADD_FAILURE() << "no error for " << dtype_name(t);
+    } catch (const DTypeError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("layer_norm x-hat"), std::string::npos) << what;
+      EXPECT_NE(what.find(dtype_name(t)), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(DType, NameAliases) {
   const std::pair<const char*, DType> aliases[] = {
       {"float32", DType::F32}, {"float", DType::F32}, {"float64", DType::F64},   {"double", DType::F64},
