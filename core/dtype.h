@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string_view>
+#include <type_traits>
 
 #include "core/half.h"
 
@@ -103,25 +104,19 @@ decltype(auto) visit_dtype(DType t, Fn&& fn) {
   return fn(float{});  // unreachable: every enumerator is handled above
 }
 
-[[noreturn]] void throw_not_floating(const char* what,
-                                     DType t);  // DTypeError: "<what>: expected a floating ..."
+// Throws DTypeError "<what>: expected a floating dtype (...), got <t>".
+[[noreturn]] void throw_not_floating(const char* what, DType t);
 
 // visit_dtype over the floating dtypes only (fn(float{}), fn(double{}), fn(Half{}), fn(BFloat16{})); any
 // other dtype is a DTypeError that names `what`.
 template <typename Fn>
 void visit_floating_dtype(DType t, const char* what, Fn&& fn) {
-  switch (t) {
-    case DType::F32:
-      return fn(float{});
-    case DType::F64:
-      return fn(double{});
-    case DType::F16:
-      return fn(Half{});
-    case DType::BF16:
-      return fn(BFloat16{});
-    default:
-      throw_not_floating(what, t);
-  }
+  if (!is_floating(t)) throw_not_floating(what, t);
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      fn(tag);
+  });
 }
 
 }  // namespace frugal
