@@ -1,5 +1,6 @@
 // Indexing and joining against loops written from the definitions: index_select, gather, scatter_add, cat,
 // stack, one_hot; every dtype, negative indices, non-contiguous inputs, and bad inputs.
+#include "core/ops.h"
 #include "tests/test_util.h"
 
 namespace frugal {
@@ -192,6 +193,21 @@ TEST(Index, BadInputs) {
   expect_error<ShapeError>([] { stack({ones({2}), ones({3})}); }, {"stack", "[3]", "[2]"});
   expect_error<IndexError>([] { one_hot(tensor<int64_t>({0, 3}), 3); }, {"one_hot", "[0, 3)"});
   expect_error<DTypeError>([] { one_hot(ones({2})); }, {"one_hot", "integer"});
+}
+
+// ops::integer_range on the CPU (its one-copy GPU form: tests/cuda/test_index_optim.cpp): both ends of i64,
+// i32 and u8, a strided view, and bad inputs.
+TEST(IntegerRange, MinAndMaxOfEveryIntegerDtypeAndView) {
+  const std::vector<int64_t> v = {3, INT64_MIN, 7, INT64_MAX, -2, 0};
+  const Tensor x = tensor<int64_t>(v);
+  EXPECT_EQ(ops::integer_range(x), std::make_pair(INT64_MIN, INT64_MAX));
+  // Every other element: 3, 7, -2.
+  EXPECT_EQ(ops::integer_range(x.reshape({3, 2}).select(1, 0)), std::make_pair(int64_t(-2), int64_t(7)));
+  EXPECT_EQ(ops::integer_range(tensor<int32_t>({-4, 8, 1})), std::make_pair(int64_t(-4), int64_t(8)));
+  EXPECT_EQ(ops::integer_range(tensor<int32_t>({5}).to(DType::U8)), std::make_pair(int64_t(5), int64_t(5)));
+  expect_error<Error>([] { ops::integer_range(tensor<int64_t>(std::vector<int64_t>{})); },
+                      {"integer_range", "non-empty"});
+  expect_error<DTypeError>([] { ops::integer_range(ones({2})); }, {"integer_range", "integer", "f32"});
 }
 
 }  // namespace
