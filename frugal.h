@@ -1,6 +1,6 @@
 // frugal: the one header a user includes. Names live in namespace frugal (frugal::memory, ...).
 //
-//   #include "frugal.h"
+//   #include <frugal/frugal.h>
 //   using namespace frugal;
 //   Tensor w = randn({3, 2}).requires_grad_();
 //   Tensor loss = sum(relu(matmul(randn({4, 3}), w) + 1.0));

@@ -44,7 +44,7 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace frugal::amp {
 

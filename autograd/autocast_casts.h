@@ -7,8 +7,8 @@
 //     ...
 #pragma once
 
-#include "amp/autocast.h"
-#include "core/tensor.h"
+#include "../amp/autocast.h"
+#include "../core/tensor.h"
 
 namespace frugal::autograd {
 

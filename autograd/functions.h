@@ -9,8 +9,8 @@
 
 #include <vector>
 
-#include "autograd/graph.h"
-#include "core/ops.h"
+#include "../core/ops.h"
+#include "graph.h"
 
 namespace frugal {
 

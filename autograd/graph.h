@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace frugal {
 

@@ -16,7 +16,7 @@
 #include <functional>
 #include <vector>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace frugal::autograd {
 

@@ -17,7 +17,7 @@
 // "gradients".
 #pragma once
 
-#include "autograd/graph.h"
+#include "graph.h"
 
 namespace frugal::autograd {
 

@@ -10,10 +10,10 @@ install(TARGETS frugal EXPORT frugalTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-# Headers keep their folders (include/frugal/core/tensor.h): "core/tensor.h" resolves as in the source tree.
-# A folder is installed when it exists at configure time (git keeps no empty folders).
+# Headers keep their folders under include/frugal/ (include/frugal/core/tensor.h), included as
+# <frugal/core/tensor.h>. A folder is installed when it exists at configure time (git keeps no empty folders).
 set(FRUGAL_PUBLIC_HEADER_DIRS)
-foreach(dir core autograd amp nn optim data io)
+foreach(dir ${FRUGAL_PUBLIC_DIRS})
   if(IS_DIRECTORY ${PROJECT_SOURCE_DIR}/${dir})
     list(APPEND FRUGAL_PUBLIC_HEADER_DIRS ${PROJECT_SOURCE_DIR}/${dir})
   endif()

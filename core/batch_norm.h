@@ -12,8 +12,8 @@
 // for f16/bf16). weight and bias may be null (1 and 0); dx, dweight and dbias may be null (not wanted).
 #pragma once
 
-#include "core/op_table.h"
-#include "core/tensor.h"
+#include "op_table.h"
+#include "tensor.h"
 
 namespace frugal {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "core/half.h"
+#include "half.h"
 
 namespace frugal {
 

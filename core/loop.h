@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "core/parallel.h"
-#include "core/shape.h"
+#include "parallel.h"
+#include "shape.h"
 
 namespace frugal {
 

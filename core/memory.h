@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/device.h"
+#include "device.h"
 
 namespace frugal::memory {
 

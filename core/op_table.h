@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/device.h"
-#include "core/dtype.h"
-#include "core/loop.h"
+#include "device.h"
+#include "dtype.h"
+#include "loop.h"
 
 namespace frugal {
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
+#include "tensor.h"
 
 namespace frugal::ops {
 

@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "core/device.h"
-#include "core/memory.h"
+#include "device.h"
+#include "memory.h"
 
 namespace frugal {
 

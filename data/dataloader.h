@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "data/dataset.h"
+#include "dataset.h"
 
 namespace frugal::data {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <span>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace frugal::data {
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <utility>
 
-#include "core/tensor.h"
-#include "data/dataset.h"
+#include "../core/tensor.h"
+#include "dataset.h"
 
 namespace frugal::data {
 

@@ -17,9 +17,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/rng.h"
-#include "core/tensor.h"
-#include "data/dataset.h"
+#include "../core/rng.h"
+#include "../core/tensor.h"
+#include "dataset.h"
 
 namespace frugal::data {
 

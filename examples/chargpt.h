@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "examples/common.h"
-#include "frugal.h"
+#include <frugal/frugal.h>
+#include "common.h"
 
 namespace chargpt {
 

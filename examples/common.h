@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "frugal.h"
+#include <frugal/frugal.h>
 
 namespace examples {
 

@@ -2,7 +2,7 @@
 // summary). It uses only the public header, as a user's program does.
 #include <iostream>
 
-#include "frugal.h"
+#include <frugal/frugal.h>
 
 using namespace frugal;
 

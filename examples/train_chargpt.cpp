@@ -12,7 +12,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "examples/chargpt.h"
+#include "chargpt.h"
 
 using namespace frugal;
 

@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "examples/fmnist.h"
+#include "fmnist.h"
 
 using namespace frugal;
 

@@ -9,7 +9,7 @@
 #include <map>
 #include <string>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace frugal::io {
 

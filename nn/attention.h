@@ -13,8 +13,8 @@
 
 #include <memory>
 
-#include "nn/layers.h"
-#include "nn/module.h"
+#include "layers.h"
+#include "module.h"
 
 namespace frugal::nn {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/module.h"
+#include "module.h"
 
 namespace frugal::nn {
 

@@ -8,7 +8,7 @@
 
 #include <optional>
 
-#include "nn/module.h"
+#include "module.h"
 
 namespace frugal::nn {
 

@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <optional>
 
-#include "autograd/functions.h"
-#include "core/rng.h"
+#include "../autograd/functions.h"
+#include "../core/rng.h"
 
 namespace frugal::nn::functional {
 

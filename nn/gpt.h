@@ -12,9 +12,9 @@
 
 #include <memory>
 
-#include "core/rng.h"
-#include "nn/attention.h"
-#include "nn/containers.h"
+#include "../core/rng.h"
+#include "attention.h"
+#include "containers.h"
 
 namespace frugal::nn {
 

@@ -9,8 +9,8 @@
 #include <optional>
 #include <utility>
 
-#include "core/rng.h"
-#include "core/tensor.h"
+#include "../core/rng.h"
+#include "../core/tensor.h"
 
 namespace frugal::nn::init {
 

@@ -11,9 +11,9 @@
 #include <optional>
 #include <string>
 
-#include "core/options.h"
-#include "nn/functional.h"
-#include "nn/module.h"
+#include "../core/options.h"
+#include "functional.h"
+#include "module.h"
 
 namespace frugal::nn {
 

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/functions.h"
+#include "../autograd/functions.h"
 
 namespace frugal::nn {
 

@@ -12,7 +12,7 @@
 
 #include <utility>
 
-#include "optim/optimizer.h"
+#include "optimizer.h"
 
 namespace frugal::optim {
 

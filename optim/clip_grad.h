@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace frugal::optim {
 

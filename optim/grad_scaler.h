@@ -31,9 +31,9 @@
 #include <optional>
 #include <vector>
 
-#include "core/options.h"
-#include "core/tensor.h"
-#include "optim/optimizer.h"
+#include "../core/options.h"
+#include "../core/tensor.h"
+#include "optimizer.h"
 
 namespace frugal::amp {
 

@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "core/options.h"
-#include "core/tensor.h"
+#include "../core/options.h"
+#include "../core/tensor.h"
 
 namespace frugal {
 struct SparseGrad;  // autograd/graph.h

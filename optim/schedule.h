@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "optim/optimizer.h"
+#include "optimizer.h"
 
 namespace frugal::optim {
 

@@ -9,7 +9,7 @@
 //   opt.zero_grad(); loss.backward(); opt.step();
 #pragma once
 
-#include "optim/optimizer.h"
+#include "optimizer.h"
 
 namespace frugal::optim {
 

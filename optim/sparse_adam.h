@@ -13,7 +13,7 @@
 //   sparse_opt.zero_grad(); dense_opt.zero_grad(); loss.backward(); sparse_opt.step(); dense_opt.step();
 #pragma once
 
-#include "optim/adam.h"
+#include "adam.h"
 
 namespace frugal::optim {
 
