@@ -1,6 +1,7 @@
 // Device parsing and printing.
 #include "core/device.h"
 
+#include <atomic>
 #include <charconv>
 
 #include "core/error.h"
@@ -25,17 +26,20 @@ std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_st
 std::ostream& operator<<(std::ostream& os, Device d) { return os << d.str(); }
 
 namespace {
-// Filled in while the library loads (before main), read afterwards: no lock needed.
+// Set by a backend's static initialisers while it loads, which may be on any thread (load_backend): atomic.
 using CountFn = int (*)();
-constinit CountFn g_device_count[kNumDeviceTypes] = {};
+constinit std::atomic<CountFn> g_device_count[kNumDeviceTypes] = {};
 }  // namespace
 
 int device_count(DeviceType type) {
   if (type == DeviceType::CPU) return 1;
-  auto* count = g_device_count[int(type)];
+  if (!g_device_count[int(type)].load(std::memory_order_acquire)) load_backend(type);
+  const CountFn count = g_device_count[int(type)].load(std::memory_order_acquire);
   return count ? count() : 0;
 }
 
-void register_device_count(DeviceType type, int (*count)()) { g_device_count[int(type)] = count; }
+void register_device_count(DeviceType type, int (*count)()) {
+  g_device_count[int(type)].store(count, std::memory_order_release);
+}
 
 }  // namespace frugal

@@ -32,10 +32,23 @@ inline Device cuda(int index = 0) { return Device(DeviceType::CUDA, index); }
 std::ostream& operator<<(std::ostream& os, Device d);
 
 // How many devices of a type are usable: 1 for the cpu; for cuda, 0 unless frugal was built with CUDA and a
-// GPU answers (no driver, no device or any error counts as none).
+// GPU answers (no driver, no device or any error counts as none). Asking loads the CUDA backend.
 int device_count(DeviceType type);
 inline bool cuda_is_available() { return device_count(DeviceType::CUDA) > 0; }
 // Installs the function that counts a device type's devices; the CUDA backend calls it when it loads.
 void register_device_count(DeviceType type, int (*count)());
+
+// Note [the CUDA backend loads on demand]
+// The CUDA kernels are a library of their own, libfrugal_cuda.so beside libfrugal.so, that frugal loads
+// (dlopen) the first time CUDA is asked for: a device count, a CUDA allocator (the first tensor on cuda:N),
+// or load_backend itself. Loading it fills the op tables' CUDA rows and registers the arena's CUDA backing
+// from its static initialisers. A program that stays on the CPU never maps it, nor cudart, cuBLAS or cuDNN
+// behind it (together about 160 MB of resident memory). FRUGAL_CUDA_BACKEND=<path> loads another file.
+//
+// Loads the backend of a device type once per process (thread-safe; the cpu's is always there). True when
+// it is loaded; false when frugal was built without it or it cannot load: backend_error says why.
+bool load_backend(DeviceType type);
+// Why a device type's backend is not loaded, as a sentence for an error message; empty when it is loaded.
+std::string backend_error(DeviceType type);
 
 }  // namespace frugal

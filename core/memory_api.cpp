@@ -89,17 +89,29 @@ Allocator& allocator(Device device) {
   std::atomic<Allocator*>& slot = r.allocators[type][size_t(device.index)];
   if (Allocator* a = slot.load(std::memory_order_acquire)) return *a;
 
+  // The CUDA backend registers its backing while it loads, from its static initialisers, which take r.mu:
+  // load it before taking the lock, unless a backing is there already (a test's stand-in GPU).
+  if (!device.is_cpu()) {
+    bool registered = false;
+    {
+      std::lock_guard lock(r.mu);
+      registered = r.factories[type] != nullptr;
+    }
+    if (!registered) load_backend(device.type);
+  }
   std::lock_guard lock(r.mu);
   if (Allocator* a = slot.load(std::memory_order_relaxed)) return *a;
   std::unique_ptr<Backing> backing;
-  if (r.factories[type])
+  if (r.factories[type]) {
     backing = r.factories[type](device.index);
-  else if (device.is_cpu())
+  } else if (device.is_cpu()) {
     backing = make_host_backing();
-  else
-    throw DeviceError(
-        detail::str_cat("no CUDA backend: frugal was built without CUDA or no GPU is present (asked ",
-                        "for the allocator of ", device, ")"));
+  } else {
+    const std::string why = backend_error(device.type);
+    throw DeviceError(detail::str_cat(
+        "no allocator for ", device, ": ",
+        why.empty() ? "the CUDA backend is loaded but no GPU answers (no driver, or no device)" : why));
+  }
   const bool system = std::strcmp(allocator_kind(), "system") == 0;
   // Leaked on purpose: see registry().
   Allocator* a =

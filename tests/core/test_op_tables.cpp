@@ -44,6 +44,11 @@ TEST(OpTables, EveryF32CpuKernelHasF16AndBf16) {
 // very functions, then gets back what it had (nothing in a build without CUDA, the CUDA kernels otherwise).
 TEST(OpTables, CopyRowGivesEveryDtypesKernelAndSetRowRestores) {
   const Device gpu = cuda(0);
+#ifdef FRUGAL_HAVE_CUDA
+  ASSERT_TRUE(load_backend(DeviceType::CUDA)) << backend_error(DeviceType::CUDA);  // fills the CUDA rows
+#else
+  EXPECT_FALSE(load_backend(DeviceType::CUDA));
+#endif
   auto gpu_has = [&] {
     std::vector<bool> has;
     for (const OpTableRef& t : op_tables())

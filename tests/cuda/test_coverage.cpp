@@ -27,6 +27,7 @@ TEST(CudaCoverage, EveryCpuKernelHasACudaTwin) {
 #ifndef FRUGAL_HAVE_CUDA
   GTEST_SKIP() << "frugal was built without CUDA";
 #else
+  ASSERT_TRUE(load_backend(DeviceType::CUDA)) << backend_error(DeviceType::CUDA);
   const Device gpu = cuda(0);
   std::set<std::string> names;
   for (const OpTableRef& t : op_tables()) {

@@ -21,6 +21,7 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
 #ifndef FRUGAL_HAVE_CUDA
   GTEST_SKIP() << "frugal was built without CUDA";
 #else
+  ASSERT_TRUE(load_backend(DeviceType::CUDA)) << backend_error(DeviceType::CUDA);
   const auto floats = {DType::F32, DType::F16, DType::BF16};
   const auto all = {DType::F32, DType::F64, DType::F16, DType::BF16,
                     DType::I64, DType::I32, DType::U8,  DType::Bool};

@@ -1,7 +1,8 @@
 # The install test: installs the built frugal into a fresh prefix, then configures, builds and runs a separate
 # project (tests/install/consumer) that finds it with find_package(frugal). Run by ctest as install_consumer:
 #   cmake -DBUILD_DIR=<frugal build> -DSRC=<consumer source> -DWORK=<scratch dir> [-DGENERATOR=..]
-#         [-DCXX=..] [-DBUILD_TYPE=..] [-DSANITIZE=address,undefined] -P run_consumer.cmake
+#         [-DCXX=..] [-DBUILD_TYPE=..] [-DSANITIZE=address,undefined] [-DEXPECT_CUDA_BACKEND=ON]
+#         -P run_consumer.cmake
 cmake_minimum_required(VERSION 3.22)
 foreach(var BUILD_DIR SRC WORK)
   if(NOT ${var})
@@ -69,4 +70,7 @@ run_step("running the consumer" ${WORK}/build/consumer)
 message("${step_output}")
 if(NOT step_output MATCHES "consumer ok 6")
   message(FATAL_ERROR "install_consumer: unexpected output from the consumer:\n${step_output}")
+endif()
+if(EXPECT_CUDA_BACKEND AND NOT step_output MATCHES "cuda_backend=1")
+  message(FATAL_ERROR "install_consumer: the installed CUDA backend did not load:\n${step_output}")
 endif()
