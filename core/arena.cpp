@@ -70,9 +70,12 @@ constexpr int64_t kLargeSplitRemainder = 1 * kMiB;
 constexpr int64_t kHostAlign = 64;                 // a cache line, and enough for AVX-512 loads
 constexpr int64_t kMaxRequest = int64_t(1) << 56;  // beyond any memory; keeps the rounding from overflowing
 
+// The library's own calls; a program adds its flags for them where it catches the error (examples/).
 constexpr const char* kAdvice =
-    "free tensors you no longer need, lower the batch size, use gradient accumulation (--accum) or recompute "
-    "segments (--recompute), or raise the limit with memory::set_memory_limit";
+    "free tensors you no longer need, lower the batch size, accumulate gradients over smaller micro-batches "
+    "(backward() on each, then one optimizer step), recompute activations in backward (autograd::recompute, "
+    "nn::Sequential::recompute_every), run in mixed precision (amp::Autocast), or raise the limit with "
+    "memory::set_memory_limit";
 
 int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 

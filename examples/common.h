@@ -35,6 +35,19 @@ inline int64_t parse_bytes(const std::string& s) {
   return int64_t(v * scale);
 }
 
+// Standard output goes a line at a time even into a pipe or a file, so that what a run printed before an
+// error (the banner, the epochs) comes before the error on stderr, as it happened.
+inline void line_buffered_stdout() { std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ); }
+
+// A run that ran out of memory ends here: the library's error, whose advice names library calls, then the
+// flags of this program that do the same (`flags`), then the arena's summary. Returns the exit status, 2.
+inline int report_out_of_memory(const OutOfMemoryError& e, const char* program, const char* flags) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "\n%s\n\n%s: to fit, try %s\n\n%s", e.what(), program, flags,
+               memory::memory_summary(kCPU).c_str());
+  return 2;
+}
+
 // Peak and current bytes per category, from the arena's tags: parameters, gradients (the leaves' .grad),
 // optimizer state, activations (what the forward keeps for backward, and its recomputation), data (the
 // dataset held in memory and the batches made from it), and other (backward temporaries, evaluation,

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", temperature, "sampling temperature");
   app.add_option("--top-k", top_k, "sample among the k likeliest bytes (0: all)");
   CLI11_PARSE(app, argc, argv);
+  examples::line_buffered_stdout();
 
   try {
     if (threads > 0) set_num_threads(threads);
@@ -122,8 +123,10 @@ int main(int argc, char** argv) {
     std::printf("\n%s", examples::memory_report().c_str());
     return 0;
   } catch (const OutOfMemoryError& e) {
-    std::fprintf(stderr, "\n%s\n%s", e.what(), memory::memory_summary(kCPU).c_str());
-    return 2;
+    return examples::report_out_of_memory(
+        e, "train_chargpt",
+        "--accum N (N micro-batches a step, --batch stays the step's size), --recompute, --amp bf16, a "
+        "smaller --batch or --context, or a larger --memory-limit");
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

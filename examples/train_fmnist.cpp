@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", data_dir, "folder with the Fashion-MNIST files");
   app.add_option("--max-steps", max_steps, "stop each epoch after this many steps (for quick runs)");
   CLI11_PARSE(app, argc, argv);
+  examples::line_buffered_stdout();
 
   try {
     if (threads > 0) set_num_threads(threads);

@@ -227,7 +227,7 @@ TEST(ArenaStreams, OutOfMemoryOnADeviceNamesItAndGivesAdvice) {
   } catch (const OutOfMemoryError& e) {
     const std::string msg = e.what();
     for (const char* part : {"out of memory on cuda:0", "10485760 bytes (10.00 MiB)", "limit 8.00 MiB",
-                             "lower the batch size", "gradient accumulation"})
+                             "lower the batch size", "accumulate gradients"})
       EXPECT_NE(msg.find(part), std::string::npos) << msg << "\nlacks: " << part;
   }
   EXPECT_EQ(f.dev->waits, 0);  // 10 MiB cannot fit under 8 MiB at all: nothing was waited for or freed
