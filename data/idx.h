@@ -7,6 +7,7 @@
 //   data::Batch b = train.get_batch(idx, DType::F32);  // input f32 [3, 1, 28, 28] in [0, 1], target i64 [3]
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -49,6 +50,9 @@ class FashionMNIST : public Dataset {
   const Tensor& images() const { return images_; }  // u8 [N, 28, 28]
   const Tensor& labels() const { return labels_; }  // u8 [N], values 0..9
   static constexpr int64_t kNumClasses = 10;
+  // The classes by label, as the dataset's authors name them.
+  static constexpr std::array<const char*, kNumClasses> kClassNames = {
+      "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
 
  private:
   Tensor images_, labels_;

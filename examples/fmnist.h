@@ -157,6 +157,33 @@ inline double evaluate(nn::Module& model, data::DataLoader& loader, std::optiona
 
 using examples::memory_report;
 
+// Note [the model file is the whole model]
+// The weights file is what a user carries to other tools (PyTorch with the safetensors package, say), so it
+// holds everything needed to use the model besides its code: in the metadata, the model kind, the input's
+// shape and normalisation ((pixel / 255 - input_mean) / input_std, the training set's statistics written to
+// round-trip exactly), and the class names by label. The README shows a PyTorch user loading it.
+struct ModelInfo {
+  std::string model;  // "mlp" (W1) or "cnn" (W2)
+  double input_mean = 0, input_std = 1;
+};
+inline std::map<std::string, std::string> model_metadata(const ModelInfo& info) {
+  auto exact = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  std::string classes = "[";
+  for (const char* name : data::FashionMNIST::kClassNames)
+    classes += std::string(classes.size() > 1 ? ", " : "") + "\"" + name + "\"";
+  return {{"format", "frugal"},
+          {"model", info.model},
+          {"input_shape", "[1, 28, 28]"},
+          {"input_scale", "1/255"},
+          {"input_mean", exact(info.input_mean)},
+          {"input_std", exact(info.input_std)},
+          {"classes", classes + "]"}};
+}
+
 // Checkpoints: the weights in `path` (safetensors), the training state beside them in `path`.state.
 struct TrainingState {
   int64_t epoch = 0;  // epochs completed
@@ -164,9 +191,9 @@ struct TrainingState {
 };
 // A loss scaler's state goes beside the optimizer's (when it is enabled).
 inline void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
-                            const TrainingState& st, const std::string& model_name,
+                            const TrainingState& st, const ModelInfo& info,
                             const amp::GradScaler* scaler = nullptr) {
-  io::save_safetensors(path, model.state_dict(), {{"model", model_name}, {"format", "frugal"}});
+  io::save_safetensors(path, model.state_dict(), model_metadata(info));
   StateDict state;
   for (auto& [k, t] : opt.state_dict()) state["optimizer." + k] = t;
   if (scaler)
@@ -174,7 +201,7 @@ inline void save_checkpoint(const std::string& path, const nn::Module& model, co
   state["trainer.epoch"] = tensor<int64_t>({st.epoch}, Shape{});
   state["trainer.rng_seed"] = tensor<int64_t>({int64_t(st.rng.seed)}, Shape{});
   state["trainer.rng_offset"] = tensor<int64_t>({int64_t(st.rng.offset)}, Shape{});
-  io::save_safetensors(path + ".state", state, {{"optimizer", opt.name()}, {"model", model_name}});
+  io::save_safetensors(path + ".state", state, {{"optimizer", opt.name()}, {"model", info.model}});
 }
 
 inline TrainingState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,

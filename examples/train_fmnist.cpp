@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <tuple>
 
 #include "fmnist.h"
 
@@ -103,10 +104,11 @@ int main(int argc, char** argv) {
       train_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Train);
       test_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Test);
     }
+    fmnist::ModelInfo info{model_name};
     if (normalize) {
-      const auto [mean, std] = train_set->pixel_stats();
-      train_set->normalize(mean, std);
-      test_set->normalize(mean, std);
+      std::tie(info.input_mean, info.input_std) = train_set->pixel_stats();
+      train_set->normalize(info.input_mean, info.input_std);
+      test_set->normalize(info.input_mean, info.input_std);
     }
     // The loader yields micro-batches; `accum` of them make one step of `batch` examples.
     data::DataLoader train(
@@ -174,15 +176,16 @@ int main(int argc, char** argv) {
                   double(correct) / double(std::max<int64_t>(seen, 1)), accuracy, secs);
       st.epoch = epoch + 1;
       st.rng = default_generator().state();
-      if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, model_name, &precision.scaler);
+      if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, info, &precision.scaler);
     }
     std::printf("\n%s", fmnist::memory_report().c_str());
     std::printf("test_accuracy=%.4f\n", accuracy);
     return 0;
   } catch (const OutOfMemoryError& e) {
-    std::fprintf(stderr, "\n%s\n", e.what());
-    std::fprintf(stderr, "%s", memory::memory_summary(kCPU).c_str());
-    return 2;
+    return examples::report_out_of_memory(
+        e, "train_fmnist",
+        "--accum N (N micro-batches a step, --batch stays the step's size), --recompute, --amp bf16, a "
+        "smaller --batch, or a larger --memory-limit");
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

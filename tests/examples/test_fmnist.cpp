@@ -78,7 +78,7 @@ TEST(Fmnist, ResumedRunContinuesTheSameLosses) {
       losses.insert(losses.end(), l.begin(), l.end());
       st.epoch = e + 1;
       st.rng = default_generator().state();
-      if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, "mlp");
+      if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, {"mlp"});
     }
     return losses;
   };
@@ -92,6 +92,56 @@ TEST(Fmnist, ResumedRunContinuesTheSameLosses) {
   EXPECT_EQ(joined, straight);  // bit for bit
   std::filesystem::remove(path);
   std::filesystem::remove(path + ".state");
+}
+
+// Note [the model file is the whole model]: the weights file alone gives the trained model's accuracy, with
+// the input's normalisation read from its metadata and applied by hand to the raw test images, as a user of
+// another tool would.
+TEST(Fmnist, WeightsFileCarriesItsPreprocessing) {
+  if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  auto train = std::make_shared<data::FashionMNIST>();
+  auto test = std::make_shared<data::FashionMNIST>(data::kFashionMNISTRoot, data::Split::Test);
+  const auto [mean, std] = train->pixel_stats();
+  train->normalize(mean, std);
+  test->normalize(mean, std);
+  manual_seed(2);
+  auto model = fmnist::make_mlp();
+  auto opt = fmnist::make_optimizer("adam", model->parameters(), 1e-3);
+  data::DataLoader loader(train, data::DataLoaderOptions().batch_size(128).shuffle(true).seed(1));
+  fmnist::train_epoch(*model, *opt, loader, 0, 60, 1);
+  data::DataLoader test_loader(test, data::DataLoaderOptions().batch_size(250));
+  const double trained = fmnist::evaluate(*model, test_loader);
+  const std::string path =
+      std::filesystem::temp_directory_path() / ("frugal_model_file_" + std::to_string(getpid()));
+  fmnist::save_checkpoint(path, *model, *opt, {}, {"mlp", mean, std});
+
+  const io::SafetensorsFile file = io::load_safetensors(path);
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".state");
+  EXPECT_EQ(file.metadata.at("model"), "mlp");
+  EXPECT_EQ(file.metadata.at("input_shape"), "[1, 28, 28]");
+  EXPECT_EQ(file.metadata.at("input_scale"), "1/255");
+  const auto classes = nlohmann::json::parse(file.metadata.at("classes")).get<std::vector<std::string>>();
+  ASSERT_EQ(classes.size(), 10u);
+  EXPECT_EQ(classes[0], "T-shirt/top");
+  EXPECT_EQ(classes[9], "Ankle boot");
+  const double m = std::stod(file.metadata.at("input_mean")), s = std::stod(file.metadata.at("input_std"));
+  EXPECT_EQ(m, mean);  // written to round-trip exactly
+  EXPECT_EQ(s, std);
+  EXPECT_NEAR(m, 0.2860, 1e-4);
+  EXPECT_NEAR(s, 0.3530, 1e-4);
+
+  auto loaded = fmnist::make_mlp();
+  loaded->load_state_dict(file.tensors);
+  loaded->eval();
+  InferenceMode no_record;
+  const int64_t n = test->size();
+  const Tensor x = ((test->images().to(DType::F32) / 255.0 - m) / s).reshape({n, 1, 28, 28});
+  const Tensor predicted = ops::argmax(loaded->forward(x), 1);
+  const double accuracy =
+      double(ops::sum(ops::eq(predicted, test->labels().to(DType::I64))).item<int64_t>()) / double(n);
+  EXPECT_GT(trained, 0.6);
+  EXPECT_NEAR(accuracy, trained, 3e-4);  // at most 3 of 10,000 predictions flip with the rounding order
 }
 
 // --amp: the first 20 losses of W1 (same weights, same batches) under bf16 and f16 autocast stay near f32's,
