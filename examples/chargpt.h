@@ -119,10 +119,23 @@ class Trainer {
   int64_t step() const { return step_; }
   const Options& options() const { return opts_; }
 
-  // The weights in `path` (safetensors); beside them in `path`.state the optimizers' state, the step and the
-  // batch generator's state, so that a resumed run draws the same windows as an uninterrupted one.
-  void save(const std::string& path) const {
-    io::save_safetensors(path, model->state_dict(), {{"model", "gpt"}});
+  // The weights in `path` (safetensors), with what a user of them needs in the metadata (the model's shape
+  // and the vocabulary: token id -> byte; Note [the model file is the whole model] in examples/fmnist.h);
+  // beside them in `path`.state the optimizers' state, the step and the batch generator's state, so that a
+  // resumed run draws the same windows as an uninterrupted one.
+  void save(const std::string& path, const std::vector<uint8_t>& vocabulary) const {
+    FRUGAL_CHECK(int64_t(vocabulary.size()) == model->config.vocab, "Trainer::save: a vocabulary of ",
+                 vocabulary.size(), " bytes for a model of ", model->config.vocab, " tokens");
+    std::string bytes = "[";
+    for (uint8_t b : vocabulary) bytes += (bytes.size() > 1 ? ", " : "") + std::to_string(int(b));
+    io::save_safetensors(path, model->state_dict(),
+                         {{"format", "frugal"},
+                          {"model", "gpt"},
+                          {"layers", std::to_string(opts_.layers)},
+                          {"width", std::to_string(opts_.width)},
+                          {"heads", std::to_string(opts_.heads)},
+                          {"context", std::to_string(opts_.context)},
+                          {"vocabulary", bytes + "]"}});
     StateDict st;
     for (auto& [k, t] : adamw->state_dict()) st["adamw." + k] = t;
     if (sparse_adam)

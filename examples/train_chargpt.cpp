@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
       std::sort(sorted.begin(), sorted.end());
       std::printf("median step %.2f ms (after 5 warm-up steps)\n", sorted[sorted.size() / 2]);
     }
-    if (!save.empty()) trainer.save(save);
+    if (!save.empty()) trainer.save(save, train->vocabulary());
 
     if (sample_bytes > 0) {
       Generator gen(o.seed + 2);

@@ -62,7 +62,7 @@ class CharGPTResume : public ScratchDirTest {
     EXPECT_EQ(t.step(), from);
     std::vector<double> losses;
     while (t.step() < to) losses.push_back(t.train_step(train));
-    if (!save.empty()) t.save(save);
+    if (!save.empty()) t.save(save, train.vocabulary());
     return losses;
   }
 
@@ -86,6 +86,39 @@ class CharGPTResume : public ScratchDirTest {
 };
 
 TEST_F(CharGPTResume, DenseContinuesTheSameLosses) { expect_resume_continues(tiny()); }
+
+// Note [the model file is the whole model]: the weights file says how to rebuild the model and how to turn
+// text into its tokens; a GPT made from that metadata alone takes the weights and gives the same logits.
+TEST_F(CharGPTResume, WeightsFileCarriesTheModelShapeAndVocabulary) {
+  corpus_ = write_corpus();
+  const chargpt::Options o = tiny();
+  const std::string file_path = path("model.safetensors");
+  run(o, 0, 2, "", file_path);
+  const io::SafetensorsFile file = io::load_safetensors(file_path);
+  EXPECT_EQ(file.metadata.at("model"), "gpt");
+  const data::TextDataset train(data::TextDatasetOptions().root(corpus_).context(o.context));
+  const auto vocabulary = nlohmann::json::parse(file.metadata.at("vocabulary")).get<std::vector<int>>();
+  EXPECT_EQ(vocabulary, std::vector<int>(train.vocabulary().begin(), train.vocabulary().end()));
+  nn::GPTConfig cfg;
+  cfg.vocab = int64_t(vocabulary.size());
+  cfg.n_layers = std::stoll(file.metadata.at("layers"));
+  cfg.d_model = std::stoll(file.metadata.at("width"));
+  cfg.n_heads = std::stoll(file.metadata.at("heads"));
+  cfg.context = std::stoll(file.metadata.at("context"));
+  EXPECT_EQ(cfg.n_layers, o.layers);
+  EXPECT_EQ(cfg.d_model, o.width);
+  EXPECT_EQ(cfg.n_heads, o.heads);
+  EXPECT_EQ(cfg.context, o.context);
+  nn::GPT rebuilt(cfg);
+  rebuilt.load_state_dict(file.tensors);
+  chargpt::Trainer trained(o, train.vocab_size());
+  trained.load(file_path);
+  NoGradGuard no_grad;
+  const Tensor tokens = train.encode("lazy dog");
+  expect_close(rebuilt.forward(tokens.unsqueeze(0)).to_vector<double>(),
+               trained.model->forward(tokens.unsqueeze(0)).to_vector<double>(), Tol{0, 0},
+               "logits of the rebuilt model");
+}
 
 TEST_F(CharGPTResume, SparseEmbeddingsAndAccumulationContinueTheSameLosses) {
   chargpt::Options o = tiny();
