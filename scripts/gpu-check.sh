@@ -86,10 +86,10 @@ if [[ "${GPU_CHECK_CONFIGURE_ONLY:-0}" == 1 ]]; then
   exit 0
 fi
 
-# Only what the check runs: the library, the GPU test programs and the timing program.
+# Only what the check runs: the library and its CUDA backend, the GPU test programs and the timing program.
 mapfile -t targets < <(cd tests/cuda && ls test_*.cpp | sed 's/^test_/test_cuda_/; s/\.cpp$//')
 phase "building ${targets[*]} gpu_bench with $jobs jobs"
-cmake --build "$build" -j "$jobs" --target frugal "${targets[@]}" gpu_bench
+cmake --build "$build" -j "$jobs" --target frugal frugal_cuda "${targets[@]}" gpu_bench
 
 # --- Tests -----------------------------------------------------------------------------------------------------
 phase "running the GPU tests"
