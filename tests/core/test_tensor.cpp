@@ -3,9 +3,11 @@
 // The factories and random draws are tested in test_factories.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -590,6 +592,40 @@ TEST(TensorErrors, ExpandPermuteAndT) {
       {"permute", "expected 3 dims", "[2, 3, 4]", "[1, 0]"});
   expect_exact_error<IndexError>([&] { y.permute({0, 1, 3}); }, {"permute", "dim 3"});
   expect_exact_error<ShapeError>([&] { y.t(); }, {"t:", "[2, 3, 4]", "transpose"});
+}
+
+// Note [checked sizes]: a view's shape must fit its dtype and its elements must lie inside its storage.
+TEST(TensorErrors, ViewsThatOverflowOrLeaveTheStorage) {
+  const int64_t big = int64_t(1) << 62, max = std::numeric_limits<int64_t>::max();
+  const Tensor one = ones({1});
+  expect_exact_error<ShapeError>(
+      [&] {
+        one.expand({big, big});
+      },
+      {"expand", "[4611686018427387904, 4611686018427387904]"});
+  expect_exact_error<ShapeError>([&] { one.expand({big}); }, {"expand", "[4611686018427387904]", "4-byte"});
+  EXPECT_EQ(ones({1}, DType::U8).expand({big}).numel(), big);  // no copy: a valid view of one byte
+  const Tensor base = random_tensor({10}).to(DType::F32);
+  expect_exact_error<ShapeError>(
+      [&] { base.as_strided({5}, {3}, 0); },
+      {"as_strided", "[5]", "[3]", "outside its storage of 40 bytes", "bytes 0 to 52"});
+  expect_exact_error<ShapeError>([&] { base.as_strided({2}, {1}, 9); }, {"as_strided", "offset 9"});
+  expect_exact_error<ShapeError>([&] { base.as_strided({2}, {1}, -1); }, {"as_strided", "offset -1"});
+  expect_exact_error<ShapeError>([&] { base.as_strided({2}, {big}, 0); }, {"as_strided", "int64 overflows"});
+  expect_exact_error<ShapeError>([&] { base.as_strided({2}, {1}, max); }, {"as_strided", "int64 overflows"});
+  expect_exact_error<ShapeError>([&] { base.as_strided({2, 2}, {1}, 0); }, {"as_strided", "differ in rank"});
+  EXPECT_EQ(base.as_strided({5}, {2}, 1).to_vector<float>().back(), base.to_vector<float>()[9]);  // the last
+  // start + length, end - start + step: sums that would overflow.
+  expect_exact_error<IndexError>([&] { base.narrow(0, 1, max); }, {"narrow", "length 9223372036854775807"});
+  const Tensor s = base.slice(0, 2, 10, max);
+  EXPECT_EQ(s.shape(), (Shape{1}));
+  EXPECT_EQ(s.item<float>(), base.select(0, 2).item<float>());
+  expect_exact_error<ShapeError>(
+      [&] {
+        zeros({0}).reshape({big, big, 0});
+      },
+      {"reshape", "[4611686018427387904"});
+  expect_exact_error<ShapeError>([&] { zeros({0}).view({-1, big, big}); }, {"view"});
 }
 
 TEST(TensorErrors, MoreThanEightDims) {

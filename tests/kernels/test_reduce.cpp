@@ -167,6 +167,28 @@ TEST(Reduce, LargeSumsParallelAndColumnPaths) {
   EXPECT_EQ(one, many);
 }
 
+// Note [checked sizes] (core/shape.h): a huge-by-zero tensor is either refused or empty, and a reduction over
+// it gives an empty result or a clear error, never an out-of-bounds write.
+TEST(Reduce, HugeByZeroTensorsReduceToEmptyResultsOrClearErrors) {
+  // Note [checked sizes]: [2^62, 0] of u8 is a valid (empty) tensor; of f32 its nonzero sizes need 2^64
+  // bytes.
+  expect_error<ShapeError>([] { empty({int64_t(1) << 62, 0}); }, {"empty", "[4611686018427387904, 0]"});
+  const Tensor x = empty({int64_t(1) << 62, 0}, DType::U8);
+  EXPECT_EQ(x.numel(), 0);
+  EXPECT_EQ(x.nbytes(), 0);
+  EXPECT_EQ(sum(x).item<int64_t>(), 0);
+  EXPECT_EQ(sum(x, {0}).shape(), Shape({0}));
+  EXPECT_EQ(max(x, {0}).shape(), Shape({0}));
+  // Over the zero dim the result would have 2^62 elements: i64 ones do not fit, u8 ones do not fit in memory.
+  expect_error<ShapeError>([&] { sum(x, {1}); }, {"[4611686018427387904]"});
+  expect_error<Error>([&] { max(x, {1}); }, {});
+  const Tensor f = empty({int64_t(1) << 60, 0});
+  EXPECT_EQ(sum(f).item<float>(), 0.0f);
+  EXPECT_EQ(mean(f, {0}).shape(), Shape({0}));
+  EXPECT_EQ(var(f, {0}).shape(), Shape({0}));
+  expect_error<OutOfMemoryError>([&] { sum(f, {1}); }, {"out of memory"});
+}
+
 TEST(Reduce, EmptyAndSizeOne) {
   EXPECT_EQ(sum(zeros({0, 3}), {0}).to_vector<float>(), (std::vector<float>{0, 0, 0}));
   EXPECT_EQ(sum(zeros({0})).item<float>(), 0.f);
