@@ -132,8 +132,10 @@ void set_memory_limit(Device device, int64_t bytes);  // <= 0 removes the limit
 int64_t memory_limit(Device device = kCPU);
 std::vector<BlockInfo> snapshot(Device device = kCPU);
 std::vector<TagStats> tag_stats(Device device = kCPU);
-// A readable table of the statistics (current, peak) and the live bytes per tag.
+// A readable table of the statistics (current, peak) and the live bytes per tag: the kSummaryTags tags with
+// the highest peaks, one line for the rest, and how many names were folded into kOverflowTag.
 std::string memory_summary(Device device = kCPU);
+inline constexpr int kSummaryTags = 24;
 // "1.50 MiB", "512 B".
 std::string format_bytes(int64_t bytes);
 
@@ -155,6 +157,17 @@ uint32_t current_tag();
 // The id of a full tag name (not joined with the current scope), interning it on first use.
 uint32_t intern_tag(std::string_view name);
 std::string tag_name(uint32_t id);
+
+// The tag table holds at most kMaxTagNames names (every joined name of a Tag scope counts), so a program
+// that names a tag per step or per sample stays bounded: once it is full, a new name gets the id of
+// kOverflowTag, whose statistics then count the bytes of every name folded into it. Names already held keep
+// their ids.
+inline constexpr size_t kMaxTagNames = 4096;
+inline constexpr const char* kOverflowTag = "(other tags)";
+// How many distinct names have been folded into kOverflowTag, counted exactly up to kMaxFoldedCount (a
+// larger number reads as kMaxFoldedCount).
+inline constexpr int64_t kMaxFoldedCount = 4 * int64_t(kMaxTagNames);
+int64_t folded_tag_names();
 
 }  // namespace frugal::memory
 
