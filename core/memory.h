@@ -171,6 +171,25 @@ int64_t folded_tag_names();
 
 }  // namespace frugal::memory
 
+namespace frugal::memory::detail {
+// Note [failing an allocation]
+// To test what a program does when memory runs out at any point, the n-th allocation from now (1: the next
+// one; on any device and allocator) throws OutOfMemoryError as if the memory limit were reached, before the
+// allocator changes anything; the ones after it succeed again. 0 disarms. A user sets FRUGAL_FAIL_ALLOC_AT=n
+// instead, counted from when the first allocator is made (which is when it is read). What a failed
+// training step guarantees: Note [a failed step changes nothing] in optim/optimizer.h.
+//   memory::detail::fail_allocation_at(3);   // the third allocation from here fails
+void fail_allocation_at(int64_t n);
+// Allocations made since the last fail_allocation_at() (or since FRUGAL_FAIL_ALLOC_AT was read).
+int64_t allocations_counted();
+// The n a value of FRUGAL_FAIL_ALLOC_AT asks for, 0 for unset or empty; throws Error naming the variable, the
+// value and what is valid otherwise. Exposed for tests.
+int64_t fail_alloc_at_from_env(const char* value);
+// Called by each allocator before it allocates: throws the OutOfMemoryError of Note [failing an allocation]
+// when this allocation is the one to fail.
+void count_allocation(Device device, const char* allocator_kind, int64_t nbytes);
+}  // namespace frugal::memory::detail
+
 namespace frugal::detail {
 // The allocator kind a value of FRUGAL_ALLOCATOR selects: "arena" (unset, empty or "arena") or "system";
 // throws Error naming the valid values otherwise. Exposed for tests.

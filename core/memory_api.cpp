@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,43 @@ const char* detail::allocator_kind_from_env(const char* value) {
 }
 
 namespace memory {
+
+namespace {
+std::atomic<int64_t> g_fail_at{0};      // the allocation to fail (1-based), 0 for none
+std::atomic<int64_t> g_allocations{0};  // counted since the last fail_allocation_at
+}  // namespace
+
+void detail::fail_allocation_at(int64_t n) {
+  FRUGAL_CHECK(n >= 0, "memory::detail::fail_allocation_at: expected n >= 0 (0 disarms), got ", n);
+  g_allocations.store(0);
+  g_fail_at.store(n);
+}
+
+int64_t detail::allocations_counted() { return g_allocations.load(); }
+
+int64_t detail::fail_alloc_at_from_env(const char* value) {
+  if (value == nullptr || *value == '\0') return 0;
+  int64_t n = 0;
+  const char* end = value + std::strlen(value);
+  const auto [ptr, ec] = std::from_chars(value, end, n);
+  FRUGAL_CHECK(ec == std::errc() && ptr == end && n >= 0, "FRUGAL_FAIL_ALLOC_AT='", value,
+               "' is not an allocation number; expected an integer n >= 1 (the n-th allocation fails), 0 or "
+               "unset for none");
+  return n;
+}
+
+void detail::count_allocation(Device device, const char* allocator_kind, int64_t nbytes) {
+  const int64_t n = g_allocations.fetch_add(1, std::memory_order_relaxed) + 1;
+  int64_t armed = n;
+  if (g_fail_at.load(std::memory_order_relaxed) != n ||
+      !g_fail_at.compare_exchange_strong(armed, 0, std::memory_order_relaxed)) [[likely]]
+    return;
+  throw OutOfMemoryError(frugal::detail::str_cat(
+      "out of memory on ", device, " (", allocator_kind, " allocator): tried to allocate ", nbytes,
+      " bytes (", format_bytes(nbytes), "); allocation ", n,
+      " was made to fail, as if the memory limit were reached (FRUGAL_FAIL_ALLOC_AT or "
+      "memory::detail::fail_allocation_at; Note [failing an allocation] in core/memory.h)"));
+}
 
 namespace {
 
@@ -54,6 +92,16 @@ Registry& registry() {
 const char* allocator_kind() {
   static const char* kind = frugal::detail::allocator_kind_from_env(std::getenv("FRUGAL_ALLOCATOR"));
   return kind;
+}
+
+// Read once, when the first allocator is made: Note [failing an allocation].
+void apply_fail_alloc_env() {
+  static const bool applied = [] {
+    if (const int64_t n = detail::fail_alloc_at_from_env(std::getenv("FRUGAL_FAIL_ALLOC_AT")); n > 0)
+      detail::fail_allocation_at(n);
+    return true;
+  }();
+  (void)applied;
 }
 
 struct TagTable {
@@ -136,6 +184,7 @@ Allocator& allocator(Device device) {
         why.empty() ? "the CUDA backend is loaded but no GPU answers (no driver, or no device)" : why));
   }
   const bool system = std::strcmp(allocator_kind(), "system") == 0;
+  apply_fail_alloc_env();
   // Leaked on purpose: see registry().
   Allocator* a =
       (system ? make_system_allocator(device, std::move(backing)) : make_arena(device, std::move(backing)))
