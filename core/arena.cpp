@@ -173,20 +173,31 @@ class AllocatorBase : public Allocator {
     add(tags_[b->tag].allocated, sign * b->size);
   }
 
+  // Note [failing an allocation]: throws before anything is touched when this allocation is to fail.
+  void count_allocation_locked(int64_t nbytes) {
+    try {
+      detail::count_allocation(device_, kind(), nbytes);
+    } catch (const OutOfMemoryError&) {
+      ++stats_.num_ooms;
+      throw;
+    }
+  }
+
   [[noreturn]] void throw_oom_locked(int64_t nbytes, int64_t segment_bytes, bool system_refused) {
     ++stats_.num_ooms;
     const int64_t reserved = stats_.reserved.current, allocated = stats_.allocated.current;
-    const std::string limit =
-        limit_ > 0 ? detail::str_cat(format_bytes(limit_), " (", limit_, " bytes)") : std::string("none");
-    throw OutOfMemoryError(
-        detail::str_cat("out of memory on ", device_, " (", kind(), " allocator): tried to allocate ", nbytes,
-                        " bytes (", format_bytes(nbytes), ")",
-                        segment_bytes > nbytes
-                            ? detail::str_cat(", which needs a new segment of ", format_bytes(segment_bytes))
-                            : std::string(),
-                        system_refused ? "; the system has no memory left" : "", "; limit ", limit,
-                        ", reserved ", format_bytes(reserved), ", allocated ", format_bytes(allocated),
-                        ", free in cache ", format_bytes(reserved - allocated), ". To fit: ", kAdvice));
+    const std::string limit = limit_ > 0
+                                  ? frugal::detail::str_cat(format_bytes(limit_), " (", limit_, " bytes)")
+                                  : std::string("none");
+    throw OutOfMemoryError(frugal::detail::str_cat(
+        "out of memory on ", device_, " (", kind(), " allocator): tried to allocate ", nbytes, " bytes (",
+        format_bytes(nbytes), ")",
+        segment_bytes > nbytes
+            ? frugal::detail::str_cat(", which needs a new segment of ", format_bytes(segment_bytes))
+            : std::string(),
+        system_refused ? "; the system has no memory left" : "", "; limit ", limit, ", reserved ",
+        format_bytes(reserved), ", allocated ", format_bytes(allocated), ", free in cache ",
+        format_bytes(reserved - allocated), ". To fit: ", kAdvice));
   }
 
   BlockInfo info(const Block* b) const {
@@ -251,6 +262,7 @@ class Arena final : public AllocatorBase {
     const uint32_t tag = current_tag();
     const Stream stream = backing_->current_stream();
     std::lock_guard lock(mu_);
+    count_allocation_locked(nbytes);
     if (nbytes > kMaxRequest) throw_oom_locked(nbytes, 0, false);
     // A new segment and a split need a Block record each: get them now, so that nothing below can fail once
     // the free set or the backing has been touched.
@@ -566,6 +578,7 @@ class SystemAllocator final : public AllocatorBase {
                  device_);
     const uint32_t tag = current_tag();
     std::lock_guard lock(mu_);
+    count_allocation_locked(nbytes);
     if (nbytes > kMaxRequest) throw_oom_locked(nbytes, 0, false);
     const int64_t size = std::max(kHostAlign, round_up(nbytes, kHostAlign));
     if (!fits_locked(size)) throw_oom_locked(nbytes, size, false);

@@ -9,8 +9,8 @@
 namespace frugal {
 
 Tensor empty(const Shape& shape, TensorOptions opts) {
-  for (int64_t s : shape) FRUGAL_CHECK_SHAPE(s >= 0, "empty: sizes must be non-negative, got shape ", shape);
-  auto storage = std::make_shared<Storage>(shape.numel() * dtype_size(opts.dtype_), opts.device_);
+  const int64_t nbytes = checked_nbytes(shape, dtype_size(opts.dtype_), "empty");  // Note [checked sizes]
+  auto storage = std::make_shared<Storage>(nbytes, opts.device_);
   return Tensor(std::move(storage), 0, shape, contiguous_strides(shape), opts.dtype_);
 }
 
@@ -49,6 +49,9 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
                "arange: start, end and step must be finite and step non-zero; got start=", start,
                " end=", end, " step=", step);
   const double count = std::ceil((end - start) / step);
+  // Converting a double beyond int64 would be undefined; empty() refuses what does not fit in memory.
+  FRUGAL_CHECK(count < 0x1p62, "arange: start=", start, " end=", end, " step=", step, " give ", count,
+               " elements, more than a tensor can hold");
   const int64_t n = count > 0 ? int64_t(count) : 0;
   return from_function(n, opts, [&](int64_t i) { return start + double(i) * step; });
 }

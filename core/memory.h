@@ -132,8 +132,10 @@ void set_memory_limit(Device device, int64_t bytes);  // <= 0 removes the limit
 int64_t memory_limit(Device device = kCPU);
 std::vector<BlockInfo> snapshot(Device device = kCPU);
 std::vector<TagStats> tag_stats(Device device = kCPU);
-// A readable table of the statistics (current, peak) and the live bytes per tag.
+// A readable table of the statistics (current, peak) and the live bytes per tag: the kSummaryTags tags with
+// the highest peaks, one line for the rest, and how many names were folded into kOverflowTag.
 std::string memory_summary(Device device = kCPU);
+inline constexpr int kSummaryTags = 24;
 // "1.50 MiB", "512 B".
 std::string format_bytes(int64_t bytes);
 
@@ -156,7 +158,37 @@ uint32_t current_tag();
 uint32_t intern_tag(std::string_view name);
 std::string tag_name(uint32_t id);
 
+// The tag table holds at most kMaxTagNames names (every joined name of a Tag scope counts), so a program
+// that names a tag per step or per sample stays bounded: once it is full, a new name gets the id of
+// kOverflowTag, whose statistics then count the bytes of every name folded into it. Names already held keep
+// their ids.
+inline constexpr size_t kMaxTagNames = 4096;
+inline constexpr const char* kOverflowTag = "(other tags)";
+// How many distinct names have been folded into kOverflowTag, counted exactly up to kMaxFoldedCount (a
+// larger number reads as kMaxFoldedCount).
+inline constexpr int64_t kMaxFoldedCount = 4 * int64_t(kMaxTagNames);
+int64_t folded_tag_names();
+
 }  // namespace frugal::memory
+
+namespace frugal::memory::detail {
+// Note [failing an allocation]
+// To test what a program does when memory runs out at any point, the n-th allocation from now (1: the next
+// one; on any device and allocator) throws OutOfMemoryError as if the memory limit were reached, before the
+// allocator changes anything; the ones after it succeed again. 0 disarms. A user sets FRUGAL_FAIL_ALLOC_AT=n
+// instead, counted from when the first allocator is made (which is when it is read). What a failed
+// training step guarantees: Note [a failed step changes nothing] in optim/optimizer.h.
+//   memory::detail::fail_allocation_at(3);   // the third allocation from here fails
+void fail_allocation_at(int64_t n);
+// Allocations made since the last fail_allocation_at() (or since FRUGAL_FAIL_ALLOC_AT was read).
+int64_t allocations_counted();
+// The n a value of FRUGAL_FAIL_ALLOC_AT asks for, 0 for unset or empty; throws Error naming the variable, the
+// value and what is valid otherwise. Exposed for tests.
+int64_t fail_alloc_at_from_env(const char* value);
+// Called by each allocator before it allocates: throws the OutOfMemoryError of Note [failing an allocation]
+// when this allocation is the one to fail.
+void count_allocation(Device device, const char* allocator_kind, int64_t nbytes);
+}  // namespace frugal::memory::detail
 
 namespace frugal::detail {
 // The allocator kind a value of FRUGAL_ALLOCATOR selects: "arena" (unset, empty or "arena") or "system";

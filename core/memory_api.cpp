@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -24,6 +26,44 @@ const char* detail::allocator_kind_from_env(const char* value) {
 }
 
 namespace memory {
+
+namespace {
+std::atomic<int64_t> g_fail_at{0};      // the allocation to fail (1-based), 0 for none
+std::atomic<int64_t> g_allocations{0};  // counted since the last fail_allocation_at
+}  // namespace
+
+void detail::fail_allocation_at(int64_t n) {
+  FRUGAL_CHECK(n >= 0, "memory::detail::fail_allocation_at: expected n >= 0 (0 disarms), got ", n);
+  g_allocations.store(0);
+  g_fail_at.store(n);
+}
+
+int64_t detail::allocations_counted() { return g_allocations.load(); }
+
+int64_t detail::fail_alloc_at_from_env(const char* value) {
+  if (value == nullptr || *value == '\0') return 0;
+  int64_t n = 0;
+  const char* end = value + std::strlen(value);
+  const auto [ptr, ec] = std::from_chars(value, end, n);
+  FRUGAL_CHECK(ec == std::errc() && ptr == end && n >= 0, "FRUGAL_FAIL_ALLOC_AT='", value,
+               "' is not an allocation number; expected an integer n >= 1 (the n-th allocation fails), 0 or "
+               "unset for none");
+  return n;
+}
+
+void detail::count_allocation(Device device, const char* allocator_kind, int64_t nbytes) {
+  const int64_t n = g_allocations.fetch_add(1, std::memory_order_relaxed) + 1;
+  int64_t armed = n;
+  if (g_fail_at.load(std::memory_order_relaxed) != n ||
+      !g_fail_at.compare_exchange_strong(armed, 0, std::memory_order_relaxed)) [[likely]]
+    return;
+  throw OutOfMemoryError(frugal::detail::str_cat(
+      "out of memory on ", device, " (", allocator_kind, " allocator): tried to allocate ", nbytes,
+      " bytes (", format_bytes(nbytes), "); allocation ", n,
+      " was made to fail, as if the memory limit were reached (FRUGAL_FAIL_ALLOC_AT or "
+      "memory::detail::fail_allocation_at; Note [failing an allocation] in core/memory.h)"));
+}
+
 namespace {
 
 constexpr int kMaxDeviceIndex = 1024;  // Device::parse accepts cuda:0 .. cuda:1023
@@ -50,14 +90,45 @@ Registry& registry() {
 
 // Read once: switching allocators halfway would hand blocks of one to the other.
 const char* allocator_kind() {
-  static const char* kind = detail::allocator_kind_from_env(std::getenv("FRUGAL_ALLOCATOR"));
+  static const char* kind = frugal::detail::allocator_kind_from_env(std::getenv("FRUGAL_ALLOCATOR"));
   return kind;
+}
+
+// Read once, when the first allocator is made: Note [failing an allocation].
+void apply_fail_alloc_env() {
+  static const bool applied = [] {
+    if (const int64_t n = detail::fail_alloc_at_from_env(std::getenv("FRUGAL_FAIL_ALLOC_AT")); n > 0)
+      detail::fail_allocation_at(n);
+    return true;
+  }();
+  (void)applied;
 }
 
 struct TagTable {
   std::mutex mu;
   std::vector<std::string> names{""};
   std::unordered_map<std::string, uint32_t> ids{{"", 0}};
+  uint32_t overflow = 0;                       // kOverflowTag's id once the table is full, 0 before
+  std::unordered_set<uint64_t> folded_hashes;  // of the names folded into it, up to kMaxFoldedCount
+
+  // The id of a full name, interning it while there is room (the last slot is kept for kOverflowTag).
+  uint32_t intern_locked(std::string&& name) {
+    if (auto it = ids.find(name); it != ids.end()) return it->second;
+    if (names.size() + 1 < kMaxTagNames) {
+      const auto id = uint32_t(names.size());
+      names.push_back(name);
+      ids.emplace(std::move(name), id);
+      return id;
+    }
+    if (overflow == 0) {  // kOverflowTag itself may have been asked for before (then it holds an id already)
+      auto [it, inserted] = ids.try_emplace(kOverflowTag, uint32_t(names.size()));
+      if (inserted) names.emplace_back(kOverflowTag);
+      overflow = it->second;
+    }
+    if (name != kOverflowTag && int64_t(folded_hashes.size()) < kMaxFoldedCount)
+      folded_hashes.insert(std::hash<std::string>()(name));
+    return overflow;
+  }
 };
 
 TagTable& tag_table() {
@@ -108,11 +179,12 @@ Allocator& allocator(Device device) {
     backing = make_host_backing();
   } else {
     const std::string why = backend_error(device.type);
-    throw DeviceError(detail::str_cat(
+    throw DeviceError(frugal::detail::str_cat(
         "no allocator for ", device, ": ",
         why.empty() ? "the CUDA backend is loaded but no GPU answers (no driver, or no device)" : why));
   }
   const bool system = std::strcmp(allocator_kind(), "system") == 0;
+  apply_fail_alloc_env();
   // Leaked on purpose: see registry().
   Allocator* a =
       (system ? make_system_allocator(device, std::move(backing)) : make_arena(device, std::move(backing)))
@@ -201,11 +273,26 @@ std::string memory_summary(Device device) {
   out += thin + "\n";
   appendf(out, " %-30s %22s %22s\n", "live bytes by tag", "current", "peak");
   if (tags.empty()) out += " (no allocations)\n";
-  for (const TagStats& t : tags) {
+  for (size_t i = 0; i < tags.size() && i < size_t(kSummaryTags); ++i) {
+    const TagStats& t = tags[i];
     // Long tag paths widen their row rather than being cut: the name is what the reader is looking for.
     appendf(out, " %-30s %22s %22s\n", t.tag.empty() ? "(untagged)" : t.tag.c_str(),
             format_bytes(t.allocated.current).c_str(), format_bytes(t.allocated.peak).c_str());
   }
+  if (tags.size() > size_t(kSummaryTags)) {  // the rest in one line: their live bytes, the largest peak
+    int64_t current = 0, peak = 0;
+    for (size_t i = size_t(kSummaryTags); i < tags.size(); ++i) {
+      current += tags[i].allocated.current;
+      peak = std::max(peak, tags[i].allocated.peak);
+    }
+    const std::string rest = frugal::detail::str_cat("(", tags.size() - size_t(kSummaryTags), " more tags)");
+    appendf(out, " %-30s %22s %22s\n", rest.c_str(), format_bytes(current).c_str(),
+            ("each <= " + format_bytes(peak)).c_str());
+  }
+  if (const int64_t folded = folded_tag_names(); folded > 0)
+    appendf(out, " %s%lld names folded into '%s' (the table holds %zu names)\n",
+            folded >= kMaxFoldedCount ? "at least " : "", static_cast<long long>(folded), kOverflowTag,
+            kMaxTagNames);
   out += rule + "\n";
   return out;
 }
@@ -213,9 +300,13 @@ std::string memory_summary(Device device) {
 uint32_t intern_tag(std::string_view name) {
   TagTable& table = tag_table();
   std::lock_guard lock(table.mu);
-  auto [it, inserted] = table.ids.try_emplace(std::string(name), uint32_t(table.names.size()));
-  if (inserted) table.names.push_back(it->first);
-  return it->second;
+  return table.intern_locked(std::string(name));
+}
+
+int64_t folded_tag_names() {
+  TagTable& table = tag_table();
+  std::lock_guard lock(table.mu);
+  return int64_t(table.folded_hashes.size());
 }
 
 Tag::Tag(std::string_view name) : previous_(t_current_tag) {
@@ -224,9 +315,7 @@ Tag::Tag(std::string_view name) : previous_(t_current_tag) {
   std::string joined = previous_ == 0 ? std::string(name)
                        : name.empty() ? table.names[previous_]
                                       : table.names[previous_] + "/" + std::string(name);
-  auto [it, inserted] = table.ids.try_emplace(std::move(joined), uint32_t(table.names.size()));
-  if (inserted) table.names.push_back(it->first);
-  t_current_tag = it->second;
+  t_current_tag = table.intern_locked(std::move(joined));
 }
 
 Tag::~Tag() { t_current_tag = previous_; }

@@ -65,7 +65,7 @@ using LinearReluKernel = void(const LinearReluArgs& args);
 
 // ReLU's backward and the bias gradient in one pass over contiguous [rows, cols] g and y (ReLU's output):
 // gz = y > 0 ? g : 0 and dbias [cols] = the column sums of gz, summed in the order ops::sum(gz, {0}) uses
-// for a bias gradient (the rows in at most 16 chunks fixed by the shape, then the chunks in order).
+// (on the CPU, Note [pairwise sums] in kernels/cpu/cascade.h).
 struct ReluBackwardBiasArgs {
   int64_t rows = 0, cols = 0;
   const void* g = nullptr;

@@ -1,7 +1,14 @@
 // Threads: one OpenMP pool shared with oneDNN and Eigen. Work smaller than a grain stays on the calling
-// thread, so small tensors pay no fork/join. FRUGAL_NUM_THREADS (read at load) sets the pool size.
+// thread, so small tensors pay no fork/join.
 //
 //   parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) { for (i = begin; i < end; ++i) ...; });
+//   set_num_threads(4);
+//
+// FRUGAL_NUM_THREADS, read when the library loads, sets the pool size: an integer in [1, max_threads()]. A
+// library must not throw while it loads, so a malformed value (abc, -3, 100000) is kept as an error that the
+// first call needing the thread count throws, naming the variable, its value and the valid range:
+// num_threads() and every parallel region (parallel_for, the CPU kernels that fork), until set_num_threads()
+// sets a count.
 #pragma once
 
 #include <omp.h>
@@ -14,15 +21,26 @@ namespace frugal {
 // Elements below which an elementwise loop runs on one thread (a fork/join costs about as much as this work).
 inline constexpr int64_t kGrain = 32768;
 
-int num_threads();
-void set_num_threads(int n);  // throws Error for n < 1
+// The most threads set_num_threads() accepts: 4 times the hardware threads, and at least 16. More than the
+// cores only slows compute down, and far more makes libgomp abort when it cannot start them.
+int max_threads();
+int num_threads();            // throws Error for a malformed FRUGAL_NUM_THREADS (see above)
+void set_num_threads(int n);  // throws Error naming the valid range for n outside [1, max_threads()]
+
+namespace detail {
+// The threads a parallel region may use (omp_get_max_threads()); throws what num_threads() throws.
+int pool_threads();
+// The thread count a value of FRUGAL_NUM_THREADS asks for, 0 for unset or empty; throws Error naming the
+// variable, the value and the valid range otherwise. Exposed for tests.
+int num_threads_from_env(const char* value);
+}  // namespace detail
 
 template <typename F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) {
   const int64_t n = end - begin;
   if (n <= 0) return;
   const int64_t max_chunks = (n + grain - 1) / std::max<int64_t>(grain, 1);
-  const int nt = int(std::min<int64_t>(max_chunks, omp_get_max_threads()));
+  const int nt = int(std::min<int64_t>(max_chunks, detail::pool_threads()));
   if (nt <= 1 || omp_in_parallel()) {
     f(begin, end);
     return;

@@ -53,8 +53,14 @@ void Shape::resize(int n, int64_t fill) {
 }
 
 int64_t Shape::numel() const {
-  int64_t n = 1;
-  for (int i = 0; i < n_; ++i) n *= d_[i];
+  int64_t n = 1, nonzero = 1;
+  for (int i = 0; i < n_; ++i) {
+    n *= d_[i];  // cannot overflow while the nonzero product below does not (once 0, it stays 0)
+    if (d_[i] != 0 && __builtin_mul_overflow(nonzero, d_[i], &nonzero)) [[unlikely]]
+      throw ShapeError(detail::str_cat("numel: shape ", *this,
+                                       " has more elements than int64 can count (the product of its nonzero "
+                                       "sizes overflows); Note [checked sizes] in core/shape.h"));
+  }
   return n;
 }
 
@@ -77,12 +83,37 @@ std::ostream& operator<<(std::ostream& os, const Shape& s) {
   return os << ']';
 }
 
+int64_t checked_mul(int64_t a, int64_t b, const char* op, const char* what) {
+  int64_t r;
+  FRUGAL_CHECK_SHAPE(!__builtin_mul_overflow(a, b, &r), op, ": ", what, " ", a, " * ", b,
+                     " overflows int64; Note [checked sizes] in core/shape.h");
+  return r;
+}
+
+int64_t checked_nbytes(const Shape& shape, int64_t element_size, const char* op) {
+  bool empty = false;
+  for (int64_t s : shape) {
+    FRUGAL_CHECK_SHAPE(s >= 0, op, ": sizes must be non-negative, got shape ", shape);
+    empty = empty || s == 0;
+  }
+  int64_t nonzero = element_size;
+  for (int64_t s : shape)
+    FRUGAL_CHECK_SHAPE(s == 0 || !__builtin_mul_overflow(nonzero, s, &nonzero), op, ": shape ", shape, " of ",
+                       element_size, "-byte elements needs more than 2^63 - 1 bytes",
+                       empty ? " for its nonzero sizes (which must fit even though it is empty)" : "",
+                       "; Note [checked sizes] in core/shape.h");
+  return empty ? 0 : nonzero;
+}
+
 Shape contiguous_strides(const Shape& shape) {
   Shape st = Shape::filled(shape.size(), 1);
   int64_t acc = 1;
   for (int i = shape.size() - 1; i >= 0; --i) {
     st[i] = acc;
-    acc *= shape[i] > 0 ? shape[i] : 1;
+    if (i > 0 && shape[i] > 1)
+      FRUGAL_CHECK_SHAPE(!__builtin_mul_overflow(acc, shape[i], &acc),
+                         "contiguous_strides: a stride of shape ", shape,
+                         " overflows int64; Note [checked sizes] in core/shape.h");
   }
   return st;
 }

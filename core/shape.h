@@ -38,7 +38,9 @@ class Shape {
   void erase(int pos);
   void resize(int n, int64_t fill = 0);
 
-  int64_t numel() const;  // product of the sizes; 1 for a 0-d shape
+  // The product of the sizes (1 for a 0-d shape); throws ShapeError naming the shape when the product of its
+  // nonzero sizes does not fit in int64 (Note [checked sizes]).
+  int64_t numel() const;
   std::vector<int64_t> vec() const { return {begin(), end()}; }
   std::string str() const;  // "[2, 3, 4]"
 
@@ -52,7 +54,24 @@ class Shape {
 
 std::ostream& operator<<(std::ostream& os, const Shape& s);
 
-// Row-major strides (in elements) for a contiguous tensor of this shape.
+// Note [checked sizes]
+// Sizes, strides and byte counts are int64, and a product of them can overflow: a file may declare a shape
+// of [2^62, 0] or [2^61] f32, and a wrapped product would let a tensor of 2^62 elements own 0 bytes. So every
+// product of sizes goes through checked_mul, and a tensor is valid only when each size is >= 0 and the
+// product of its nonzero sizes times its element size fits in int64 (checked_nbytes). Then its numel, its
+// nbytes, each contiguous stride and each byte offset inside it fit too, even when a size of 0 makes it empty
+// (PyTorch asks the same of the nonzero sizes, for its strides). empty() checks this before allocating, and
+// every view (core/tensor.cpp) checks its shape and that its elements lie inside its storage, so the kernels
+// may multiply sizes and strides of any tensor they are given without checking.
+
+// a * b; throws ShapeError "<op>: <what> <a> * <b> overflows int64" when it does not fit.
+int64_t checked_mul(int64_t a, int64_t b, const char* op, const char* what);
+// The bytes of a contiguous tensor of this shape: numel * element_size. Throws ShapeError naming op, the
+// shape and the element size for a negative size, or when the product of the nonzero sizes times element_size
+// does not fit in int64.
+int64_t checked_nbytes(const Shape& shape, int64_t element_size, const char* op);
+// Row-major strides (in elements) for a contiguous tensor of this shape (a size of 0 counts as 1, as in
+// PyTorch); throws ShapeError naming the shape when one does not fit in int64.
 Shape contiguous_strides(const Shape& shape);
 // Maps a possibly negative dim into [0, ndim); throws IndexError naming op and shape when out of range.
 int wrap_dim(int64_t dim, int ndim, const char* op);

@@ -61,12 +61,17 @@ bool view_strides(const Shape& old_shape, const Shape& old_strides, const Shape&
   int view_d = shape.size() - 1;
   int64_t chunk_base_stride = old_strides.size() ? old_strides.back() : 1;
   int64_t tensor_numel = 1, view_numel = 1;
+  // The products below stay within the extent of x's elements (Note [checked sizes]); checked all the same,
+  // an overflow meaning that no view fits.
+  int64_t p;
   for (int d = old_shape.size() - 1; d >= 0; --d) {
     tensor_numel *= old_shape[d];
-    if (d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_base_stride)) {
+    if (d == 0 || (old_shape[d - 1] != 1 && (__builtin_mul_overflow(tensor_numel, chunk_base_stride, &p) ||
+                                             old_strides[d - 1] != p))) {
       while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
-        out[view_d] = view_numel * chunk_base_stride;
-        view_numel *= shape[view_d];
+        if (__builtin_mul_overflow(view_numel, chunk_base_stride, &out[view_d]) ||
+            __builtin_mul_overflow(view_numel, shape[view_d], &view_numel))
+          return false;
         --view_d;
       }
       if (view_numel != tensor_numel) return false;
@@ -91,7 +96,8 @@ Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from, cons
       infer = i;
     } else {
       FRUGAL_CHECK_SHAPE(shape[i] >= 0, op, ": invalid size ", shape[i], " in shape ", requested);
-      known *= shape[i];
+      FRUGAL_CHECK_SHAPE(!__builtin_mul_overflow(known, shape[i], &known), op, ": shape ", requested,
+                         " has more elements than int64 can count");
     }
   }
   if (infer >= 0) {
@@ -106,10 +112,46 @@ Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from, cons
 
 }  // namespace
 
+namespace {
+
+// Every view is made here: its shape must be valid for the dtype and its elements must lie inside the storage
+// (Note [checked sizes]), so that no kernel can reach outside it.
+Tensor make_view(const Tensor& x, const Shape& shape, const Shape& strides, int64_t element_offset,
+                 const char* op) {
+  FRUGAL_CHECK_SHAPE(shape.size() == strides.size(), op, ": shape ", shape, " and strides ", strides,
+                     " differ in rank");
+  const int64_t esize = x.element_size();
+  checked_nbytes(shape, esize, op);
+  int64_t offset = 0;
+  bool ok = !__builtin_mul_overflow(element_offset, esize, &offset) &&
+            !__builtin_add_overflow(offset, x.byte_offset(), &offset);
+  // The lowest and one past the highest byte the view reaches, from its offset.
+  int64_t lo = offset, hi = offset;
+  bool nonempty = true;
+  for (int64_t s : shape) nonempty = nonempty && s > 0;
+  if (ok && nonempty) {
+    ok = !__builtin_add_overflow(hi, esize, &hi);
+    for (int d = 0; ok && d < shape.size(); ++d) {
+      int64_t reach = 0;
+      ok = !__builtin_mul_overflow(shape[d] - 1, strides[d], &reach) &&
+           !__builtin_mul_overflow(reach, esize, &reach) &&
+           !__builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi);
+    }
+  }
+  FRUGAL_CHECK_SHAPE(
+      ok && (!nonempty || (lo >= 0 && hi <= x.storage()->nbytes())), op, ": a view of shape ", shape,
+      " with strides ", strides, " at element offset ", element_offset, " of a tensor of shape ", x.shape(),
+      " would reach outside its storage of ", x.storage()->nbytes(), " bytes",
+      ok ? detail::str_cat(" (bytes ", lo, " to ", hi, ")") : std::string(" (int64 overflows)"));
+  return Tensor(x.storage(), offset, shape, strides, x.dtype());
+}
+
+}  // namespace
+
 namespace ops {
 
 Tensor as_strided(const Tensor& x, const Shape& shape, const Shape& strides, int64_t element_offset) {
-  return Tensor(x.storage(), x.byte_offset() + element_offset * x.element_size(), shape, strides, x.dtype());
+  return make_view(x, shape, strides, element_offset, "as_strided");
 }
 
 Tensor view(const Tensor& x, const Shape& requested) {
@@ -118,13 +160,13 @@ Tensor view(const Tensor& x, const Shape& requested) {
   FRUGAL_CHECK_SHAPE(view_strides(x.shape(), x.strides(), shape, st), "view: a tensor of shape ", x.shape(),
                      " with strides ", x.strides(), " cannot be viewed as ", shape,
                      " without a copy; use reshape() (which copies when needed) or contiguous() first");
-  return as_strided(x, shape, st, 0);
+  return make_view(x, shape, st, 0, "view");
 }
 
 Tensor reshape(const Tensor& x, const Shape& requested) {
   const Shape shape = infer_shape(requested, x.numel(), x.shape(), "reshape");
   Shape st;
-  if (view_strides(x.shape(), x.strides(), shape, st)) return as_strided(x, shape, st, 0);
+  if (view_strides(x.shape(), x.strides(), shape, st)) return make_view(x, shape, st, 0, "reshape");
   return view(contiguous(x), shape);
 }
 
@@ -149,7 +191,7 @@ Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
   Shape sh = x.shape(), st = x.strides();
   std::swap(sh[a], sh[b]);
   std::swap(st[a], st[b]);
-  return as_strided(x, sh, st, 0);
+  return make_view(x, sh, st, 0, "transpose");
 }
 
 Tensor permute(const Tensor& x, const Shape& dims) {
@@ -164,7 +206,7 @@ Tensor permute(const Tensor& x, const Shape& dims) {
     sh[i] = x.shape()[d];
     st[i] = x.strides()[d];
   }
-  return as_strided(x, sh, st, 0);
+  return make_view(x, sh, st, 0, "permute");
 }
 
 Tensor narrow(const Tensor& x, int64_t dim_, int64_t start, int64_t length) {
@@ -172,12 +214,12 @@ Tensor narrow(const Tensor& x, int64_t dim_, int64_t start, int64_t length) {
   const int d = wrap_dim(dim_, x.dim(), "narrow");
   const int64_t n = x.shape()[d];
   if (start < 0) start += n;
-  FRUGAL_CHECK_INDEX(start >= 0 && length >= 0 && start + length <= n, "narrow: start ", start,
+  FRUGAL_CHECK_INDEX(start >= 0 && length >= 0 && start <= n && length <= n - start, "narrow: start ", start,
                      " and length ", length, " are out of range for dim ", dim_, " of size ", n, " (shape ",
                      x.shape(), ")");
   Shape sh = x.shape();
   sh[d] = length;
-  return as_strided(x, sh, x.strides(), start * x.strides()[d]);
+  return make_view(x, sh, x.strides(), start * x.strides()[d], "narrow");
 }
 
 Tensor slice(const Tensor& x, int64_t dim_, int64_t start, int64_t end, int64_t step) {
@@ -190,9 +232,11 @@ Tensor slice(const Tensor& x, int64_t dim_, int64_t start, int64_t end, int64_t 
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
   Shape sh = x.shape(), st = x.strides();
-  sh[d] = (end - start + step - 1) / step;
-  st[d] = x.strides()[d] * step;
-  return as_strided(x, sh, st, start * x.strides()[d]);
+  // Not (end - start + step - 1) / step, which overflows for a huge step. With one element or none the step
+  // never applies (and step * stride may not fit).
+  sh[d] = end > start ? (end - start - 1) / step + 1 : 0;
+  st[d] = sh[d] > 1 ? x.strides()[d] * step : x.strides()[d];
+  return make_view(x, sh, st, start * x.strides()[d], "slice");
 }
 
 Tensor select(const Tensor& x, int64_t dim_, int64_t index) {
@@ -205,7 +249,7 @@ Tensor select(const Tensor& x, int64_t dim_, int64_t index) {
   Shape sh = x.shape(), st = x.strides();
   sh.erase(d);
   st.erase(d);
-  return as_strided(x, sh, st, index * x.strides()[d]);
+  return make_view(x, sh, st, index * x.strides()[d], "select");
 }
 
 Tensor expand(const Tensor& x, const Shape& requested) {
@@ -227,7 +271,7 @@ Tensor expand(const Tensor& x, const Shape& requested) {
                          " has size ", have, "; only size-1 dims expand)");
     }
   }
-  return as_strided(x, sh, st, 0);
+  return make_view(x, sh, st, 0, "expand");
 }
 
 Tensor squeeze(const Tensor& x) {
@@ -237,7 +281,7 @@ Tensor squeeze(const Tensor& x) {
       sh.push_back(x.shape()[i]);
       st.push_back(x.strides()[i]);
     }
-  return as_strided(x, sh, st, 0);
+  return make_view(x, sh, st, 0, "squeeze");
 }
 
 Tensor squeeze(const Tensor& x, int64_t dim_) {
@@ -247,7 +291,7 @@ Tensor squeeze(const Tensor& x, int64_t dim_) {
   Shape sh = x.shape(), st = x.strides();
   sh.erase(d);
   st.erase(d);
-  return as_strided(x, sh, st, 0);
+  return make_view(x, sh, st, 0, "squeeze");
 }
 
 Tensor unsqueeze(const Tensor& x, int64_t dim_) {
@@ -255,10 +299,10 @@ Tensor unsqueeze(const Tensor& x, int64_t dim_) {
                      " already has the most dims, ", kMaxDims);
   const int d = wrap_dim(dim_, x.dim() + 1, "unsqueeze");
   Shape sh = x.shape(), st = x.strides();
-  const int64_t s = d < x.dim() ? x.strides()[d] * x.shape()[d] : 1;
+  const int64_t s = d < x.dim() ? checked_mul(x.strides()[d], x.shape()[d], "unsqueeze", "the stride") : 1;
   sh.insert(d, 1);
   st.insert(d, s);
-  return as_strided(x, sh, st, 0);
+  return make_view(x, sh, st, 0, "unsqueeze");
 }
 
 Tensor contiguous(const Tensor& x) { return x.is_contiguous() ? x : clone(x); }

@@ -64,7 +64,7 @@ class Tensor {
   DType dtype() const { return impl().dtype; }
   Device device() const { return impl().storage->device(); }
   int64_t element_size() const { return dtype_size(dtype()); }
-  int64_t nbytes() const { return numel() * element_size(); }
+  int64_t nbytes() const { return numel() * element_size(); }  // fits: Note [checked sizes] (core/shape.h)
   int64_t byte_offset() const { return impl().offset; }
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }

@@ -91,21 +91,20 @@ Tensor read_idx(const std::string& path) {
   }
   // Deflate cannot shrink data by more than about 1032:1, so a header promising more than that is corrupt;
   // checking first keeps a damaged header from causing a huge allocation. The product of up to 8 dims below
-  // 2^32 can overflow, hence the stepwise check.
+  // 2^32 can overflow, hence the stepwise check; it covers the nonzero dims even when a 0 makes the tensor
+  // empty, as a tensor's shape must (Note [checked sizes] in core/shape.h).
   const uint64_t limit = uint64_t(file_size) * (gzdirect(gz.f) ? 1 : 1032);
-  uint64_t numel = 1;
+  bool empty_data = false;
+  for (int64_t d : shape) empty_data = empty_data || d == 0;
+  int64_t nonzero = 1;
   for (int64_t d : shape) {
-    if (d == 0) {
-      numel = 0;
-      break;
-    }
-  }
-  for (int64_t d : shape) {
-    if (numel == 0) break;
-    FRUGAL_CHECK(numel <= limit / uint64_t(d), "read_idx('", path, "'): dims ", shape,
+    if (d == 0) continue;
+    FRUGAL_CHECK(!__builtin_mul_overflow(nonzero, d, &nonzero), "read_idx('", path, "'): dims ", shape,
+                 " describe more than 2^63 - 1 elements", empty_data ? " (in their nonzero dims)" : "",
+                 "; the header is corrupt");
+    FRUGAL_CHECK(empty_data || uint64_t(nonzero) <= limit, "read_idx('", path, "'): dims ", shape,
                  " need more bytes than a file of ", file_size,
                  " bytes can hold; it is truncated or corrupt");
-    numel *= uint64_t(d);
   }
 
   Tensor t = empty(shape, DType::U8);

@@ -82,72 +82,119 @@ bool Optimizer::uses_master(const OptimizerOptions& options, const Tensor& param
   return options.get_master_weights() && (param.dtype() == DType::F16 || param.dtype() == DType::BF16);
 }
 
+// Note [a failed step changes nothing] (optim/optimizer.h): phase 1 checks every parameter and makes every
+// tensor the updates need; phase 2 runs the updates, which allocate nothing.
 void Optimizer::step() {
   NoGradGuard no_grad;
-  int64_t index = 0;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    for (size_t i = 0; i < groups_[g].params.size(); ++i, ++index) {
-      Tensor p = groups_[g].params[i];
-      const SparseGrad sparse = autograd::sparse_grad(p);
-      Tensor grad = sparse.defined() ? sparse.values : p.grad();
-      if (!grad.defined()) continue;
-      // Note [sparse gradients] (autograd/sparse.h): an optimizer takes one kind of gradient only.
-      FRUGAL_CHECK(!sparse.defined() || !p.grad().defined(), name_, ".step: parameter ", index, " (group ", g,
-                   ", shape ", p.shape(),
-                   ") has both a dense and a sparse gradient; zero_grad() and use it "
-                   "either in an Embedding with sparse(true) or elsewhere, not both");
-      FRUGAL_CHECK(!sparse.defined() || takes_sparse_grads(), name_, ".step: parameter ", index, " (group ",
-                   g, ", shape ", p.shape(),
-                   ") has a sparse gradient (from nn::Embedding with sparse(true)); ", name_,
-                   " needs dense gradients: optimize that parameter with optim::SparseAdam, or build "
-                   "the embedding with sparse(false)");
-      FRUGAL_CHECK(sparse.defined() || !takes_sparse_grads(), name_, ".step: parameter ", index, " (group ",
-                   g, ", shape ", p.shape(), ") has a dense gradient; ", name_,
-                   " supports sparse gradients "
-                   "only (nn::Embedding with sparse(true)); use optim::Adam for dense ones");
-      const Shape grad_shape =
-          sparse.defined() ? Shape{sparse.rows, grad.dim() == 2 ? grad.size(1) : -1} : grad.shape();
-      FRUGAL_CHECK_SHAPE(grad_shape == p.shape(), name_, ".step: the gradient of parameter ", index,
-                         " (group ", g, ") has shape ", grad_shape, " but the parameter has shape ",
-                         p.shape());
-      FRUGAL_CHECK_DTYPE(grad.dtype() == p.dtype(), name_, ".step: the gradient of parameter ", index,
-                         " (group ", g, ", shape ", p.shape(), ") is ", dtype_name(grad.dtype()),
-                         " but the parameter is ", dtype_name(p.dtype()),
-                         "; convert the gradient or zero_grad() after changing dtypes");
-      FRUGAL_CHECK_T(DeviceError, grad.device() == p.device(), name_, ".step: the gradient of parameter ",
-                     index, " is on ", grad.device(), " but the parameter is on ", p.device());
-      ParamState& st = state_[g][i];
-      for (const auto& [key, t] : st.tensors)
-        FRUGAL_CHECK(t.shape() == p.shape() && t.dtype() == state_dtype(p.dtype()), name_,
-                     ".step: the state '", key, "' of parameter ", index, " is ", dtype_name(t.dtype()), " ",
-                     t.shape(), " but the parameter is now ", dtype_name(p.dtype()), " ", p.shape(),
-                     "; create the optimizer after converting the model");
-      if (uses_master(groups_[g].options(), p)) {  // Note [master weights]
-        Tensor& master = st.tensors["master"];
-        if (!master.defined()) {
-          master = new_state(p);
-          ops::copy_(master, p);
+  struct Planned {
+    Tensor p;
+    const OptimizerOptions* options = nullptr;
+    ParamState* state = nullptr;
+    Tensor work, grad;    // what update() gets: p itself or a contiguous copy, a contiguous gradient
+    SparseGrad sparse;    // or the coalesced sparse gradient, contiguous
+    bool master = false;  // Note [master weights]: grad is converted into a slice of master_grads
+  };
+  std::vector<Planned> plan;
+  std::vector<std::pair<ParamState*, std::string>> made;  // state created by this step, undone if it fails
+  Tensor master_grads;  // f32, as large as the largest dense gradient a master copy takes, shared by all
+  try {
+    int64_t index = 0, master_numel = 0;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (size_t i = 0; i < groups_[g].params.size(); ++i, ++index) {
+        Tensor p = groups_[g].params[i];
+        const SparseGrad sparse = autograd::sparse_grad(p);
+        Tensor grad = sparse.defined() ? sparse.values : p.grad();
+        if (!grad.defined()) continue;
+        // Note [sparse gradients] (autograd/sparse.h): an optimizer takes one kind of gradient only.
+        FRUGAL_CHECK(!sparse.defined() || !p.grad().defined(), name_, ".step: parameter ", index, " (group ",
+                     g, ", shape ", p.shape(),
+                     ") has both a dense and a sparse gradient; zero_grad() and use it "
+                     "either in an Embedding with sparse(true) or elsewhere, not both");
+        FRUGAL_CHECK(!sparse.defined() || takes_sparse_grads(), name_, ".step: parameter ", index, " (group ",
+                     g, ", shape ", p.shape(),
+                     ") has a sparse gradient (from nn::Embedding with sparse(true)); ", name_,
+                     " needs dense gradients: optimize that parameter with optim::SparseAdam, or build "
+                     "the embedding with sparse(false)");
+        FRUGAL_CHECK(sparse.defined() || !takes_sparse_grads(), name_, ".step: parameter ", index, " (group ",
+                     g, ", shape ", p.shape(), ") has a dense gradient; ", name_,
+                     " supports sparse gradients "
+                     "only (nn::Embedding with sparse(true)); use optim::Adam for dense ones");
+        const Shape grad_shape =
+            sparse.defined() ? Shape{sparse.rows, grad.dim() == 2 ? grad.size(1) : -1} : grad.shape();
+        FRUGAL_CHECK_SHAPE(grad_shape == p.shape(), name_, ".step: the gradient of parameter ", index,
+                           " (group ", g, ") has shape ", grad_shape, " but the parameter has shape ",
+                           p.shape());
+        FRUGAL_CHECK_DTYPE(grad.dtype() == p.dtype(), name_, ".step: the gradient of parameter ", index,
+                           " (group ", g, ", shape ", p.shape(), ") is ", dtype_name(grad.dtype()),
+                           " but the parameter is ", dtype_name(p.dtype()),
+                           "; convert the gradient or zero_grad() after changing dtypes");
+        FRUGAL_CHECK_T(DeviceError, grad.device() == p.device(), name_, ".step: the gradient of parameter ",
+                       index, " is on ", grad.device(), " but the parameter is on ", p.device());
+        ParamState& st = state_[g][i];
+        for (const auto& [key, t] : st.tensors)
+          FRUGAL_CHECK(t.shape() == p.shape() && t.dtype() == state_dtype(p.dtype()), name_,
+                       ".step: the state '", key, "' of parameter ", index, " is ", dtype_name(t.dtype()),
+                       " ", t.shape(), " but the parameter is now ", dtype_name(p.dtype()), " ", p.shape(),
+                       "; create the optimizer after converting the model");
+        const OptimizerOptions& options = groups_[g].options();
+        Planned u;
+        u.p = p;
+        u.options = &options;
+        u.state = &st;
+        u.master = uses_master(options, p);
+        // The state the update reads, made now (zeroed; the master copy from p) so that it allocates nothing.
+        std::vector<std::string> names = state_names(options);
+        if (u.master) names.push_back("master");
+        for (const std::string& name : names) {
+          if (auto it = st.tensors.find(name); it != st.tensors.end() && it->second.defined()) continue;
+          Tensor t = new_state(p);
+          if (name == "master") ops::copy_(t, p);
+          st.tensors[name] = t;
+          made.emplace_back(&st, name);
         }
-        st.initialized = true;
         if (sparse.defined()) {
-          SparseGrad g32 = sparse;
-          g32.values = ops::cast(sparse.values, DType::F32);
-          update_sparse(groups_[g].options(), master, g32, st);
-        } else {
-          update(groups_[g].options(), master, ops::cast(grad, DType::F32), st);
+          u.sparse = sparse;
+          u.sparse.values = ops::contiguous(u.master ? ops::cast(sparse.values, DType::F32) : sparse.values);
+          u.sparse.indices = ops::contiguous(sparse.indices);
+        } else if (u.master) {
+          u.grad = grad;  // converted in phase 2, into master_grads
+          master_numel = std::max(master_numel, p.numel());
         }
-        ops::copy_(p, master);  // rounds once; bumps the version
-        continue;
+        if (!u.master) {
+          // The kernels walk flat contiguous buffers; a strided parameter is updated through a copy.
+          u.work = p.is_contiguous() ? p : p.contiguous();
+          if (!sparse.defined()) u.grad = grad.contiguous();
+        }
+        plan.push_back(std::move(u));
       }
-      // The kernels walk flat contiguous buffers; a strided parameter is updated through a copy.
-      Tensor work = p.is_contiguous() ? p : p.contiguous();
-      if (sparse.defined())
-        update_sparse(groups_[g].options(), work, sparse, st);
-      else
-        update(groups_[g].options(), work, grad.contiguous(), st);
-      if (!work.is_same(p)) ops::copy_(p, work);
-      p.storage()->bump_version();
     }
+    if (master_numel > 0) master_grads = empty({master_numel}, DType::F32);
+  } catch (...) {
+    for (auto& [st, name] : made) st->tensors.erase(name);
+    throw;
+  }
+
+  for (Planned& u : plan) {
+    ParamState& st = *u.state;
+    if (u.master) {
+      Tensor& master = st.tensors.at("master");
+      st.initialized = true;
+      if (u.sparse.defined()) {
+        update_sparse(*u.options, master, u.sparse, st);
+      } else {
+        Tensor g32 = master_grads.narrow(0, 0, u.p.numel()).view(u.p.shape());
+        ops::copy_(g32, u.grad);
+        update(*u.options, master, g32, st);
+      }
+      ops::copy_(u.p, master);  // rounds once; bumps the version
+      continue;
+    }
+    if (u.sparse.defined())
+      update_sparse(*u.options, u.work, u.sparse, st);
+    else
+      update(*u.options, u.work, u.grad, st);
+    if (!u.work.is_same(u.p)) ops::copy_(u.p, u.work);
+    u.p.storage()->bump_version();
   }
 }
 

@@ -86,6 +86,12 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // One update of every parameter that has a gradient (those without are skipped), without recording.
+  // Note [a failed step changes nothing]: a step that throws (OutOfMemoryError, or an Error from its checks
+  // of the gradients and state) has changed no parameter, no state tensor and no step count, and holds no
+  // memory of its own: call it again once memory is free. It first checks every parameter and makes every
+  // tensor the updates need (missing state, the master weights' f32 gradient buffer, contiguous copies of
+  // strided parameters and gradients), then runs the updates, which allocate nothing. A step that completes
+  // has updated every parameter that has a gradient.
   virtual void step();
   // Clears the gradients: set_to_none drops them (memory is freed), otherwise they are filled with zeros.
   void zero_grad(bool set_to_none = true);

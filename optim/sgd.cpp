@@ -44,10 +44,10 @@ void SGD::update(const OptimizerOptions& options, Tensor& param, const Tensor& g
   a.weight_decay = o.weight_decay();
   a.nesterov = o.nesterov();
   if (o.momentum() != 0) {
-    // The buffer is made on the first update with momentum (momentum may be switched on later, as in
-    // PyTorch).
+    // The buffer starts as the first gradient, on the first update with momentum (momentum may be switched
+    // on later, as in PyTorch); step() has made it already (Note [a failed step changes nothing]).
     Tensor& buf = state.tensors["momentum_buffer"];
-    a.first_step = !buf.defined();
+    a.first_step = state.step == 0;
     if (!buf.defined()) buf = new_state(param);
     a.momentum_buffer = buf.raw_data();
     state.initialized = true;  // as in PyTorch, plain SGD keeps no state at all

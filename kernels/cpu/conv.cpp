@@ -110,7 +110,7 @@ void run_gemm(GemmKernel* gemm, GemmArgs g) {
 // Eigen's GEMMs run on one thread inside a parallel region): one fork/join per call instead of one per
 // image and GEMM, which matters most on a busy machine.
 int im2col_threads(const ConvArgs& a) {
-  return omp_in_parallel() ? 1 : int(std::clamp<int64_t>(a.n, 1, omp_get_max_threads()));
+  return omp_in_parallel() ? 1 : int(std::clamp<int64_t>(a.n, 1, detail::pool_threads()));
 }
 
 // Runs body(n, col, thread) for every image n, images spread over nt threads; each thread owns a column

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/op_table.h"
+#include "core/parallel.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/workspace.h"
 
@@ -149,7 +150,7 @@ void gemm_widened(const GemmArgs& g) {
   };
   // With a task per thread or more, the tasks run in parallel, each with a single-threaded f32 GEMM (as it
   // runs inside a parallel region); with fewer, one after another with the f32 GEMM's own threads.
-  const int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int max_threads = omp_in_parallel() ? 1 : detail::pool_threads();
   if (max_threads > 1 && tasks >= max_threads) {
     Tensor buf = cpu::workspace(max_threads * tiles.floats() * int64_t(sizeof(float)));
 #pragma omp parallel num_threads(max_threads)

@@ -9,6 +9,7 @@
 
 #include "core/op_table.h"
 #include "core/parallel.h"
+#include "kernels/cpu/cascade.h"
 #include "kernels/cpu/register.h"
 
 #ifdef FRUGAL_HAVE_ONEDNN
@@ -92,9 +93,9 @@ void linear_relu_f32(const LinearReluArgs& a) {
 
 #endif  // FRUGAL_HAVE_ONEDNN
 
-// The rows split as kernels/cpu/reduce.cpp's sum splits a bias gradient (chunks from the shape alone, sums in
-// acc_t<T>), so d bias is bit-identical to sum(relu_backward(g, y), {0}): with one chunk every column sums
-// its rows in order, as sum does for short or wide gradients. d z is a select, exactly relu_backward's.
+// d bias is bit-identical to sum(relu_backward(g, y), {0}): the same pairwise column sums as that reduction
+// (Note [pairwise sums], kernels/cpu/cascade.h; a single column is one contiguous run there, and here), fed
+// each row as it is masked. d z is a select, exactly relu_backward's.
 template <typename T>
 void relu_backward_bias_cpu(const ReluBackwardBiasArgs& a) {
   using C = acc_t<T>;
@@ -115,32 +116,17 @@ void relu_backward_bias_cpu(const ReluBackwardBiasArgs& a) {
       acc[j - c0] += v;
     }
   };
-  const int64_t chunks =
-      n <= 1024 && rows * n >= 4 * kGrain ? std::min<int64_t>(16, rows * n / (2 * kGrain)) : 1;
-  if (chunks > 1) {
-    const int64_t per = (rows + chunks - 1) / chunks;
-    std::vector<C> part(size_t(chunks * n), C(0));
-    parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c)
-        for (int64_t r = c * per, r1 = std::min(rows, (c + 1) * per); r < r1; ++r)
-          row(r, part.data() + c * n, 0, n);
+  if (n == 1) {
+    parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) gz[r] = T(C(y[r]) > C(0) ? C(g[r]) : C(0));
     });
-    for (int64_t j = 0; j < n; ++j) {
-      C s = 0;
-      for (int64_t c = 0; c < chunks; ++c) s += part[size_t(c * n + j)];
-      db[j] = T(s);
-    }
+    cpu::run_sums<C, T>(
+        1, rows, [&](int64_t) { return static_cast<const T*>(gz); }, [&](int64_t, C s) { db[0] = T(s); });
     return;
   }
-  parallel_for(0, n, 1024, [&](int64_t b, int64_t e) {
-    constexpr int64_t kCols = 512;  // accumulators for a block of columns, on the stack
-    for (int64_t c0 = b; c0 < e; c0 += kCols) {
-      const int64_t c1 = std::min(e, c0 + kCols);
-      C acc[kCols] = {};
-      for (int64_t r = 0; r < rows; ++r) row(r, acc, c0, c1);
-      for (int64_t j = c0; j < c1; ++j) db[j] = T(acc[j - c0]);
-    }
-  });
+  std::vector<C> sums(static_cast<size_t>(n));
+  cpu::column_sums<C>(rows, n, sums.data(), row);
+  for (int64_t j = 0; j < n; ++j) db[j] = T(sums[size_t(j)]);
 }
 
 const bool kRegistered = [] {

@@ -17,28 +17,38 @@
 namespace frugal {
 namespace {
 
+// a * b + c rounded once where the machine has a fused multiply-add, twice where it has none: written out, so
+// that no compiler can contract one form of normalize_row and not the other.
+template <typename C>
+inline C mul_add(C a, C b, C c) {
+#if defined(__FMA__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // y[j] = T(xh w[j] + bias[j]) with xh = (x[j] - mu) rs (each factor only when given), and xo[j] = S(xh)
 // when S is not void (the x-hat form): the same operations in the same order either way, so y is the same
-// bit for bit.
-// The compiler contracts (x - mu) rs + bias into one fused multiply-add where the machine has one, unless
-// (x - mu) rs is also stored (the x-hat form): there the fma is written out, so that y stays the same.
+// bit for bit. Every product that meets a sum goes through mul_add: left to the compiler, whether it fuses
+// them depends on its contraction rules (GCC's -ffp-contract=fast fuses across statements, clang's default
+// only within one) and on whether the product is also stored, as in the x-hat form.
 template <bool kWeight, bool kBias, typename S, typename T, typename C>
 inline void normalize_row(const T* x, T* y, S* xo, const C* w, const C* bias, C mu, C rs, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
     const C d = C(x[j]) - mu;
-    C v = d * rs;
-    if constexpr (!std::is_void_v<S>) xo[j] = S(v);
-    if constexpr (kWeight) v = v * w[j];
-#if defined(__FMA__)
-    if constexpr (kBias && !kWeight && !std::is_void_v<S>) {
-      v = std::fma(d, rs, bias[j]);
-    } else if constexpr (kBias) {
-      v = v + bias[j];
-    }
-#else
-    if constexpr (kBias) v = v + bias[j];
-#endif
+    const C xh = d * rs;
+    if constexpr (!std::is_void_v<S>) xo[j] = S(xh);
+    C v;
+    if constexpr (kWeight && kBias)
+      v = mul_add(xh, w[j], bias[j]);
+    else if constexpr (kWeight)
+      v = xh * w[j];
+    else if constexpr (kBias)
+      v = mul_add(d, rs, bias[j]);
+    else
+      v = xh;
     y[j] = T(v);
   }
 }

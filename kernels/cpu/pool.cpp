@@ -137,7 +137,7 @@ void pool2d_backward_cpu(const PoolArgs& a) {
     });
   } else {
     const int64_t chunks = (a.planes + plane_grain(a) - 1) / plane_grain(a);
-    const int nt = omp_in_parallel() ? 1 : int(std::clamp<int64_t>(chunks, 1, omp_get_max_threads()));
+    const int nt = omp_in_parallel() ? 1 : int(std::clamp<int64_t>(chunks, 1, detail::pool_threads()));
     Tensor buf = cpu::workspace(nt * hw * int64_t(sizeof(float)));
 #pragma omp parallel num_threads(nt)
     {

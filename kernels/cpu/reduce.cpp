@@ -1,8 +1,8 @@
-// CPU reduction kernels. Three walks: a contiguous inner run (Eigen's vectorised sum), reduced dims outside
-// contiguous kept dims (rows accumulated into a vector), and a general strided walk. Sums of f32 and the
-// 16-bit floats accumulate in f32 lanes (the vectorised walks) or f64 (the general walk); integers in i64.
-// The naive reference is tests/kernels/test_reduce.cpp's loop over every element in f64.
-#include <Eigen/Core>
+// CPU reduction kernels. Sums take three walks: a contiguous inner run (vectorised blocks), reduced dims
+// outside contiguous kept dims (rows added into columns), and a general strided walk; all three are pairwise
+// sums (Note [pairwise sums], kernels/cpu/cascade.h), in f32 for f32 and the 16-bit floats (f64 on the
+// general walk), f64 for f64, exact i64 for integers. The naive reference is tests/kernels/test_reduce.cpp's
+// loop over every element in f64.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,6 +10,7 @@
 
 #include "core/op_table.h"
 #include "core/parallel.h"
+#include "kernels/cpu/cascade.h"
 #include "kernels/cpu/register.h"
 
 namespace frugal {
@@ -48,97 +49,75 @@ void for_each_reduced(const ReduceArgs& a, int64_t base, F&& f) {
   }
 }
 
-template <typename T>
-using Wide = std::conditional_t<std::is_floating_point_v<acc_t<T>>, double, int64_t>;
-
 // Grain for splitting outputs across threads: about kGrain input elements per chunk.
 int64_t out_grain(const ReduceArgs& a) {
   return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, a.n_reduce));
 }
 
+// Offset (in elements) of reduced element r (in row-major order of the reduced dims) from its output's first.
+int64_t reduced_offset(const ReduceArgs& a, int64_t r) {
+  int64_t off = 0;
+  for (int d = a.red_ndim - 1; d >= 0; --d) {
+    off += (r % a.red_sizes[d]) * a.red_strides[d];
+    r /= a.red_sizes[d];
+  }
+  return off;
+}
+
+// Floating sums follow Note [pairwise sums] (kernels/cpu/cascade.h) on every walk, so they are accurate and
+// the same for any thread count.
 template <typename T>
 void sum_cpu(const ReduceArgs& a) {
   using C = acc_t<T>;
   const T* in = reinterpret_cast<const T*>(a.in);
   using Out = std::conditional_t<std::is_floating_point_v<C>, T, int64_t>;
   Out* res = reinterpret_cast<Out*>(a.out);
-  const bool inner_contiguous = a.red_ndim == 1 && a.red_strides[0] == 1;
-  if constexpr (std::is_same_v<T, C> && std::is_floating_point_v<C>) {
-    if (inner_contiguous) {
-      // One contiguous run per output: Eigen's vectorised sum; a single long run is split across threads.
-      using Vec = Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>>;
-      const int64_t n = a.n_reduce;
-      if (a.n_out == 1 && n > 4 * kGrain) {
-        const int64_t chunks = std::min<int64_t>(num_threads(), n / kGrain);
-        std::vector<double> part(size_t(chunks), 0.0);
-        const int64_t per = (n + chunks - 1) / chunks;
-        parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
-          for (int64_t c = b; c < e; ++c) {
-            const int64_t lo = c * per, len = std::min(n, lo + per) - lo;
-            part[size_t(c)] = double(Vec(reinterpret_cast<const C*>(in) + lo, len).sum());
-          }
-        });
-        double s = 0;
-        for (double p : part) s += p;
-        res[0] = Out(s);
-        return;
-      }
-      parallel_for(0, a.n_out, out_grain(a), [&](int64_t b, int64_t e) {
-        for (int64_t o = b; o < e; ++o)
-          res[o] = Out(Vec(reinterpret_cast<const C*>(in) + kept_offset(a, o), n).sum());
-      });
-      return;
-    }
-  }
   if constexpr (std::is_floating_point_v<C>) {
-    if (a.kept_ndim == 1 && a.kept_strides[0] == 1 && a.red_ndim == 1 && a.n_out <= 1024 &&
-        a.n_reduce * a.n_out >= 4 * kGrain) {
-      // Many rows of a short contiguous kept run (a bias gradient [M, n] -> [n]): the rows split into chunks
-      // (their number from the shape alone, so the sums do not depend on the thread count), each summed into
-      // its own partial row, then the partial rows in order.
-      const int64_t n = a.n_out, rows = a.n_reduce, step = a.red_strides[0];
-      const int64_t chunks = std::min<int64_t>(16, rows * n / (2 * kGrain)),
-                    per = (rows + chunks - 1) / chunks;
-      std::vector<C> part(size_t(chunks * n), C(0));
-      parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
-        for (int64_t c = b; c < e; ++c) {
-          C* acc = part.data() + c * n;
-          for (int64_t r = c * per, r1 = std::min(rows, (c + 1) * per); r < r1; ++r) {
-            const T* row = in + r * step;
-#pragma omp simd
-            for (int64_t j = 0; j < n; ++j) acc[j] += C(row[j]);
-          }
-        }
-      });
-      for (int64_t j = 0; j < n; ++j) {
-        C s = 0;
-        for (int64_t c = 0; c < chunks; ++c) s += part[size_t(c * n + j)];
-        res[j] = Out(s);
-      }
+    if (a.red_ndim == 1 && a.red_strides[0] == 1) {
+      // One contiguous run per output (a full sum, rows): vectorised blocks, threads over runs or chunks.
+      cpu::run_sums<C, T>(
+          a.n_out, a.n_reduce, [&](int64_t o) { return in + kept_offset(a, o); },
+          [&](int64_t o, C s) { res[o] = Out(s); });
       return;
     }
     if (a.kept_ndim == 1 && a.kept_strides[0] == 1) {
-      // Reduced dims outside a contiguous kept run (e.g. a bias gradient): accumulate whole rows, split the
-      // row across threads.
-      parallel_for(0, a.n_out, 1024, [&](int64_t b, int64_t e) {
-        constexpr int64_t kCols = 512;  // accumulators for a block of columns, on the stack
-        for (int64_t c0 = b; c0 < e; c0 += kCols) {
-          const int64_t w = std::min(kCols, e - c0);
-          C acc[kCols] = {};
-          for_each_reduced(a, 0, [&](int64_t, int64_t off) {
-            const T* row = in + off + c0;
-            for (int64_t j = 0; j < w; ++j) acc[j] += C(row[j]);
-          });
-          for (int64_t j = 0; j < w; ++j) res[c0 + j] = Out(acc[j]);
-        }
+      // Reduced dims outside a contiguous kept run (a bias gradient [M, n] -> [n]): rows added into columns.
+      std::vector<C> cols(size_t(a.n_out));
+      const int64_t step = a.red_ndim == 1 ? a.red_strides[0] : 0;
+      cpu::column_sums<C>(a.n_reduce, a.n_out, cols.data(), [&](int64_t r, C* acc, int64_t c0, int64_t c1) {
+        const T* row = in + (a.red_ndim == 1 ? r * step : reduced_offset(a, r)) + c0;
+#pragma omp simd
+        for (int64_t j = 0; j < c1 - c0; ++j) acc[j] += C(row[j]);
       });
+      for (int64_t j = 0; j < a.n_out; ++j) res[j] = Out(cols[size_t(j)]);
       return;
     }
+    // Any other layout, one output at a time: blocks of kSumBlock elements summed in f64 (in order), merged
+    // pairwise.
+    parallel_for(0, a.n_out, out_grain(a), [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        cpu::PairwiseSum<double> s;
+        double block = 0;
+        int64_t in_block = 0;
+        for_each_reduced(a, kept_offset(a, o), [&](int64_t, int64_t off) {
+          block += double(C(in[off]));
+          if (++in_block == cpu::kSumBlock) {
+            s.add(block);
+            block = 0;
+            in_block = 0;
+          }
+        });
+        if (in_block > 0) s.add(block);
+        res[o] = Out(C(s.total()));
+      }
+    });
+    return;
   }
+  // Integers: exact in i64, in any order.
   parallel_for(0, a.n_out, out_grain(a), [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o) {
-      Wide<T> s = 0;
-      for_each_reduced(a, kept_offset(a, o), [&](int64_t, int64_t off) { s += Wide<T>(acc_t<T>(in[off])); });
+      int64_t s = 0;
+      for_each_reduced(a, kept_offset(a, o), [&](int64_t, int64_t off) { s += int64_t(in[off]); });
       res[o] = Out(s);
     }
   });

@@ -1,6 +1,7 @@
 // CUDA casts between every pair of dtypes (op_cast, keyed by the output dtype, args.a the input's) and fill.
 // A cast computes through the source's compute type as the CPU kernel does: to bool is != 0, floats to
-// integers truncate toward zero, the 16-bit floats round to nearest even. Same-dtype contiguous copies are a
+// integers as Note [float to integer casts] (kernels/cpu/elementwise.cpp) says, the 16-bit floats round to
+// nearest even. Same-dtype contiguous copies are a
 // cudaMemcpyAsync.
 #include "core/op_table.h"
 #include "kernels/cuda/elementwise.cuh"
@@ -45,6 +46,8 @@ void fill_cuda(const Loop& loop, const OpArgs& args) {
   T value;
   if constexpr (std::is_same_v<T, bool>)
     value = args.a != 0;
+  else if constexpr (std::is_integral_v<T>)
+    value = math::float_to_int<T>(args.a);  // Note [float to integer casts]
   else
     value = T(acc_t<T>(args.a));
   launch_elementwise<T>(loop, FillFn<T>{value}, "launch of the fill kernel");

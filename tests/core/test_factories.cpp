@@ -137,6 +137,32 @@ TEST(Factories, BadShapes) {
   expect_exact_error<ShapeError>([] { zeros({3, -2}, DType::I32); }, {"empty", "[3, -2]"});
 }
 
+// Note [checked sizes]: a shape whose bytes do not fit in int64 is refused before anything is allocated; a
+// wrapped product would give a tensor of 2^62 elements and 0 bytes, which fill_ then writes past.
+TEST(Factories, SizesThatOverflowAreRefused) {
+  const int64_t big = int64_t(1) << 62;
+  expect_exact_error<ShapeError>([&] { empty({big}); }, {"empty", "[4611686018427387904]", "4-byte", "2^63"});
+  expect_exact_error<ShapeError>([&] { full({big}, 1.0); }, {"empty", "[4611686018427387904]"});
+  // 2^61 elements fit in int64, their 2^63 bytes do not.
+  expect_exact_error<ShapeError>([] { empty({int64_t(1) << 61}); }, {"empty", "[2305843009213693952]"});
+  expect_exact_error<ShapeError>([] { zeros({int64_t(1) << 60}, DType::F64); }, {"empty", "8-byte"});
+  // Empty, but the nonzero sizes' bytes still must fit (as PyTorch asks of its strides).
+  expect_exact_error<ShapeError>([&] { empty({big, 0}); }, {"empty", "[4611686018427387904, 0]", "empty"});
+  expect_exact_error<ShapeError>(
+      [] {
+        empty({int64_t(1) << 40, int64_t(1) << 40, 0}, DType::U8);
+      },
+      {"empty", "[1099511627776, 1099511627776, 0]"});
+  const Tensor e = empty({big, 0}, DType::U8);
+  EXPECT_EQ(e.numel(), 0);
+  EXPECT_EQ(e.nbytes(), 0);
+  EXPECT_EQ(e.strides(), (Shape{1, 1}));
+  // A valid shape beyond any memory is an allocation that fails.
+  expect_exact_error<OutOfMemoryError>([] { empty({int64_t(1) << 60}, DType::U8); }, {"out of memory"});
+  expect_exact_error<Error>([] { arange(0, 1e300, 1, DType::F32); },
+                            {"arange", "more than a tensor can hold"});
+}
+
 // ---- ranges -----------------------------------------------------------------------------------------------
 
 TEST(Factories, Arange) {

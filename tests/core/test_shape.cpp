@@ -139,6 +139,40 @@ TEST(ContiguousStrides, HandPicked) {
   EXPECT_EQ(contiguous_strides({2, 0, 3}), (Shape{3, 3, 1}));  // matches torch.empty(2, 0, 3).stride()
 }
 
+// Note [checked sizes]: products of sizes never wrap, also through a size of 0.
+TEST(Shape, NumelAndStridesRefuseWhatOverflowsInt64) {
+  const int64_t big = int64_t(1) << 62;
+  expect_exact_error<ShapeError>([&] { (Shape{big, 4}).numel(); }, {"numel", "[4611686018427387904, 4]"});
+  expect_exact_error<ShapeError>(
+      [&] {
+        (Shape{big, big, 0}).numel();
+      },
+      {"numel", "[4611686018427387904, 4611686018427387904, 0]", "nonzero"});
+  EXPECT_EQ((Shape{big, 0}).numel(), 0);
+  EXPECT_EQ((Shape{big, 1}).numel(), big);
+  EXPECT_EQ(contiguous_strides({4, big, 0}), (Shape{big, 1, 1}));
+  expect_exact_error<ShapeError>(
+      [&] {
+        contiguous_strides({2, big, big, 0});
+      },
+      {"contiguous_strides", "[2, 4611686018427387904, 4611686018427387904, 0]"});
+  EXPECT_EQ(checked_mul(big, 1, "op", "size"), big);
+  expect_exact_error<ShapeError>([&] { checked_mul(big, 2, "op", "size"); },
+                                 {"op: size 4611686018427387904 * 2 overflows"});
+  EXPECT_EQ(checked_nbytes({big, 0}, 1, "op"), 0);
+  EXPECT_EQ(checked_nbytes({3, 5}, 8, "op"), 120);
+  expect_exact_error<ShapeError>(
+      [&] {
+        checked_nbytes({big, 0}, 2, "op");
+      },
+      {"op: shape [4611686018427387904, 0] of 2-byte elements", "even though it is empty"});
+  expect_exact_error<ShapeError>(
+      [&] {
+        checked_nbytes({3, -1}, 2, "op");
+      },
+      {"op", "non-negative", "[3, -1]"});
+}
+
 TEST(ContiguousStrides, RandomShapesMatchReference) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {

@@ -3,9 +3,11 @@
 // The factories and random draws are tested in test_factories.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -426,6 +428,54 @@ TEST(TensorCopies, ToDTypeConvertsAndRoundTrips) {
   EXPECT_EQ(nc.to(DType::F32).to_vector<float>(), nc.to_vector<float>());
 }
 
+// Note [float to integer casts] (kernels/cpu/elementwise.cpp): truncation toward zero; to u8 through i64,
+// wrapping modulo 256 as PyTorch's CPU does; NaN gives 0 and values beyond the integer type saturate.
+int64_t reference_i64(double v) {
+  if (std::isnan(v)) return 0;
+  if (v >= 0x1p63) return std::numeric_limits<int64_t>::max();
+  if (v < -0x1p63) return std::numeric_limits<int64_t>::min();
+  return int64_t(std::trunc(v));
+}
+int32_t reference_i32(double v) {
+  return int32_t(std::clamp<int64_t>(reference_i64(v), std::numeric_limits<int32_t>::min(),
+                                     std::numeric_limits<int32_t>::max()));
+}
+uint8_t reference_u8(double v) { return uint8_t(uint64_t(reference_i64(v)) & 0xff); }
+
+TEST(TensorCopies, FloatToIntegerCastsAreDefinedForEveryValue) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> values = {-1,    -3.7,  -255,   -256.5,       -257,          300,    255.9,
+                                      256,   1e10,  -1e10,  3e9,          -3e9,          nan,    inf,
+                                      -inf,  1e30,  -1e30,  9.3e18,       -9.3e18,       0.0,    -0.0,
+                                      -0.99, 65504, -65504, 2147483647.0, -2147483648.0, 0x1p63, -0x1p63};
+  for (DType from : {DType::F64, DType::F32, DType::F16, DType::BF16}) {
+    const Tensor x = tensor(values).to(from);
+    const auto held = x.to(DType::F64).to_vector<double>();  // the values as the source dtype holds them
+    std::vector<int64_t> i64;
+    std::vector<int32_t> i32;
+    std::vector<uint8_t> u8;
+    for (double v : held) {
+      i64.push_back(reference_i64(v));
+      i32.push_back(reference_i32(v));
+      u8.push_back(reference_u8(v));
+    }
+    const std::string what = dtype_name(from);
+    EXPECT_EQ(x.to(DType::I64).to_vector<int64_t>(), i64) << what;
+    EXPECT_EQ(x.to(DType::I32).to_vector<int32_t>(), i32) << what;
+    EXPECT_EQ(x.to(DType::U8).to_vector<uint8_t>(), u8) << what;
+    // Strided and broadcast runs take the same conversion.
+    EXPECT_EQ(x.expand({2, x.size(0)}).t().to(DType::U8).t().select(0, 1).to_vector<uint8_t>(), u8) << what;
+  }
+  // As PyTorch's CPU: torch.tensor([-1., 300., -3.7]).to(torch.uint8) is [255, 44, 253].
+  EXPECT_EQ(tensor<float>({-1.0f, 300.0f, -3.7f}).to(DType::U8).to_vector<uint8_t>(),
+            (std::vector<uint8_t>{255, 44, 253}));
+  // fill converts its value the same way.
+  EXPECT_EQ(full({2}, -1, DType::U8).to_vector<uint8_t>(), std::vector<uint8_t>(2, 255));
+  EXPECT_EQ(full({2}, nan, DType::I32).to_vector<int32_t>(), std::vector<int32_t>(2, 0));
+  EXPECT_EQ(full({2}, 1e300, DType::I64).to_vector<int64_t>(),
+            std::vector<int64_t>(2, std::numeric_limits<int64_t>::max()));
+}
+
 TEST(TensorCopies, CopyBroadcastsAndConverts) {
   Tensor dst = zeros({2, 3}, DType::F64);
   Tensor& ret = dst.copy_(tensor<float>({1.5f, -2.0f, 3.25f}));
@@ -590,6 +640,40 @@ TEST(TensorErrors, ExpandPermuteAndT) {
       {"permute", "expected 3 dims", "[2, 3, 4]", "[1, 0]"});
   expect_exact_error<IndexError>([&] { y.permute({0, 1, 3}); }, {"permute", "dim 3"});
   expect_exact_error<ShapeError>([&] { y.t(); }, {"t:", "[2, 3, 4]", "transpose"});
+}
+
+// Note [checked sizes]: a view's shape must fit its dtype and its elements must lie inside its storage.
+TEST(TensorErrors, ViewsThatOverflowOrLeaveTheStorage) {
+  const int64_t big = int64_t(1) << 62, max = std::numeric_limits<int64_t>::max();
+  const Tensor one = ones({1});
+  expect_exact_error<ShapeError>(
+      [&] {
+        one.expand({big, big});
+      },
+      {"expand", "[4611686018427387904, 4611686018427387904]"});
+  expect_exact_error<ShapeError>([&] { one.expand({big}); }, {"expand", "[4611686018427387904]", "4-byte"});
+  EXPECT_EQ(ones({1}, DType::U8).expand({big}).numel(), big);  // no copy: a valid view of one byte
+  const Tensor base = random_tensor({10}).to(DType::F32);
+  expect_exact_error<ShapeError>(
+      [&] { base.as_strided({5}, {3}, 0); },
+      {"as_strided", "[5]", "[3]", "outside its storage of 40 bytes", "bytes 0 to 52"});
+  expect_exact_error<ShapeError>([&] { base.as_strided({2}, {1}, 9); }, {"as_strided", "offset 9"});
+  expect_exact_error<ShapeError>([&] { base.as_strided({2}, {1}, -1); }, {"as_strided", "offset -1"});
+  expect_exact_error<ShapeError>([&] { base.as_strided({2}, {big}, 0); }, {"as_strided", "int64 overflows"});
+  expect_exact_error<ShapeError>([&] { base.as_strided({2}, {1}, max); }, {"as_strided", "int64 overflows"});
+  expect_exact_error<ShapeError>([&] { base.as_strided({2, 2}, {1}, 0); }, {"as_strided", "differ in rank"});
+  EXPECT_EQ(base.as_strided({5}, {2}, 1).to_vector<float>().back(), base.to_vector<float>()[9]);  // the last
+  // start + length, end - start + step: sums that would overflow.
+  expect_exact_error<IndexError>([&] { base.narrow(0, 1, max); }, {"narrow", "length 9223372036854775807"});
+  const Tensor s = base.slice(0, 2, 10, max);
+  EXPECT_EQ(s.shape(), (Shape{1}));
+  EXPECT_EQ(s.item<float>(), base.select(0, 2).item<float>());
+  expect_exact_error<ShapeError>(
+      [&] {
+        zeros({0}).reshape({big, big, 0});
+      },
+      {"reshape", "[4611686018427387904"});
+  expect_exact_error<ShapeError>([&] { zeros({0}).view({-1, big, big}); }, {"view"});
 }
 
 TEST(TensorErrors, MoreThanEightDims) {

@@ -128,17 +128,32 @@ TEST(CudaMath, BinaryOpsAndComparisonsMatchTheCpuKernels) {
 }
 
 TEST(CudaMath, ConversionsMatchTheCpuCasts) {
-  const Tensor x = tensor<float>({-3.7f, -1, -0.5f, 0, 0.25f, 1, 2.9f, 200.5f, 1e6f});
-  const auto v = x.to_vector<float>();
-  std::vector<double> i32, i64, b;
-  for (float f : v) {
-    i32.push_back(math::convert<int32_t>(f));
-    i64.push_back(double(math::convert<int64_t>(f)));
-    b.push_back(math::convert<bool>(f));
+  // Note [float to integer casts] (kernels/cpu/elementwise.cpp): negative values to u8, NaN, infinities and
+  // values beyond the integer types included.
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor x = tensor<float>({-3.7f, -1, -0.5f, 0, 0.25f, 1, 2.9f, 200.5f, 1e6f, -255.5f, 300, 3e9f,
+                                  -3e9f, 1e19f, -1e19f, NAN, inf, -inf});
+  for (DType from : {DType::F32, DType::F64}) {
+    const auto v = x.to_vector<double>();
+    std::vector<int64_t> i64;
+    std::vector<int32_t> i32;
+    std::vector<uint8_t> u8;
+    std::vector<double> b;
+    for (double d : v) {
+      const float f = float(d);
+      i32.push_back(from == DType::F32 ? math::convert<int32_t>(f) : math::convert<int32_t>(d));
+      i64.push_back(from == DType::F32 ? math::convert<int64_t>(f) : math::convert<int64_t>(d));
+      u8.push_back(from == DType::F32 ? math::convert<uint8_t>(f) : math::convert<uint8_t>(d));
+      b.push_back(math::convert<bool>(f));
+    }
+    const Tensor xf = x.to(from);
+    EXPECT_EQ(i32, xf.to(DType::I32).to_vector<int32_t>()) << dtype_name(from);
+    EXPECT_EQ(i64, xf.to(DType::I64).to_vector<int64_t>()) << dtype_name(from);
+    EXPECT_EQ(u8, xf.to(DType::U8).to_vector<uint8_t>()) << dtype_name(from);
+    EXPECT_EQ(b, xf.to(DType::Bool).to(DType::F64).to_vector<double>()) << dtype_name(from);
   }
-  EXPECT_EQ(i32, x.to(DType::I32).to_vector<double>());
-  EXPECT_EQ(i64, x.to(DType::I64).to_vector<double>());
-  EXPECT_EQ(b, x.to(DType::Bool).to(DType::F64).to_vector<double>());
+  EXPECT_EQ(math::convert<uint8_t>(-1.0f), 255);  // as PyTorch's CPU: through i64, modulo 256
+  EXPECT_EQ(math::convert<int32_t>(NAN), 0);
   EXPECT_EQ(math::convert<float>(int64_t(-7)), -7.0f);
   EXPECT_EQ(math::convert<bool>(int64_t(2)), true);
   EXPECT_EQ(math::convert<uint8_t>(200.9f), 200);

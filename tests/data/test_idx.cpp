@@ -112,6 +112,22 @@ TEST_F(IdxTest, RejectsHugeDimsWithoutAllocating) {
   expect_error<Error>([&] { data::read_idx(p); }, {p, "need more bytes than a file of"});
 }
 
+// Note [checked sizes]: a 0 dim makes the data empty, but the other dims' product still must fit.
+TEST_F(IdxTest, RejectsDimsWhoseProductOverflowsEvenWhenEmpty) {
+  const std::string p = path("absurd.idx");
+  write_raw(p, idx_bytes(0x08, {0xffffffff, 0xffffffff, 0xffffffff, 0}, ""));
+  expect_error<Error>([&] { data::read_idx(p); }, {p, "2^63 - 1 elements", "corrupt"});
+  write_raw(p, idx_bytes(0x08, {0xffffffff, 0, 0xffffffff, 0xffffffff, 7}, ""));
+  expect_error<Error>([&] { data::read_idx(p); }, {p, "2^63 - 1 elements"});
+  write_raw(p, idx_bytes(0x08, {0xffffffff, 0xffffffff, 0}, ""));  // 2^64 - 2^33 + 1 elements: too many
+  expect_error<Error>([&] { data::read_idx(p); }, {p, "2^63 - 1 elements"});
+  write_raw(p,
+            idx_bytes(0x08, {0xffffffff, 0x7fffffff, 0}, ""));  // below 2^63: an empty tensor of that shape
+  const Tensor t = data::read_idx(p);
+  EXPECT_EQ(t.shape(), (Shape{0xffffffff, 0x7fffffff, 0}));
+  EXPECT_EQ(t.numel(), 0);
+}
+
 TEST_F(IdxTest, RejectsCorruptGzipData) {
   const std::string p = path("c.gz");
   write_gz(p, idx_bytes(0x08, {64, 64}, counting_bytes(64 * 64)));

@@ -167,6 +167,146 @@ TEST(Reduce, LargeSumsParallelAndColumnPaths) {
   EXPECT_EQ(one, many);
 }
 
+// Note [pairwise sums] (kernels/cpu/cascade.h): the sums of long runs, rows and columns are accurate (the
+// error grows with log n, not n) and do not depend on the thread count.
+
+// The naive sum of each output in long double (64 significant bits), for x of 1 to 3 dims reduced over all
+// dims, or over one dim.
+std::vector<double> naive_sums(const Tensor& x, const Shape& dims) {
+  const auto v = x.contiguous().to_vector<double>();
+  if (dims.empty()) {
+    long double s = 0;
+    for (double e : v) s += e;
+    return {double(s)};
+  }
+  // [outer, n, inner] around the reduced dim.
+  const int d = int(dims[0]);
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < d; ++i) outer *= x.size(i);
+  for (int i = d + 1; i < x.dim(); ++i) inner *= x.size(i);
+  const int64_t n = x.size(d);
+  std::vector<double> out;
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      long double s = 0;
+      for (int64_t k = 0; k < n; ++k) s += v[size_t((o * n + k) * inner + i)];
+      out.push_back(double(s));
+    }
+  return out;
+}
+
+// |got - ref| <= rtol |ref| for each output, with the first failure reported.
+void expect_relative(const Tensor& got, const std::vector<double>& ref, double rtol,
+                     const std::string& what) {
+  const auto g = got.reshape({-1}).to_vector<double>();
+  ASSERT_EQ(g.size(), ref.size()) << what;
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_LE(std::fabs(g[i] - ref[i]), rtol * std::fabs(ref[i]))
+        << what << " at " << i << ": got " << g[i] << ", expected " << ref[i];
+  }
+}
+
+// With every thread count.
+template <typename F>
+void for_thread_counts(F&& f) {
+  const int before = num_threads();
+  for (int threads : {1, 2, 3, 8}) {
+    set_num_threads(threads);
+    f(threads);
+  }
+  set_num_threads(before);
+}
+
+TEST(Reduce, LongF32MeanIsAccurateForAnyThreadCount) {
+  // PyTorch gives 0.0999999; a sum in chunks of f32 lanes gave 0.1004102 with 1 thread and 0.0997529 with 2.
+  const Tensor x = full({1 << 24}, 0.1);
+  const double expected = double(0.1f);
+  for_thread_counts([&](int threads) {
+    const double m = mean(x).item<double>();
+    EXPECT_LE(std::fabs(m - expected), 1e-6 * expected) << threads << " threads: " << m;
+  });
+}
+
+TEST(Reduce, LongRowsAndColumnsAreAccurateInEveryFloatDtype) {
+  struct Case {
+    Shape shape, dims;
+  };
+  // A long run (full and per row), long columns (a few kept contiguous columns), a strided walk.
+  const Case cases[] = {{{1 << 22}, {}}, {{4, 1 << 20}, {1}}, {{1 << 20, 4}, {0}}, {{2, 1 << 19, 3}, {1}}};
+  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
+    for (const Case& c : cases)
+      for (bool transposed : {false, true}) {
+        // Positive values: the relative error of the sum is that of the summation alone (small ones in f16,
+        // whose largest value is 65504).
+        const double scale = t == DType::F16 ? 1.0 / 256 : 1.0;
+        Tensor x = uniform(c.shape, 0.5 * scale, scale, t, 31);
+        Shape dims = c.dims;
+        if (transposed) {  // the same sums read through a transposed view: rows become columns
+          if (c.shape.size() != 2) continue;
+          x = x.t().contiguous().t();
+        }
+        const std::string what = std::string(dtype_name(t)) + " " + c.shape.str() + " dims " + dims.str() +
+                                 (transposed ? " transposed" : "");
+        const auto ref = naive_sums(x, dims);
+        // f32 sums to 1e-6 (PyTorch's reach about 1e-7), f64 ones to 1e-13; the 16-bit sums accumulate in
+        // f32 and then round once to their own precision (half an ulp: 2^-11, 2^-8).
+        const double rtol = t == DType::F16 ? 5e-4 : t == DType::BF16 ? 4e-3 : t == DType::F64 ? 1e-13 : 1e-6;
+        expect_relative(sum(x, dims), ref, rtol, what);
+      }
+}
+
+TEST(Reduce, SumsAreBitIdenticalForAnyThreadCount) {
+  struct Case {
+    Shape shape, dims;
+  };
+  const Case cases[] = {
+      {{1 << 21}, {}},        {{5, 300007}, {1}},      {{300007, 5}, {0}}, {{2048, 128}, {0}},
+      {{3, 70001, 5}, {1}},   {{70001, 3, 2}, {0, 2}}, {{7, 9}, {}},       {{64, 3000}, {0}},
+      {{1000, 1000}, {0, 1}}, {{130000}, {0}},         {{3, 1 << 19}, {}}, {{1 << 19, 3}, {1}},
+  };
+  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
+    for (const Case& c : cases)
+      for (bool transposed : {false, true}) {
+        Tensor x = uniform(c.shape, -1, 1, t, 32);
+        if (transposed) x = x.transpose(0, -1);
+        const std::string what = std::string(dtype_name(t)) + " " + x.shape().str() + " dims " +
+                                 c.dims.str() + (transposed ? " transposed" : "");
+        std::vector<double> first_sum, first_mean;
+        for_thread_counts([&](int threads) {
+          const auto s = sum(x, c.dims).to_vector<double>();
+          const auto m = mean(x, c.dims).to_vector<double>();
+          if (first_sum.empty()) {
+            first_sum = s;
+            first_mean = m;
+          }
+          EXPECT_EQ(s, first_sum) << what << ": sum with " << threads << " threads";
+          EXPECT_EQ(m, first_mean) << what << ": mean with " << threads << " threads";
+        });
+      }
+}
+
+// Note [checked sizes] (core/shape.h): a huge-by-zero tensor is either refused or empty, and a reduction over
+// it gives an empty result or a clear error, never an out-of-bounds write.
+TEST(Reduce, HugeByZeroTensorsReduceToEmptyResultsOrClearErrors) {
+  // Note [checked sizes]: [2^62, 0] of u8 is a valid (empty) tensor; of f32 its nonzero sizes need 2^64
+  // bytes.
+  expect_error<ShapeError>([] { empty({int64_t(1) << 62, 0}); }, {"empty", "[4611686018427387904, 0]"});
+  const Tensor x = empty({int64_t(1) << 62, 0}, DType::U8);
+  EXPECT_EQ(x.numel(), 0);
+  EXPECT_EQ(x.nbytes(), 0);
+  EXPECT_EQ(sum(x).item<int64_t>(), 0);
+  EXPECT_EQ(sum(x, {0}).shape(), Shape({0}));
+  EXPECT_EQ(max(x, {0}).shape(), Shape({0}));
+  // Over the zero dim the result would have 2^62 elements: i64 ones do not fit, u8 ones do not fit in memory.
+  expect_error<ShapeError>([&] { sum(x, {1}); }, {"[4611686018427387904]"});
+  expect_error<Error>([&] { max(x, {1}); }, {});
+  const Tensor f = empty({int64_t(1) << 60, 0});
+  EXPECT_EQ(sum(f).item<float>(), 0.0f);
+  EXPECT_EQ(mean(f, {0}).shape(), Shape({0}));
+  EXPECT_EQ(var(f, {0}).shape(), Shape({0}));
+  expect_error<OutOfMemoryError>([&] { sum(f, {1}); }, {"out of memory"});
+}
+
 TEST(Reduce, EmptyAndSizeOne) {
   EXPECT_EQ(sum(zeros({0, 3}), {0}).to_vector<float>(), (std::vector<float>{0, 0, 0}));
   EXPECT_EQ(sum(zeros({0})).item<float>(), 0.f);

@@ -136,6 +136,26 @@ TEST(Losses, NllMseL1MatchPyTorch) {
   expect_close(F::l1_loss(a, b, Reduction::None), fx::l1_none, kTorchTol, "l1 none");
 }
 
+// A mean over 2^24 squared errors in f32 within 1e-6 of its f64 value (PyTorch: about 1e-7), for any thread
+// count: Note [pairwise sums] in kernels/cpu/cascade.h.
+TEST(Losses, MseOfALongF32InputIsAccurate) {
+  Generator gen(24);
+  const Tensor x = randn({1 << 24}, DType::F32, &gen);
+  const Tensor target = zeros({1 << 24});
+  const auto x64 = x.to_vector<double>();
+  long double ss = 0;
+  for (double v : x64) ss += v * v;  // exact in f64: a product of two floats
+  const double expected = double(ss / x64.size());
+  const int before = num_threads();
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    const double got = F::mse_loss(x, target).item<double>();
+    EXPECT_LE(std::fabs(got - expected), 1e-6 * expected)
+        << threads << " threads: " << got << " vs " << expected;
+  }
+  set_num_threads(before);
+}
+
 TEST(Losses, KlDivMatchesPyTorch) {
   const Tensor in = f64(fx::kl_input, {3, 5}), t = f64(fx::kl_target, {3, 5});
   auto [y, g] = value_and_grad([&](const Tensor& v) { return F::kl_div(v, t, Reduction::BatchMean); }, in);
