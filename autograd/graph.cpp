@@ -40,9 +40,10 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   const Tensor kept = is_output ? data_alias(t) : t;
   if (!t_hooks.empty()) {
     // The hooks run without recording: packing (a cast, a copy) is not part of the model.
-    auto [pack, unpack] = t_hooks.back();
+    // Named copies, not a structured binding: clang before 16 cannot capture those in a lambda.
+    const SavedTensorHooks::Pack pack = t_hooks.back().first;
     packed_ = forward_only([&] { return pack(kept); });
-    unpack_ = std::move(unpack);
+    unpack_ = t_hooks.back().second;
   } else {
     tensor_ = kept;
   }

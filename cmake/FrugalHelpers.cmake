@@ -3,6 +3,11 @@
 # Warnings, vector extensions and sanitizers for every frugal target.
 function(frugal_target_flags target)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror=return-type>)
+  # clang reports each `#pragma omp simd` loop it did not vectorise (always so under the sanitizers, and for
+  # the 16-bit float loops): a remark about a hint, not a defect in the code.
+  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-pass-failed>)
+  endif()
   if(NOT FRUGAL_PORTABLE)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
   endif()

@@ -23,6 +23,7 @@ BackendState& cuda_state() {
   return *s;
 }
 
+#ifdef FRUGAL_CUDA_BACKEND_FILE
 // The folder libfrugal.so was loaded from, with a trailing '/' ("" when the loader cannot say).
 std::string library_folder() {
   Dl_info info{};
@@ -31,6 +32,7 @@ std::string library_folder() {
   const std::string::size_type slash = self.rfind('/');
   return slash == std::string::npos ? "" : self.substr(0, slash + 1);
 }
+#endif
 
 void load_cuda(BackendState& s) {
   const char* env = std::getenv("FRUGAL_CUDA_BACKEND");

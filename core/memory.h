@@ -138,6 +138,11 @@ std::string memory_summary(Device device = kCPU);
 inline constexpr int kSummaryTags = 24;
 // "1.50 MiB", "512 B".
 std::string format_bytes(int64_t bytes);
+// A byte count as people write one, the one parser every program's size flag uses (core/byte_count.cpp):
+// digits, an optional fraction, and an optional binary unit (B; K, k or KiB; M, m or MiB; G, g or GiB; T, t
+// or TiB): "1000", "64M", "1.5G", "512KiB". Fractions of a byte round down. Throws Error for anything else
+// ("", "-5", "1e9", "inf", "0x10", "10MB", " 5"), for 0 bytes ("0", "0.5") and beyond int64 ("9999999999G").
+int64_t parse_bytes(std::string_view text);
 
 // Names the allocations made in its scope (this thread only). Nested tags join with '/':
 // Tag a("forward"); Tag b("block3");  => "forward/block3".

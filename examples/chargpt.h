@@ -4,8 +4,10 @@
 //
 //   chargpt::Trainer t(chargpt::Options{}, train.vocab_size());
 //   for (int64_t s = 0; s < opts.steps; ++s) double loss = t.train_step(train);
-//   t.save("gpt.safetensors");  // weights; the optimizers, step and batch generator in gpt.safetensors.state
+//   t.save("gpt.safetensors", train.vocabulary());  // weights; the optimizers, step and batches in .state
 #pragma once
+
+#include <unistd.h>
 
 #include <memory>
 #include <optional>
@@ -47,6 +49,16 @@ class Trainer {
         batches_(opts.seed + 1) {
     FRUGAL_CHECK(opts.batch % opts.accum == 0, "--batch ", opts.batch, " must be a multiple of --accum ",
                  opts.accum);
+    // A shape too big for this machine fails here, with its numbers, and not when the system runs out of
+    // pages while the weights are initialised. A lower bound of the f32 weights (the blocks' 12 d^2 each,
+    // the embeddings and the head), in double so that no product overflows.
+    const double d = double(opts.width),
+                 weight_bytes = 4.0 * (12.0 * double(opts.layers) * d * d +
+                                       (2.0 * double(vocab) + double(opts.context)) * d);
+    const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+    FRUGAL_CHECK(weight_bytes < machine, "a GPT of ", opts.layers, " layers, width ", opts.width,
+                 " and context ", opts.context, " needs at least ", weight_bytes / double(1 << 30),
+                 " GiB of weights, more than this machine's ", machine / double(1 << 30), " GiB of memory");
     manual_seed(opts.seed);
     nn::GPTConfig cfg;
     cfg.vocab = vocab;

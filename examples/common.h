@@ -1,8 +1,16 @@
-// What the example trainers share: reading byte sizes from the command line and the memory report by
-// category from the arena's tags. Uses the public header only.
+// What the example trainers share: checks of their command-line values, their out-of-memory report and the
+// memory report by category from the arena's tags. Uses the public header only.
 #pragma once
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -12,27 +20,65 @@ namespace examples {
 
 using namespace frugal;
 
-// "64M", "1.5G", "512K", "1000": bytes.
-inline int64_t parse_bytes(const std::string& s) {
+// Checks of command-line values, in the form CLI11's validators take (CLI::Validator(fn, "NAME")): "" when
+// the value is good, otherwise why not. Every size flag goes through the library's one parser.
+inline std::string check_byte_count(const std::string& s) {
+  try {
+    memory::parse_bytes(s);
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+// A decimal integer in [lo, hi]. CLI11 (2.1) would read a number beyond its type's range as the type's
+// limit ("99999999999999999999" steps as 2^63 - 1 of them), and CLI::Range checks after that.
+inline std::function<std::string(const std::string&)> integer_in(int64_t lo, int64_t hi) {
+  return [lo, hi](const std::string& s) -> std::string {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc() && end == s.data() + s.size() && v >= lo && v <= hi) return "";
+    return "'" + s + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  };
+}
+// A seed: any decimal integer in [0, 2^64 - 1].
+inline std::string check_seed(const std::string& s) {
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec == std::errc() && end == s.data() + s.size()) return "";
+  return "'" + s + "' is not an integer in [0, 2^64 - 1]";
+}
+// A finite number > 0 (a learning rate, a temperature): CLI::PositiveNumber lets "inf" through.
+inline std::string check_finite_positive(const std::string& s) {
   std::size_t used = 0;
   double v = 0;
   try {
     v = std::stod(s, &used);
   } catch (const std::exception&) {
-    throw Error("--memory-limit: cannot read '" + s + "'; use bytes or a suffix K, M, G (e.g. 64M)");
+    used = 0;
   }
-  const std::string unit = s.substr(used);
-  double scale = 1;
-  if (unit == "K" || unit == "k" || unit == "KiB")
-    scale = 1024.0;
-  else if (unit == "M" || unit == "m" || unit == "MiB")
-    scale = 1024.0 * 1024;
-  else if (unit == "G" || unit == "g" || unit == "GiB")
-    scale = 1024.0 * 1024 * 1024;
-  else if (!unit.empty())
-    throw Error("--memory-limit: unknown unit '" + unit + "'; use K, M or G");
-  FRUGAL_CHECK(v > 0, "--memory-limit must be positive, got ", s);
-  return int64_t(v * scale);
+  if (used == 0 || used != s.size()) return "'" + s + "' is not a number";
+  if (!std::isfinite(v) || v <= 0) return "'" + s + "' must be a finite number > 0";
+  return "";
+}
+
+// Fails before any training when `path` cannot be written: its folder must exist and be writable, and the
+// path must not be a folder itself. The save can still fail later (a full disk); then it says so.
+inline void check_can_write(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path folder = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  FRUGAL_CHECK(!fs::is_directory(p, ec), flag, " ", path, ": is a folder; give a file name in it");
+  FRUGAL_CHECK(fs::is_directory(folder, ec), flag, " ", path, ": the folder ", folder.string(),
+               " does not exist");
+  FRUGAL_CHECK(::access(folder.c_str(), W_OK) == 0, flag, " ", path, ": the folder ", folder.string(),
+               " is not writable (", std::strerror(errno), ")");
+}
+
+// A loss that is not finite means the run diverged (or its input is broken): stop and say so rather than
+// train on NaN. An f16 loss scaler's overflow is not this: it skips the step, and the loss stays finite.
+inline void check_finite_loss(double loss, int64_t step, const char* hint) {
+  FRUGAL_CHECK(std::isfinite(loss), "the loss is ", loss, " at step ", step, ": the run diverged; ", hint);
 }
 
 // Standard output goes a line at a time even into a pipe or a file, so that what a run printed before an

@@ -23,15 +23,18 @@ int main(int argc, char** argv) {
   int threads = 0;
   double temperature = 0.8;
   std::string memory_limit, save, resume, data_dir = data::kFortunesRoot, amp_name = "f32";
-  app.add_option("--layers", o.layers, "transformer blocks")->check(CLI::PositiveNumber);
-  app.add_option("--width", o.width, "model width d")->check(CLI::PositiveNumber);
-  app.add_option("--heads", o.heads, "attention heads (must divide the width)")->check(CLI::PositiveNumber);
-  app.add_option("--context", o.context, "tokens per window")->check(CLI::PositiveNumber);
-  app.add_option("--batch", o.batch, "windows per step")->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "AdamW learning rate");
-  app.add_option("--accum", o.accum, "micro-batches per step (gradient accumulation)")
-      ->check(CLI::PositiveNumber);
+  const CLI::Validator byte_count(examples::check_byte_count, "BYTES");
+  const CLI::Validator finite_positive(examples::check_finite_positive, "POSITIVE");
+  const CLI::Validator positive(examples::integer_in(1, INT32_MAX), "INT >= 1");
+  app.add_option("--layers", o.layers, "transformer blocks")->check(positive);
+  app.add_option("--width", o.width, "model width d")->check(positive);
+  app.add_option("--heads", o.heads, "attention heads (must divide the width)")->check(positive);
+  app.add_option("--context", o.context, "tokens per window")->check(positive);
+  app.add_option("--batch", o.batch, "windows per step")->check(positive);
+  app.add_option("--steps", o.steps, "optimizer steps")
+      ->check(CLI::Validator(examples::integer_in(1, 1000000000), "[1, 10^9]"));
+  app.add_option("--lr", o.lr, "AdamW learning rate (finite, > 0)")->check(finite_positive);
+  app.add_option("--accum", o.accum, "micro-batches per step (gradient accumulation)")->check(positive);
   app.add_flag("--recompute", o.recompute, "run each block as a recompute segment (less activation memory)");
   app.add_flag("--sparse-embeddings", o.sparse_embeddings,
                "sparse gradients for the token embedding, updated by SparseAdam (AdamW for the rest)");
@@ -39,23 +42,30 @@ int main(int argc, char** argv) {
                  "mixed precision: bf16 or f16 autocast (f16 with a loss scaler), or f32 (off)")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
   app.add_option("--clip", o.clip, "clip the gradient norm to this (0: off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M: beyond it, OutOfMemoryError");
+  app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M: beyond it, OutOfMemoryError")
+      ->check(byte_count);
   app.add_option("--save", save,
                  "write the weights here (and the training state to <path>.state) at the end");
   app.add_option("--resume", resume, "continue from a checkpoint written by --save");
-  app.add_option("--threads", threads, "CPU threads (default: all cores)");
-  app.add_option("--seed", o.seed, "seed for the initial weights and the batches");
+  app.add_option("--threads", threads, "CPU threads (default, or 0: all cores)")
+      ->check(CLI::Validator(examples::integer_in(0, INT32_MAX), "INT >= 0"));
+  app.add_option("--seed", o.seed, "seed for the initial weights and the batches")
+      ->check(CLI::Validator(examples::check_seed, "[0, 2^64 - 1]"));
   app.add_option("--data", data_dir, "folder of text files (default: Debian's fortunes)");
-  app.add_option("--eval-every", eval_every, "steps between validation losses");
-  app.add_option("--sample", sample_bytes, "bytes of text to generate at the end");
-  app.add_option("--temperature", temperature, "sampling temperature");
-  app.add_option("--top-k", top_k, "sample among the k likeliest bytes (0: all)");
+  app.add_option("--eval-every", eval_every, "steps between validation losses (and one after the last step)")
+      ->check(CLI::Validator(examples::integer_in(1, INT64_MAX), "INT >= 1"));
+  app.add_option("--sample", sample_bytes, "bytes of text to generate at the end (0: none, at most 100000)")
+      ->check(CLI::Validator(examples::integer_in(0, 100000), "[0, 100000]"));
+  app.add_option("--temperature", temperature, "sampling temperature (finite, > 0)")->check(finite_positive);
+  app.add_option("--top-k", top_k, "sample among the k likeliest bytes (0, or more than the vocabulary: all)")
+      ->check(CLI::Validator(examples::integer_in(0, INT64_MAX), "INT >= 0"));
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
 
   try {
     if (threads > 0) set_num_threads(threads);
-    if (!memory_limit.empty()) memory::set_memory_limit(kCPU, examples::parse_bytes(memory_limit));
+    if (!memory_limit.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_limit));
+    if (!save.empty()) examples::check_can_write("--save", save);
     if (amp_name == "bf16") o.autocast = DType::BF16;
     if (amp_name == "f16") o.autocast = DType::F16;
     std::unique_ptr<data::TextDataset> train, val;
@@ -90,6 +100,7 @@ int main(int argc, char** argv) {
     for (int64_t step = start; step < o.steps; ++step) {
       const auto ts = std::chrono::steady_clock::now();
       const double loss = trainer.train_step(*train);
+      examples::check_finite_loss(loss, step + 1, "try a lower --lr or --clip 1");
       step_ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count());
       loss_avg = step == start ? loss : 0.95 * loss_avg + 0.05 * loss;
@@ -117,7 +128,8 @@ int main(int argc, char** argv) {
     if (sample_bytes > 0) {
       Generator gen(o.seed + 2);
       const Tensor prompt = train->encode("\n");
-      const Tensor out = model.generate(prompt, sample_bytes, temperature, top_k, &gen);
+      const Tensor out =
+          model.generate(prompt, sample_bytes, temperature, std::min(top_k, train->vocab_size()), &gen);
       std::printf("\nsample:\n%s\n", train->decode(out.narrow(-1, 1, sample_bytes)).c_str());
     }
     std::printf("\n%s", examples::memory_report().c_str());

@@ -18,8 +18,6 @@ using namespace frugal;
 
 namespace {
 
-using examples::parse_bytes;
-
 // One line, redrawn in place on a terminal; otherwise a plain line every tenth of the epoch.
 class Progress {
  public:
@@ -64,15 +62,20 @@ int main(int argc, char** argv) {
   bool recompute = false, normalize = true;
   std::string schedule = "cosine", amp_name = "f32";
   app.add_option("--model", model_name, "mlp (W1) or cnn (W2)")->check(CLI::IsMember({"mlp", "cnn"}));
-  app.add_option("--epochs", epochs, "epochs to train")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch, "batch size (default: 128 for mlp, 64 for cnn)");
-  app.add_option("--lr", lr, "learning rate");
+  const CLI::Validator byte_count(examples::check_byte_count, "BYTES");
+  const CLI::Validator finite_positive(examples::check_finite_positive, "POSITIVE");
+  app.add_option("--epochs", epochs, "epochs to train")
+      ->check(CLI::Validator(examples::integer_in(1, 100000), "[1, 100000]"));
+  app.add_option("--batch", batch,
+                 "batch size, at most the 60000 training images (default, or 0: 128 for mlp, 64 for cnn)")
+      ->check(CLI::Validator(examples::integer_in(0, 60000), "[0, 60000]"));
+  app.add_option("--lr", lr, "learning rate (finite, > 0)")->check(finite_positive);
   app.add_option("--optimizer", optimizer, "sgd (momentum 0.9), adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   app.add_option("--schedule", schedule, "learning rate over the run: cosine (decays to 0 per step) or none")
       ->check(CLI::IsMember({"cosine", "none"}));
-  app.add_option("--accum", accum, "micro-batches per step (gradient accumulation)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--accum", accum, "micro-batches per step (gradient accumulation; it divides --batch)")
+      ->check(CLI::Validator(examples::integer_in(1, 60000), "[1, 60000]"));
   app.add_option("--amp", amp_name,
                  "mixed precision: bf16 or f16 autocast (f16 with a loss scaler), or f32 (off)")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
@@ -80,20 +83,26 @@ int main(int argc, char** argv) {
       "--normalize,!--no-normalize", normalize,
       "centre and scale the pixels by the training set's mean and std (default), or keep pixel / 255");
   app.add_flag("--recompute", recompute, "recompute activations in backward instead of keeping them");
-  app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M or 1G: beyond it, OutOfMemoryError");
+  app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M or 1G: beyond it, OutOfMemoryError")
+      ->check(byte_count);
   app.add_option("--save", save,
                  "write the weights here (and the training state to <path>.state) each epoch");
   app.add_option("--resume", resume, "continue from a checkpoint written by --save");
-  app.add_option("--threads", threads, "CPU threads (default: all cores)");
-  app.add_option("--seed", seed, "seed for the initial weights and the shuffling");
+  app.add_option("--threads", threads, "CPU threads (default, or 0: all cores)")
+      ->check(CLI::Validator(examples::integer_in(0, INT32_MAX), "INT >= 0"));
+  app.add_option("--seed", seed, "seed for the initial weights and the shuffling")
+      ->check(CLI::Validator(examples::check_seed, "[0, 2^64 - 1]"));
   app.add_option("--data", data_dir, "folder with the Fashion-MNIST files");
-  app.add_option("--max-steps", max_steps, "stop each epoch after this many steps (for quick runs)");
+  app.add_option("--max-steps", max_steps,
+                 "stop each epoch after this many steps (for quick runs: 0, no limit)")
+      ->check(CLI::Validator(examples::integer_in(0, INT64_MAX), "INT >= 0"));
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
 
   try {
     if (threads > 0) set_num_threads(threads);
-    if (!memory_limit.empty()) memory::set_memory_limit(kCPU, parse_bytes(memory_limit));
+    if (!memory_limit.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_limit));
+    if (!save.empty()) examples::check_can_write("--save", save);
     if (batch == 0) batch = model_name == "mlp" ? 128 : 64;
     manual_seed(seed);
 
@@ -105,6 +114,8 @@ int main(int argc, char** argv) {
       test_set = std::make_shared<data::FashionMNIST>(data_dir, data::Split::Test);
     }
     fmnist::ModelInfo info{model_name};
+    FRUGAL_CHECK(batch <= train_set->size(), "--batch ", batch, " is more than the ", train_set->size(),
+                 " training images: not one step would run");
     if (normalize) {
       std::tie(info.input_mean, info.input_std) = train_set->pixel_stats();
       train_set->normalize(info.input_mean, info.input_std);
@@ -159,6 +170,7 @@ int main(int argc, char** argv) {
       const std::vector<double> losses = fmnist::train_epoch(
           *model, *opt, train, epoch, max_steps, accum,
           [&](int64_t step, int64_t samples, const fmnist::StepResult& r) {
+            examples::check_finite_loss(r.loss, step, "try a lower --lr");
             loss_sum += r.loss;
             correct += r.correct;
             seen += samples;

@@ -22,7 +22,8 @@ const std::shared_ptr<Module>& checked_at(const std::vector<std::shared_ptr<Modu
 Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t begin, size_t end, Tensor h) {
   for (size_t i = begin; i < end; ++i) {
     Module& m = *modules[i];
-    if (i + 1 < end && typeid(m) == typeid(Linear) && typeid(*modules[i + 1]) == typeid(ReLU)) {
+    const Module* next = i + 1 < end ? modules[i + 1].get() : nullptr;
+    if (next && typeid(m) == typeid(Linear) && typeid(*next) == typeid(ReLU)) {
       const auto& linear = static_cast<const Linear&>(m);
       h = functional::linear_relu(h, linear.weight, linear.bias);
       ++i;

@@ -32,13 +32,13 @@ TEST(GradcheckReduce, EveryOpDimsKeepdimAndLayout) {
       {"var(c=1)", [](const Tensor& x, const Shape& d, bool k) { return var(x, d, 1, k); }},
   };
   const Shape dim_sets[] = {{}, {0}, {1}, {2}, {-1}, {0, 2}, {-3, 1}, {0, 1, 2}};
-  for (const auto& [name, f] : ops)
+  for (const auto& op : ops)  // not a structured binding: clang before 16 cannot capture one in a lambda
     for (const Shape& dims : dim_sets)
       for (bool keepdim : {false, true})
         for (Layout layout : kLayouts) {
           const Tensor x = leaf({2, 3, 4}, -2, 2, 101, layout);
-          expect_grads_ok([&](const std::vector<Tensor>& in) { return f(in[0], dims, keepdim); }, {x},
-                          std::string(name) + " dims " + dims.str() + (keepdim ? " keepdim " : " ") +
+          expect_grads_ok([&](const std::vector<Tensor>& in) { return op.second(in[0], dims, keepdim); }, {x},
+                          std::string(op.first) + " dims " + dims.str() + (keepdim ? " keepdim " : " ") +
                               layout_name(layout));
         }
 }

@@ -56,7 +56,7 @@ TEST(OpTables, CopyRowGivesEveryDtypesKernelAndSetRowRestores) {
     return has;
   };
   const std::vector<bool> before = gpu_has();
-  const ElementwiseKernel* cuda_add = op_add.has(gpu, DType::F32) ? op_add.get(gpu, DType::F32) : nullptr;
+  ElementwiseKernel* cuda_add = op_add.has(gpu, DType::F32) ? op_add.get(gpu, DType::F32) : nullptr;
   const testing::SavedKernelRows saved = testing::use_cpu_kernels_on(DeviceType::CUDA);
   EXPECT_EQ(saved.rows.size(), op_tables().size());
   for (const OpTableRef& t : op_tables())

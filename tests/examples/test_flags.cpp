@@ -1,0 +1,236 @@
+// Every flag of the trainers with absurd values (0, -1, a large number, a number beyond int64, garbage): each
+// run either does what --help says that value means or ends with a clear error. None crashes, hangs, or
+// goes on as if nothing were wrong. The programs run for real, as a user starts them, a few steps each.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Outcome {
+  bool finished = false;  // false: killed after the time limit
+  bool signaled = false;
+  int status = -1;     // the exit status when it exited
+  std::string output;  // stdout and stderr together
+};
+
+// Runs argv with its output captured, killing it after `limit_s` seconds.
+Outcome run(const std::vector<std::string>& argv, int limit_s) {
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  Outcome out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
+  bool timed_out = false;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      kill(pid, SIGKILL);
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    if (poll(&p, 1, int(left.count())) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    out.output.append(buf, size_t(n));
+  }
+  close(fds[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  out.finished = !timed_out;
+  out.signaled = WIFSIGNALED(st);
+  out.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+// One flag of one program: the values --help gives a meaning to run to the end; every other value fails.
+struct FlagCase {
+  std::string program;  // "fmnist" or "chargpt"
+  std::string flag;
+  std::set<std::string> meaningful;  // of the values below, those that must run to exit status 0
+  // Values with a meaning that may still end in a clear error (a learning rate that makes the run
+  // diverge), and values whose meaning is a long run (a million steps), not run here.
+  std::set<std::string> either = {}, long_runs = {};
+};
+void PrintTo(const FlagCase& c, std::ostream* os) { *os << c.program << " " << c.flag; }
+
+const std::vector<std::string> kValues = {"0", "-1", "1000000", "99999999999999999999", "abc"};
+
+// Short runs: a few steps, a memory limit that makes a huge shape fail at once with OutOfMemoryError.
+const std::map<std::string, std::map<std::string, std::string>> kBase = {
+    {"fmnist", {{"--epochs", "1"}, {"--max-steps", "2"}, {"--memory-limit", "300M"}}},
+    {"chargpt",
+     {{"--steps", "2"},
+      {"--layers", "1"},
+      {"--width", "32"},
+      {"--heads", "2"},
+      {"--context", "16"},
+      {"--batch", "4"},
+      {"--eval-every", "1"},
+      {"--sample", "8"},
+      {"--memory-limit", "300M"}}},
+};
+
+std::string binary(const std::string& program) {
+#ifdef FRUGAL_TRAIN_FMNIST
+  return program == "fmnist" ? FRUGAL_TRAIN_FMNIST : FRUGAL_TRAIN_CHARGPT;
+#else
+  (void)program;
+  return "";
+#endif
+}
+
+class TrainerFlags : public ::testing::TestWithParam<FlagCase> {};
+
+TEST_P(TrainerFlags, AbsurdValuesGiveAClearErrorOrTheirDocumentedMeaning) {
+  const FlagCase& c = GetParam();
+  const std::string exe = binary(c.program);
+  if (exe.empty()) GTEST_SKIP() << "the examples are not built (FRUGAL_BUILD_EXAMPLES=OFF)";
+  if (c.program == "fmnist" &&
+      !std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "Fashion-MNIST is not installed";
+  if (c.program == "chargpt" && !std::filesystem::exists("/usr/share/games/fortunes"))
+    GTEST_SKIP() << "the fortunes corpus is not installed";
+  for (const std::string& value : kValues) {
+    if (c.long_runs.count(value)) continue;
+    std::vector<std::string> argv{exe};
+    for (const auto& [flag, v] : kBase.at(c.program))
+      if (flag != c.flag) argv.insert(argv.end(), {flag, v});
+    argv.insert(argv.end(), {c.flag, value});
+    std::string cmd;
+    for (const std::string& a : argv) cmd += a + " ";
+    SCOPED_TRACE(cmd);
+    const Outcome o = run(argv, 120);
+    ASSERT_TRUE(o.finished) << "still running after 120 s:\n" << o.output;
+    ASSERT_FALSE(o.signaled) << "killed by a signal:\n" << o.output;
+    EXPECT_EQ(o.output.find("terminate called"), std::string::npos) << o.output;
+    if (c.meaningful.count(value)) {
+      EXPECT_EQ(o.status, 0) << "a documented value failed:\n" << o.output;
+    } else if (c.either.count(value) && o.status == 0) {
+      continue;
+    } else {
+      EXPECT_NE(o.status, 0) << "an absurd value was accepted:\n" << o.output;
+      // Clear: it names the flag (CLI11's checks, the trainer's own) or is the library's error or advice.
+      const bool clear = o.output.find(c.flag) != std::string::npos ||
+                         o.output.find("error: ") != std::string::npos ||
+                         o.output.find("out of memory on") != std::string::npos;
+      EXPECT_TRUE(clear) << "the error does not say what is wrong:\n" << o.output;
+    }
+  }
+}
+
+std::string name_of(const ::testing::TestParamInfo<FlagCase>& info) {
+  std::string n = info.param.program + "_" + info.param.flag.substr(2);
+  for (char& ch : n)
+    if (ch == '-') ch = '_';
+  return n;
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Fmnist, TrainerFlags, ::testing::Values(
+    FlagCase{"fmnist", "--model", {}},
+    FlagCase{"fmnist", "--epochs", {}},
+    FlagCase{"fmnist", "--batch", {"0"}},  // 0: the model's default
+    FlagCase{"fmnist", "--lr", {}, {"1000000", "99999999999999999999"}},  // may diverge: then it stops
+    FlagCase{"fmnist", "--optimizer", {}},
+    FlagCase{"fmnist", "--schedule", {}},
+    FlagCase{"fmnist", "--accum", {}},
+    FlagCase{"fmnist", "--amp", {}},
+    FlagCase{"fmnist", "--memory-limit", {}},
+    FlagCase{"fmnist", "--resume", {}},
+    FlagCase{"fmnist", "--threads", {"0"}},  // 0: all cores
+    FlagCase{"fmnist", "--seed", {"0", "1000000"}},
+    FlagCase{"fmnist", "--data", {}},
+    FlagCase{"fmnist", "--max-steps", {"0", "1000000"}}),  // 0: no limit; more than an epoch has: the epoch
+    name_of);
+INSTANTIATE_TEST_SUITE_P(CharGpt, TrainerFlags, ::testing::Values(
+    FlagCase{"chargpt", "--layers", {}},
+    FlagCase{"chargpt", "--width", {}},
+    FlagCase{"chargpt", "--heads", {}},
+    FlagCase{"chargpt", "--context", {}},
+    FlagCase{"chargpt", "--batch", {}},
+    FlagCase{"chargpt", "--steps", {}, {}, {"1000000"}},
+    FlagCase{"chargpt", "--lr", {}, {"1000000", "99999999999999999999"}},
+    FlagCase{"chargpt", "--accum", {}},
+    FlagCase{"chargpt", "--amp", {}},
+    FlagCase{"chargpt", "--clip", {"0", "1000000", "99999999999999999999"}},  // 0: off
+    FlagCase{"chargpt", "--memory-limit", {}},
+    FlagCase{"chargpt", "--resume", {}},
+    FlagCase{"chargpt", "--threads", {"0"}},
+    FlagCase{"chargpt", "--seed", {"0", "1000000"}},
+    FlagCase{"chargpt", "--data", {}},
+    FlagCase{"chargpt", "--eval-every", {"1000000"}},  // only after the last step
+    FlagCase{"chargpt", "--sample", {"0"}},            // 0: no sample
+    FlagCase{"chargpt", "--temperature", {"1000000", "99999999999999999999"}},
+    FlagCase{"chargpt", "--top-k", {"0", "1000000"}}),  // 0, or more than the vocabulary: every byte
+    name_of);
+// clang-format on
+
+// --save is checked before any training: a folder that does not exist, or a folder given as the file.
+TEST(TrainerFlags, SaveToAPathThatCannotBeWrittenFailsBeforeTraining) {
+  for (const std::string program : {"fmnist", "chargpt"}) {
+    const std::string exe = binary(program);
+    if (exe.empty()) GTEST_SKIP() << "the examples are not built";
+    for (const std::string path : {"/nonexistent-folder/model.safetensors", "/tmp"}) {
+      std::vector<std::string> argv{exe};
+      for (const auto& [flag, v] : kBase.at(program)) argv.insert(argv.end(), {flag, v});
+      argv.insert(argv.end(), {"--save", path});
+      SCOPED_TRACE(program + " --save " + path);
+      const Outcome o = run(argv, 120);
+      ASSERT_TRUE(o.finished && !o.signaled) << o.output;
+      EXPECT_NE(o.status, 0) << o.output;
+      EXPECT_NE(o.output.find("--save " + path), std::string::npos) << o.output;
+      EXPECT_EQ(o.output.find("step 1"), std::string::npos) << "it trained before failing:\n" << o.output;
+    }
+  }
+}
+
+// A diverging run stops with a clear message instead of training on NaN and exiting 0; an f16 run whose
+// loss scaler skips overflowing steps is not diverging, and runs to the end.
+TEST(TrainerFlags, NonFiniteLossStopsTheRunButSkippedF16StepsDoNot) {
+  for (const std::string program : {"fmnist", "chargpt"}) {
+    const std::string exe = binary(program);
+    if (exe.empty()) GTEST_SKIP() << "the examples are not built";
+    std::vector<std::string> argv{exe};
+    for (const auto& [flag, v] : kBase.at(program)) argv.insert(argv.end(), {flag, v});
+    std::vector<std::string> diverging = argv;
+    diverging.insert(diverging.end(), {"--lr", "1e30"});
+    const Outcome d = run(diverging, 120);
+    ASSERT_TRUE(d.finished && !d.signaled) << d.output;
+    EXPECT_NE(d.status, 0) << program << " trained on to the end:\n" << d.output;
+    EXPECT_NE(d.output.find("the run diverged"), std::string::npos) << d.output;
+    std::vector<std::string> f16 = argv;
+    f16.insert(f16.end(), {"--amp", "f16"});
+    const Outcome h = run(f16, 120);
+    ASSERT_TRUE(h.finished && !h.signaled) << h.output;
+    EXPECT_EQ(h.status, 0) << h.output;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,27 @@
+// frugal's fuzz targets: every reader of bytes that come from elsewhere, driven by arbitrary input. A target
+// returns when the reader accepted the bytes or refused them with frugal::Error; anything else (a crash, a
+// sanitizer report, another exception, a hang) is a finding. Built as libFuzzer programs fuzz_<name> with
+// clang and -DFRUGAL_FUZZ=ON, and run over the seed corpus and the regression files by the test program
+// test_fuzz_regressions in every build.
+//
+//   build-fuzz/tests/fuzz_safetensors -max_total_time=30 corpus/     (seeds: build-fuzz/tests/fuzz_seeds DIR)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace frugal::fuzz {
+
+struct Target {
+  const char* name;
+  void (*run)(const uint8_t* data, size_t size);
+  // Writes a few valid inputs, as frugal itself writes them, into `dir` (an existing folder).
+  void (*write_seeds)(const std::string& dir);
+};
+
+const std::vector<Target>& targets();
+const Target& target(const std::string& name);  // throws std::invalid_argument for an unknown name
+
+}  // namespace frugal::fuzz
