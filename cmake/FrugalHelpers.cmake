@@ -12,7 +12,9 @@ function(frugal_target_flags target)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
   endif()
   if(FRUGAL_SANITIZE)
-    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${FRUGAL_SANITIZE} -fno-omit-frame-pointer>)
+    # -fno-sanitize-recover: a finding stops the program, so that a test (or a fuzzer) fails on it.
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${FRUGAL_SANITIZE} -fno-sanitize-recover=all -fno-omit-frame-pointer>)
     target_link_options(${target} PRIVATE -fsanitize=${FRUGAL_SANITIZE})
   endif()
 endfunction()
