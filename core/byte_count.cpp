@@ -16,10 +16,10 @@ namespace {
   constexpr size_t kQuoted = 64;  // the text may be anything: quote a bounded prefix
   const std::string shown =
       text.size() > kQuoted ? std::string(text.substr(0, kQuoted)) + "..." : std::string(text);
-  throw Error(
-      detail::str_cat("cannot read '", shown, "' as a byte count: ", why,
-                      "; write a positive whole or decimal number with an optional unit B, K, M, G or T "
-                      "(powers of 1024; KiB, MiB, GiB, TiB too), e.g. 512M or 1.5G"));
+  throw Error(frugal::detail::str_cat(
+      "cannot read '", shown, "' as a byte count: ", why,
+      "; write a positive whole or decimal number with an optional unit B, K, M, G or T "
+      "(powers of 1024; KiB, MiB, GiB, TiB too), e.g. 512M or 1.5G"));
 }
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
