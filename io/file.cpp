@@ -1,13 +1,14 @@
-// Whole-file reads and atomic writes over POSIX calls (fsync has no portable C++ spelling).
+// File reads and atomic writes over POSIX calls (fsync, O_EXCL and pread have no portable C++ spelling).
 #include "io/file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
 
@@ -21,18 +22,55 @@ std::string parent_dir(const std::string& path) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   return parent.empty() ? "." : parent.string();
 }
+
+// What a file that is not a regular one is, for the message that refuses it.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
 }  // namespace
 
+InputFile::InputFile(std::string path, std::string who) : path_(std::move(path)), who_(std::move(who)) {
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; fstat then refuses it (and regular files
+  // ignore the flag).
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  FRUGAL_CHECK(fd_ >= 0, who_, ": cannot open '", path_, "': ", errno_text());
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const std::string why = errno_text();
+    ::close(fd_);
+    FRUGAL_CHECK(false, who_, ": cannot get the size of '", path_, "': ", why);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    FRUGAL_CHECK(false, who_, ": '", path_, "' is not a file but ", file_kind(st.st_mode));
+  }
+  size_ = int64_t(st.st_size);
+}
+
+InputFile::~InputFile() { ::close(fd_); }
+
+void InputFile::read_at(int64_t offset, void* dst, int64_t nbytes, const std::string& what) const {
+  char* p = static_cast<char*>(dst);
+  int64_t done = 0;
+  while (done < nbytes) {
+    const ssize_t n = ::pread(fd_, p + done, size_t(std::min<int64_t>(nbytes - done, int64_t(1) << 30)),
+                              off_t(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    FRUGAL_CHECK(n >= 0, who_, ": reading ", what, " of '", path_, "' failed: ", errno_text());
+    FRUGAL_CHECK(n > 0, who_, ": reading ", what, " of '", path_, "' failed after ", done, " of ", nbytes,
+                 " bytes: the file ended (was it truncated while being read?)");
+    done += n;
+  }
+}
+
 std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  FRUGAL_CHECK(in.is_open(), "read_bytes: cannot open '", path, "': ", errno_text());
-  const std::streamoff size = in.tellg();
-  FRUGAL_CHECK(size >= 0, "read_bytes: cannot get the size of '", path, "'");
-  std::string bytes(size_t(size), '\0');
-  in.seekg(0);
-  in.read(bytes.data(), size);
-  FRUGAL_CHECK(in.gcount() == size, "read_bytes: '", path, "' ended after ", in.gcount(), " of ", size,
-               " bytes (was it truncated while being read?)");
+  const InputFile in(path, "read_bytes");
+  std::string bytes(size_t(in.size()), '\0');
+  in.read_at(0, bytes.data(), in.size(), "the whole file");
   return bytes;
 }
 
