@@ -7,8 +7,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <ios>
+#include <mutex>
+#include <random>
 
 #include "core/error.h"
 
@@ -74,56 +78,130 @@ std::string read_bytes(const std::string& path) {
   return bytes;
 }
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), temp_path_(path_ + ".tmp") {
-  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  FRUGAL_CHECK(fd_ >= 0, "cannot create '", temp_path_, "' to write '", path_, "': ", errno_text());
+namespace {
+
+constexpr int kTempNameAttempts = 100;
+
+std::mutex g_temp_names_mutex;
+std::function<std::string(const std::string&, int)> g_temp_names;  // detail::set_temp_names
+
+// The name of attempt `attempt` at a temporary file for `path`: 64 random bits, so that concurrent saves
+// (threads or processes) never pick the same one and nobody can guess it in advance.
+std::string temp_name(const std::string& path, int attempt) {
+  {
+    std::lock_guard<std::mutex> lock(g_temp_names_mutex);
+    if (g_temp_names) return g_temp_names(path, attempt);
+  }
+  std::random_device random;  // the kernel's randomness: never repeats across forked processes
+  const uint64_t bits = (uint64_t(random()) << 32) ^ uint64_t(random());
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(bits));
+  return path + ".tmp." + suffix;
+}
+
+// The directory's fsync makes a rename durable. Some file systems cannot fsync a directory (EINVAL): there
+// is nothing more to do on those, so that is no failure.
+bool fsync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0 || errno == EINVAL;
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  return ok;
+}
+
+}  // namespace
+
+namespace detail {
+void set_temp_names(std::function<std::string(const std::string& path, int attempt)> names) {
+  std::lock_guard<std::mutex> lock(g_temp_names_mutex);
+  g_temp_names = std::move(names);
+}
+}  // namespace detail
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  // The permission bits of the file being replaced (stat follows a symlink at `path`: the bits of the file a
+  // user sees there). A new file is created 0644 and the umask applies.
+  struct stat old {};
+  const bool replacing = ::stat(path_.c_str(), &old) == 0 && S_ISREG(old.st_mode);
+  for (int attempt = 0; fd_ < 0; ++attempt) {
+    temp_path_ = temp_name(path_, attempt);
+    // O_EXCL: never an existing file, nor a symlink at that name, dangling or not (O_NOFOLLOW says it twice).
+    fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                 replacing ? 0600 : 0644);
+    if (fd_ >= 0) break;
+    FRUGAL_CHECK(errno == EEXIST || errno == ELOOP, "cannot create a temporary file '", temp_path_,
+                 "' to write '", path_, "': ", errno_text(), "; '", path_, "' is unchanged");
+    FRUGAL_CHECK(attempt + 1 < kTempNameAttempts, "cannot create a temporary file to write '", path_,
+                 "': the ", kTempNameAttempts, " names tried (the last '", temp_path_, "') all exist; '",
+                 path_, "' is unchanged");
+  }
+  if (replacing && ::fchmod(fd_, old.st_mode & 07777) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", unsigned(old.st_mode & 07777));
+    fail("giving the temporary file '" + temp_path_ + "' the permissions of '" + path_ + "' (" + mode + ")",
+         errno_text());
+  }
 }
 
 AtomicFile::~AtomicFile() {
-  if (fd_ < 0) return;  // committed
-  ::close(fd_);
+  if (fd_ >= 0) abandon();  // destroyed without commit()
+}
+
+void AtomicFile::abandon() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
   ::unlink(temp_path_.c_str());
 }
 
+void AtomicFile::fail(const std::string& step, const std::string& why) {
+  abandon();
+  FRUGAL_CHECK(false, step, " failed: ", why, "; '", path_, "' is unchanged and the temporary is deleted");
+}
+
 void AtomicFile::write(const void* data, int64_t nbytes) {
-  FRUGAL_CHECK(fd_ >= 0, "writing '", path_, "': the file was already committed");
+  FRUGAL_CHECK(fd_ >= 0, "writing '", path_, "': the file was already ",
+               renamed_ ? "committed" : "abandoned after a failed step");
   const char* p = static_cast<const char*>(data);
   while (nbytes > 0) {
     // Linux writes at most about 2 GiB per call; loop over partial writes.
     const ssize_t n = ::write(fd_, p, size_t(std::min<int64_t>(nbytes, int64_t(1) << 30)));
     if (n < 0 && errno == EINTR) continue;
-    FRUGAL_CHECK(n > 0, "writing '", temp_path_, "' failed: ", (n < 0 ? errno_text() : "no progress"), "; '",
-                 path_, "' is unchanged");
+    if (n <= 0) fail("writing the temporary file '" + temp_path_ + "'", n < 0 ? errno_text() : "no progress");
     p += n;
     nbytes -= n;
   }
 }
 
 void AtomicFile::commit() {
-  FRUGAL_CHECK(fd_ >= 0, "committing '", path_, "': the file was already committed");
-  FRUGAL_CHECK(::fsync(fd_) == 0, "fsync of '", temp_path_, "' failed: ", errno_text(), "; '", path_,
-               "' is unchanged");
+  FRUGAL_CHECK(fd_ >= 0, "committing '", path_, "': the file was already ",
+               renamed_ ? "committed" : "abandoned after a failed step");
+  if (::fsync(fd_) != 0) fail("fsync of the temporary file '" + temp_path_ + "'", errno_text());
+  // Closed before the rename: some file systems (NFS) report write-back errors only at close.
   const int fd = fd_;
   fd_ = -1;
-  const bool closed = ::close(fd) == 0;
-  if (!closed || ::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(temp_path_.c_str());
-    FRUGAL_CHECK(false, "cannot move '", temp_path_, "' to '", path_, "': ", why, "; '", path_,
-                 "' is unchanged");
-  }
-  // Make the rename itself durable. A failure here leaves the new file in place, so it is not an error.
-  const int dir = ::open(parent_dir(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    (void)::fsync(dir);
-    ::close(dir);
-  }
+  if (::close(fd) != 0) fail("closing the temporary file '" + temp_path_ + "'", errno_text());
+  if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
+    fail("renaming the temporary file '" + temp_path_ + "' over '" + path_ + "'", errno_text());
+  renamed_ = true;
+  const std::string dir = parent_dir(path_);
+  FRUGAL_CHECK(fsync_directory(dir), "'", path_, "' holds the new contents, but the fsync of its directory '",
+               dir, "' failed: ", errno_text(), "; after a power loss it could hold the old ones again");
 }
 
 void atomic_write(const std::string& path, std::string_view bytes) {
   AtomicFile f(path);
   f.write(bytes.data(), int64_t(bytes.size()));
   f.commit();
+}
+
+void rename_durably(const std::string& from, const std::string& to) {
+  FRUGAL_CHECK(::rename(from.c_str(), to.c_str()) == 0, "renaming '", from, "' over '", to,
+               "' failed: ", errno_text(), "; neither file changed");
+  FRUGAL_CHECK(fsync_directory(parent_dir(to)), "'", from, "' is renamed to '", to,
+               "', but the fsync of the directory '", parent_dir(to), "' failed: ", errno_text(),
+               "; after a power loss the rename could be undone");
 }
 
 }  // namespace frugal::io

@@ -3,12 +3,13 @@
 // layer.
 //
 //   io::atomic_write("run/state.json", json_text);
-//   io::AtomicFile f("model.safetensors");  // writes go to model.safetensors.tmp
+//   io::AtomicFile f("model.safetensors");  // writes go to model.safetensors.tmp.<random>
 //   f.write(header.data(), header.size());
 //   f.commit();                              // flush, fsync, rename over model.safetensors
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -37,9 +38,14 @@ class InputFile {
   int64_t size_ = 0;
 };
 
-// A file being written in place of `path`. Bytes go to path + ".tmp" in the same directory (so the rename
-// stays on one file system); commit() flushes, fsyncs and renames it over `path`, then fsyncs the directory.
-// Destroyed without commit() (an exception midway), it deletes the temporary file and `path` is untouched.
+// A file being written in place of `path`. Bytes go to a new temporary file beside it (the same directory, so
+// the rename stays on one file system), named `path`.tmp.<16 random hex digits> and created exclusively: it
+// is never an existing file, and a symlink planted at its name is never followed (O_EXCL | O_NOFOLLOW;
+// another name is tried). It gets the permission bits of the file it replaces (0644 less the umask for a new
+// one). commit() fsyncs it, renames it over `path` and fsyncs the directory. On any failure the temporary is
+// deleted and `path` is unchanged (the message says which step failed); the same when it is destroyed without
+// commit() (an exception midway). Saves to one path at once write their own temporaries: the file ends up
+// as one of them, whole.
 class AtomicFile {
  public:
   explicit AtomicFile(std::string path);
@@ -49,15 +55,32 @@ class AtomicFile {
 
   void write(const void* data, int64_t nbytes);  // throws Error (disk full, file too large, ...)
   void commit();
+  // True once the rename is done: `path` holds the new bytes even if commit() then threw (the directory's
+  // fsync failed, so a power loss could still bring the old file back).
+  bool renamed() const { return renamed_; }
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_path_; }
 
  private:
+  void abandon();  // closes and deletes the temporary
+  // Abandons the save after a failed step and throws: which step, why, and that `path` is unchanged.
+  [[noreturn]] void fail(const std::string& step, const std::string& why);
   std::string path_, temp_path_;
   int fd_ = -1;
+  bool renamed_ = false;
 };
 
 // Replaces the file at `path` with `bytes`, atomically as AtomicFile does.
 void atomic_write(const std::string& path, std::string_view bytes);
+
+// Renames `from` over `to` (in the same directory) and fsyncs the directory, so that the rename survives a
+// power loss; a symlink at `to` is replaced, never followed. Throws Error saying which step failed.
+void rename_durably(const std::string& from, const std::string& to);
+
+namespace detail {
+// Test hook: names the temporary files (attempt 0, 1, ... until one can be created) instead of random
+// suffixes, so that a test can plant files at the names a save will try; an empty function restores them.
+void set_temp_names(std::function<std::string(const std::string& path, int attempt)> names);
+}  // namespace detail
 
 }  // namespace frugal::io
