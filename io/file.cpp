@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -82,6 +83,33 @@ namespace {
 
 constexpr int kTempNameAttempts = 100;
 
+// Note [save fault injection], in io/file.h.
+std::atomic<int64_t> g_fault_step{0}, g_steps_taken{0};
+std::atomic<bool> g_fault_crashes{false}, g_crashed{false};
+
+enum class Step { Run, Fail, Crash };
+// Counts one step of a save and says whether it runs, fails (EIO) or crashes. After a crash nothing runs.
+Step next_step() {
+  if (g_crashed) throw detail::SimulatedCrash();
+  if (++g_steps_taken != g_fault_step.load()) return Step::Run;
+  if (!g_fault_crashes) return Step::Fail;
+  g_crashed = true;
+  return Step::Crash;
+}
+// The common case: true when the step is to fail (errno is then EIO); a crash throws.
+bool injected_failure() {
+  switch (next_step()) {
+    case Step::Run:
+      return false;
+    case Step::Fail:
+      errno = EIO;
+      return true;
+    case Step::Crash:
+      break;
+  }
+  throw detail::SimulatedCrash();
+}
+
 std::mutex g_temp_names_mutex;
 std::function<std::string(const std::string&, int)> g_temp_names;  // detail::set_temp_names
 
@@ -102,6 +130,7 @@ std::string temp_name(const std::string& path, int attempt) {
 // The directory's fsync makes a rename durable. Some file systems cannot fsync a directory (EINVAL): there
 // is nothing more to do on those, so that is no failure.
 bool fsync_directory(const std::string& dir) {
+  if (injected_failure()) return false;
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return false;
   const bool ok = ::fsync(fd) == 0 || errno == EINVAL;
@@ -114,6 +143,14 @@ bool fsync_directory(const std::string& dir) {
 }  // namespace
 
 namespace detail {
+void inject_fault(int64_t step, Fault kind) {
+  g_fault_step = step;
+  g_fault_crashes = kind == Fault::Crash;
+  g_crashed = false;
+  g_steps_taken = 0;
+}
+int64_t fault_steps() { return g_steps_taken; }
+
 void set_temp_names(std::function<std::string(const std::string& path, int attempt)> names) {
   std::lock_guard<std::mutex> lock(g_temp_names_mutex);
   g_temp_names = std::move(names);
@@ -128,8 +165,10 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   for (int attempt = 0; fd_ < 0; ++attempt) {
     temp_path_ = temp_name(path_, attempt);
     // O_EXCL: never an existing file, nor a symlink at that name, dangling or not (O_NOFOLLOW says it twice).
-    fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                 replacing ? 0600 : 0644);
+    fd_ = injected_failure()
+              ? -1
+              : ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                       replacing ? 0600 : 0644);
     if (fd_ >= 0) break;
     FRUGAL_CHECK(errno == EEXIST || errno == ELOOP, "cannot create a temporary file '", temp_path_,
                  "' to write '", path_, "': ", errno_text(), "; '", path_, "' is unchanged");
@@ -137,16 +176,30 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
                  "': the ", kTempNameAttempts, " names tried (the last '", temp_path_, "') all exist; '",
                  path_, "' is unchanged");
   }
-  if (replacing && ::fchmod(fd_, old.st_mode & 07777) != 0) {
+  if (!replacing) return;
+  bool failed = false;
+  try {
+    failed = injected_failure() || ::fchmod(fd_, old.st_mode & 07777) != 0;
+  } catch (const detail::SimulatedCrash&) {
+    ::close(fd_);  // no destructor runs for an object whose constructor throws
+    throw;
+  }
+  if (failed) {
+    const std::string why = errno_text();
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", unsigned(old.st_mode & 07777));
     fail("giving the temporary file '" + temp_path_ + "' the permissions of '" + path_ + "' (" + mode + ")",
-         errno_text());
+         why);
   }
 }
 
 AtomicFile::~AtomicFile() {
-  if (fd_ >= 0) abandon();  // destroyed without commit()
+  if (fd_ < 0) return;
+  if (g_crashed) {  // a simulated kill: the descriptor goes, as the kernel closes it, and the temporary stays
+    ::close(fd_);
+    return;
+  }
+  abandon();  // destroyed without commit()
 }
 
 void AtomicFile::abandon() {
@@ -164,6 +217,15 @@ void AtomicFile::write(const void* data, int64_t nbytes) {
   FRUGAL_CHECK(fd_ >= 0, "writing '", path_, "': the file was already ",
                renamed_ ? "committed" : "abandoned after a failed step");
   const char* p = static_cast<const char*>(data);
+  switch (next_step()) {
+    case Step::Run:
+      break;
+    case Step::Fail:
+      fail("writing the temporary file '" + temp_path_ + "'", std::strerror(EIO));
+    case Step::Crash:
+      (void)!::write(fd_, p, size_t(nbytes / 2));  // killed halfway through
+      throw detail::SimulatedCrash();
+  }
   while (nbytes > 0) {
     // Linux writes at most about 2 GiB per call; loop over partial writes.
     const ssize_t n = ::write(fd_, p, size_t(std::min<int64_t>(nbytes, int64_t(1) << 30)));
@@ -177,12 +239,14 @@ void AtomicFile::write(const void* data, int64_t nbytes) {
 void AtomicFile::commit() {
   FRUGAL_CHECK(fd_ >= 0, "committing '", path_, "': the file was already ",
                renamed_ ? "committed" : "abandoned after a failed step");
-  if (::fsync(fd_) != 0) fail("fsync of the temporary file '" + temp_path_ + "'", errno_text());
+  if (injected_failure() || ::fsync(fd_) != 0)
+    fail("fsync of the temporary file '" + temp_path_ + "'", errno_text());
   // Closed before the rename: some file systems (NFS) report write-back errors only at close.
+  if (injected_failure()) fail("closing the temporary file '" + temp_path_ + "'", errno_text());
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) fail("closing the temporary file '" + temp_path_ + "'", errno_text());
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
+  if (injected_failure() || ::rename(temp_path_.c_str(), path_.c_str()) != 0)
     fail("renaming the temporary file '" + temp_path_ + "' over '" + path_ + "'", errno_text());
   renamed_ = true;
   const std::string dir = parent_dir(path_);
@@ -197,10 +261,11 @@ void atomic_write(const std::string& path, std::string_view bytes) {
 }
 
 void rename_durably(const std::string& from, const std::string& to) {
-  FRUGAL_CHECK(::rename(from.c_str(), to.c_str()) == 0, "renaming '", from, "' over '", to,
-               "' failed: ", errno_text(), "; neither file changed");
-  FRUGAL_CHECK(fsync_directory(parent_dir(to)), "'", from, "' is renamed to '", to,
-               "', but the fsync of the directory '", parent_dir(to), "' failed: ", errno_text(),
+  FRUGAL_CHECK(!injected_failure() && ::rename(from.c_str(), to.c_str()) == 0, "renaming '", from, "' over '",
+               to, "' failed: ", errno_text(), "; neither file changed");
+  const std::string dir = parent_dir(to);
+  FRUGAL_CHECK(fsync_directory(dir), "'", from, "' is renamed to '", to,
+               "', but the fsync of the directory '", dir, "' failed: ", errno_text(),
                "; after a power loss the rename could be undone");
 }
 

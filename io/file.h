@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -78,6 +79,24 @@ void atomic_write(const std::string& path, std::string_view bytes);
 void rename_durably(const std::string& from, const std::string& to);
 
 namespace detail {
+// Note [save fault injection]
+// A test hook for every save of io/ (AtomicFile and rename_durably, so save_safetensors and save_checkpoint
+// too): inject_fault(n, kind) makes the n-th step from then on fail, counting from 1, a step being one system
+// call of a save: creating the temporary, giving it the old file's permissions, one write(), the fsync, the
+// close, a rename, a directory's fsync. Fault::Error makes that call fail with EIO, and the save's own error
+// handling runs. Fault::Crash simulates the process being killed there: a write() writes half its bytes
+// first, then SimulatedCrash (not an Error, so nothing that handles errors catches it) unwinds to the test
+// and nothing is cleaned up: temporaries stay, as a killed process leaves them, and every later step throws
+// SimulatedCrash too until the next inject_fault. inject_fault(0) disarms it and only counts: a dry run tells
+// a test how many steps a save has to sweep over. Steps are counted across threads; a test sweeps one save
+// at a time.
+enum class Fault { Error, Crash };
+struct SimulatedCrash : std::exception {
+  const char* what() const noexcept override { return "a crash simulated by io::detail::inject_fault"; }
+};
+void inject_fault(int64_t step, Fault kind = Fault::Error);
+int64_t fault_steps();  // the steps taken since the last inject_fault
+
 // Test hook: names the temporary files (attempt 0, 1, ... until one can be created) instead of random
 // suffixes, so that a test can plant files at the names a save will try; an empty function restores them.
 void set_temp_names(std::function<std::string(const std::string& path, int attempt)> names);

@@ -23,6 +23,7 @@ class AtomicFileTest : public testing::ScratchDirTest {
  protected:
   void TearDown() override {
     io::detail::set_temp_names({});
+    io::detail::inject_fault(0);
     testing::ScratchDirTest::TearDown();
   }
   // The names in the scratch directory, sorted.
@@ -200,6 +201,63 @@ TEST_F(AtomicFileTest, AbandonedOrRefusedWritesLeaveNoTemporary) {
   expect_error<Error>([&] { f.commit(); }, {"already committed"});
   EXPECT_EQ(io::read_bytes(p), "new");
   EXPECT_EQ(listing(), std::vector<std::string>{"w.bin"});
+}
+
+// --- failures at every step (Note [save fault injection])
+// ------------------------------------------------------------------------------------
+
+// What the message of a failure at each step of a save over an existing file names, in order.
+const std::vector<std::string> kSteps = {"cannot create a temporary file", "giving the temporary file",
+                                         "writing the temporary file",     "fsync of the temporary file",
+                                         "closing the temporary file",     "renaming the temporary file",
+                                         "but the fsync of its directory"};
+
+TEST_F(AtomicFileTest, AFailureAtEveryStepSaysWhichAndLeavesTheOldFile) {
+  const std::string p = path("w.bin");
+  io::atomic_write(p, "old");
+  io::detail::inject_fault(0);
+  io::atomic_write(p, "a dry run");
+  ASSERT_EQ(io::detail::fault_steps(), int64_t(kSteps.size()));
+  for (size_t n = 1; n <= kSteps.size(); ++n) {
+    SCOPED_TRACE("step " + std::to_string(n) + ": " + kSteps[n - 1]);
+    io::atomic_write(p, "old");
+    io::detail::inject_fault(int64_t(n));
+    std::string message;
+    try {
+      io::atomic_write(p, "new");
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    io::detail::inject_fault(0);
+    // Only the directory's fsync comes after the rename: then the file is new and only its durability is in
+    // doubt, which the message says.
+    const bool renamed = n == kSteps.size();
+    for (const std::string& part : {kSteps[n - 1], std::string("Input/output error"), p,
+                                    std::string(renamed ? "holds the new contents" : "is unchanged")})
+      EXPECT_NE(message.find(part), std::string::npos) << "'" << message << "' lacks '" << part << "'";
+    EXPECT_EQ(io::read_bytes(p), renamed ? "new" : "old");
+    EXPECT_EQ(listing(), std::vector<std::string>{"w.bin"});  // no temporary left
+  }
+}
+
+TEST_F(AtomicFileTest, AKillAtEveryStepLeavesTheOldFileOrTheNew) {
+  const std::string p = path("w.bin"), old_bytes(1000, 'o'), new_bytes(3000, 'n');
+  for (size_t n = 1; n <= kSteps.size(); ++n) {
+    SCOPED_TRACE("step " + std::to_string(n) + ": " + kSteps[n - 1]);
+    io::atomic_write(p, old_bytes);
+    io::detail::inject_fault(int64_t(n), io::detail::Fault::Crash);
+    EXPECT_THROW(io::atomic_write(p, new_bytes), io::detail::SimulatedCrash);
+    EXPECT_THROW(io::atomic_write(p, "after death"),
+                 io::detail::SimulatedCrash);  // a killed process stays so
+    io::detail::inject_fault(0);
+    EXPECT_EQ(io::read_bytes(p),
+              n >= 7 ? new_bytes : old_bytes);  // step 6 is the rename, killed before it ran
+    // A kill leaves its temporary behind, as a real one does (none after the rename or before the create).
+    const size_t temporaries = listing().size() - 1;
+    EXPECT_EQ(temporaries, n == 1 || n == 7 ? 0u : 1u);
+    for (const auto& e : fs::directory_iterator(dir_))
+      if (e.path() != fs::path(p)) fs::remove(e.path());
+  }
 }
 
 TEST_F(AtomicFileTest, RenameDurablyReplacesASymlinkWithoutFollowingIt) {
