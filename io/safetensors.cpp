@@ -120,13 +120,16 @@ DType dtype_from_safetensors_name(const std::string& name) {
   return DType::F32;  // unreachable
 }
 
-void save_safetensors(const std::string& path, const StateDict& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  // Plan the layout (Note [safetensors order]) and write the header before touching any data.
-  std::vector<std::pair<std::string, Tensor>> order(tensors.begin(), tensors.end());
-  for (const auto& [name, t] : order)
-    FRUGAL_CHECK(t.defined(), "save_safetensors('", path, "'): tensor '", name, "' is undefined");
-  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+namespace detail {
+
+SafetensorsPlan plan_safetensors(const std::string& path, const StateDict& tensors,
+                                 const std::map<std::string, std::string>& metadata) {
+  // The layout of Note [safetensors order].
+  SafetensorsPlan plan;
+  plan.tensors.assign(tensors.begin(), tensors.end());
+  for (const auto& [name, t] : plan.tensors)
+    FRUGAL_CHECK(t.defined(), "save_safetensors('", path, "'): tensor '", excerpt(name), "' is undefined");
+  std::stable_sort(plan.tensors.begin(), plan.tensors.end(), [](const auto& a, const auto& b) {
     const int ra = alignment_rank(a.second.dtype()), rb = alignment_rank(b.second.dtype());
     return ra != rb ? ra > rb : a.first < b.first;
   });
@@ -134,7 +137,7 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   int64_t offset = 0;
-  for (const auto& [name, t] : order) {
+  for (const auto& [name, t] : plan.tensors) {
     FRUGAL_CHECK(name != "__metadata__", "save_safetensors('", path,
                  "'): '__metadata__' is reserved by the format and cannot name a tensor");
     nlohmann::ordered_json info = nlohmann::ordered_json::object();
@@ -144,24 +147,40 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
     header[name] = std::move(info);
     offset += t.nbytes();
   }
-  std::string text;
   try {
-    text = header.dump();  // compact, non-ASCII kept as UTF-8: as serde_json writes it
+    plan.header = header.dump();  // compact, non-ASCII kept as UTF-8: as serde_json writes it
   } catch (const nlohmann::json::exception& e) {
     FRUGAL_CHECK(false, "save_safetensors('", path,
                  "'): a tensor name or metadata string is not valid UTF-8 (", e.what(), ")");
   }
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  const uint64_t n = text.size();
+  plan.header.append((8 - plan.header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  // A file that no reader (this one, the reference) would load is refused before it is written.
+  FRUGAL_CHECK(int64_t(plan.header.size()) <= kMaxHeaderBytes, "save_safetensors('", path, "'): the header ",
+               "(names, shapes and metadata) would take ", plan.header.size(),
+               " bytes, more than the format's ", "limit of ", kMaxHeaderBytes,
+               "; keep large data in tensors, not in metadata");
+  return plan;
+}
 
-  AtomicFile file(path);
+void write_safetensors(AtomicFile& file, const SafetensorsPlan& plan) {
+  const uint64_t n = plan.header.size();
   file.write(&n, 8);
-  file.write(text.data(), int64_t(text.size()));
-  for (const auto& [name, t] : order) {
+  file.write(plan.header.data(), int64_t(plan.header.size()));
+  for (const auto& [name, t] : plan.tensors) {
     // One tensor at a time, so a non-contiguous or device tensor costs one temporary copy of itself only.
     const Tensor c = t.to(kCPU).contiguous();
     if (c.nbytes() > 0) file.write(c.raw_data(), c.nbytes());
   }
+}
+
+}  // namespace detail
+
+void save_safetensors(const std::string& path, const StateDict& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  // Planned (and checked) before the file is created.
+  const detail::SafetensorsPlan plan = detail::plan_safetensors(path, tensors, metadata);
+  AtomicFile file(path);
+  detail::write_safetensors(file, plan);
   file.commit();
 }
 
@@ -315,8 +334,16 @@ std::vector<Entry> parse_header(const std::string& path, std::string_view text, 
 
 }  // namespace
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  const InputFile in(path, "load_safetensors");
+namespace {
+
+// The header of an open file, checked against the file's length: its entries in layout order and where the
+// data buffer starts.
+struct Header {
+  std::vector<Entry> entries;
+  int64_t data_start = 0;
+};
+Header read_header(const InputFile& in, std::map<std::string, std::string>& metadata) {
+  const std::string& path = in.path();
   const int64_t file_size = in.size();
   FRUGAL_CHECK(file_size >= 8, "load_safetensors('", path, "'): the file has ", file_size,
                " bytes, fewer than the 8 of the header length; it is truncated or not a safetensors file");
@@ -328,10 +355,25 @@ SafetensorsFile load_safetensors(const std::string& path) {
                " exceeds the ", file_size - 8, " bytes after it; the file is truncated or corrupt");
   std::string text(n, '\0');
   in.read_at(8, text.data(), int64_t(n), "the header");
+  Header h;
+  h.data_start = 8 + int64_t(n);
+  h.entries = parse_header(path, text, file_size - h.data_start, metadata);
+  return h;
+}
 
+}  // namespace
+
+std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
+  const InputFile in(path, "load_safetensors");
+  std::map<std::string, std::string> metadata;
+  read_header(in, metadata);
+  return metadata;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  const InputFile in(path, "load_safetensors");
   SafetensorsFile out;
-  const int64_t data_start = 8 + int64_t(n);
-  const std::vector<Entry> entries = parse_header(path, text, file_size - data_start, out.metadata);
+  const auto [entries, data_start] = read_header(in, out.metadata);
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, e.dtype);
     if (t.nbytes() > 0)

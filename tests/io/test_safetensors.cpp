@@ -163,6 +163,13 @@ TEST_F(SafetensorsTest, ReadsThePythonFixture) {
   EXPECT_EQ(t.at("empty").dtype(), DType::F32);
 }
 
+TEST_F(SafetensorsTest, ReadsTheMetadataAloneCheckedAsAWholeLoadChecksIt) {
+  EXPECT_EQ(io::load_safetensors_metadata(fixture_path()), io::load_safetensors(fixture_path()).metadata);
+  const std::string full = io::read_bytes(fixture_path()), cut = path("cut.safetensors");
+  write_file(cut, full.substr(0, full.size() - 1));  // the header is whole, the data is not
+  expect_error<Error>([&] { io::load_safetensors_metadata(cut); }, {cut, "outside the data buffer"});
+}
+
 TEST_F(SafetensorsTest, WritesTheFixtureByteForByte) {
   const auto f = io::load_safetensors(fixture_path());
   io::save_safetensors(path("again.safetensors"), f.tensors, f.metadata);
@@ -404,6 +411,18 @@ TEST_F(SafetensorsTest, RefusesShapesWhoseSizeOverflowsEvenWithAZero) {
   write_file(p,
              raw_file(R"({"a":{"dtype":"F32","shape":[0,1152921504606846976],"data_offsets":[0,0]}})", ""));
   EXPECT_EQ(io::load_safetensors(p).tensors.at("a").numel(), 0);
+}
+
+TEST_F(SafetensorsTest, RefusesToSaveAHeaderNoReaderWouldLoad) {
+  // The format (and load_safetensors) caps the header at 100,000,000 bytes; a save past it would write a file
+  // that nothing loads.
+  const std::string p = path("big_header.safetensors");
+  expect_error<Error>(
+      [&] {
+        io::save_safetensors(p, {{"a", ones({1})}}, {{"blob", std::string(100'000'000, 'x')}});
+      },
+      {p, "100000000", "in tensors, not in metadata"});
+  EXPECT_FALSE(fs::exists(p));
 }
 
 TEST_F(SafetensorsTest, RefusesAFifoWithoutBlocking) {
