@@ -25,6 +25,7 @@
 #include "data/dataset.h"
 #include "data/idx.h"
 #include "data/text.h"
+#include "io/checkpoint.h"
 #include "io/file.h"
 #include "io/safetensors.h"
 #include "nn/attention.h"

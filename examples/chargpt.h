@@ -134,20 +134,13 @@ class Trainer {
   // The weights in `path` (safetensors), with what a user of them needs in the metadata (the model's shape
   // and the vocabulary: token id -> byte; Note [the model file is the whole model] in examples/fmnist.h);
   // beside them in `path`.state the optimizers' state, the step and the batch generator's state, so that a
-  // resumed run draws the same windows as an uninterrupted one.
+  // resumed run draws the same windows as an uninterrupted one. The two are one checkpoint (Note
+  // [checkpoint pairs] in io/checkpoint.h).
   void save(const std::string& path, const std::vector<uint8_t>& vocabulary) const {
     FRUGAL_CHECK(int64_t(vocabulary.size()) == model->config.vocab, "Trainer::save: a vocabulary of ",
                  vocabulary.size(), " bytes for a model of ", model->config.vocab, " tokens");
     std::string bytes = "[";
     for (uint8_t b : vocabulary) bytes += (bytes.size() > 1 ? ", " : "") + std::to_string(int(b));
-    io::save_safetensors(path, model->state_dict(),
-                         {{"format", "frugal"},
-                          {"model", "gpt"},
-                          {"layers", std::to_string(opts_.layers)},
-                          {"width", std::to_string(opts_.width)},
-                          {"heads", std::to_string(opts_.heads)},
-                          {"context", std::to_string(opts_.context)},
-                          {"vocabulary", bytes + "]"}});
     StateDict st;
     for (auto& [k, t] : adamw->state_dict()) st["adamw." + k] = t;
     if (sparse_adam)
@@ -156,32 +149,47 @@ class Trainer {
     st["trainer.step"] = tensor<int64_t>({step_}, Shape{});
     st["trainer.batch_seed"] = tensor<int64_t>({int64_t(batches_.state().seed)}, Shape{});
     st["trainer.batch_offset"] = tensor<int64_t>({int64_t(batches_.state().offset)}, Shape{});
-    io::save_safetensors(path + ".state", st);
+    io::save_checkpoint(path, model->state_dict(),
+                        {{"format", "frugal"},
+                         {"model", "gpt"},
+                         {"layers", std::to_string(opts_.layers)},
+                         {"width", std::to_string(opts_.width)},
+                         {"heads", std::to_string(opts_.heads)},
+                         {"context", std::to_string(opts_.context)},
+                         {"vocabulary", bytes + "]"}},
+                        st, {});
   }
 
-  // Continues from a checkpoint written by save() with the same options.
+  // Continues from a checkpoint written by save() with the same options. Everything that can be checked
+  // before anything changes is (the pair, the SparseAdam and scaler states, the trainer's keys); the model,
+  // then the optimizers, then the scaler each change nothing when they refuse.
   void load(const std::string& path) {
-    const io::SafetensorsFile weights = io::load_safetensors(path),
-                              file = io::load_safetensors(path + ".state");
+    const io::Checkpoint ckpt = io::load_checkpoint(path);
+    const std::string state_path = io::checkpoint_state_path(path);
     StateDict a, s, sc;
-    for (auto& [k, t] : file.tensors) {
+    for (auto& [k, t] : ckpt.state.tensors) {
       if (k.rfind("adamw.", 0) == 0) a[k.substr(6)] = t;
       if (k.rfind("sparse_adam.", 0) == 0) s[k.substr(12)] = t;
       if (k.rfind("scaler.", 0) == 0) sc[k.substr(7)] = t;
     }
-    FRUGAL_CHECK(!sparse_adam || !s.empty(), "resume: ", path,
-                 ".state has no SparseAdam state; was it saved without --sparse-embeddings?");
-    model->load_state_dict(weights.tensors);
+    FRUGAL_CHECK(!sparse_adam || !s.empty(), "resume: '", state_path,
+                 "' has no SparseAdam state; was it saved without --sparse-embeddings?");
+    FRUGAL_CHECK(!scaler.is_enabled() || !sc.empty(), "resume: '", state_path,
+                 "' has no loss scaler state; was it saved without --amp f16?");
+    auto get = [&](const char* key) {
+      auto it = ckpt.state.tensors.find(key);
+      FRUGAL_CHECK(it != ckpt.state.tensors.end(), "resume: '", state_path, "' has no '", key, "'");
+      return it->second.item<int64_t>();
+    };
+    const int64_t step = get("trainer.step");
+    const Generator::State batches{uint64_t(get("trainer.batch_seed")),
+                                   uint64_t(get("trainer.batch_offset"))};
+    model->load_state_dict(ckpt.weights.tensors);
     adamw->load_state_dict(a);
     if (sparse_adam) sparse_adam->load_state_dict(s);
     scaler.load_state_dict(sc);  // a no-op when disabled
-    auto get = [&](const char* key) {
-      auto it = file.tensors.find(key);
-      FRUGAL_CHECK(it != file.tensors.end(), "resume: ", path, ".state has no '", key, "'");
-      return it->second.item<int64_t>();
-    };
-    step_ = get("trainer.step");
-    batches_.set_state({uint64_t(get("trainer.batch_seed")), uint64_t(get("trainer.batch_offset"))});
+    step_ = step;
+    batches_.set_state(batches);
     for (auto& sched : schedules_) sched->step_to(step_);
   }
 

@@ -184,7 +184,8 @@ inline std::map<std::string, std::string> model_metadata(const ModelInfo& info) 
           {"classes", classes + "]"}};
 }
 
-// Checkpoints: the weights in `path` (safetensors), the training state beside them in `path`.state.
+// Checkpoints: the weights in `path` (safetensors), the training state beside them in `path`.state, saved and
+// loaded as one unit (Note [checkpoint pairs] in io/checkpoint.h).
 struct TrainingState {
   int64_t epoch = 0;  // epochs completed
   Generator::State rng;
@@ -193,7 +194,6 @@ struct TrainingState {
 inline void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
                             const TrainingState& st, const ModelInfo& info,
                             const amp::GradScaler* scaler = nullptr) {
-  io::save_safetensors(path, model.state_dict(), model_metadata(info));
   StateDict state;
   for (auto& [k, t] : opt.state_dict()) state["optimizer." + k] = t;
   if (scaler)
@@ -201,29 +201,42 @@ inline void save_checkpoint(const std::string& path, const nn::Module& model, co
   state["trainer.epoch"] = tensor<int64_t>({st.epoch}, Shape{});
   state["trainer.rng_seed"] = tensor<int64_t>({int64_t(st.rng.seed)}, Shape{});
   state["trainer.rng_offset"] = tensor<int64_t>({int64_t(st.rng.offset)}, Shape{});
-  io::save_safetensors(path + ".state", state, {{"optimizer", opt.name()}, {"model", info.model}});
+  io::save_checkpoint(path, model.state_dict(), model_metadata(info), state,
+                      {{"optimizer", opt.name()}, {"model", info.model}});
 }
 
+// Everything is checked before anything changes: the pair (io::load_checkpoint), the optimizer's kind and
+// the trainer's keys and the scaler's state, then the model (Module::load_state_dict changes nothing when it
+// refuses), then the optimizer and the scaler (the same for them; they only refuse a state that does not fit
+// parameters the model just accepted).
 inline TrainingState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,
                                      amp::GradScaler* scaler = nullptr) {
-  model.load_state_dict(io::load_safetensors(path).tensors);
-  const io::SafetensorsFile file = io::load_safetensors(path + ".state");
+  const io::Checkpoint ckpt = io::load_checkpoint(path);
+  const std::string state_path = io::checkpoint_state_path(path);
+  const auto saved_by = ckpt.state.metadata.find("optimizer");
+  FRUGAL_CHECK(saved_by != ckpt.state.metadata.end() && saved_by->second == opt.name(), "resume: '",
+               state_path, "' holds the state of the optimizer ",
+               saved_by == ckpt.state.metadata.end() ? std::string("(none recorded)") : saved_by->second,
+               " but this run uses ", opt.name(), "; resume with the --optimizer it was saved with");
   StateDict opt_state, scaler_state;
-  for (auto& [k, t] : file.tensors) {
+  for (auto& [k, t] : ckpt.state.tensors) {
     if (k.rfind("optimizer.", 0) == 0) opt_state[k.substr(10)] = t;
     if (k.rfind("scaler.", 0) == 0) scaler_state[k.substr(7)] = t;
   }
-  opt.load_state_dict(opt_state);
-  if (scaler) scaler->load_state_dict(scaler_state);
+  FRUGAL_CHECK(!scaler || !scaler->is_enabled() || !scaler_state.empty(), "resume: '", state_path,
+               "' has no loss scaler state; was it saved without --amp f16?");
   auto get = [&](const char* key) {
-    auto it = file.tensors.find(key);
-    FRUGAL_CHECK(it != file.tensors.end(), "resume: ", path, ".state has no '", key, "'");
+    auto it = ckpt.state.tensors.find(key);
+    FRUGAL_CHECK(it != ckpt.state.tensors.end(), "resume: '", state_path, "' has no '", key, "'");
     return it->second.item<int64_t>();
   };
   TrainingState st;
   st.epoch = get("trainer.epoch");
   st.rng.seed = uint64_t(get("trainer.rng_seed"));
   st.rng.offset = uint64_t(get("trainer.rng_offset"));
+  model.load_state_dict(ckpt.weights.tensors);
+  opt.load_state_dict(opt_state);
+  if (scaler) scaler->load_state_dict(scaler_state);
   return st;
 }
 

@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
 #include <vector>
 
 #include "io/file.h"
@@ -20,6 +20,43 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 constexpr int64_t kMaxHeaderBytes = 100'000'000;  // the reference's limit
+constexpr int kMaxHeaderDepth = 3;                // {"name": {"shape": [...]}} is as deep as a header goes
+constexpr size_t kQuoteLimit = 64;                // characters of a value quoted in a message
+
+// Note [hostile headers]
+// A header is read from a file that may have been written by anyone, so nothing in it may cost more than its
+// length: containers nested deeper than kMaxHeaderDepth are refused while parsing (nlohmann parses
+// iteratively, but dump() and other code that walks a value recurse per level, and 100,000 levels overflow
+// the stack); a message quotes at most kQuoteLimit characters of any name or value; and what nlohmann would
+// let through is refused too: bytes after the object other than the space padding (nlohmann stops at a NUL
+// as if the input ended there) and duplicate keys (nlohmann keeps the last, so the first entry would never
+// be checked).
+
+// At most `limit` characters of s (cut at a UTF-8 character boundary), with "..." when cut.
+std::string excerpt(std::string_view s, size_t limit = kQuoteLimit) {
+  if (s.size() <= limit) return std::string(s);
+  size_t cut = limit;
+  while (cut > 0 && (uint8_t(s[cut]) & 0xC0) == 0x80) --cut;
+  return std::string(s.substr(0, cut)) + "...";
+}
+
+// excerpt(s) in single quotes. (Appended: GCC 12 warns falsely about "'" + std::string, its bug 105329.)
+std::string in_quotes(std::string_view s) {
+  std::string q(1, '\'');
+  q += excerpt(s);
+  q += '\'';
+  return q;
+}
+
+// nlohmann's message with the token it quotes ("last read: '...'", as long as the token) cut short.
+std::string bounded_parse_error(const std::string& what) {
+  constexpr std::string_view kLastRead = "last read: '";
+  const size_t at = what.find(kLastRead);
+  if (at == std::string::npos) return excerpt(what, 4 * kQuoteLimit);
+  const size_t from = at + kLastRead.size();
+  return excerpt(std::string_view(what).substr(0, from), 4 * kQuoteLimit) +
+         excerpt(std::string_view(what).substr(from));
+}
 
 // The reference's dtype order (increasing alignment); tensors are laid out by descending rank, then name.
 int alignment_rank(DType t) {
@@ -78,18 +115,21 @@ const char* safetensors_dtype_name(DType t) {
 DType dtype_from_safetensors_name(const std::string& name) {
   for (int i = 0; i < kNumDTypes; ++i)
     if (name == safetensors_dtype_name(DType(i))) return DType(i);
-  FRUGAL_CHECK_DTYPE(false, "safetensors dtype '", name,
+  FRUGAL_CHECK_DTYPE(false, "safetensors dtype '", excerpt(name),
                      "' is not supported; frugal reads F32, F64, F16, BF16, I64, I32, U8 and BOOL");
   return DType::F32;  // unreachable
 }
 
-void save_safetensors(const std::string& path, const StateDict& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  // Plan the layout (Note [safetensors order]) and write the header before touching any data.
-  std::vector<std::pair<std::string, Tensor>> order(tensors.begin(), tensors.end());
-  for (const auto& [name, t] : order)
-    FRUGAL_CHECK(t.defined(), "save_safetensors('", path, "'): tensor '", name, "' is undefined");
-  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+namespace detail {
+
+SafetensorsPlan plan_safetensors(const std::string& path, const StateDict& tensors,
+                                 const std::map<std::string, std::string>& metadata) {
+  // The layout of Note [safetensors order].
+  SafetensorsPlan plan;
+  plan.tensors.assign(tensors.begin(), tensors.end());
+  for (const auto& [name, t] : plan.tensors)
+    FRUGAL_CHECK(t.defined(), "save_safetensors('", path, "'): tensor '", excerpt(name), "' is undefined");
+  std::stable_sort(plan.tensors.begin(), plan.tensors.end(), [](const auto& a, const auto& b) {
     const int ra = alignment_rank(a.second.dtype()), rb = alignment_rank(b.second.dtype());
     return ra != rb ? ra > rb : a.first < b.first;
   });
@@ -97,7 +137,7 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   int64_t offset = 0;
-  for (const auto& [name, t] : order) {
+  for (const auto& [name, t] : plan.tensors) {
     FRUGAL_CHECK(name != "__metadata__", "save_safetensors('", path,
                  "'): '__metadata__' is reserved by the format and cannot name a tensor");
     nlohmann::ordered_json info = nlohmann::ordered_json::object();
@@ -107,99 +147,167 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
     header[name] = std::move(info);
     offset += t.nbytes();
   }
-  std::string text;
   try {
-    text = header.dump();  // compact, non-ASCII kept as UTF-8: as serde_json writes it
+    plan.header = header.dump();  // compact, non-ASCII kept as UTF-8: as serde_json writes it
   } catch (const nlohmann::json::exception& e) {
     FRUGAL_CHECK(false, "save_safetensors('", path,
                  "'): a tensor name or metadata string is not valid UTF-8 (", e.what(), ")");
   }
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  const uint64_t n = text.size();
+  plan.header.append((8 - plan.header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  // A file that no reader (this one, the reference) would load is refused before it is written.
+  FRUGAL_CHECK(int64_t(plan.header.size()) <= kMaxHeaderBytes, "save_safetensors('", path, "'): the header ",
+               "(names, shapes and metadata) would take ", plan.header.size(),
+               " bytes, more than the format's ", "limit of ", kMaxHeaderBytes,
+               "; keep large data in tensors, not in metadata");
+  return plan;
+}
 
-  AtomicFile file(path);
+void write_safetensors(AtomicFile& file, const SafetensorsPlan& plan) {
+  const uint64_t n = plan.header.size();
   file.write(&n, 8);
-  file.write(text.data(), int64_t(text.size()));
-  for (const auto& [name, t] : order) {
+  file.write(plan.header.data(), int64_t(plan.header.size()));
+  for (const auto& [name, t] : plan.tensors) {
     // One tensor at a time, so a non-contiguous or device tensor costs one temporary copy of itself only.
     const Tensor c = t.to(kCPU).contiguous();
     if (c.nbytes() > 0) file.write(c.raw_data(), c.nbytes());
   }
+}
+
+}  // namespace detail
+
+void save_safetensors(const std::string& path, const StateDict& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  // Planned (and checked) before the file is created.
+  const detail::SafetensorsPlan plan = detail::plan_safetensors(path, tensors, metadata);
+  AtomicFile file(path);
+  detail::write_safetensors(file, plan);
   file.commit();
 }
 
 namespace {
 
+// Parses the header's JSON, refusing what nlohmann alone would accept or choke on (Note [hostile headers]).
+nlohmann::json parse_json(const std::string& path, std::string_view text) {
+  const auto fail = [&](const auto&... what) {
+    FRUGAL_CHECK(false, "load_safetensors('", path, "'): ", what...);
+  };
+  // nlohmann ends its input at a NUL byte, so "{}\0garbage" would parse as "{}": look for one first.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    fail("the header holds a NUL byte at offset ", nul,
+         "; JSON never contains one and only spaces (0x20) may pad the header; the file is corrupt");
+  const size_t last = text.find_last_not_of(' ');
+  const std::string_view json = text.substr(0, last == std::string_view::npos ? 0 : last + 1);
+  if (json.empty()) fail("the header is not an object (it is empty or all spaces); the file is corrupt");
+  if (json.front() != '{')
+    fail("the header is not an object (it must start with '{' but starts with \"", excerpt(json),
+         "\"); the file is corrupt");
+
+  // The parser calls back at every container and key: containers deeper than a valid header goes are
+  // refused before they are built, and each object's keys are checked for duplicates as they arrive.
+  struct OpenObject {
+    std::set<std::string, std::less<>> keys;
+    std::string last_key;
+  };
+  std::vector<OpenObject> open;
+  const auto check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start || event == Event::array_start) {
+      if (depth >= kMaxHeaderDepth)  // depth counts the containers already open around this one
+        fail("the header is nested deeper than ", kMaxHeaderDepth,
+             " levels (a valid one is {\"name\": {\"shape\": [...]}} at most); the file is corrupt");
+      if (event == Event::object_start) open.emplace_back();
+    } else if (event == Event::object_end) {
+      open.pop_back();
+    } else if (event == Event::key) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (!open.back().keys.insert(key).second) {
+        if (open.size() == 1)
+          fail("the header names '", excerpt(key), "' twice (which one is meant?); the file is corrupt");
+        fail("the header names '", excerpt(key), "' twice in '", excerpt(open[open.size() - 2].last_key),
+             "' (which one is meant?); the file is corrupt");
+      }
+      open.back().last_key = key;
+    }
+    return true;
+  };
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(json, check);
+  } catch (const nlohmann::json::exception& e) {
+    fail("the header is not valid JSON (", bounded_parse_error(e.what()),
+         "); the file is corrupt or not a safetensors file");
+  }
+  if (json.back() != '}')
+    fail("only spaces (0x20) may follow the header's JSON object, but byte ", int(uint8_t(json.back())),
+         " does at offset ", json.size() - 1, "; the file is corrupt");
+  return header;
+}
+
 // Parses and checks the header against a data buffer of data_size bytes; the entries come back in layout
 // order, covering the buffer exactly.
-std::vector<Entry> parse_header(const std::string& path, const std::string& text, int64_t data_size,
+std::vector<Entry> parse_header(const std::string& path, std::string_view text, int64_t data_size,
                                 std::map<std::string, std::string>& metadata) {
   const auto fail = [&](const auto&... what) {
     FRUGAL_CHECK(false, "load_safetensors('", path, "'): ", what...);
   };
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("the header is not valid JSON (", e.what(), "); the file is corrupt or not a safetensors file");
-  }
-  if (!header.is_object()) fail("the header is JSON but not an object; the file is corrupt");
+  const nlohmann::json header = parse_json(path, text);
 
   std::vector<Entry> entries;
   for (const auto& [name, value] : header.items()) {
+    const std::string quoted = in_quotes(name);
     if (name == "__metadata__") {
       if (!value.is_object()) fail("'__metadata__' is not an object of strings");
       for (const auto& [k, v] : value.items()) {
-        if (!v.is_string()) fail("metadata '", k, "' is not a string (got ", v.type_name(), ")");
+        if (!v.is_string()) fail("metadata '", excerpt(k), "' is not a string (got ", v.type_name(), ")");
         metadata[k] = v.get<std::string>();
       }
       continue;
     }
     if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
         !value.contains("data_offsets"))
-      fail("tensor '", name, "' needs an object with \"dtype\", \"shape\" and \"data_offsets\"");
+      fail("tensor ", quoted, " needs an object with \"dtype\", \"shape\" and \"data_offsets\"");
     Entry e{name, DType::F32, {}, 0, 0};
     const auto& dtype = value["dtype"];
-    if (!dtype.is_string()) fail("tensor '", name, "': dtype is not a string");
+    if (!dtype.is_string()) fail("tensor ", quoted, ": dtype is not a string");
     try {
       e.dtype = dtype_from_safetensors_name(dtype.get<std::string>());
     } catch (const DTypeError& err) {
-      fail("tensor '", name, "': ", err.what());
+      fail("tensor ", quoted, ": ", err.what());
     }
     const auto& shape = value["shape"];
-    if (!shape.is_array()) fail("tensor '", name, "': shape is not an array");
+    if (!shape.is_array()) fail("tensor ", quoted, ": shape is not an array");
     if (shape.size() > size_t(kMaxDims))
-      fail("tensor '", name, "' has ", shape.size(), " dimensions; frugal supports up to ", kMaxDims);
+      fail("tensor ", quoted, " has ", shape.size(), " dimensions; frugal supports up to ", kMaxDims);
     for (const auto& d : shape) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-        fail("tensor '", name, "': shape ", shape.dump(), " must hold non-negative 64-bit integers");
+        fail("tensor ", quoted, ": shape ", excerpt(shape.dump()), " must hold non-negative 64-bit integers");
       e.shape.push_back(d.get<int64_t>());
     }
-    // The element count is compared with the data buffer as it grows, so it never overflows.
-    const bool has_zero = std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end();
-    int64_t numel = has_zero ? 0 : 1;
-    bool too_big = false;
+    // The nonzero sizes times the element size must fit in an int64, with a zero among them or not: the
+    // strides of [0, 2^62, 2^62] overflow as surely as the byte count of [2^62, 2^62].
+    int64_t bytes = dtype_size(e.dtype);
+    bool overflows = false, has_zero = false;
     for (int64_t d : e.shape) {
-      if (has_zero) break;
-      if (numel > data_size / d) {
-        too_big = true;
-        break;
-      }
-      numel *= d;
+      has_zero = has_zero || d == 0;
+      if (d != 0) overflows = overflows || __builtin_mul_overflow(bytes, d, &bytes);
     }
+    if (overflows)
+      fail("tensor ", quoted, ": shape ", e.shape, " of ", dtype.get<std::string>(),
+           " needs more than the whole buffer: its sizes multiply past 2^63 bytes (an int64 overflow)");
+    if (has_zero) bytes = 0;
     const auto& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned())
-      fail("tensor '", name, "': data_offsets ", offsets.dump(), " must be two non-negative integers");
+      fail("tensor ", quoted, ": data_offsets ", excerpt(offsets.dump()),
+           " must be two non-negative integers");
     const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
     if (begin > end || end > uint64_t(data_size))
-      fail("tensor '", name, "': data_offsets [", begin, ", ", end, "] lie outside the data buffer of ",
+      fail("tensor ", quoted, ": data_offsets [", begin, ", ", end, "] lie outside the data buffer of ",
            data_size, " bytes (is the file truncated?)");
     e.begin = int64_t(begin);
     e.end = int64_t(end);
-    if (too_big || e.end - e.begin != numel * dtype_size(e.dtype))
-      fail("tensor '", name, "': shape ", e.shape, " of ", dtype.get<std::string>(), " needs ",
-           too_big ? std::string("more than the whole buffer") : std::to_string(numel * dtype_size(e.dtype)),
+    if (e.end - e.begin != bytes)
+      fail("tensor ", quoted, ": shape ", e.shape, " of ", dtype.get<std::string>(), " needs ", bytes,
            " bytes but data_offsets [", begin, ", ", end, "] hold ", e.end - e.begin);
     entries.push_back(std::move(e));
   }
@@ -211,10 +319,10 @@ std::vector<Entry> parse_header(const std::string& path, const std::string& text
   for (size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
     if (e.begin < covered)
-      fail("tensor '", e.name, "' (bytes [", e.begin, ", ", e.end, "]) overlaps tensor '",
-           entries[i - 1].name, "' (bytes [", entries[i - 1].begin, ", ", entries[i - 1].end, "])");
+      fail("tensor '", excerpt(e.name), "' (bytes [", e.begin, ", ", e.end, "]) overlaps tensor '",
+           excerpt(entries[i - 1].name), "' (bytes [", entries[i - 1].begin, ", ", entries[i - 1].end, "])");
     if (e.begin > covered)
-      fail("a gap of ", e.begin - covered, " bytes in the data buffer before tensor '", e.name,
+      fail("a gap of ", e.begin - covered, " bytes in the data buffer before tensor '", excerpt(e.name),
            "' (the format requires tensors back to back)");
     covered = e.end;
   }
@@ -226,42 +334,55 @@ std::vector<Entry> parse_header(const std::string& path, const std::string& text
 
 }  // namespace
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  FRUGAL_CHECK(in.is_open(), "load_safetensors: cannot open '", path, "': ", std::strerror(errno));
-  std::error_code ec;
-  FRUGAL_CHECK(std::filesystem::is_regular_file(path, ec), "load_safetensors: '", path, "' is not a file");
-  const int64_t file_size = in.tellg();
+namespace {
+
+// The header of an open file, checked against the file's length: its entries in layout order and where the
+// data buffer starts.
+struct Header {
+  std::vector<Entry> entries;
+  int64_t data_start = 0;
+};
+Header read_header(const InputFile& in, std::map<std::string, std::string>& metadata) {
+  const std::string& path = in.path();
+  const int64_t file_size = in.size();
   FRUGAL_CHECK(file_size >= 8, "load_safetensors('", path, "'): the file has ", file_size,
                " bytes, fewer than the 8 of the header length; it is truncated or not a safetensors file");
-  in.seekg(0);
   uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  FRUGAL_CHECK(in.gcount() == 8, "load_safetensors('", path, "'): reading the header length failed");
+  in.read_at(0, &n, 8, "the header length");
   FRUGAL_CHECK(n <= uint64_t(kMaxHeaderBytes), "load_safetensors('", path, "'): the header length ", n,
                " exceeds the format's limit of ", kMaxHeaderBytes, " bytes; the file is corrupt");
   FRUGAL_CHECK(int64_t(n) <= file_size - 8, "load_safetensors('", path, "'): the header length ", n,
                " exceeds the ", file_size - 8, " bytes after it; the file is truncated or corrupt");
   std::string text(n, '\0');
-  in.read(text.data(), int64_t(n));
-  FRUGAL_CHECK(in.gcount() == int64_t(n), "load_safetensors('", path, "'): reading the header failed");
+  in.read_at(8, text.data(), int64_t(n), "the header");
+  Header h;
+  h.data_start = 8 + int64_t(n);
+  h.entries = parse_header(path, text, file_size - h.data_start, metadata);
+  return h;
+}
 
+}  // namespace
+
+std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
+  const InputFile in(path, "load_safetensors");
+  std::map<std::string, std::string> metadata;
+  read_header(in, metadata);
+  return metadata;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  const InputFile in(path, "load_safetensors");
   SafetensorsFile out;
-  const int64_t data_start = 8 + int64_t(n);
-  const std::vector<Entry> entries = parse_header(path, text, file_size - data_start, out.metadata);
+  const auto [entries, data_start] = read_header(in, out.metadata);
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, e.dtype);
-    if (t.nbytes() > 0) {
-      in.seekg(data_start + e.begin);
-      in.read(static_cast<char*>(t.raw_data()), t.nbytes());
-      FRUGAL_CHECK(in.gcount() == t.nbytes(), "load_safetensors('", path, "'): reading tensor '", e.name,
-                   "' failed after ", in.gcount(), " of ", t.nbytes(), " bytes (did the file change?)");
-    }
+    if (t.nbytes() > 0)
+      in.read_at(data_start + e.begin, t.raw_data(), t.nbytes(), "tensor '" + excerpt(e.name) + "'");
     if (e.dtype == DType::Bool) {  // any other byte would be an invalid C++ bool
       const auto* bytes = static_cast<const uint8_t*>(t.raw_data());
       for (int64_t i = 0; i < t.numel(); ++i)
-        FRUGAL_CHECK(bytes[i] <= 1, "load_safetensors('", path, "'): BOOL tensor '", e.name, "' holds byte ",
-                     int(bytes[i]), " at element ", i, "; only 0 and 1 are valid");
+        FRUGAL_CHECK(bytes[i] <= 1, "load_safetensors('", path, "'): BOOL tensor '", excerpt(e.name),
+                     "' holds byte ", int(bytes[i]), " at element ", i, "; only 0 and 1 are valid");
     }
     out.tensors.emplace(e.name, std::move(t));
   }

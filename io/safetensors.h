@@ -8,6 +8,8 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../core/tensor.h"
 
@@ -37,8 +39,26 @@ struct SafetensorsFile {
 // truncated or corrupt; never trusts a size it has not checked against the file's length.
 SafetensorsFile load_safetensors(const std::string& path);
 
+// The metadata of a file whose header load_safetensors would accept (checked the same way, against the
+// file's length), without reading any tensor.
+std::map<std::string, std::string> load_safetensors_metadata(const std::string& path);
+
 // The name of a dtype in the format ("F32", "BF16", "BOOL", ...) and back; the latter throws DTypeError.
 const char* safetensors_dtype_name(DType t);
 DType dtype_from_safetensors_name(const std::string& name);
+
+class AtomicFile;
+namespace detail {
+// save_safetensors in two halves, for io::save_checkpoint (io/checkpoint.h): plan_safetensors checks the
+// tensors and names and lays out the header without touching any file; write_safetensors writes a plan into
+// an AtomicFile, which the caller commits.
+struct SafetensorsPlan {
+  std::string header;                                   // the JSON, padded; its length goes before it
+  std::vector<std::pair<std::string, Tensor>> tensors;  // in layout order
+};
+SafetensorsPlan plan_safetensors(const std::string& path, const StateDict& tensors,
+                                 const std::map<std::string, std::string>& metadata);
+void write_safetensors(AtomicFile& file, const SafetensorsPlan& plan);
+}  // namespace detail
 
 }  // namespace frugal::io

@@ -1,10 +1,12 @@
 // The char-GPT trainer (examples/chargpt.h): the first 5 losses of W3 equal PyTorch's from the same weights
 // and corpus windows (golden fixture tests/fixtures/chargpt_golden.json), a resumed run continues the same
-// loss sequence bit for bit (dense and sparse embeddings), and a mismatched checkpoint is refused.
+// loss sequence bit for bit (dense and sparse embeddings), and a mismatched checkpoint (without the
+// SparseAdam state, or weights and state of different saves) is refused before anything changes.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "examples/chargpt.h"
@@ -161,6 +163,24 @@ TEST_F(CharGPTResume, CheckpointWithoutSparseStateIsRefused) {
   const data::TextDataset train(data::TextDatasetOptions().root(corpus_).context(o.context));
   chargpt::Trainer t(o, train.vocab_size());
   expect_error<Error>([&] { t.load(path("ckpt.safetensors")); }, {"no SparseAdam state"});
+}
+
+// Note [checkpoint pairs]: the weights of one save beside the state of another (what a save killed between
+// its two renames used to leave) are refused, and the trainer is left as it was.
+TEST_F(CharGPTResume, WeightsAndStateOfDifferentSavesAreRefused) {
+  corpus_ = write_corpus();
+  run(tiny(), 0, 2, "", path("ckpt.safetensors"));
+  run(tiny(), 0, 3, "", path("later.safetensors"));
+  std::filesystem::copy_file(path("later.safetensors"), path("ckpt.safetensors"),
+                             std::filesystem::copy_options::overwrite_existing);
+  const data::TextDataset train(data::TextDatasetOptions().root(corpus_).context(tiny().context));
+  chargpt::Trainer t(tiny(), train.vocab_size());
+  std::map<std::string, std::vector<double>> before;
+  for (const auto& [name, w] : t.model->state_dict()) before[name] = w.to_vector<double>();
+  expect_error<Error>([&] { t.load(path("ckpt.safetensors")); }, {path("ckpt.safetensors"), "another save"});
+  EXPECT_EQ(t.step(), 0);
+  for (const auto& [name, w] : t.model->state_dict()) EXPECT_EQ(w.to_vector<double>(), before[name]) << name;
+  EXPECT_TRUE(t.adamw->state_dict().count("state.0.step") == 0);  // the optimizer never took a step
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The Fashion-MNIST trainer: the first 10 losses of W1 and W2 equal PyTorch's from the same weights and
 // batches (golden fixture tests/fixtures/fmnist_golden.json), a resumed run continues the same loss sequence,
-// and a memory limit below what a step needs fails with the advice while gradient accumulation fits under it.
+// a memory limit below what a step needs fails with the advice while gradient accumulation fits under it,
+// and a checkpoint resumes whole or not at all (weights and state of different saves, another optimizer, a
+// save killed or failing at any step).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "examples/fmnist.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -177,6 +180,145 @@ TEST(Fmnist, AutocastFollowsF32) {
     EXPECT_EQ(low.clean_steps, dt == DType::F16 ? 20 : 0);  // f16: 20 clean steps, none skipped
   }
   EXPECT_LT(f32.losses.back(), f32.losses.front());
+}
+
+// --- checkpoints (Note [checkpoint pairs] in io/checkpoint.h); no data needed
+// ------------------------------------------------------------------------
+
+// A model and optimizer after `steps` steps on random batches (the same ones for the same seed).
+struct Trained {
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<optim::Optimizer> opt;
+};
+Trained trained(const std::string& optimizer, int steps, uint64_t seed) {
+  manual_seed(seed);
+  Trained t{fmnist::make_mlp(), nullptr};
+  t.opt = fmnist::make_optimizer(optimizer, t.model->parameters(), 1e-3);
+  for (int i = 0; i < steps; ++i) {
+    t.opt->zero_grad();
+    const data::Batch b{frugal::testing::uniform({4, 1, 28, 28}, 0, 1, DType::F32, seed * 100 + uint64_t(i)),
+                        randint(0, 10, {4}, DType::I64)};
+    fmnist::forward_backward(*t.model, b, 1.0);
+    t.opt->step();
+  }
+  return t;
+}
+
+// The bytes of every tensor of a dict, by name.
+std::map<std::string, std::vector<double>> values_of(const StateDict& d) {
+  std::map<std::string, std::vector<double>> v;
+  for (const auto& [name, t] : d) v[name] = t.to_vector<double>();
+  return v;
+}
+
+class FmnistCheckpoint : public frugal::testing::ScratchDirTest {
+ protected:
+  void TearDown() override {
+    io::detail::inject_fault(0);
+    frugal::testing::ScratchDirTest::TearDown();
+  }
+};
+
+// What a resume found: the epoch and every tensor of the model and the optimizer.
+struct Resumed {
+  int64_t epoch = -1;
+  std::map<std::string, std::vector<double>> weights, state;
+  bool operator==(const Resumed&) const = default;
+};
+Resumed resume(const std::string& path, const std::string& optimizer = "adam") {
+  Trained t = trained(optimizer, 0, 99);
+  Resumed r;
+  r.epoch = fmnist::load_checkpoint(path, *t.model, *t.opt).epoch;
+  r.weights = values_of(t.model->state_dict());
+  r.state = values_of(t.opt->state_dict());
+  return r;
+}
+Resumed saved(const Trained& t, int64_t epoch) {
+  return {epoch, values_of(t.model->state_dict()), values_of(t.opt->state_dict())};
+}
+
+TEST_F(FmnistCheckpoint, ResumeRefusesWeightsAndStateOfDifferentSaves) {
+  // Epoch 2's weights beside epoch 1's state: what a save killed between its two renames used to leave.
+  const std::string p = path("ckpt"), q = path("other");
+  const Trained one = trained("adam", 1, 1), two = trained("adam", 2, 2);
+  fmnist::save_checkpoint(p, *one.model, *one.opt, {1, {}}, {"mlp"});
+  fmnist::save_checkpoint(q, *two.model, *two.opt, {2, {}}, {"mlp"});
+  std::filesystem::copy_file(q, p, std::filesystem::copy_options::overwrite_existing);
+  Trained fresh = trained("adam", 0, 3);
+  const Resumed before = saved(fresh, -1);
+  frugal::testing::expect_error<Error>([&] { fmnist::load_checkpoint(p, *fresh.model, *fresh.opt); },
+                                       {p, "another save"});
+  EXPECT_TRUE(saved(fresh, -1) == before) << "the refused resume changed the model or the optimizer";
+}
+
+TEST_F(FmnistCheckpoint, ResumeRefusesTheStateOfAnotherOptimizer) {
+  const std::string p = path("ckpt");
+  const Trained adam = trained("adam", 1, 1);
+  fmnist::save_checkpoint(p, *adam.model, *adam.opt, {1, {}}, {"mlp"});
+  for (const char* other : {"adamw", "sgd"}) {
+    SCOPED_TRACE(other);
+    Trained fresh = trained(other, 0, 3);
+    const Resumed before = saved(fresh, -1);
+    frugal::testing::expect_error<Error>([&] { fmnist::load_checkpoint(p, *fresh.model, *fresh.opt); },
+                                         {p, "Adam", fresh.opt->name(), "--optimizer"});
+    EXPECT_TRUE(saved(fresh, -1) == before) << "the refused resume changed the model or the optimizer";
+  }
+  EXPECT_TRUE(resume(p) == saved(adam, 1));
+}
+
+TEST_F(FmnistCheckpoint, ResumeRefusesACheckpointWithoutTheLossScalersState) {
+  const std::string p = path("ckpt");
+  const Trained f32 = trained("adam", 1, 1);
+  fmnist::save_checkpoint(p, *f32.model, *f32.opt, {1, {}}, {"mlp"});  // no scaler: saved without --amp f16
+  Trained fresh = trained("adam", 0, 3);
+  const Resumed before = saved(fresh, -1);
+  fmnist::Precision f16(DType::F16);
+  frugal::testing::expect_error<Error>(
+      [&] { fmnist::load_checkpoint(p, *fresh.model, *fresh.opt, &f16.scaler); },
+      {p, "no loss scaler state", "--amp f16"});
+  EXPECT_TRUE(saved(fresh, -1) == before) << "the refused resume changed the model or the optimizer";
+}
+
+// Note [save fault injection]: a save of a whole checkpoint (weights and state) made to fail, or killed, at
+// each of its steps in turn; every time, a resume gets exactly the old checkpoint or exactly the new one.
+TEST_F(FmnistCheckpoint, ASaveStoppedAtAnyStepLeavesTheOldCheckpointOrTheNew) {
+  const Trained old_run = trained("adam", 1, 1), new_run = trained("adam", 2, 2);
+  const Resumed old_ckpt = saved(old_run, 1), new_ckpt = saved(new_run, 2);
+  const std::string dry = path("dry");
+  fmnist::save_checkpoint(dry, *old_run.model, *old_run.opt, {1, {}}, {"mlp"});
+  io::detail::inject_fault(0);
+  fmnist::save_checkpoint(dry, *new_run.model, *new_run.opt, {2, {}}, {"mlp"});
+  const int64_t steps = io::detail::fault_steps();
+  ASSERT_GT(steps, 10);
+  for (const auto kind : {io::detail::Fault::Error, io::detail::Fault::Crash}) {
+    int got_old = 0, got_new = 0;
+    for (int64_t n = 1; n <= steps; ++n) {
+      const bool crash = kind == io::detail::Fault::Crash;
+      SCOPED_TRACE((crash ? "killed at step " : "failing at step ") + std::to_string(n) + " of " +
+                   std::to_string(steps));
+      const std::string p = path(std::to_string(n) + (crash ? "k" : "e"));
+      fmnist::save_checkpoint(p, *old_run.model, *old_run.opt, {1, {}}, {"mlp"});
+      io::detail::inject_fault(n, kind);
+      bool threw = false;
+      try {
+        fmnist::save_checkpoint(p, *new_run.model, *new_run.opt, {2, {}}, {"mlp"});
+      } catch (const io::detail::SimulatedCrash&) {
+        threw = crash;
+      } catch (const Error& e) {
+        threw = !crash;
+      }
+      io::detail::inject_fault(0);
+      EXPECT_TRUE(threw);
+      const Resumed r = resume(p);
+      EXPECT_TRUE(r == old_ckpt || r == new_ckpt)
+          << "a mixture: epoch " << r.epoch << ", weights of the "
+          << (r.weights == new_ckpt.weights ? "new" : "old") << " save, optimizer state of the "
+          << (r.state == new_ckpt.state ? "new" : "old") << " save";
+      (r == new_ckpt ? got_new : got_old)++;
+    }
+    EXPECT_GT(got_old, 0);  // the sweep reached both sides of the commit point
+    EXPECT_GT(got_new, 0);
+  }
 }
 
 TEST(Fmnist, MemoryLimitFailsWithAdviceAndAccumulationFits) {

@@ -3,11 +3,14 @@
 #include "io/safetensors.h"
 
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "io/file.h"
 #include "tests/test_util.h"
@@ -160,6 +163,13 @@ TEST_F(SafetensorsTest, ReadsThePythonFixture) {
   EXPECT_EQ(t.at("empty").dtype(), DType::F32);
 }
 
+TEST_F(SafetensorsTest, ReadsTheMetadataAloneCheckedAsAWholeLoadChecksIt) {
+  EXPECT_EQ(io::load_safetensors_metadata(fixture_path()), io::load_safetensors(fixture_path()).metadata);
+  const std::string full = io::read_bytes(fixture_path()), cut = path("cut.safetensors");
+  write_file(cut, full.substr(0, full.size() - 1));  // the header is whole, the data is not
+  expect_error<Error>([&] { io::load_safetensors_metadata(cut); }, {cut, "outside the data buffer"});
+}
+
 TEST_F(SafetensorsTest, WritesTheFixtureByteForByte) {
   const auto f = io::load_safetensors(fixture_path());
   io::save_safetensors(path("again.safetensors"), f.tensors, f.metadata);
@@ -280,6 +290,149 @@ TEST_F(SafetensorsTest, RejectsBadHeadersWithAUsefulMessage) {
     parts.push_back(p);
     expect_error<Error>([&] { io::load_safetensors(p); }, parts);
   }
+}
+
+// --- hostile headers: depth, length, trailing bytes and duplicates
+// ---------------------------------------------------------------------
+
+// n opening brackets, then n closing ones.
+std::string nested_array(int n) { return std::string(size_t(n), '[') + std::string(size_t(n), ']'); }
+
+// Expects loading `header` to fail with a message holding `parts` (and the path) and no longer than a few
+// hundred characters, whatever the size of the header.
+void expect_short_error(const std::string& p, const std::string& header, std::vector<std::string> parts) {
+  write_file(p, raw_file(header, ""));
+  parts.push_back(p);
+  std::string message;
+  try {
+    io::load_safetensors(p);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  ASSERT_FALSE(message.empty()) << "no error for a header of " << header.size() << " bytes";
+  for (const auto& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message.substr(0, 1000);
+  EXPECT_LT(message.size(), 600u) << message.substr(0, 1000);
+}
+
+TEST_F(SafetensorsTest, RefusesDeeplyNestedHeadersWithoutOverflowingTheStack) {
+  // 100,000 levels overflow the stack of anything that recurses per level (parsing, dumping, destroying).
+  const std::string deep = nested_array(100'000), p = path("deep.safetensors");
+  expect_short_error(p, R"({"a":{"dtype":"U8","shape":)" + deep + R"(,"data_offsets":[0,0]}})",
+                     {"nested deeper than 3 levels"});
+  expect_short_error(p, R"({"a":{"dtype":"U8","shape":[0],"data_offsets":)" + deep + "}}",
+                     {"nested deeper than 3 levels"});
+  expect_short_error(p, R"({"__metadata__":{"k":)" + deep + "}}", {"nested deeper than 3 levels"});
+  std::string objects;
+  for (int i = 0; i < 100'000; ++i) objects += "{\"k\":";
+  expect_short_error(p, objects + "1" + std::string(100'000, '}'), {"nested deeper than 3 levels"});
+  expect_short_error(p, "{\"a\":" + deep + "}", {"nested deeper than 3 levels"});
+  expect_short_error(p, deep, {"not an object", "[[[[..."});
+  // The deepest a valid header goes is 3: {"name": {"shape": [...]}}.
+  write_file(p, raw_file(R"({"a":{"dtype":"U8","shape":[[1]],"data_offsets":[0,1]}})", "x"));
+  expect_error<Error>([&] { io::load_safetensors(p); }, {"nested deeper than 3 levels", p});
+}
+
+TEST_F(SafetensorsTest, QuotesOnlyABoundedPrefixOfAnyValueInItsMessages) {
+  const std::string p = path("long.safetensors"), long_text(1'000'000, 'x');
+  expect_short_error(p, R"({"a":{"dtype":"U8","shape":[")" + long_text + R"("],"data_offsets":[0,0]}})",
+                     {"'a'", "shape", "xxxx..."});
+  std::string many = "[0";
+  for (int i = 0; i < 200'000; ++i) many += ",1";
+  expect_short_error(p, R"({"a":{"dtype":"U8","shape":[0],"data_offsets":)" + many + "]}}",
+                     {"'a'", "data_offsets [0,1,1,", "..."});
+  expect_short_error(p, R"({")" + long_text + R"(":{"dtype":"U8","shape":[0]}})",
+                     {"xxxx...", "data_offsets"});
+  expect_short_error(p, R"({"a":{"dtype":")" + long_text + R"(","shape":[0],"data_offsets":[0,0]}})",
+                     {"'a'", "xxxx...", "not supported"});
+  expect_short_error(p, R"({"__metadata__":{")" + long_text + R"(":1}})",
+                     {"metadata 'xxxx", "xxxx...'", "not a string"});
+  expect_short_error(p, R"({"a":")" + long_text, {"not valid JSON"});  // an unterminated string
+}
+
+TEST_F(SafetensorsTest, RefusesAnythingButSpacesAfterTheHeadersObject) {
+  const std::string p = path("trailing.safetensors");
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {std::string("{}\0garbage", 10), {"NUL byte at offset 2"}},
+      {std::string("{}\0\0\0\0\0\0", 8), {"NUL byte at offset 2"}},
+      {std::string("{\"__metadata__\":{\"k\":\"v\"}}\0{\"a\":1}", 34), {"NUL byte at offset 26"}},
+      {"{}x", {"not valid JSON"}},
+      {"{}{}", {"not valid JSON"}},
+      {"{}\n\t", {"only spaces (0x20) may follow"}},
+      {" {}", {"must start with '{'"}},
+  };
+  for (const auto& [header, parts] : cases) {
+    SCOPED_TRACE(::testing::PrintToString(header));
+    uint64_t n = header.size();
+    write_file(p, std::string(reinterpret_cast<const char*>(&n), 8) + header);
+    std::vector<std::string> want = parts;
+    want.push_back(p);
+    expect_error<Error>([&] { io::load_safetensors(p); }, want);
+  }
+  // Spaces are the format's padding.
+  const std::string padded = "{\"__metadata__\":{\"k\":\"v\"}}      ";
+  const uint64_t n = padded.size();
+  write_file(p, std::string(reinterpret_cast<const char*>(&n), 8) + padded);
+  EXPECT_EQ(io::load_safetensors(p).metadata.at("k"), "v");
+}
+
+TEST_F(SafetensorsTest, RefusesDuplicateKeys) {
+  const std::string p = path("dup.safetensors");
+  const std::string a = R"({"dtype":"U8","shape":[1],"data_offsets":[0,1]})";
+  const std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> cases = {
+      // The first "a" would be dropped unchecked: its offsets need not even lie in the file.
+      {R"({"a":{"dtype":"U8","shape":[9],"data_offsets":[0,9]},"a":)" + a + "}", "x", {"'a' twice"}},
+      {R"({"a":{"dtype":"F64","dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
+       "x",
+       {"'dtype' twice", "'a'"}},
+      {R"({"__metadata__":{"k":"1","k":"2"}})", "", {"'k' twice", "__metadata__"}},
+      {R"({"__metadata__":{"k":"1"},"__metadata__":{"k":"2"}})", "", {"'__metadata__' twice"}},
+  };
+  for (const auto& [header, data, parts] : cases) {
+    SCOPED_TRACE(header);
+    write_file(p, raw_file(header, data));
+    std::vector<std::string> want = parts;
+    want.push_back(p);
+    expect_error<Error>([&] { io::load_safetensors(p); }, want);
+  }
+}
+
+TEST_F(SafetensorsTest, RefusesShapesWhoseSizeOverflowsEvenWithAZero) {
+  // 0 elements, but the strides of [0, 2^62, 2^62] (or the running product of [2^62, 2^62, 0]) overflow.
+  const std::string p = path("zero.safetensors");
+  for (const char* shape :
+       {"[0,4611686018427387904,4611686018427387904]", "[4611686018427387904,4611686018427387904,0]"}) {
+    SCOPED_TRACE(shape);
+    write_file(
+        p,
+        raw_file(std::string(R"({"a":{"dtype":"F32","shape":)") + shape + R"(,"data_offsets":[0,0]}})", ""));
+    expect_error<Error>([&] { io::load_safetensors(p); }, {"'a'", "overflow", p});
+  }
+  // A zero beside sizes whose product (in bytes, 2^62 here) fits is an ordinary empty tensor.
+  write_file(p,
+             raw_file(R"({"a":{"dtype":"F32","shape":[0,1152921504606846976],"data_offsets":[0,0]}})", ""));
+  EXPECT_EQ(io::load_safetensors(p).tensors.at("a").numel(), 0);
+}
+
+TEST_F(SafetensorsTest, RefusesToSaveAHeaderNoReaderWouldLoad) {
+  // The format (and load_safetensors) caps the header at 100,000,000 bytes; a save past it would write a file
+  // that nothing loads.
+  const std::string p = path("big_header.safetensors");
+  expect_error<Error>(
+      [&] {
+        io::save_safetensors(p, {{"a", ones({1})}}, {{"blob", std::string(100'000'000, 'x')}});
+      },
+      {p, "100000000", "in tensors, not in metadata"});
+  EXPECT_FALSE(fs::exists(p));
+}
+
+TEST_F(SafetensorsTest, RefusesAFifoWithoutBlocking) {
+  // Opening a FIFO for reading blocks until a writer comes; the reader must look before it opens.
+  const std::string p = path("fifo.safetensors");
+  ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  alarm(120);  // a watchdog: a reader that blocks kills the test instead of hanging the suite
+  expect_error<Error>([&] { io::load_safetensors(p); }, {p, "is not a file", "FIFO"});
+  expect_error<Error>([&] { io::read_bytes(p); }, {p, "is not a file", "FIFO"});
+  alarm(0);
 }
 
 TEST_F(SafetensorsTest, RejectsBadNamesOnSave) {
