@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -122,6 +123,42 @@ void seeds_text(const std::string& dir) {
   write_file(fs::path(dir) / "bytes", std::string("\x00\x01\xff\xfe\n\t ", 7));
 }
 
+// --- checkpoints (io::load_checkpoint: weights and state files of one save)
+// ------------------------------------ The input is both files: a little-endian u32 n, then n bytes of
+// weights, then the state file's bytes.
+void run_checkpoint(const uint8_t* data, size_t size) {
+  const fs::path path = scratch() / "input.ckpt";
+  const std::string_view all = as_text(data, size);
+  uint32_t n = 0;
+  for (size_t i = 0; i < 4 && i < all.size(); ++i) n |= uint32_t(uint8_t(all[i])) << (8 * i);
+  const std::string_view rest = all.size() > 4 ? all.substr(4) : std::string_view();
+  const size_t split = std::min<size_t>(n, rest.size());
+  write_file(path, rest.substr(0, split));
+  write_file(io::checkpoint_state_path(path.string()), rest.substr(split));
+  std::error_code ec;
+  fs::remove(path.string() + ".state.next", ec);
+  expect_accept_or_refuse([&] {
+    const io::Checkpoint c = io::load_checkpoint(path.string());
+    for (const auto& [name, t] : c.weights.tensors) touch(t);
+    for (const auto& [name, t] : c.state.tensors) touch(t);
+  });
+}
+
+// A checkpoint as the trainers write one, packed into one input as run_checkpoint reads it.
+void seeds_checkpoint(const std::string& dir) {
+  manual_seed(2);
+  const fs::path tmp = scratch() / "seed.ckpt";
+  io::save_checkpoint(
+      tmp.string(), {{"1.weight", randn({3, 2})}, {"1.bias", randn({3})}}, {{"model", "mlp"}},
+      {{"optimizer.step", tensor<int64_t>({4}, Shape{})}, {"trainer.epoch", tensor<int64_t>({1}, Shape{})}},
+      {{"optimizer", "Adam"}});
+  const std::string weights = io::read_bytes(tmp.string());
+  const std::string state = io::read_bytes(io::checkpoint_state_path(tmp.string()));
+  std::string packed(4, '\0');
+  for (int i = 0; i < 4; ++i) packed[size_t(i)] = char((weights.size() >> (8 * i)) & 0xff);
+  write_file(fs::path(dir) / "adam_mlp", packed + weights + state);
+}
+
 // --- byte counts (memory::parse_bytes, every program's size flags)
 // ------------------------------------------
 void run_byte_count(const uint8_t* data, size_t size) {
@@ -142,6 +179,7 @@ const std::vector<Target>& targets() {
       {"idx", run_idx, seeds_idx},
       {"text", run_text, seeds_text},
       {"byte_count", run_byte_count, seeds_byte_count},
+      {"checkpoint", run_checkpoint, seeds_checkpoint},
   };
   return all;
 }
