@@ -135,10 +135,9 @@ void where_cpu(const Loop& loop, const OpArgs&) {
 // math (math::convert in kernels/cuda/math.h, checked against these by tests/cuda/test_math.cpp):
 // - to i64 and i32: truncation toward zero; NaN gives 0, and values beyond the type saturate to its lowest or
 //   highest value (as CUDA's and ARM's conversions, and Rust's `as`, do);
-// - to u8: to i64 as above, then modulo 256. PyTorch's CPU converts float -> int64 -> uint8, so -1.0 gives
-// 255
-//   and 300.0 gives 44 as there; where PyTorch is undefined (NaN, infinities, beyond int64) this follows the
-//   i64 rule: NaN gives 0, +inf 255, -inf 0;
+// - to u8: to i64 as above, then modulo 256. PyTorch's CPU converts float -> int64 -> uint8, so -1.0
+//   gives 255 and 300.0 gives 44 as there; where PyTorch is undefined (NaN, infinities, beyond int64) this
+//   follows the i64 rule: NaN gives 0, +inf 255, -inf 0;
 // - to bool: != 0.
 template <typename I, typename F>
 inline I float_to_int(F v) {

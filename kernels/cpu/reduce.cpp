@@ -18,14 +18,19 @@ namespace {
 
 using cpu::for_types;
 
-// Offset (in elements) of output o's first input element.
-int64_t kept_offset(const ReduceArgs& a, int64_t o) {
+// Offset (in elements) of element i, in row-major order, of the dims (sizes, strides).
+int64_t offset_of(int64_t i, int ndim, const int64_t* sizes, const int64_t* strides) {
   int64_t off = 0;
-  for (int d = a.kept_ndim - 1; d >= 0; --d) {
-    off += (o % a.kept_sizes[d]) * a.kept_strides[d];
-    o /= a.kept_sizes[d];
+  for (int d = ndim - 1; d >= 0; --d) {
+    off += (i % sizes[d]) * strides[d];
+    i /= sizes[d];
   }
   return off;
+}
+
+// Offset (in elements) of output o's first input element.
+int64_t kept_offset(const ReduceArgs& a, int64_t o) {
+  return offset_of(o, a.kept_ndim, a.kept_sizes, a.kept_strides);
 }
 
 // Calls f(i, offset) for every reduced element i (in row-major order of the reduced dims) starting at base.
@@ -56,12 +61,7 @@ int64_t out_grain(const ReduceArgs& a) {
 
 // Offset (in elements) of reduced element r (in row-major order of the reduced dims) from its output's first.
 int64_t reduced_offset(const ReduceArgs& a, int64_t r) {
-  int64_t off = 0;
-  for (int d = a.red_ndim - 1; d >= 0; --d) {
-    off += (r % a.red_sizes[d]) * a.red_strides[d];
-    r /= a.red_sizes[d];
-  }
-  return off;
+  return offset_of(r, a.red_ndim, a.red_sizes, a.red_strides);
 }
 
 // Floating sums follow Note [pairwise sums] (kernels/cpu/cascade.h) on every walk, so they are accurate and
