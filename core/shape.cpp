@@ -55,11 +55,11 @@ void Shape::resize(int n, int64_t fill) {
 int64_t Shape::numel() const {
   int64_t n = 1, nonzero = 1;
   for (int i = 0; i < n_; ++i) {
-    n *= d_[i];  // cannot overflow while the nonzero product below does not (once 0, it stays 0)
     if (d_[i] != 0 && __builtin_mul_overflow(nonzero, d_[i], &nonzero)) [[unlikely]]
       throw ShapeError(detail::str_cat("numel: shape ", *this,
                                        " has more elements than int64 can count (the product of its nonzero "
                                        "sizes overflows); Note [checked sizes] in core/shape.h"));
+    n *= d_[i];  // n is 0 or the nonzero product, which the check above just found to fit
   }
   return n;
 }
