@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "core/op_table.h"
+#include "core/op_table_sparse.h"
 #include "core/ops.h"
 
 namespace frugal::autograd {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "core/op_table_conv.h"
 #include "frugal.h"
 #include "kernels/cpu/reference.h"
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/op_table_linalg.h"
 #include "frugal.h"
 #include "kernels/cpu/reference.h"
 

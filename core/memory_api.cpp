@@ -1,5 +1,6 @@
 // The free functions of core/memory.h: the per-device allocator registry, memory tags, the readable summary.
-// The allocators themselves are in core/arena.cpp.
+// The allocators themselves are in core/arena.cpp and core/system_allocator.cpp (core/allocator_base.h: what
+// they share).
 #include <algorithm>
 #include <array>
 #include <atomic>

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/op_table.h"
+#include "core/op_table_conv.h"
 #include "core/ops.h"
 
 namespace frugal::ops {

@@ -1,5 +1,6 @@
 // Indexing and joining: index_select, gather, scatter_add, index_add, cat, one_hot.
 #include "core/op_table.h"
+#include "core/op_table_index.h"
 #include "core/ops.h"
 
 namespace frugal::ops {

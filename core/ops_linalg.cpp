@@ -1,5 +1,6 @@
 // matmul (with NumPy's 1-D rules and broadcast batch dims) and softmax / log-softmax.
-#include "core/op_table.h"
+#include "core/op_table_linalg.h"
+#include "core/op_table_softmax.h"
 #include "core/ops.h"
 
 namespace frugal::ops {

@@ -3,7 +3,7 @@
 // nn::functional::linear_composite and relu of it.
 #include <algorithm>
 
-#include "core/op_table.h"
+#include "core/op_table_linalg.h"
 #include "core/ops.h"
 
 namespace frugal::ops {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/op_table.h"
+#include "core/op_table_norm.h"
 #include "core/ops.h"
 
 namespace frugal::ops {

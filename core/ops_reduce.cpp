@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "core/op_table.h"
+#include "core/op_table_reduce.h"
 #include "core/ops.h"
 
 namespace frugal::ops {

@@ -8,7 +8,7 @@
 #include "autograd/autocast_casts.h"
 #include "autograd/sparse.h"
 #include "core/batch_norm.h"
-#include "core/op_table.h"
+#include "core/op_table_linalg.h"
 
 namespace frugal::nn::functional {
 

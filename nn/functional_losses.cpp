@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "autograd/autocast_casts.h"
-#include "core/op_table.h"
+#include "core/op_table_softmax.h"
 #include "nn/functional.h"
 
 namespace frugal::nn::functional {

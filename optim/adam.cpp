@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "core/op_table.h"
+#include "core/op_table_optim.h"
 
 namespace frugal::optim {
 

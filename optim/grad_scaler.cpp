@@ -7,7 +7,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/sparse.h"
-#include "core/op_table.h"
+#include "core/op_table_optim.h"
 
 namespace frugal::amp {
 

@@ -1,7 +1,7 @@
 // optim::SGD: option checks and the per-parameter update through the fused kernel (op_sgd_step).
 #include "optim/sgd.h"
 
-#include "core/op_table.h"
+#include "core/op_table_optim.h"
 
 namespace frugal::optim {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "autograd/graph.h"
-#include "core/op_table.h"
+#include "core/op_table_sparse.h"
 
 namespace frugal::optim {
 

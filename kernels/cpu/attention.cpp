@@ -6,7 +6,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "core/op_table.h"
+#include "core/op_table_attention.h"
 #include "core/parallel.h"
 #include "kernels/cpu/register.h"
 

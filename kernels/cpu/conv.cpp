@@ -14,7 +14,8 @@
 #include <omp.h>
 
 #include "core/error.h"
-#include "core/op_table.h"
+#include "core/op_table_conv.h"
+#include "core/op_table_linalg.h"
 #include "core/parallel.h"
 #include "core/tensor.h"
 #include "kernels/cpu/convert.h"

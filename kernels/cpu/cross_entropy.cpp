@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/op_table.h"
+#include "core/op_table_softmax.h"
 #include "core/parallel.h"
 #include "kernels/cpu/register.h"
 

@@ -11,7 +11,7 @@
 #include <omp.h>
 
 #include "core/error.h"
-#include "core/op_table.h"
+#include "core/op_table_linalg.h"
 #include "core/parallel.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/workspace.h"

@@ -1,7 +1,7 @@
 // CPU indexing kernels over [outer, dim_size, inner] layouts (see IndexArgs in core/op_table.h).
 #include <cstring>
 
-#include "core/op_table.h"
+#include "core/op_table_index.h"
 #include "core/parallel.h"
 #include "kernels/cpu/register.h"
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/op_table.h"
+#include "core/op_table_linalg.h"
 #include "core/parallel.h"
 #include "kernels/cpu/cascade.h"
 #include "kernels/cpu/register.h"

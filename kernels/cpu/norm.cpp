@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "core/error.h"
-#include "core/op_table.h"
+#include "core/op_table_norm.h"
 #include "core/parallel.h"
 #include "kernels/cpu/register.h"
 

@@ -9,7 +9,7 @@
 
 #include <omp.h>
 
-#include "core/op_table.h"
+#include "core/op_table_conv.h"
 #include "core/parallel.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/register.h"

@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/op_table.h"
+#include "core/op_table_reduce.h"
 #include "core/parallel.h"
 #include "kernels/cpu/cascade.h"
 #include "kernels/cpu/register.h"

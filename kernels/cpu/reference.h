@@ -2,7 +2,8 @@
 // against.
 #pragma once
 
-#include "core/op_table.h"
+#include "core/op_table_conv.h"
+#include "core/op_table_linalg.h"
 
 namespace frugal::reference {
 

@@ -3,7 +3,7 @@
 #include <Eigen/Core>
 #include <cmath>
 
-#include "core/op_table.h"
+#include "core/op_table_softmax.h"
 #include "core/parallel.h"
 #include "kernels/cpu/map.h"
 #include "kernels/cpu/register.h"

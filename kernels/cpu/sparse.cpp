@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/op_table.h"
+#include "core/op_table_sparse.h"
 #include "core/parallel.h"
 #include "kernels/cpu/register.h"
 

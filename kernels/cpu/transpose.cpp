@@ -3,7 +3,7 @@
 // reference is the element-by-element definition (tests/kernels/test_index.cpp).
 #include <algorithm>
 
-#include "core/op_table.h"
+#include "core/op_table_copy.h"
 #include "core/parallel.h"
 #include "kernels/cpu/register.h"
 

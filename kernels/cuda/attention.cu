@@ -14,7 +14,8 @@
 //   with the saved probabilities read as they are (the products with P take them in the dtype anyway).
 #include <algorithm>
 
-#include "core/op_table.h"
+#include "core/op_table_attention.h"
+#include "core/op_table_linalg.h"
 #include "core/storage.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.cuh"

@@ -10,7 +10,8 @@
 #include <algorithm>
 #include <atomic>
 
-#include "core/op_table.h"
+#include "core/op_table_conv.h"
+#include "core/op_table_linalg.h"
 #include "core/storage.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/conv.h"

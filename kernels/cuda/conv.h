@@ -5,7 +5,7 @@
 #pragma once
 
 #include "core/dtype.h"
-#include "core/op_table.h"
+#include "core/op_table_conv.h"
 
 namespace frugal {
 

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "core/op_table.h"
+#include "core/op_table_conv.h"
 #include "kernels/cuda/math.h"
 
 namespace frugal::math {

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/op_table.h"
+#include "core/op_table_copy.h"
 #include "kernels/cuda/runtime.h"
 
 namespace frugal {

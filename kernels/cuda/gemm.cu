@@ -12,7 +12,7 @@
 #include <memory>
 #include <mutex>
 
-#include "core/op_table.h"
+#include "core/op_table_linalg.h"
 #include "core/storage.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.cuh"

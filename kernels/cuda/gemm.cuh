@@ -6,7 +6,7 @@
 #pragma once
 
 #include "core/dtype.h"
-#include "core/op_table.h"
+#include "core/op_table_linalg.h"
 
 namespace frugal::gpu {
 

@@ -2,7 +2,8 @@
 // sparse rows (SegmentSumArgs). One thread per output element; scatter_add and index_add (the dense
 // embedding backward) accumulate with atomics, so equal indices add in an unspecified order (sums of floats
 // may differ from the CPU's in the last bits).
-#include "core/op_table.h"
+#include "core/op_table_index.h"
+#include "core/op_table_sparse.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/types.cuh"
 

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "core/op_table.h"
+#include "core/op_table_norm.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/types.cuh"
 

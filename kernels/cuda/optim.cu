@@ -3,7 +3,8 @@
 // (op_non_finite_check_and_unscale), one thread per element, with the per-element math of
 // kernels/cuda/math.h (the CPU kernels' formulas and order). f16/bf16 parameters compute in f32 with f32
 // state (the master values live in the state; the parameter is rounded once per step).
-#include "core/op_table.h"
+#include "core/op_table_optim.h"
+#include "core/op_table_sparse.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/types.cuh"
 

@@ -11,7 +11,7 @@
 // (and so the last bit of a sum) may vary from run to run.
 #include <type_traits>
 
-#include "core/op_table.h"
+#include "core/op_table_conv.h"
 #include "core/storage.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/conv_math.h"

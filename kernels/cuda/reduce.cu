@@ -6,7 +6,7 @@
 // contiguous (a column sum such as a bias gradient), bx runs along the outputs.
 #include <algorithm>
 
-#include "core/op_table.h"
+#include "core/op_table_reduce.h"
 #include "core/storage.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/types.cuh"

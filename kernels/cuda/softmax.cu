@@ -4,7 +4,7 @@
 // writes the outputs. f16/bf16 compute in f32.
 #include <algorithm>
 
-#include "core/op_table.h"
+#include "core/op_table_softmax.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/types.cuh"
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/op_table.h"
+#include "core/op_table_copy.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/types.cuh"
 

@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "core/op_table.h"
+#include "core/op_table_copy.h"
 #include "tests/test_util.h"
 
 namespace frugal {

@@ -1,5 +1,6 @@
-// Tests of the caching arena, the system allocator and the memory API (core/arena.cpp, core/memory_api.cpp).
-// Most run on a fresh arena over a counting host backing, so that the global CPU allocator stays untouched.
+// Tests of the caching arena, the system allocator and the memory API (core/arena.cpp,
+// core/system_allocator.cpp, core/memory_api.cpp). Most run on a fresh arena over a counting host backing, so
+// that the global CPU allocator stays untouched.
 #include <gtest/gtest.h>
 
 #include <algorithm>

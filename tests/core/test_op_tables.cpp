@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/op_table.h"
+#include "core/op_table_norm.h"
 #include "tests/test_util.h"
 
 namespace frugal {

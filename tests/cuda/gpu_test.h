@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/op_table.h"
+#include "core/op_table_copy.h"
 #include "tests/test_util.h"
 
 namespace frugal::testing {

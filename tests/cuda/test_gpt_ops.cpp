@@ -7,6 +7,8 @@
 #include <cmath>
 #include <optional>
 
+#include "core/op_table_attention.h"
+#include "core/op_table_optim.h"
 #include "tests/cuda/gpu_test.h"
 
 namespace frugal {

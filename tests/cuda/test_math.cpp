@@ -11,7 +11,9 @@
 #include <random>
 #include <vector>
 
-#include "core/op_table.h"
+#include "core/op_table_attention.h"
+#include "core/op_table_optim.h"
+#include "core/op_table_sparse.h"
 #include "tests/test_util.h"
 
 namespace frugal {

@@ -5,6 +5,16 @@
 
 #include "core/batch_norm.h"
 #include "core/op_table.h"
+#include "core/op_table_attention.h"
+#include "core/op_table_conv.h"
+#include "core/op_table_copy.h"
+#include "core/op_table_index.h"
+#include "core/op_table_linalg.h"
+#include "core/op_table_norm.h"
+#include "core/op_table_optim.h"
+#include "core/op_table_reduce.h"
+#include "core/op_table_softmax.h"
+#include "core/op_table_sparse.h"
 
 namespace frugal {
 namespace {

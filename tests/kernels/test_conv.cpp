@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "autograd/functions.h"
+#include "core/op_table_conv.h"
 #include "kernels/cpu/reference.h"
 #include "tests/autograd/gradcheck_helpers.h"
 #include "tests/kernels/conv_case.h"

@@ -3,6 +3,7 @@
 // alpha and beta, a layout oneDNN declines, non-finite values, and matmul's gradients in bf16.
 #include <cmath>
 
+#include "core/op_table_linalg.h"
 #include "kernels/cpu/reference.h"
 #include "tests/test_util.h"
 

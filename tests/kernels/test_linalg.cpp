@@ -2,6 +2,7 @@
 // each dtype, both f32 paths), and softmax / log-softmax against a direct f64 formula.
 #include <cmath>
 
+#include "core/op_table_linalg.h"
 #include "kernels/cpu/reference.h"
 #include "tests/test_util.h"
 

@@ -1,7 +1,7 @@
 // The cache-blocked 2-D transposing copy (op_transpose2d) against its definition, out[c, r] = in[r, c], for
 // shapes around the tile size, a row stride wider than the rows, every dtype, and enough rows for several
 // threads; and copy_/contiguous of transposed views, which take that kernel.
-#include "core/op_table.h"
+#include "core/op_table_copy.h"
 #include "tests/test_util.h"
 
 namespace frugal {

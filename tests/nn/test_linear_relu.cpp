@@ -3,7 +3,7 @@
 // where built with it) and f64 (the composition), non-contiguous inputs and weights, leading dims, no bias;
 // its backward op bit-identical to the unfused ops (relu_backward, sum, linear_backward); finite differences
 // in f64; Sequential's fusion, with recompute segments bit-identical to without; bad inputs.
-#include "core/op_table.h"
+#include "core/op_table_linalg.h"
 #include "nn/containers.h"
 #include "nn/layers.h"
 #include "tests/autograd/gradcheck_helpers.h"

@@ -5,7 +5,7 @@
 #include <any>
 #include <cmath>
 
-#include "core/op_table.h"
+#include "core/op_table_attention.h"
 #include "core/parallel.h"
 #include "nn/attention.h"
 #include "tests/autograd/gradcheck_helpers.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/op_table.h"
+#include "core/op_table_optim.h"
 #include "tests/test_util.h"
 
 namespace frugal {

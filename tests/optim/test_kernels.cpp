@@ -2,7 +2,7 @@
 // their composite references: the same update written as several frugal::ops passes in the compute dtype.
 #include <cmath>
 
-#include "core/op_table.h"
+#include "core/op_table_optim.h"
 #include "core/ops.h"
 #include "frugal.h"
 #include "optim/adam.h"

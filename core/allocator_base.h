@@ -1,0 +1,213 @@
+// What the caching arena (core/arena.cpp) and the system allocator (core/system_allocator.cpp) share: the
+// block and segment records, and AllocatorBase, which keeps the device's backing, the limit, the statistics
+// (per device and per tag) and the out-of-memory error. Private to the library and its tests.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "memory.h"
+
+namespace frugal::memory {
+
+struct Segment;
+
+// A run of bytes inside a segment, live or cached free. The blocks of a segment form a doubly linked list in
+// address order, so a freed block finds the neighbours it merges with in O(1).
+struct Block {
+  char* ptr = nullptr;
+  int64_t size = 0;       // rounded
+  int64_t requested = 0;  // 0 while free
+  Segment* segment = nullptr;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  uint32_t tag = 0;
+  bool allocated = false;
+  Stream stream = 0;           // the segment's: blocks are reused only on it (Note [streams and the arena])
+  int pending_events = 0;      // freed, waiting for other streams' work: in no pool, merges with nothing
+  std::vector<Stream> uses{};  // other streams that use the live block (record_stream)
+};
+
+// One backing allocation. The arena carves it into blocks; the system allocator holds one block per segment.
+struct Segment {
+  int64_t id = 0;
+  char* base = nullptr;
+  int64_t size = 0;
+  bool small = false;  // which pool its free blocks go to
+  Block* head = nullptr;
+  Stream stream = 0;
+};
+
+namespace detail {
+
+inline constexpr int64_t kMiB = 1024 * 1024;
+inline constexpr int64_t kHostAlign = 64;  // a cache line, and enough for AVX-512 loads
+// Beyond any memory; keeps the rounding from overflowing.
+inline constexpr int64_t kMaxRequest = int64_t(1) << 56;
+
+// The library's own calls; a program adds its flags for them where it catches the error (examples/).
+inline constexpr const char* kAdvice =
+    "free tensors you no longer need, lower the batch size, accumulate gradients over smaller micro-batches "
+    "(backward() on each, then one optimizer step), recompute activations in backward (autograd::recompute, "
+    "nn::Sequential::recompute_every), run in mixed precision (amp::Autocast), or raise the limit with "
+    "memory::set_memory_limit";
+
+inline int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+inline void add(Stat& s, int64_t delta) {
+  s.current += delta;
+  s.peak = std::max(s.peak, s.current);
+}
+
+// What both allocators share: device, backing, limit, statistics (per device and per tag), the out-of-memory
+// error. Subclasses hold mu_ whenever they touch any of it.
+class AllocatorBase : public Allocator {
+ public:
+  AllocatorBase(Device device, std::unique_ptr<Backing> backing)
+      : device_(device), backing_(std::move(backing)) {
+    FRUGAL_CHECK(backing_ != nullptr, "memory: the allocator of ", device, " needs a backing, got nullptr");
+  }
+
+  Stats stats() const override {
+    std::lock_guard lock(mu_);
+    Stats s = stats_;
+    s.largest_free_block = largest_free_locked();
+    s.free_bytes = s.reserved.current - s.allocated.current;
+    s.fragmentation = s.free_bytes > 0 ? 1.0 - double(s.largest_free_block) / double(s.free_bytes) : 0.0;
+    return s;
+  }
+  void reset_peak() override {
+    std::lock_guard lock(mu_);
+    for (Stat* s :
+         {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks, &stats_.segments})
+      s->peak = s->current;
+  }
+  void set_limit(int64_t bytes) override {
+    std::lock_guard lock(mu_);
+    limit_ = std::max<int64_t>(bytes, 0);
+  }
+  int64_t limit() const override {
+    std::lock_guard lock(mu_);
+    return limit_;
+  }
+  std::vector<TagStats> tag_stats() const override {
+    std::lock_guard lock(mu_);
+    std::vector<TagStats> out;
+    for (size_t id = 0; id < tags_.size(); ++id)
+      if (tags_[id].seen) out.push_back({tag_name(uint32_t(id)), tags_[id].allocated});
+    return out;
+  }
+  void reset_tag_peaks() override {
+    std::lock_guard lock(mu_);
+    for (TagStat& t : tags_) t.allocated.peak = t.allocated.current;
+  }
+  void retag(Block* b, uint32_t tag) override {
+    std::lock_guard lock(mu_);
+    FRUGAL_ASSERT(b != nullptr && b->allocated, "retag: the block is not live");
+    if (tag >= tags_.size()) tags_.resize(tag + 1);
+    add(tags_[b->tag].allocated, -b->size);
+    b->tag = tag;
+    tags_[tag].seen = true;
+    add(tags_[tag].allocated, b->size);
+  }
+
+ protected:
+  struct TagStat {
+    Stat allocated;
+    bool seen = false;  // ever had bytes: listed by tag_stats() even once they are all freed
+  };
+
+  virtual int64_t largest_free_locked() const = 0;
+
+  bool fits_locked(int64_t segment_bytes) const {
+    return limit_ <= 0 || stats_.reserved.current + segment_bytes <= limit_;
+  }
+  void count_segment_locked(int64_t bytes, int sign) {
+    add(stats_.reserved, sign * bytes);
+    add(stats_.segments, sign);
+    ++(sign > 0 ? stats_.num_segment_allocs : stats_.num_segment_frees);
+  }
+  // Accounts a block that has just become live (sign +1) or free (sign -1).
+  void count_block_locked(const Block* b, int sign) {
+    add(stats_.requested, sign * b->requested);
+    add(stats_.allocated, sign * b->size);
+    add(stats_.active_blocks, sign);
+    ++(sign > 0 ? stats_.num_allocs : stats_.num_frees);
+    if (b->tag >= tags_.size()) tags_.resize(b->tag + 1);
+    tags_[b->tag].seen = true;
+    add(tags_[b->tag].allocated, sign * b->size);
+  }
+
+  // Note [failing an allocation]: throws before anything is touched when this allocation is to fail.
+  void count_allocation_locked(int64_t nbytes) {
+    try {
+      detail::count_allocation(device_, kind(), nbytes);
+    } catch (const OutOfMemoryError&) {
+      ++stats_.num_ooms;
+      throw;
+    }
+  }
+
+  [[noreturn]] void throw_oom_locked(int64_t nbytes, int64_t segment_bytes, bool system_refused) {
+    ++stats_.num_ooms;
+    const int64_t reserved = stats_.reserved.current, allocated = stats_.allocated.current;
+    const std::string limit = limit_ > 0
+                                  ? frugal::detail::str_cat(format_bytes(limit_), " (", limit_, " bytes)")
+                                  : std::string("none");
+    throw OutOfMemoryError(frugal::detail::str_cat(
+        "out of memory on ", device_, " (", kind(), " allocator): tried to allocate ", nbytes, " bytes (",
+        format_bytes(nbytes), ")",
+        segment_bytes > nbytes
+            ? frugal::detail::str_cat(", which needs a new segment of ", format_bytes(segment_bytes))
+            : std::string(),
+        system_refused ? "; the system has no memory left" : "", "; limit ", limit, ", reserved ",
+        format_bytes(reserved), ", allocated ", format_bytes(allocated), ", free in cache ",
+        format_bytes(reserved - allocated), ". To fit: ", kAdvice));
+  }
+
+  BlockInfo info(const Block* b) const {
+    return {
+        uint64_t(reinterpret_cast<uintptr_t>(b->ptr)),   b->size,  b->requested, b->segment->id, b->allocated,
+        b->allocated ? tag_name(b->tag) : std::string(), b->stream};
+  }
+
+  // Compares the statistics with the totals recomputed from the blocks (tag_bytes: live bytes per tag id).
+  void check_totals_locked(int64_t requested, int64_t allocated, int64_t reserved, int64_t active_blocks,
+                           int64_t segments, std::vector<int64_t> tag_bytes) const {
+    FRUGAL_ASSERT(stats_.requested.current == requested, "requested ", stats_.requested.current,
+                  " != ", requested);
+    FRUGAL_ASSERT(stats_.allocated.current == allocated, "allocated ", stats_.allocated.current,
+                  " != ", allocated);
+    FRUGAL_ASSERT(stats_.reserved.current == reserved, "reserved ", stats_.reserved.current,
+                  " != ", reserved);
+    FRUGAL_ASSERT(stats_.active_blocks.current == active_blocks, "active blocks ",
+                  stats_.active_blocks.current, " != ", active_blocks);
+    FRUGAL_ASSERT(stats_.segments.current == segments, "segments ", stats_.segments.current,
+                  " != ", segments);
+    for (const Stat* s :
+         {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks, &stats_.segments})
+      FRUGAL_ASSERT(s->peak >= s->current, "a peak (", s->peak, ") below its current value (", s->current,
+                    ")");
+    tag_bytes.resize(std::max(tag_bytes.size(), tags_.size()));
+    for (size_t id = 0; id < tag_bytes.size(); ++id) {
+      const int64_t counted = id < tags_.size() ? tags_[id].allocated.current : 0;
+      FRUGAL_ASSERT(counted == tag_bytes[id], "tag '", tag_name(uint32_t(id)), "': ", counted,
+                    " != ", tag_bytes[id]);
+    }
+  }
+
+  mutable std::mutex mu_;
+  Device device_;
+  std::unique_ptr<Backing> backing_;
+  int64_t limit_ = 0;  // 0: none
+  Stats stats_;
+  std::vector<TagStat> tags_;  // by tag id
+  int64_t next_segment_id_ = 0;
+};
+
+}  // namespace detail
+}  // namespace frugal::memory

@@ -1,0 +1,71 @@
+// The op tables of one family, with their argument structs. Attention: the fused attention softmax and the
+// fused multi-head self-attention (nn/attention.h, kernels/*/attention.*, kernels/cpu/self_attention.cpp).
+// The tables themselves are core/op_table.h's OpTable; a family's header is included only by its ops, its
+// kernels and their tests, so a new op of one family recompiles only that family.
+#pragma once
+
+#include "op_table.h"
+
+namespace frugal {
+
+// Fused attention probabilities over contiguous [rows, T] scores, rows a multiple of T (each T x T matrix
+// one head's scores): row r is query i = r % T; with causal, key j is allowed when j <= i, else every j.
+//   forward:  y[r, j] = exp(scale x[r, j] - m) / sum_{allowed k} exp(scale x[r, k] - m), m the allowed max;
+//             y = 0 where j is not allowed
+//   backward: dx[r, j] = scale y[r, j] (dy[r, j] - sum_{allowed k} dy[r, k] y[r, k]); 0 where not allowed
+// f16/bf16 compute in f32. Only the allowed prefix of each row is read (nn/attention.h).
+struct AttentionSoftmaxArgs {
+  const void* x = nullptr;   // forward in
+  void* y = nullptr;         // forward out, backward in
+  const void* dy = nullptr;  // backward in
+  void* dx = nullptr;        // backward out
+  int64_t rows = 0, t = 0;
+  double scale = 1;
+  bool causal = false;
+};
+using AttentionSoftmaxKernel = void(const AttentionSoftmaxArgs& args);
+extern OpTable<AttentionSoftmaxKernel> op_attention_softmax;
+extern OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward;
+
+// Fused multi-head self-attention over q, k, v packed as one [B, T, 3, H, hd] tensor (the output of one
+// Linear d -> 3d, nn/attention.h), per head (b, h), with scale s and, when causal, key j allowed for query i
+// only when j <= i:
+//   forward:  P = softmax(s Q K^T) over the allowed keys (0 elsewhere) into probs [B, H, T, T];
+//             Y = P V into y [B, T, H, hd] (the heads already merged)
+//   backward: dV = P^T dY, dP = dY V^T, dS = s P (dP - rowsum(dP P)), dQ = dS K, dK = dS^T Q, into dqkv
+//             [B, T, 3, H, hd]
+// qkv, y, dy, dqkv have the table's dtype; probs and the workspace its compute type (f32 for f16/bf16).
+// workspace: per-thread scratch for `threads` threads (the op layer's num_threads(), at least the number the
+// kernel runs on) of self_attention_workspace(args, dtype, backward, low_probs) elements each.
+// The low-probs forms (f16/bf16 only) keep probs in the table's dtype, for the backward: half the bytes of
+// the largest tensor attention keeps, and one relative rounding error per entry of P, as the composite's
+// f16/bf16 P has. Their forward computes y from P before the rounding, so y is op_self_attention's bit for
+// bit.
+struct SelfAttentionArgs {
+  const void* qkv = nullptr;  // forward and backward in
+  void* probs = nullptr;      // forward out, backward in
+  void* y = nullptr;          // forward out
+  const void* dy = nullptr;   // backward in
+  void* dqkv = nullptr;       // backward out
+  void* workspace = nullptr;  // scratch
+  int64_t batch = 0, t = 0, heads = 0, head_dim = 0, threads = 1;
+  double scale = 1;
+  bool causal = false;
+};
+// Per-thread scratch elements: K^T (forward) or dS and V^T (backward), plus converted copies of one head's
+// operands when the dtype is not its own compute type.
+// (low_probs: plus one head's P in the compute type, and 64 elements to align it.)
+inline int64_t self_attention_workspace(const SelfAttentionArgs& a, DType dtype, bool backward,
+                                        bool low_probs = false) {
+  const bool convert = dtype == DType::F16 || dtype == DType::BF16;
+  const int64_t th = a.t * a.head_dim;
+  return (backward ? a.t * a.t + th + (convert ? 7 * th : 0) : th + (convert ? 4 * th : 0)) +
+         (low_probs ? a.t * a.t + 64 : 0);
+}
+using SelfAttentionKernel = void(const SelfAttentionArgs& args);
+extern OpTable<SelfAttentionKernel> op_self_attention;
+extern OpTable<SelfAttentionKernel> op_self_attention_backward;
+extern OpTable<SelfAttentionKernel> op_self_attention_low_probs;
+extern OpTable<SelfAttentionKernel> op_self_attention_backward_low_probs;
+
+}  // namespace frugal

@@ -1,0 +1,43 @@
+// The op tables of one family, with their argument structs. Softmax, log-softmax and the fused softmax +
+// cross-entropy (core/ops_activation.cpp, nn/functional.h, kernels/*/softmax.*,
+// kernels/cpu/cross_entropy.cpp). The tables themselves are core/op_table.h's OpTable; a family's header is
+// included only by its ops, its kernels and their tests, so a new op of one family recompiles only that
+// family.
+#pragma once
+
+#include "op_table.h"
+
+namespace frugal {
+
+// Softmax (or log-softmax) over the last dim of a contiguous [rows, cols] input into a contiguous output.
+struct SoftmaxArgs {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t rows = 0, cols = 0;
+  bool log = false;
+};
+using SoftmaxKernel = void(const SoftmaxArgs& args);
+extern OpTable<SoftmaxKernel> op_softmax;
+
+// Fused softmax + cross-entropy over contiguous [rows, classes] logits with i64 targets [rows]; one pass over
+// each row in each direction (nn/functional.h). Per-row tensors (loss, lse, grad) are f32 for f16/bf16 logits
+// and of the logits' dtype otherwise.
+//   forward:  loss[r] = lse[r] - (1 - eps) x[r, t] - eps / C sum_j x[r, j], lse[r] = log sum_j exp(x[r, j])
+//   backward: d_logits[r, j] = grad[r] (exp(x[r, j] - lse[r]) - (1 - eps) [j == t] - eps / C)
+// Rows whose target is ignore_index give loss 0 and a zero gradient. Targets are checked by the op layer.
+struct CrossEntropyArgs {
+  const void* logits = nullptr;
+  const int64_t* target = nullptr;
+  void* loss = nullptr;        // forward out [rows]
+  void* lse = nullptr;         // forward out, backward in [rows]
+  const void* grad = nullptr;  // backward in [rows]
+  void* d_logits = nullptr;    // backward out [rows, classes]
+  int64_t rows = 0, classes = 0;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0;
+};
+using CrossEntropyKernel = void(const CrossEntropyArgs& args);
+extern OpTable<CrossEntropyKernel> op_cross_entropy;
+extern OpTable<CrossEntropyKernel> op_cross_entropy_backward;
+
+}  // namespace frugal
