@@ -102,6 +102,7 @@ Tensor as_strided(const Tensor& x, const Shape& shape, const Shape& strides, int
 // Copies.
 Tensor contiguous(const Tensor& x);  // x itself when already contiguous
 Tensor clone(const Tensor& x);
+Tensor to(const Tensor& x, DType dtype);    // x itself when the dtype already matches
 Tensor to(const Tensor& x, Device device);  // x itself when already there
 
 // Reductions over `dims` (empty = all dims); keepdim keeps them as size 1.

@@ -111,7 +111,7 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) { return arg_reduce(op_argmax, x, dim, keepdim); }
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) { return arg_reduce(op_argmin, x, dim, keepdim); }
-Tensor argmax(const Tensor& x) { return arg_reduce(op_argmax, x.reshape({-1}), 0, false); }
-Tensor argmin(const Tensor& x) { return arg_reduce(op_argmin, x.reshape({-1}), 0, false); }
+Tensor argmax(const Tensor& x) { return arg_reduce(op_argmax, ops::reshape(x, {-1}), 0, false); }
+Tensor argmin(const Tensor& x) { return arg_reduce(op_argmin, ops::reshape(x, {-1}), 0, false); }
 
 }  // namespace frugal::ops

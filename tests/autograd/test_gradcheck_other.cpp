@@ -1,6 +1,7 @@
-// Gradients by finite differences in f64 of the reductions, matmul and softmax (grad_reduce.cpp), indexing
-// and joining (grad_index.cpp), views and copies (grad_views.cpp) and the Tensor methods, on contiguous and
-// non-contiguous leaves; composite models; and gradcheck's own failures.
+// Gradients by finite differences in f64 of the reductions (grad_reduce.cpp), matmul (grad_linalg.cpp) and
+// softmax (grad_softmax.cpp), indexing and joining (grad_index.cpp), views and copies (grad_views.cpp) and
+// the Tensor methods, on contiguous and non-contiguous leaves; composite models; and gradcheck's own
+// failures.
 #include "tests/autograd/gradcheck_helpers.h"
 
 namespace frugal {
