@@ -1,4 +1,5 @@
-// Differentiable reductions (sum, mean, max, min, var), each beside its backward rule.
+// Differentiable reductions (sum, mean, max, min, their forms along a dim with indices, var), each beside
+// its backward rule.
 #include "amp/autocast.h"
 #include "autograd/functions.h"
 
@@ -86,6 +87,32 @@ Tensor max(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 Tensor min(const Tensor& x, const Shape& dims, bool keepdim) {
   return extreme("min", x, dims, keepdim, false);
+}
+
+namespace {
+// max / min along one dim: the gradient goes to the returned index only (scattered into zeros of x's shape).
+ValuesIndices extreme_dim(const char* name, const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
+  ValuesIndices r = is_max ? ops::max_dim(x, dim, keepdim) : ops::min_dim(x, dim, keepdim);
+  if (Node* n = recorded(name, {&x}, r.values)) {
+    n->save(r.indices);
+    const Shape xs = x.shape();
+    const int d = wrap_dim(dim, x.dim(), name);
+    n->backward = [xs, d, keepdim](const Grads& s, const Tensor& g) -> Grads {
+      if (xs.size() == 0) return {g};  // a 0-d x is its own maximum
+      const Tensor index = keepdim ? s[0] : s[0].unsqueeze(d);
+      const Tensor gk = keepdim ? g : g.unsqueeze(d);
+      return {scatter_add(zeros(xs, g.options()), d, index, gk)};
+    };
+  }
+  return r;
+}
+}  // namespace
+
+ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  return extreme_dim("max", x, dim, keepdim, true);
+}
+ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  return extreme_dim("min", x, dim, keepdim, false);
 }
 
 Tensor var(const Tensor& x_in, const Shape& dims, int64_t correction,
