@@ -1,9 +1,12 @@
-// The autocast state per thread, its guard, and the cache of weight casts (Note [autocast policy]).
+// The autocast state per thread, its guard, the policy's table and its casts with their cache of weight
+// casts (Note [autocast policy]).
 #include "amp/autocast.h"
 
+#include <cstring>
 #include <map>
 #include <utility>
 
+#include "autograd/functions.h"
 #include "core/error.h"
 
 namespace frugal::amp {
@@ -11,9 +14,71 @@ namespace frugal::amp {
 namespace {
 thread_local AutocastState t_state;
 thread_local int t_enabled_guards = 0;  // live guards that enabled autocast: the cache lives while > 0
+// A cast of a leaf that requires grad, cached while the outermost enabled guard lives.
+struct CacheEntry {
+  Tensor source;  // keeps the leaf alive, so its identity cannot be reused while cached
+  Tensor cast;
+  uint64_t version = 0;  // the leaf's storage version when cast
+  const void* storage = nullptr;
+};
 // Keyed by the leaf's autograd metadata (a leaf that requires grad always has one, shared by all its
 // handles).
-thread_local std::map<std::pair<const void*, DType>, detail::CacheEntry> t_cache;
+thread_local std::map<std::pair<const void*, DType>, CacheEntry> t_cache;
+
+// The lists of Note [autocast policy], by the name of each op's differentiable function.
+struct PolicyRow {
+  const char* op;
+  CastPolicy policy;
+};
+constexpr PolicyRow kPolicy[] = {
+    // GEMM-like, in the guard's dtype.
+    {"matmul", CastPolicy::Lower},
+    {"linear", CastPolicy::Lower},
+    {"conv2d", CastPolicy::Lower},
+    // Numerically sensitive, in f32.
+    {"softmax", CastPolicy::F32},
+    {"log_softmax", CastPolicy::F32},
+    {"sum", CastPolicy::F32},
+    {"mean", CastPolicy::F32},
+    {"var", CastPolicy::F32},
+    {"exp", CastPolicy::F32},
+    {"log", CastPolicy::F32},
+    {"pow", CastPolicy::F32},
+    {"rsqrt", CastPolicy::F32},
+    {"layer_norm", CastPolicy::F32},
+    {"batch_norm", CastPolicy::F32},
+    {"cross_entropy", CastPolicy::F32},  // its composite; the fused kernel takes L (cross_entropy_rows)
+    {"nll_loss", CastPolicy::F32},
+    {"mse_loss", CastPolicy::F32},
+    {"l1_loss", CastPolicy::F32},
+    {"kl_div", CastPolicy::F32},
+    {"binary_cross_entropy_with_logits", CastPolicy::F32},
+    // Fused, computing in f32 from L inputs themselves.
+    {"cross_entropy_rows", CastPolicy::Keep},
+    {"attention_scores_softmax", CastPolicy::Keep},
+};
+
+// The recorded cast to dtype. As PyTorch, only leaves that require grad (weights) cast down are cached:
+// activations are cast once anyway, and casts up are cheap to redo.
+Tensor cast_to(const Tensor& x, DType dtype) {
+  if (!(x.is_leaf() && x.requires_grad()) || dtype == DType::F32) return cast(x, dtype);
+  CacheEntry& e = t_cache[{x.autograd_meta().get(), dtype}];
+  const bool recording = autograd::grad_mode_enabled();
+  bool usable = e.cast.defined() && e.storage == x.storage().get() && e.version == x.storage()->version();
+  if (usable && recording) {
+    // A cast made under no-grad has no node, and one whose node a backward already ran (an autocast region
+    // spanning several iterations) has a released node: neither can carry a gradient now.
+    const auto& meta = e.cast.autograd_meta();
+    usable = meta && meta->grad_fn && !meta->grad_fn->released;
+  }
+  if (!usable) {
+    e.source = x;
+    e.cast = cast(x, dtype);
+    e.storage = x.storage().get();
+    e.version = x.storage()->version();
+  }
+  return e.cast;
+}
 }  // namespace
 
 AutocastState autocast_state() { return t_state; }
@@ -33,8 +98,30 @@ Autocast::~Autocast() {
   t_state = prev_;
 }
 
-detail::CacheEntry& detail::cache_slot(const Tensor& leaf, DType dtype) {
-  return t_cache[{leaf.autograd_meta().get(), dtype}];
+CastPolicy cast_policy(const char* op) {
+  for (const PolicyRow& row : kPolicy)
+    if (std::strcmp(row.op, op) == 0) return row.policy;
+  FRUGAL_ASSERT(false, "amp::cast_policy: no autocast policy for the op '", op,
+                "'; add it to kPolicy (amp/autocast.cpp)");
+  return CastPolicy::Keep;
+}
+
+Tensor detail::autocast_input(const Tensor& x, CastPolicy policy) {
+  if (!x.defined()) return x;
+  const DType t = x.dtype();
+  switch (policy) {
+    case CastPolicy::Lower: {
+      const DType low = autocast_dtype();
+      if (!is_floating(t) || t == DType::F64 || t == low) return x;
+      return cast_to(x, low);
+    }
+    case CastPolicy::F32:
+      if (t != DType::F16 && t != DType::BF16) return x;
+      return cast_to(x, DType::F32);
+    case CastPolicy::Keep:
+      break;
+  }
+  return x;
 }
 
 int64_t cached_casts() { return int64_t(t_cache.size()); }

@@ -1,6 +1,8 @@
 // Autocast: inside an enabled amp::Autocast guard, GEMM-like ops run in a 16-bit float dtype and numerically
-// sensitive ops in f32 (Note [autocast policy]); the state is per thread and guards nest. Not here: the casts
-// themselves, which autograd records (autograd/autocast_casts.h), and loss scaling (optim/grad_scaler.h).
+// sensitive ops in f32 (Note [autocast policy]); the state is per thread and guards nest. The policy has its
+// one home here: which op is in which list (cast_policy, its table in amp/autocast.cpp) and the casts it
+// makes (amp::autocast, one call at the top of each differentiable op). Not here: loss scaling
+// (optim/grad_scaler.h).
 //
 //   Tensor loss;
 //   {
@@ -13,8 +15,9 @@
 //   loss.backward();  // the gradients reach the f32 parameters in f32
 //
 // Note [autocast policy]: which dtype an op runs in under an enabled guard of dtype L (f16 or bf16), as
-// PyTorch's documented autocast lists; the policy is applied at the top of each differentiable op (the
-// wrappers in autograd/ and nn::functional), with grad mode on or off alike.
+// PyTorch's documented autocast lists; the lists are the table of cast_policy (amp/autocast.cpp), applied by
+// one call amp::autocast(op, inputs...) at the top of each differentiable op (the wrappers in autograd/ and
+// nn::functional), with grad mode on or off alike.
 //   - L (GEMM-like): matmul (so the attention products q k^T and p v), F::linear, conv2d. Their floating
 //     inputs other than f64 are cast to L.
 //   - f32 (numerically sensitive): softmax, log_softmax, sum, mean, var, exp, log, pow, rsqrt, layer_norm,
@@ -42,7 +45,9 @@
 // forward under the autocast state it first ran with (autograd/recompute.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <type_traits>
 
 #include "../core/tensor.h"
 
@@ -72,17 +77,33 @@ class Autocast {
   bool counted_;  // this guard enabled autocast (the cache lives while such a guard does)
 };
 
-// The cache of casts of leaves that require grad, emptied when the outermost enabled guard exits (the casts
-// themselves are made by autograd/autocast_casts.cpp). slot() is the entry for (leaf, dtype), created empty.
-namespace detail {
-struct CacheEntry {
-  Tensor source;  // keeps the leaf alive, so its identity cannot be reused while cached
-  Tensor cast;
-  uint64_t version = 0;  // the leaf's storage version when cast
-  const void* storage = nullptr;
+// The lists of Note [autocast policy]: how an op's floating inputs are cast under an enabled guard.
+enum class CastPolicy {
+  Lower,  // GEMM-like: floating inputs other than f64 to the guard's dtype
+  F32,    // numerically sensitive: f16/bf16 inputs to f32, so the op returns f32
+  Keep,   // the fused ops that compute in f32 themselves: no cast (every op not listed keeps its inputs too)
 };
-CacheEntry& cache_slot(const Tensor& leaf, DType dtype);
+// The list of the op named `op` (the name of its differentiable function: "matmul", "softmax", "mse_loss");
+// an InternalError for a name the table does not hold (a call site with a typo).
+CastPolicy cast_policy(const char* op);
+
+namespace detail {
+// x cast as `policy` says under the enabled guard of this thread (x itself when it needs no cast): a
+// recorded, differentiable cast; a weight's cast down cached while the outermost enabled guard lives.
+Tensor autocast_input(const Tensor& x, CastPolicy policy);
 }  // namespace detail
+
+// op's inputs as it runs them under the policy: with autocast off each input itself, else cast as
+// cast_policy(op) says. The one call into the policy at the top of each differentiable op:
+//   const auto ab = amp::autocast("matmul", a_in, b_in);  // ab[0], ab[1]: a and b, in bf16 under the guard
+template <typename... Ts>
+std::array<Tensor, sizeof...(Ts)> autocast(const char* op, const Ts&... inputs) {
+  static_assert((std::is_same_v<Ts, Tensor> && ...), "amp::autocast: the inputs are tensors");
+  if (!is_autocast_enabled()) return {inputs...};
+  const CastPolicy policy = cast_policy(op);
+  return {detail::autocast_input(inputs, policy)...};
+}
+
 // Casts cached on this thread now (for tests and diagnostics).
 int64_t cached_casts();
 

@@ -88,6 +88,19 @@ Tensor min(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
 Tensor var(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
 using ops::argmax;  // integer results: not differentiable
 using ops::argmin;
+// Along one dim with the indices (core/ops.h; max(x, {1}) stays the Shape form above). The gradient goes to
+// the returned index only, PyTorch's rule for max(x, dim); the Shape forms split it among ties.
+using ops::ValuesIndices;
+ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim = false);
+ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim = false);
+template <std::integral I>
+requires(!std::same_as<I, bool>) ValuesIndices max(const Tensor& x, I dim, bool keepdim = false) {
+  return max_dim(x, int64_t(dim), keepdim);
+}
+template <std::integral I>
+requires(!std::same_as<I, bool>) ValuesIndices min(const Tensor& x, I dim, bool keepdim = false) {
+  return min_dim(x, int64_t(dim), keepdim);
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor softmax(const Tensor& x, int64_t dim);

@@ -2,12 +2,11 @@
 // which calls the backward ops of core/ops.h (first-order only: the rules are not themselves recorded).
 #include <tuple>
 
-#include "autograd/autocast_casts.h"
+#include "amp/autocast.h"
 #include "autograd/functions.h"
 
 namespace frugal {
 
-using autograd::forward_only;
 using autograd::Grads;
 using autograd::Node;
 using autograd::recorded;
@@ -15,12 +14,12 @@ using autograd::recorded;
 Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, Size2 stride, Size2 padding,
               Size2 dilation, int64_t groups) {
   // In the autocast dtype under autocast (Note [autocast policy], amp/autocast.h).
-  const Tensor x = autograd::autocast_lower(x_in), weight = autograd::autocast_lower(weight_in),
-               bias = autograd::autocast_lower(bias_in);
+  const auto in = amp::autocast("conv2d", x_in, weight_in, bias_in);
+  const Tensor &x = in[0], &weight = in[1], &bias = in[2];
   // Unbatched [C, H, W]: a batch of one through differentiable views, so the rule below sees 4-D only.
   if (x.defined() && x.dim() == 3)
     return squeeze(conv2d(unsqueeze(x, 0), weight, bias, stride, padding, dilation, groups), 0);
-  Tensor y = forward_only([&] { return ops::conv2d(x, weight, bias, stride, padding, dilation, groups); });
+  Tensor y = ops::conv2d(x, weight, bias, stride, padding, dilation, groups);
   if (Node* n = recorded("conv2d", {&x, &weight, &bias}, y)) {
     const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
                need_b = autograd::needs_grad({&bias});
@@ -44,8 +43,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
 }
 
 Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Size2 padding, Size2 dilation) {
-  auto [y, indices] =
-      forward_only([&] { return ops::max_pool2d_with_indices(x, kernel, stride, padding, dilation); });
+  auto [y, indices] = ops::max_pool2d_with_indices(x, kernel, stride, padding, dilation);
   if (Node* n = recorded("max_pool2d", {&x}, y)) {
     n->save(indices);
     const Shape xs = x.shape();
@@ -58,7 +56,7 @@ Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Si
 
 Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Size2 padding,
                   bool count_include_pad) {
-  Tensor y = forward_only([&] { return ops::avg_pool2d(x, kernel, stride, padding, count_include_pad); });
+  Tensor y = ops::avg_pool2d(x, kernel, stride, padding, count_include_pad);
   if (Node* n = recorded("avg_pool2d", {&x}, y)) {
     const Shape xs = x.shape();
     const Size2 st = stride.value_or(kernel);

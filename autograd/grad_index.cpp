@@ -3,7 +3,6 @@
 
 namespace frugal {
 
-using autograd::forward_only;
 using autograd::Grads;
 using autograd::Node;
 using autograd::recorded;
@@ -28,7 +27,7 @@ Tensor zero_padded(const Tensor& part, const Shape& shape) {
 }  // namespace
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  Tensor y = forward_only([&] { return ops::index_select(x, dim, index); });
+  Tensor y = ops::index_select(x, dim, index);
   if (Node* n = recorded("index_select", {&x}, y)) {
     n->save(index);
     const Shape xs = x.shape();
@@ -44,7 +43,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-  Tensor y = forward_only([&] { return ops::gather(x, dim, index); });
+  Tensor y = ops::gather(x, dim, index);
   if (Node* n = recorded("gather", {&x}, y)) {
     n->save(index);
     const Shape xs = x.shape();
@@ -58,7 +57,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
-  Tensor y = forward_only([&] { return ops::scatter_add(x, dim, index, src); });
+  Tensor y = ops::scatter_add(x, dim, index, src);
   if (Node* n = recorded("scatter_add", {&x, &src}, y)) {
     n->save(index);
     const Shape ss = src.shape();
@@ -71,7 +70,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  Tensor y = forward_only([&] { return ops::cat(tensors, dim); });
+  Tensor y = ops::cat(tensors, dim);
   if (autograd::needs_grad(tensors)) {
     Node& n = autograd::record("cat", tensors, y);
     const int d = wrap_dim(dim, tensors[0].dim(), "cat");

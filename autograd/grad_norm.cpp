@@ -4,12 +4,11 @@
 // dtype instead of its f32 input (Note [layer norm saves x-hat]).
 #include <optional>
 
-#include "autograd/autocast_casts.h"
+#include "amp/autocast.h"
 #include "autograd/functions.h"
 
 namespace frugal {
 
-using autograd::forward_only;
 using autograd::Grads;
 using autograd::Node;
 using autograd::recorded;
@@ -30,8 +29,7 @@ namespace {
 
 Tensor layer_norm_impl(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                        const Tensor& bias, double eps, std::optional<DType> xhat_dtype) {
-  ops::LayerNormResult r =
-      forward_only([&] { return ops::layer_norm(x, normalized_shape, weight, bias, eps, xhat_dtype); });
+  ops::LayerNormResult r = ops::layer_norm(x, normalized_shape, weight, bias, eps, xhat_dtype);
   if (Node* n = recorded("layer_norm", {&x, &weight, &bias}, r.y)) {
     const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
                need_b = autograd::needs_grad({&bias});
@@ -68,8 +66,8 @@ Tensor layer_norm_impl(const Tensor& x, const Shape& normalized_shape, const Ten
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in,
                   const Tensor& bias_in, double eps) {
   // In f32 under autocast, so it returns f32 (Note [autocast policy], amp/autocast.h).
-  const Tensor x = autograd::autocast_f32(x_in), weight = autograd::autocast_f32(weight_in),
-               bias = autograd::autocast_f32(bias_in);
+  const auto in = amp::autocast("layer_norm", x_in, weight_in, bias_in);
+  const Tensor &x = in[0], &weight = in[1], &bias = in[2];
   std::optional<DType> xhat_dtype;  // Note [layer norm saves x-hat]
   if (amp::is_autocast_enabled() && x.defined() && x.dtype() == DType::F32 &&
       autograd::needs_grad({&x, &weight, &bias}) && ops::has_layer_norm_xhat(x.device(), x.dtype()))
@@ -81,8 +79,8 @@ namespace autograd {
 
 Tensor layer_norm_saving_xhat(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in,
                               const Tensor& bias_in, double eps, DType xhat_dtype) {
-  const Tensor x = autograd::autocast_f32(x_in), weight = autograd::autocast_f32(weight_in),
-               bias = autograd::autocast_f32(bias_in);
+  const auto in = amp::autocast("layer_norm", x_in, weight_in, bias_in);
+  const Tensor &x = in[0], &weight = in[1], &bias = in[2];
   return layer_norm_impl(x, normalized_shape, weight, bias, eps, xhat_dtype);
 }
 

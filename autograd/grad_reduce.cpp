@@ -1,12 +1,10 @@
-// Differentiable reductions, matmul and softmax, each beside its backward rule.
-#include "autograd/autocast_casts.h"
+// Differentiable reductions (sum, mean, max, min, their forms along a dim with indices, var), each beside
+// its backward rule.
+#include "amp/autocast.h"
 #include "autograd/functions.h"
 
 namespace frugal {
 
-using autograd::autocast_f32;
-using autograd::autocast_lower;
-using autograd::forward_only;
 using autograd::Grads;
 using autograd::Node;
 using autograd::recorded;
@@ -37,11 +35,10 @@ int64_t count(const Shape& x_shape, const std::vector<bool>& mask) {
 
 }  // namespace
 
-// sum, mean, var, softmax and log_softmax run in f32 under autocast, matmul in its low dtype (Note [autocast
-// policy], amp/autocast.h).
+// sum, mean and var run in f32 under autocast (Note [autocast policy], amp/autocast.h).
 Tensor sum(const Tensor& x_in, const Shape& dims, bool keepdim) {
-  const Tensor x = autocast_f32(x_in);
-  Tensor y = forward_only([&] { return ops::sum(x, dims, keepdim); });
+  const Tensor x = amp::autocast("sum", x_in)[0];
+  Tensor y = ops::sum(x, dims, keepdim);
   if (Node* n = recorded("sum", {&x}, y)) {
     const Shape xs = x.shape();
     const auto mask = reduced(dims, x.dim());
@@ -53,8 +50,8 @@ Tensor sum(const Tensor& x_in, const Shape& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x_in, const Shape& dims, bool keepdim) {
-  const Tensor x = autocast_f32(x_in);
-  Tensor y = forward_only([&] { return ops::mean(x, dims, keepdim); });
+  const Tensor x = amp::autocast("mean", x_in)[0];
+  Tensor y = ops::mean(x, dims, keepdim);
   if (Node* n = recorded("mean", {&x}, y)) {
     const Shape xs = x.shape();
     const auto mask = reduced(dims, x.dim());
@@ -69,7 +66,7 @@ Tensor mean(const Tensor& x_in, const Shape& dims, bool keepdim) {
 namespace {
 // max / min: the gradient goes to the elements equal to the result, split evenly among ties.
 Tensor extreme(const char* name, const Tensor& x, const Shape& dims, bool keepdim, bool is_max) {
-  Tensor y = forward_only([&] { return is_max ? ops::max(x, dims, keepdim) : ops::min(x, dims, keepdim); });
+  Tensor y = is_max ? ops::max(x, dims, keepdim) : ops::min(x, dims, keepdim);
   if (Node* n = recorded(name, {&x}, y)) {
     n->save(x);
     n->save_output(y);
@@ -92,10 +89,36 @@ Tensor min(const Tensor& x, const Shape& dims, bool keepdim) {
   return extreme("min", x, dims, keepdim, false);
 }
 
+namespace {
+// max / min along one dim: the gradient goes to the returned index only (scattered into zeros of x's shape).
+ValuesIndices extreme_dim(const char* name, const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
+  ValuesIndices r = is_max ? ops::max_dim(x, dim, keepdim) : ops::min_dim(x, dim, keepdim);
+  if (Node* n = recorded(name, {&x}, r.values)) {
+    n->save(r.indices);
+    const Shape xs = x.shape();
+    const int d = wrap_dim(dim, x.dim(), name);
+    n->backward = [xs, d, keepdim](const Grads& s, const Tensor& g) -> Grads {
+      if (xs.size() == 0) return {g};  // a 0-d x is its own maximum
+      const Tensor index = keepdim ? s[0] : s[0].unsqueeze(d);
+      const Tensor gk = keepdim ? g : g.unsqueeze(d);
+      return {scatter_add(zeros(xs, g.options()), d, index, gk)};
+    };
+  }
+  return r;
+}
+}  // namespace
+
+ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  return extreme_dim("max", x, dim, keepdim, true);
+}
+ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  return extreme_dim("min", x, dim, keepdim, false);
+}
+
 Tensor var(const Tensor& x_in, const Shape& dims, int64_t correction,
            bool keepdim) {  // d = 2 (x - mean) / (n - c)
-  const Tensor x = autocast_f32(x_in);
-  Tensor y = forward_only([&] { return ops::var(x, dims, correction, keepdim); });
+  const Tensor x = amp::autocast("var", x_in)[0];
+  Tensor y = ops::var(x, dims, correction, keepdim);
   if (Node* n = recorded("var", {&x}, y)) {
     n->save(x);
     const auto mask = reduced(dims, x.dim());
@@ -104,54 +127,6 @@ Tensor var(const Tensor& x_in, const Shape& dims, int64_t correction,
       const Tensor& v = s[0];
       const Tensor centred = sub(v, mean(v, dims, true));
       return {mul(mul(centred, keep_dims(g, v.shape(), mask)), scale)};
-    };
-  }
-  return y;
-}
-
-Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
-  const Tensor a = autocast_lower(a_in), b = autocast_lower(b_in);
-  Tensor y = forward_only([&] { return ops::matmul(a, b); });
-  if (Node* n = recorded("matmul", {&a, &b}, y)) {
-    n->save(a);
-    n->save(b);
-    n->backward = [](const Grads& s, const Tensor& g) -> Grads {
-      // With 1-D operands made 2-D as in the forward: dA = g B^T, dB = A^T g, then broadcast batch dims
-      // summed.
-      const Tensor& a = s[0];
-      const Tensor& b = s[1];
-      const Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
-      const Tensor b2 = b.dim() == 1 ? b.unsqueeze(1) : b;
-      Tensor g2 = a.dim() == 1 ? g.unsqueeze(g.dim() - (b.dim() == 1 ? 0 : 1)) : g;
-      if (b.dim() == 1) g2 = g2.unsqueeze(-1);
-      const Tensor da = autograd::sum_to(matmul(g2, b2.transpose(-1, -2)), a2.shape()).reshape(a.shape());
-      const Tensor db = autograd::sum_to(matmul(a2.transpose(-1, -2), g2), b2.shape()).reshape(b.shape());
-      return {da, db};
-    };
-  }
-  return y;
-}
-
-Tensor softmax(const Tensor& x_in, int64_t dim) {  // dx = y (g - sum(g y))
-  const Tensor x = autocast_f32(x_in);
-  Tensor y = forward_only([&] { return ops::softmax(x, dim); });
-  if (Node* n = recorded("softmax", {&x}, y)) {
-    n->save_output(y);
-    n->backward = [dim](const Grads& s, const Tensor& g) -> Grads {
-      const Tensor& y = s[0];
-      return {mul(y, sub(g, sum(mul(g, y), {dim}, true)))};
-    };
-  }
-  return y;
-}
-
-Tensor log_softmax(const Tensor& x_in, int64_t dim) {  // dx = g - exp(y) sum(g)
-  const Tensor x = autocast_f32(x_in);
-  Tensor y = forward_only([&] { return ops::log_softmax(x, dim); });
-  if (Node* n = recorded("log_softmax", {&x}, y)) {
-    n->save_output(y);
-    n->backward = [dim](const Grads& s, const Tensor& g) -> Grads {
-      return {sub(g, mul(exp(s[0]), sum(g, {dim}, true)))};
     };
   }
   return y;

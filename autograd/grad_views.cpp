@@ -5,7 +5,6 @@
 
 namespace frugal {
 
-using autograd::forward_only;
 using autograd::Grads;
 using autograd::Node;
 using autograd::recorded;
@@ -34,79 +33,71 @@ Tensor scatter_into(const Shape& shape, const Tensor& g, Pick pick) {
 
 Tensor view(const Tensor& x, const Shape& shape) {
   const Shape xs = x.shape();
-  return shaped("view", x, forward_only([&] { return ops::view(x, shape); }),
-                [xs](const Tensor& g) { return g.reshape(xs); });
+  return shaped("view", x, ops::view(x, shape), [xs](const Tensor& g) { return g.reshape(xs); });
 }
 Tensor reshape(const Tensor& x, const Shape& shape) {
   const Shape xs = x.shape();
-  return shaped("reshape", x, forward_only([&] { return ops::reshape(x, shape); }),
-                [xs](const Tensor& g) { return g.reshape(xs); });
+  return shaped("reshape", x, ops::reshape(x, shape), [xs](const Tensor& g) { return g.reshape(xs); });
 }
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
-  return shaped("transpose", x, forward_only([&] { return ops::transpose(x, dim0, dim1); }),
+  return shaped("transpose", x, ops::transpose(x, dim0, dim1),
                 [dim0, dim1](const Tensor& g) { return g.transpose(dim0, dim1); });
 }
 Tensor permute(const Tensor& x, const Shape& dims) {
-  Tensor y = forward_only([&] { return ops::permute(x, dims); });
+  Tensor y = ops::permute(x, dims);
   Shape inverse = Shape::filled(dims.size(), 0);
   for (int i = 0; i < dims.size(); ++i) inverse[wrap_dim(dims[i], dims.size(), "permute")] = i;
   return shaped("permute", x, y, [inverse](const Tensor& g) { return g.permute(inverse); });
 }
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   const Shape xs = x.shape();
-  return shaped("narrow", x, forward_only([&] { return ops::narrow(x, dim, start, length); }),
-                [xs, dim, start, length](const Tensor& g) {
-                  return scatter_into(xs, g, [&](const Tensor& o) { return o.narrow(dim, start, length); });
-                });
+  return shaped("narrow", x, ops::narrow(x, dim, start, length), [xs, dim, start, length](const Tensor& g) {
+    return scatter_into(xs, g, [&](const Tensor& o) { return o.narrow(dim, start, length); });
+  });
 }
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
   const Shape xs = x.shape();
-  return shaped("slice", x, forward_only([&] { return ops::slice(x, dim, start, end, step); }),
+  return shaped("slice", x, ops::slice(x, dim, start, end, step),
                 [xs, dim, start, end, step](const Tensor& g) {
                   return scatter_into(xs, g, [&](const Tensor& o) { return o.slice(dim, start, end, step); });
                 });
 }
 Tensor select(const Tensor& x, int64_t dim, int64_t index) {
   const Shape xs = x.shape();
-  return shaped("select", x, forward_only([&] { return ops::select(x, dim, index); }),
-                [xs, dim, index](const Tensor& g) {
-                  return scatter_into(xs, g, [&](const Tensor& o) { return o.select(dim, index); });
-                });
+  return shaped("select", x, ops::select(x, dim, index), [xs, dim, index](const Tensor& g) {
+    return scatter_into(xs, g, [&](const Tensor& o) { return o.select(dim, index); });
+  });
 }
 Tensor expand(const Tensor& x, const Shape& shape) {
   const Shape xs = x.shape();
-  return shaped("expand", x, forward_only([&] { return ops::expand(x, shape); }),
+  return shaped("expand", x, ops::expand(x, shape),
                 [xs](const Tensor& g) { return autograd::sum_to(g, xs); });
 }
 Tensor squeeze(const Tensor& x) {
   const Shape xs = x.shape();
-  return shaped("squeeze", x, forward_only([&] { return ops::squeeze(x); }),
-                [xs](const Tensor& g) { return g.reshape(xs); });
+  return shaped("squeeze", x, ops::squeeze(x), [xs](const Tensor& g) { return g.reshape(xs); });
 }
 Tensor squeeze(const Tensor& x, int64_t dim) {
   const Shape xs = x.shape();
-  return shaped("squeeze", x, forward_only([&] { return ops::squeeze(x, dim); }),
-                [xs](const Tensor& g) { return g.reshape(xs); });
+  return shaped("squeeze", x, ops::squeeze(x, dim), [xs](const Tensor& g) { return g.reshape(xs); });
 }
 Tensor unsqueeze(const Tensor& x, int64_t dim) {
   const Shape xs = x.shape();
-  return shaped("unsqueeze", x, forward_only([&] { return ops::unsqueeze(x, dim); }),
-                [xs](const Tensor& g) { return g.reshape(xs); });
+  return shaped("unsqueeze", x, ops::unsqueeze(x, dim), [xs](const Tensor& g) { return g.reshape(xs); });
 }
 Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
   const Shape xs = x.shape();
-  return shaped("flatten", x, forward_only([&] { return ops::flatten(x, start_dim, end_dim); }),
+  return shaped("flatten", x, ops::flatten(x, start_dim, end_dim),
                 [xs](const Tensor& g) { return g.reshape(xs); });
 }
 Tensor contiguous(const Tensor& x) { return x.is_contiguous() ? x : clone(x); }
 Tensor clone(const Tensor& x) {
-  return shaped("clone", x, forward_only([&] { return ops::clone(x); }), [](const Tensor& g) { return g; });
+  return shaped("clone", x, ops::clone(x), [](const Tensor& g) { return g; });
 }
 Tensor to(const Tensor& x, Device device) {
   if (device == x.device()) return x;
   const Device from = x.device();
-  return shaped("to", x, forward_only([&] { return ops::to(x, device); }),
-                [from](const Tensor& g) { return g.to(from); });
+  return shaped("to", x, ops::to(x, device), [from](const Tensor& g) { return g.to(from); });
 }
 
 // The Tensor methods: thin calls into the functions above (one hop of dispatch).

@@ -129,8 +129,9 @@ Node& record(const char* name, const std::vector<Tensor>& inputs, Tensor& output
 // record() when needs_grad(inputs), else nullptr: `if (Node* n = recorded("exp", {&x}, y)) { ...rule... }`.
 Node* recorded(const char* name, std::initializer_list<const Tensor*> inputs, Tensor& output);
 
-// Runs fn with recording off (the forward of a differentiable op: core's forward may itself call tensor
-// methods, which must not record).
+// Runs fn with recording off: for user code that the tape itself calls (saved-tensor hooks' pack and
+// unpack). A differentiable op needs no such wrapper around core's forward, which calls ops:: only and
+// never records (checked by the test_core_no_tape ctest).
 template <typename F>
 auto forward_only(F&& fn) {
   const bool prev = grad_mode_enabled();

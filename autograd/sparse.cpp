@@ -2,6 +2,8 @@
 // leaf, densifying. Sorting happens on the host: the indices are few and small next to the rows they name.
 #include "autograd/sparse.h"
 
+#include "autograd/nn_ops.h"
+
 #include <algorithm>
 #include <numeric>
 #include <vector>
@@ -92,6 +94,36 @@ Tensor to_dense(const SparseGrad& grad) {
   if (nnz == 0) return dense;
   const Tensor index = grad.indices.unsqueeze(1).expand({nnz, dim}).contiguous();
   return ops::scatter_add(dense, 0, index, grad.values);
+}
+
+// The embedding with a sparse gradient (Note [sparse gradients]): its node hands the weight's rows straight
+// to the weight's sparse slot and returns no gradient to the engine. flat: i64 [n]; pad: -1 for none.
+Tensor embedding_sparse(const Tensor& flat, const Tensor& weight, int64_t pad) {
+  FRUGAL_CHECK(weight.is_leaf(),
+               "embedding: a sparse gradient needs the weight to be a leaf (a parameter), "
+               "but it was produced by ",
+               weight.grad_fn_name(), "; use sparse(false)");
+  Tensor y = ops::index_select(weight, 0, flat);
+  if (Node* n = recorded("embedding_sparse", {&weight}, y)) {
+    n->save(flat);
+    std::weak_ptr<AutogradMeta> target = weight.autograd_meta();
+    const int64_t rows = weight.size(0);
+    n->backward = [target, rows, pad](const Grads& s, const Tensor& g) -> Grads {
+      Tensor index = s[0], values = g;
+      if (pad >= 0) {  // the padding row gets no gradient: its entries are left out (as PyTorch does)
+        std::vector<int64_t> keep;
+        const std::vector<int64_t> idx = index.to_vector<int64_t>();
+        for (size_t i = 0; i < idx.size(); ++i)
+          if (idx[i] != pad) keep.push_back(int64_t(i));
+        const Tensor kept = tensor(keep).to(g.device());
+        index = ops::index_select(index, 0, kept);
+        values = ops::index_select(values, 0, kept);
+      }
+      if (auto meta = target.lock()) accumulate_sparse_grad(*meta, index, values, rows);
+      return {Tensor()};
+    };
+  }
+  return y;
 }
 
 }  // namespace frugal::autograd

@@ -1,6 +1,6 @@
 // Fused batch normalisation: its op tables (kernels in kernels/cpu/batch_norm.cpp and kernels/cuda/
 // batch_norm.cu) and its forward ops without autograd (the differentiable nn::functional::batch_norm runs
-// them, autograd/batch_norm.h). Per channel k of x [n, c, hw] (hw the product of the dims after C):
+// them, autograd/grad_batch_norm.cpp). Per channel k of x [n, c, hw] (hw the product of the dims after C):
 //   training forward: mean[k] = the mean of x[:, k, :], invstd[k] = 1 / sqrt(biased variance + eps), both
 //                     written (two passes: the mean, then the centred squares)
 //   eval forward:     mean and invstd read (from the running statistics)

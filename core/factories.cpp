@@ -16,7 +16,7 @@ Tensor empty(const Shape& shape, TensorOptions opts) {
 
 Tensor full(const Shape& shape, Scalar value, TensorOptions opts) {
   Tensor t = empty(shape, opts);
-  t.fill_(value);
+  ops::fill_(t, value);
   return t;
 }
 Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0, opts); }
@@ -38,7 +38,7 @@ Tensor from_function(int64_t n, TensorOptions opts, F value) {
     T* p = t.data<T>();
     for (int64_t i = 0; i < n; ++i) p[i] = T(value(i));
   });
-  return t.to(opts.device_);
+  return ops::to(t, opts.device_);
 }
 }  // namespace
 
@@ -106,7 +106,7 @@ Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
       v[0] = u01(w[0], w[1]);
       v[1] = u01(w[2], w[3]);
     });
-    return t.to(opts.device_);
+    return ops::to(t, opts.device_);
   }
   // As many random bits as the dtype has significand bits (24, 11, 8), so that every value is exact in it and
   // rounding never reaches 1.0 (f32 values near 1 would round up to 1 in f16 / bf16). PyTorch does the same.
@@ -115,7 +115,7 @@ Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
   Tensor t = draw<float, 4>(shape, gen, [&](const uint32_t* w, float* v) {
     for (int k = 0; k < 4; ++k) v[k] = float(w[k] >> (32 - bits)) * scale;
   });
-  return t.to(opts.dtype_).to(opts.device_);
+  return ops::to(ops::to(t, opts.dtype_), opts.device_);
 }
 
 Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
@@ -134,7 +134,7 @@ Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
                                            box_muller(w[0] * 0x1.0p-32, w[1] * 0x1.0p-32, v);
                                            box_muller(w[2] * 0x1.0p-32, w[3] * 0x1.0p-32, v + 2);
                                          });
-  return t.to(opts.dtype_).to(opts.device_);
+  return ops::to(ops::to(t, opts.dtype_), opts.device_);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {
@@ -145,7 +145,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts
     v[0] = low + int64_t(((uint64_t(w[0]) << 32) | w[1]) % range);
     v[1] = low + int64_t(((uint64_t(w[2]) << 32) | w[3]) % range);
   });
-  return t.to(opts.dtype_).to(opts.device_);
+  return ops::to(ops::to(t, opts.dtype_), opts.device_);
 }
 
 Tensor from_buffer(const void* data, const Shape& shape, DType dtype) {

@@ -6,6 +6,7 @@
 //   Tensor i = argmax(p, -1);
 #pragma once
 
+#include <concepts>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -102,6 +103,7 @@ Tensor as_strided(const Tensor& x, const Shape& shape, const Shape& strides, int
 // Copies.
 Tensor contiguous(const Tensor& x);  // x itself when already contiguous
 Tensor clone(const Tensor& x);
+Tensor to(const Tensor& x, DType dtype);    // x itself when the dtype already matches
 Tensor to(const Tensor& x, Device device);  // x itself when already there
 
 // Reductions over `dims` (empty = all dims); keepdim keeps them as size 1.
@@ -117,6 +119,25 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor argmax(const Tensor& x);
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor argmin(const Tensor& x);
+// What max / min along a dim return: both members, or unpacked, auto [values, indices] = max(x, 1);
+struct ValuesIndices {
+  Tensor values;   // the extreme elements, x's dtype
+  Tensor indices;  // their positions along the dim, i64
+};
+// The largest (smallest) elements along one dim and where they are (i64; ties give the first index, as
+// argmax), libtorch's max(x, dim, keepdim): auto [values, indices] = max(x, 1);. The dim is a template
+// parameter so that a braced dim, max(x, {1}), cannot deduce it and stays the Shape reduction above (values
+// only), as it always was.
+ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim = false);
+ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim = false);
+template <std::integral I>
+requires(!std::same_as<I, bool>) ValuesIndices max(const Tensor& x, I dim, bool keepdim = false) {
+  return max_dim(x, int64_t(dim), keepdim);
+}
+template <std::integral I>
+requires(!std::same_as<I, bool>) ValuesIndices min(const Tensor& x, I dim, bool keepdim = false) {
+  return min_dim(x, int64_t(dim), keepdim);
+}
 
 // Matrix product with NumPy/PyTorch semantics: 1-D and 2-D operands, and batch dims that broadcast.
 // f16/bf16 accumulate in f32.

@@ -17,7 +17,7 @@ Tensor activation_backward(OpTable<ElementwiseKernel>& table, const Tensor& grad
                      " differs from the input's ", x.shape());
   FRUGAL_CHECK_T(DeviceError, grad_out.device() == x.device(), op, ": the gradient is on ", grad_out.device(),
                  " but the input is on ", x.device());
-  const Tensor dy = grad_out.to(x.dtype());
+  const Tensor dy = ops::to(grad_out, x.dtype());
   Tensor dx = empty(x.shape(), x.options());
   table.get(x.device(), x.dtype())(make_loop({&dx, &dy, &x}), {});
   return dx;

@@ -16,7 +16,9 @@ bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
 DType compute_of(DType t) { return is_half(t) ? DType::F32 : t; }
 
 // A [C] tensor in the compute type, contiguous (undefined stays undefined).
-Tensor per_channel(const Tensor& t, DType compute) { return t.defined() ? t.to(compute).contiguous() : t; }
+Tensor per_channel(const Tensor& t, DType compute) {
+  return t.defined() ? ops::contiguous(ops::to(t, compute)) : t;
+}
 
 void check_per_channel(const char* op, const char* what, const Tensor& t, const Tensor& x) {
   if (!t.defined()) return;
@@ -66,12 +68,13 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
   FRUGAL_CHECK_SHAPE(!training || a.n * a.hw > 1, op,
                      ": expected more than 1 value per channel when training, got input shape ", x.shape());
   if (via_f32(op_batch_norm, x)) {
-    BatchNormResult r = batch_norm(x.to(DType::F32), weight, bias, running_mean, running_var, training, eps);
-    r.y = r.y.to(x.dtype());
+    BatchNormResult r =
+        batch_norm(ops::to(x, DType::F32), weight, bias, running_mean, running_var, training, eps);
+    r.y = ops::to(r.y, x.dtype());
     return r;
   }
   const DType cd = compute_of(x.dtype());
-  const Tensor xc = x.contiguous(), w = per_channel(weight, cd), b = per_channel(bias, cd);
+  const Tensor xc = ops::contiguous(x), w = per_channel(weight, cd), b = per_channel(bias, cd);
   BatchNormResult r;
   r.y = empty(x.shape(), x.options());
   if (training) {
@@ -112,15 +115,15 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   check_per_channel(op, "invstd", invstd, x);
   FRUGAL_CHECK(mean.defined() && invstd.defined(), op, ": mean and invstd must be defined");
   if (via_f32(op_batch_norm_backward, x)) {
-    BatchNormGrads d = batch_norm_backward(grad_out.to(DType::F32), x.to(DType::F32), weight, mean, invstd,
-                                           training, eps, need_dx, need_dweight, need_dbias);
-    if (d.dx.defined()) d.dx = d.dx.to(x.dtype());
+    BatchNormGrads d = batch_norm_backward(ops::to(grad_out, DType::F32), ops::to(x, DType::F32), weight,
+                                           mean, invstd, training, eps, need_dx, need_dweight, need_dbias);
+    if (d.dx.defined()) d.dx = ops::to(d.dx, x.dtype());
     return d;
   }
   BatchNormArgs a;
   set_sizes(a, x);
   const DType cd = compute_of(x.dtype());
-  const Tensor gc = grad_out.contiguous(), xc = x.contiguous(), w = per_channel(weight, cd),
+  const Tensor gc = ops::contiguous(grad_out), xc = ops::contiguous(x), w = per_channel(weight, cd),
                m = per_channel(mean, cd), is = per_channel(invstd, cd);
   BatchNormGrads d;
   if (need_dx) d.dx = empty(x.shape(), x.options());

@@ -82,8 +82,8 @@ template <typename Kernel>
 bool via_f32(const OpTable<Kernel>& table, const Tensor& t) {
   return (t.dtype() == DType::F16 || t.dtype() == DType::BF16) && !table.has(t.device(), t.dtype());
 }
-Tensor to_f32(const Tensor& t) { return t.defined() ? t.to(DType::F32) : t; }
-Tensor to_dtype(const Tensor& t, DType dt) { return t.defined() ? t.to(dt) : t; }
+Tensor to_f32(const Tensor& t) { return t.defined() ? ops::to(t, DType::F32) : t; }
+Tensor to_dtype(const Tensor& t, DType dt) { return t.defined() ? ops::to(t, dt) : t; }
 
 }  // namespace
 
@@ -93,7 +93,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 s
   check_conv_tensor("conv2d", "the input", x, weight);
   check_conv_tensor("conv2d", "the weight", weight, weight);
   // An unbatched input [C, H, W] is a batch of one, as in PyTorch.
-  if (x.dim() == 3) return conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
+  if (x.dim() == 3)
+    return ops::squeeze(conv2d(ops::unsqueeze(x, 0), weight, bias, stride, padding, dilation, groups), 0);
   Shape y_shape;
   ConvArgs a = conv_geometry("conv2d", x.shape(), weight.shape(), stride, padding, dilation, groups, y_shape);
   if (bias.defined()) {
@@ -102,8 +103,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 s
                        "] (out_channels of weight ", weight.shape(), "), got ", bias.shape());
   }
   if (via_f32(op_conv2d, x))
-    return conv2d(to_f32(x), to_f32(weight), to_f32(bias), stride, padding, dilation, groups).to(x.dtype());
-  const Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.defined() ? bias.contiguous() : bias;
+    return ops::to(conv2d(to_f32(x), to_f32(weight), to_f32(bias), stride, padding, dilation, groups),
+                   x.dtype());
+  const Tensor xc = ops::contiguous(x), wc = ops::contiguous(weight),
+               bc = bias.defined() ? ops::contiguous(bias) : bias;
   Tensor y = empty(y_shape, x.options());
   if (y.numel() == 0) return y;
   a.x = xc.raw_data();
@@ -124,10 +127,11 @@ Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const 
   FRUGAL_CHECK_SHAPE(grad_out.shape() == y_shape, op, ": the output gradient has shape ", grad_out.shape(),
                      " but the convolution's output has shape ", y_shape);
   if (via_f32(op_conv2d_backward_data, weight))
-    return conv2d_backward_data(to_f32(grad_out), to_f32(weight), x_shape, stride, padding, dilation, groups)
-        .to(weight.dtype());
+    return ops::to(
+        conv2d_backward_data(to_f32(grad_out), to_f32(weight), x_shape, stride, padding, dilation, groups),
+        weight.dtype());
   if (grad_out.numel() == 0) return zeros(x_shape, weight.options());
-  const Tensor gc = grad_out.contiguous(), wc = weight.contiguous();
+  const Tensor gc = ops::contiguous(grad_out), wc = ops::contiguous(weight);
   Tensor dx = empty(x_shape, weight.options());
   a.dy = gc.raw_data();
   a.weight = wc.raw_data();
@@ -149,11 +153,11 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& grad_out, const T
   if (via_f32(op_conv2d_backward_weight, x)) {
     auto [dw, db] = conv2d_backward_weight(to_f32(grad_out), to_f32(x), weight_shape, stride, padding,
                                            dilation, groups, with_bias);
-    return {dw.to(x.dtype()), to_dtype(db, x.dtype())};
+    return {ops::to(dw, x.dtype()), to_dtype(db, x.dtype())};
   }
   if (grad_out.numel() == 0)
     return {zeros(weight_shape, x.options()), with_bias ? zeros({a.o}, x.options()) : Tensor()};
-  const Tensor gc = grad_out.contiguous(), xc = x.contiguous();
+  const Tensor gc = ops::contiguous(grad_out), xc = ops::contiguous(x);
   Tensor dw = empty(weight_shape, x.options());
   Tensor db = with_bias ? empty({a.o}, x.options()) : Tensor();
   a.dy = gc.raw_data();
@@ -219,7 +223,7 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Size2 kernel,
   Shape y_shape;
   PoolArgs a = pool_geometry("max_pool2d", x.shape(), kernel, stride.value_or(kernel), padding, dilation,
                              true, y_shape);
-  const Tensor xc = x.contiguous();
+  const Tensor xc = ops::contiguous(x);
   // The indices live beside the output, on x's device.
   Tensor y = empty(y_shape, x.options()), indices = empty(y_shape, x.options().dtype(DType::I64));
   if (y.numel() == 0) return {y, indices};
@@ -249,8 +253,8 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
     FRUGAL_CHECK_SHAPE(grad_out.size(i) == x_shape[i], op, ": the output gradient ", grad_out.shape(),
                        " and the input shape ", x_shape, " differ in batch or channel dims");
   if (via_f32(op_max_pool2d_backward, grad_out))
-    return max_pool2d_backward(grad_out.to(DType::F32), indices, x_shape).to(grad_out.dtype());
-  const Tensor gc = grad_out.contiguous(), ic = indices.contiguous();
+    return ops::to(max_pool2d_backward(ops::to(grad_out, DType::F32), indices, x_shape), grad_out.dtype());
+  const Tensor gc = ops::contiguous(grad_out), ic = ops::contiguous(indices);
   Tensor dx = empty(x_shape, grad_out.options());
   if (dx.numel() == 0) return dx;
   PoolArgs a;
@@ -273,7 +277,7 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Si
   PoolArgs a =
       pool_geometry("avg_pool2d", x.shape(), kernel, stride.value_or(kernel), padding, 1, false, y_shape);
   a.count_include_pad = count_include_pad;
-  const Tensor xc = x.contiguous();
+  const Tensor xc = ops::contiguous(x);
   Tensor y = empty(y_shape, x.options());
   if (y.numel() == 0) return y;
   a.x = xc.raw_data();
@@ -292,9 +296,10 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, Size2 k
                      " but avg_pool2d's output has shape ", y_shape);
   a.count_include_pad = count_include_pad;
   if (via_f32(op_avg_pool2d_backward, grad_out))
-    return avg_pool2d_backward(grad_out.to(DType::F32), x_shape, kernel, stride, padding, count_include_pad)
-        .to(grad_out.dtype());
-  const Tensor gc = grad_out.contiguous();
+    return ops::to(avg_pool2d_backward(ops::to(grad_out, DType::F32), x_shape, kernel, stride, padding,
+                                       count_include_pad),
+                   grad_out.dtype());
+  const Tensor gc = ops::contiguous(grad_out);
   Tensor dx = empty(x_shape, grad_out.options());
   if (dx.numel() == 0) return dx;
   a.dy = gc.raw_data();

@@ -15,7 +15,7 @@ Tensor checked_index(const char* op, const Tensor& index, int64_t size, const Te
                      index.shape(), ")");
   FRUGAL_CHECK_T(DeviceError, index.device() == x.device(), op, ": the index is on ", index.device(),
                  " but the tensor is on ", x.device());
-  Tensor idx = index.to(DType::I64).contiguous();
+  Tensor idx = ops::contiguous(ops::to(index, DType::I64));
   if (idx.numel() == 0) return idx;
   const auto [lo, hi] = integer_range(idx);
   FRUGAL_CHECK_INDEX(lo >= -size && hi < size, op, ": index ", (lo < -size ? lo : hi),
@@ -44,7 +44,7 @@ void check_src(const char* op, const Tensor& x, const Tensor& index, const Tenso
 // scatter_add, src's for index_add) by the op's kernel.
 Tensor add_into_copy(const OpTable<IndexKernel>& op, const Tensor& x, const Shape& loop_shape, int d,
                      const Tensor& idx, const Tensor& srcs, int64_t size, int64_t n_index) {
-  Tensor out = x.clone();
+  Tensor out = ops::clone(x);
   IndexArgs a;
   split_at(loop_shape, d, a.outer, a.inner);
   a.src = srcs.raw_data();
@@ -77,8 +77,8 @@ std::pair<int64_t, int64_t> integer_range(const Tensor& x) {
   FRUGAL_CHECK_DTYPE(is_integral(x.dtype()), "integer_range: expected an integer tensor, got ",
                      dtype_name(x.dtype()));
   if (x.device().type == DeviceType::CPU) return {min(x).item<int64_t>(), max(x).item<int64_t>()};
-  const Tensor flat = x.to(DType::I64).reshape({1, x.numel()});
-  const Tensor ends = max(cat({sub(full({1, 1}, -1, flat.options()), flat), flat}, 0), {1}).to(kCPU);
+  const Tensor flat = ops::reshape(ops::to(x, DType::I64), {1, x.numel()});
+  const Tensor ends = ops::to(max(cat({sub(full({1, 1}, -1, flat.options()), flat), flat}, 0), {1}), kCPU);
   const int64_t* e = ends.data<int64_t>();
   return {-1 - e[0], e[1]};
 }
@@ -91,7 +91,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
                      index.defined() ? index.shape() : Shape{});
   const int64_t size = x.dim() ? x.shape()[d] : 1;
   const Tensor idx = checked_index("index_select", index, size, x, dim);
-  const Tensor xc = x.contiguous();
+  const Tensor xc = ops::contiguous(x);
   Shape out_shape = x.shape();
   if (x.dim()) out_shape[d] = idx.numel();
   Tensor out = empty(out_shape, x.options());
@@ -116,11 +116,11 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
     if (i == d) continue;
     FRUGAL_CHECK_SHAPE(index.shape()[i] <= x.shape()[i], "gather: index shape ", index.shape(),
                        " is larger than input shape ", x.shape(), " at dim ", i);
-    xs = xs.narrow(i, 0, index.shape()[i]);
+    xs = ops::narrow(xs, i, 0, index.shape()[i]);
   }
   const int64_t size = x.dim() ? x.shape()[d] : 1;
   const Tensor idx = checked_index("gather", index, size, x, dim);
-  xs = xs.contiguous();
+  xs = ops::contiguous(xs);
   Tensor out = empty(index.shape(), x.options());
   IndexArgs a;
   split_at(index.shape(), d, a.outer, a.inner);
@@ -144,11 +144,11 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
     FRUGAL_CHECK_SHAPE(index.shape()[i] <= src.shape()[i] && (i == d || index.shape()[i] == x.shape()[i]),
                        "scatter_add: index shape ", index.shape(), " must match the input shape ", x.shape(),
                        " outside dim ", d, " and not exceed the src shape ", src.shape());
-    srcs = srcs.narrow(i, 0, index.shape()[i]);
+    srcs = ops::narrow(srcs, i, 0, index.shape()[i]);
   }
   const int64_t size = x.dim() ? x.shape()[d] : 1;
   const Tensor idx = checked_index("scatter_add", index, size, x, dim);
-  return add_into_copy(op_scatter_add, x, index.shape(), d, idx, srcs.contiguous(), size,
+  return add_into_copy(op_scatter_add, x, index.shape(), d, idx, ops::contiguous(srcs), size,
                        index.dim() ? index.shape()[d] : 1);
 }
 
@@ -168,9 +168,9 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
     // src, the same sums through a per-element index.
     Shape view;
     for (int i = 0; i < src.dim(); ++i) view.push_back(i == d ? idx.numel() : 1);
-    return scatter_add(x, d, idx.reshape(view).expand(src.shape()), src);
+    return scatter_add(x, d, ops::expand(ops::reshape(idx, view), src.shape()), src);
   }
-  return add_into_copy(op_index_add, x, src.shape(), d, idx, src.contiguous(), size, idx.numel());
+  return add_into_copy(op_index_add, x, src.shape(), d, idx, ops::contiguous(src), size, idx.numel());
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
@@ -197,7 +197,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   Tensor out = empty(shape, first.options().dtype(dt));
   int64_t offset = 0;
   for (const Tensor& t : tensors) {
-    out.narrow(d, offset, t.shape()[d]).copy_(t);
+    Tensor part = ops::narrow(out, d, offset, t.shape()[d]);
+    copy_(part, t);
     offset += t.shape()[d];
   }
   return out;
@@ -213,7 +214,7 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
                      "), got values in [", lo, ", ", hi, "]");
   const Tensor classes =
       arange(0, double(num_classes), 1, TensorOptions(index.dtype()).device(index.device()));
-  return eq(index.unsqueeze(-1), classes).to(DType::I64);
+  return ops::to(eq(ops::unsqueeze(index, -1), classes), DType::I64);
 }
 
 }  // namespace frugal::ops

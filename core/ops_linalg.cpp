@@ -54,11 +54,11 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   // On a device without a native 16-bit GEMM, the 16-bit floats compute in f32, which is what they accumulate
   // in anyway (DESIGN.md, Precision); the result is rounded back once.
   if ((dt == DType::F16 || dt == DType::BF16) && !op_gemm.has(a_in.device(), dt))
-    return matmul(a_in.to(DType::F32), b_in.to(DType::F32)).to(dt);
+    return ops::to(matmul(ops::to(a_in, DType::F32), ops::to(b_in, DType::F32)), dt);
 
   // 1-D operands become a row (a) or a column (b), removed again from the result.
-  const Tensor a = a_in.dim() == 1 ? a_in.unsqueeze(0) : a_in;
-  const Tensor b = b_in.dim() == 1 ? b_in.unsqueeze(1) : b_in;
+  const Tensor a = a_in.dim() == 1 ? ops::unsqueeze(a_in, 0) : a_in;
+  const Tensor b = b_in.dim() == 1 ? ops::unsqueeze(b_in, 1) : b_in;
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   FRUGAL_CHECK_SHAPE(b.size(-2) == k, "matmul: shapes ", a_in.shape(), " and ", b_in.shape(),
                      " cannot be multiplied (inner sizes ", k, " and ", b.size(-2), " differ)");
@@ -75,7 +75,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   a_full.push_back(k);
   b_full.push_back(k);
   b_full.push_back(n);
-  Tensor ae = a.expand(a_full), be = b.expand(b_full);
+  Tensor ae = ops::expand(a, a_full), be = ops::expand(b, b_full);
 
   GemmArgs g;
   g.batch = batch.numel();
@@ -83,12 +83,12 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   g.n = n;
   g.k = k;
   if (!batch_stride(ae, g.a_batch) || !gemm_strides(ae, m, k, g.a_row, g.a_col)) {
-    ae = ae.contiguous();
+    ae = ops::contiguous(ae);
     batch_stride(ae, g.a_batch);
     gemm_strides(ae, m, k, g.a_row, g.a_col);
   }
   if (!batch_stride(be, g.b_batch) || !gemm_strides(be, k, n, g.b_row, g.b_col)) {
-    be = be.contiguous();
+    be = ops::contiguous(be);
     batch_stride(be, g.b_batch);
     gemm_strides(be, k, n, g.b_row, g.b_col);
   }
@@ -99,12 +99,12 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   g.c_batch = m * n;
   if (out.numel() > 0) {
     if (k == 0)
-      out.zero_();
+      ops::fill_(out, 0);
     else
       op_gemm.get(a.device(), dt)(g);
   }
-  if (a_in.dim() == 1) out = out.squeeze(-2);
-  if (b_in.dim() == 1) out = out.squeeze(-1);
+  if (a_in.dim() == 1) out = ops::squeeze(out, -2);
+  if (b_in.dim() == 1) out = ops::squeeze(out, -1);
   return out;
 }
 
@@ -116,7 +116,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
                      dtype_name(x.dtype()), " (shape ", x.shape(), ")");
   const int d = wrap_dim(dim, x.dim(), op);
   const bool last = x.dim() == 0 || d == x.dim() - 1;
-  const Tensor xt = (last ? x : x.transpose(d, -1)).contiguous();
+  const Tensor xt = ops::contiguous(last ? x : ops::transpose(x, d, -1));
   Tensor out = empty(xt.shape(), xt.options());
   SoftmaxArgs args;
   args.in = xt.raw_data();
@@ -125,7 +125,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   args.rows = args.cols ? xt.numel() / args.cols : 0;
   args.log = log;
   if (xt.numel() > 0) op_softmax.get(x.device(), x.dtype())(args);
-  return last ? out : out.transpose(d, -1);
+  return last ? out : ops::transpose(out, d, -1);
 }
 }  // namespace
 

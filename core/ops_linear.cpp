@@ -44,7 +44,7 @@ void gemm(const void* a, int64_t a_row, int64_t a_col, const void* b, int64_t b_
   g.beta = accumulate ? 1.0f : 0.0f;
   if (c.numel() == 0) return;
   if (k == 0) {
-    if (!accumulate) c.zero_();
+    if (!accumulate) ops::fill_(c, 0);
     return;
   }
   op_gemm.get(c.device(), c.dtype())(g);
@@ -57,9 +57,10 @@ Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   const Tensor x = contiguous(x_in);
   const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
   Tensor y = empty({m, out}, x.options());
-  if (bias.defined()) copy_(y, bias.expand({m, out}));
-  if (!weight.t().is_contiguous() && x.device().type == DeviceType::CPU && x.dtype() == DType::F32 &&
-      weight.is_contiguous() && std::min(in, out) >= 512 && m <= std::min(in, out)) {
+  if (bias.defined()) copy_(y, ops::expand(bias, {m, out}));
+  if (!ops::transpose(weight, 0, 1).is_contiguous() && x.device().type == DeviceType::CPU &&
+      x.dtype() == DType::F32 && weight.is_contiguous() && std::min(in, out) >= 512 &&
+      m <= std::min(in, out)) {
     // A large square-ish weight and few rows (W4's 1024 x 1024 layers at batch 1024): the f32 CPU GEMM
     // reads the transposed weight within 2% of an untransposed one (it packs B itself), while the transposing
     // copy costs more than that. With more rows or a smaller weight the transposed read costs 5-25% more
@@ -68,7 +69,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
     return y;
   }
   // [in, out]: a transposing copy, unless weight is a transposed view already.
-  const Tensor wt = contiguous(weight.t());
+  const Tensor wt = contiguous(ops::transpose(weight, 0, 1));
   gemm(x.raw_data(), in, 1, wt.raw_data(), out, 1, y, in, bias.defined());
   return y;
 }

@@ -38,7 +38,7 @@ int64_t check_layer_norm(const char* op, const Tensor& x, const Shape& normalize
 }
 
 // A parameter (or undefined) as a contiguous tensor of the compute dtype, as the kernels read it.
-Tensor as_compute(const Tensor& t, DType c) { return t.defined() ? contiguous(t.to(c)) : t; }
+Tensor as_compute(const Tensor& t, DType c) { return t.defined() ? contiguous(ops::to(t, c)) : t; }
 
 // The outputs of a backward whose inputs are in a already: d x of x_dtype and the shape of `like` (x or
 // x-hat), d weight and d bias when asked for, through `table` keyed by x_dtype.
@@ -137,7 +137,7 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   check_stats(op, mean, "mean", rows, c);
   check_stats(op, rstd, "rstd", rows, c);
   const Tensor xc = contiguous(x), w = as_compute(weight, c), mc = contiguous(mean), rc = contiguous(rstd);
-  const Tensor dy = contiguous(grad_out.to(x.dtype()));
+  const Tensor dy = contiguous(ops::to(grad_out, x.dtype()));
   LayerNormArgs a;
   a.x = xc.raw_data();
   a.dy = dy.raw_data();
@@ -165,7 +165,7 @@ LayerNormGrads layer_norm_backward_xhat(const Tensor& grad_out, const Tensor& xh
   const DType c = compute_dtype(x_dtype);
   check_stats(op, rstd, "rstd", rows, c);
   const Tensor xc = contiguous(xhat), w = as_compute(weight, c), rc = contiguous(rstd);
-  const Tensor dy = contiguous(grad_out.to(x_dtype));
+  const Tensor dy = contiguous(ops::to(grad_out, x_dtype));
   LayerNormArgs a;
   a.xhat = xc.raw_data();
   a.xhat_dtype = xhat.dtype();

@@ -112,7 +112,19 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) { return arg_reduce(op_argmax, x, dim, keepdim); }
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) { return arg_reduce(op_argmin, x, dim, keepdim); }
-Tensor argmax(const Tensor& x) { return arg_reduce(op_argmax, x.reshape({-1}), 0, false); }
-Tensor argmin(const Tensor& x) { return arg_reduce(op_argmin, x.reshape({-1}), 0, false); }
+ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  FRUGAL_CHECK(x.defined(), "max: the input tensor is undefined");
+  const int64_t d = wrap_dim(dim, x.dim(), "max");
+  return {reduce(op_max, x, {d}, keepdim, x.dtype()), arg_reduce(op_argmax, x, d, keepdim)};
+}
+
+ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  FRUGAL_CHECK(x.defined(), "min: the input tensor is undefined");
+  const int64_t d = wrap_dim(dim, x.dim(), "min");
+  return {reduce(op_min, x, {d}, keepdim, x.dtype()), arg_reduce(op_argmin, x, d, keepdim)};
+}
+
+Tensor argmax(const Tensor& x) { return arg_reduce(op_argmax, ops::reshape(x, {-1}), 0, false); }
+Tensor argmin(const Tensor& x) { return arg_reduce(op_argmin, ops::reshape(x, {-1}), 0, false); }
 
 }  // namespace frugal::ops

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ops.h"
 #include "core/tensor.h"
 
 namespace frugal {
@@ -107,9 +108,9 @@ struct Printer {
 
 std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
-  const Tensor host = to(kCPU);
+  const Tensor host = ops::to(*this, kCPU);
   const std::vector<double> values =
-      dtype() == DType::Bool ? host.to(DType::U8).to_vector<double>() : host.to_vector<double>();
+      dtype() == DType::Bool ? ops::to(host, DType::U8).to_vector<double>() : host.to_vector<double>();
   std::ostringstream os;
   Printer p{values, shape(), contiguous_strides(shape()), numel() > kSummarizeAbove, {}, os};
   p.fmt.is_bool = dtype() == DType::Bool;

@@ -313,6 +313,8 @@ Tensor clone(const Tensor& x) {
   return out;
 }
 
+Tensor to(const Tensor& x, DType t) { return t == x.dtype() ? x : cast(x, t); }
+
 Tensor to(const Tensor& x, Device d) {
   if (d == x.device()) return x;
   Tensor out = empty(x.shape(), x.options().device(d));  // throws DeviceError when that device has no backend

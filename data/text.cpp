@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/ops.h"
+
 namespace frugal::data {
 
 namespace fs = std::filesystem;
@@ -65,8 +67,8 @@ TextDataset::TextDataset(const TextDatasetOptions& options) : options_(options) 
 
 Tensor TextDataset::split_tokens() const {
   return options_.split_ == TextSplit::Train
-             ? tokens_.narrow(0, 0, train_tokens_)
-             : tokens_.narrow(0, train_tokens_, tokens_.numel() - train_tokens_);
+             ? ops::narrow(tokens_, 0, 0, train_tokens_)
+             : ops::narrow(tokens_, 0, train_tokens_, tokens_.numel() - train_tokens_);
 }
 
 int64_t TextDataset::size() const { return split_tokens().numel() - options_.context_; }

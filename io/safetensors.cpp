@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/ops.h"
 #include "io/file.h"
 
 namespace frugal::io {
@@ -168,7 +169,7 @@ void write_safetensors(AtomicFile& file, const SafetensorsPlan& plan) {
   file.write(plan.header.data(), int64_t(plan.header.size()));
   for (const auto& [name, t] : plan.tensors) {
     // One tensor at a time, so a non-contiguous or device tensor costs one temporary copy of itself only.
-    const Tensor c = t.to(kCPU).contiguous();
+    const Tensor c = ops::contiguous(ops::to(t, kCPU));
     if (c.nbytes() > 0) file.write(c.raw_data(), c.nbytes());
   }
 }

@@ -1,12 +1,12 @@
 // nn::functional layers (linear, dropout, layer_norm, batch_norm, embedding): composites of differentiable
-// ops, so their gradients come from autograd/ and recompute segments replay them, except linear and
-// layer_norm, which run fused ops (autograd/grad_linear.cpp, autograd/grad_norm.cpp) and keep their
-// composites as linear_composite and layer_norm_composite. Losses are in
-// nn/functional_losses.cpp.
+// ops, so their gradients come from autograd/ and recompute segments replay them, except where a fused op
+// runs: linear, layer_norm, batch_norm and the sparse embedding (autograd/grad_linear.cpp, grad_norm.cpp,
+// grad_batch_norm.cpp, sparse.cpp hold their rules); linear and layer_norm keep their composites as
+// linear_composite and layer_norm_composite. Losses are in nn/functional_losses.cpp.
 #include "nn/functional.h"
 
-#include "autograd/autocast_casts.h"
-#include "autograd/sparse.h"
+#include "amp/autocast.h"
+#include "autograd/nn_ops.h"
 #include "core/batch_norm.h"
 #include "core/op_table_linalg.h"
 
@@ -25,8 +25,8 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
   FRUGAL_CHECK(x_in.defined() && weight_in.defined(), "linear: the input or the weight is undefined");
   // Under autocast, all three in its dtype, cast before the weight is transposed so that the weight's cast is
   // the cached one (Note [autocast policy], amp/autocast.h).
-  const Tensor x = autograd::autocast_lower(x_in), weight = autograd::autocast_lower(weight_in),
-               bias = autograd::autocast_lower(bias_in);
+  const auto in = amp::autocast("linear", x_in, weight_in, bias_in);
+  const Tensor &x = in[0], &weight = in[1], &bias = in[2];
   FRUGAL_CHECK_SHAPE(weight.dim() == 2, "linear: the weight must be 2-D [out, in], got shape ",
                      weight.shape());
   FRUGAL_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input shape ", x.shape(),
@@ -93,8 +93,8 @@ Tensor layer_norm_composite(const Tensor& x_in, const Shape& normalized_shape, c
                             const Tensor& bias_in, double eps) {
   FRUGAL_CHECK(x_in.defined(), "layer_norm: the input is undefined");
   // In f32 under autocast, so it returns f32 (Note [autocast policy], amp/autocast.h).
-  const Tensor x = autograd::autocast_f32(x_in), weight = autograd::autocast_f32(weight_in),
-               bias = autograd::autocast_f32(bias_in);
+  const auto in = amp::autocast("layer_norm", x_in, weight_in, bias_in);
+  const Tensor &x = in[0], &weight = in[1], &bias = in[2];
   FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), "layer_norm: expected a floating input, got ",
                      dtype_name(x.dtype()), " (shape ", x.shape(), ")");
   const int k = normalized_shape.size();
@@ -120,47 +120,7 @@ Tensor layer_norm_composite(const Tensor& x_in, const Shape& normalized_shape, c
 }
 
 namespace {
-
 DType compute_dtype_of(DType t) { return is_half(t) ? DType::F32 : t; }
-
-// The fused batch norm (core/batch_norm.h) beside its backward rule (first order only: the rule is not itself
-// recorded); arguments checked by batch_norm below. The running statistics are updated as the composite does,
-// the biased variance recovered from invstd as 1 / invstd^2 - eps. n: values per channel.
-Tensor batch_norm_fused(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
-                        int64_t n) {
-  ops::BatchNormResult r = autograd::forward_only(
-      [&] { return ops::batch_norm(x, weight, bias, running_mean, running_var, training, eps); });
-  if (training && running_mean.defined()) {
-    NoGradGuard no_grad;
-    Tensor rm = running_mean, rv = running_var;
-    const Tensor var = ops::sub(ops::div(frugal::ones_like(r.invstd), ops::mul(r.invstd, r.invstd)), eps);
-    ops::mul_(rm, 1 - momentum);
-    ops::add_(rm, ops::mul(r.mean, momentum));
-    ops::mul_(rv, 1 - momentum);
-    ops::add_(rv, ops::mul(var, momentum * double(n) / double(n - 1)));
-  }
-  if (autograd::Node* node = autograd::recorded("batch_norm", {&x, &weight, &bias}, r.y)) {
-    const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
-               need_b = autograd::needs_grad({&bias});
-    node->save(x);
-    node->save(r.mean);
-    node->save(r.invstd);
-    if (weight.defined()) node->save(weight);
-    const DType w_dtype = weight.defined() ? weight.dtype() : x.dtype();
-    const DType b_dtype = bias.defined() ? bias.dtype() : x.dtype();
-    node->backward = [=](const autograd::Grads& s, const Tensor& g) -> autograd::Grads {
-      const Tensor w = s.size() > 3 ? s[3] : Tensor();
-      ops::BatchNormGrads d =
-          ops::batch_norm_backward(g, s[0], w, s[1], s[2], training, eps, need_x, need_w, need_b);
-      if (d.dweight.defined() && d.dweight.dtype() != w_dtype) d.dweight = ops::cast(d.dweight, w_dtype);
-      if (d.dbias.defined() && d.dbias.dtype() != b_dtype) d.dbias = ops::cast(d.dbias, b_dtype);
-      return {d.dx, d.dweight, d.dbias};
-    };
-  }
-  return r.y;
-}
-
 }  // namespace
 
 Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
@@ -168,8 +128,8 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
                   double eps) {
   FRUGAL_CHECK(x_in.defined(), "batch_norm: the input is undefined");
   // In f32 under autocast, so it returns f32 (Note [autocast policy], amp/autocast.h).
-  const Tensor x = autograd::autocast_f32(x_in), weight = autograd::autocast_f32(weight_in),
-               bias = autograd::autocast_f32(bias_in);
+  const auto in = amp::autocast("batch_norm", x_in, weight_in, bias_in);
+  const Tensor &x = in[0], &weight = in[1], &bias = in[2];
   FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), "batch_norm: expected a floating input, got ",
                      dtype_name(x.dtype()), " (shape ", x.shape(), ")");
   FRUGAL_CHECK_SHAPE(x.dim() >= 2,
@@ -191,7 +151,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
                        "batch_norm: expected more than 1 value per channel when training, got input shape ",
                        x.shape());
   if (op_batch_norm.has(x.device(), compute_dtype_of(x.dtype())))
-    return batch_norm_fused(x, running_mean, running_var, weight, bias, training, momentum, eps, n);
+    return autograd::batch_norm_fused(x, running_mean, running_var, weight, bias, training, momentum, eps, n);
   // The composite, on devices without the fused kernels.
   Shape dims{0}, bshape = Shape::filled(x.dim(), 1);
   for (int d = 2; d < x.dim(); ++d) dims.push_back(d);
@@ -219,40 +179,6 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   return y.to(x.dtype());
 }
 
-namespace {
-
-// The embedding with a sparse gradient (Note [sparse gradients]): its node hands the weight's rows straight
-// to the weight's sparse slot and returns no gradient to the engine. flat: i64 [n]; pad: -1 for none.
-Tensor embedding_sparse(const Tensor& flat, const Tensor& weight, int64_t pad) {
-  FRUGAL_CHECK(weight.is_leaf(),
-               "embedding: a sparse gradient needs the weight to be a leaf (a parameter), "
-               "but it was produced by ",
-               weight.grad_fn_name(), "; use sparse(false)");
-  Tensor y = autograd::forward_only([&] { return ops::index_select(weight, 0, flat); });
-  if (autograd::Node* n = autograd::recorded("embedding_sparse", {&weight}, y)) {
-    n->save(flat);
-    std::weak_ptr<AutogradMeta> target = weight.autograd_meta();
-    const int64_t rows = weight.size(0);
-    n->backward = [target, rows, pad](const autograd::Grads& s, const Tensor& g) -> autograd::Grads {
-      Tensor index = s[0], values = g;
-      if (pad >= 0) {  // the padding row gets no gradient: its entries are left out (as PyTorch does)
-        std::vector<int64_t> keep;
-        const std::vector<int64_t> idx = index.to_vector<int64_t>();
-        for (size_t i = 0; i < idx.size(); ++i)
-          if (idx[i] != pad) keep.push_back(int64_t(i));
-        const Tensor kept = tensor(keep).to(g.device());
-        index = ops::index_select(index, 0, kept);
-        values = ops::index_select(values, 0, kept);
-      }
-      if (auto meta = target.lock()) autograd::accumulate_sparse_grad(*meta, index, values, rows);
-      return {Tensor()};
-    };
-  }
-  return y;
-}
-
-}  // namespace
-
 Tensor embedding(const Tensor& input, const Tensor& weight, std::optional<int64_t> padding_idx, bool sparse) {
   FRUGAL_CHECK(input.defined() && weight.defined(), "embedding: the input or the weight is undefined");
   FRUGAL_CHECK_SHAPE(weight.dim() == 2, "embedding: the weight must be 2-D [num_embeddings, dim], got shape ",
@@ -274,7 +200,8 @@ Tensor embedding(const Tensor& input, const Tensor& weight, std::optional<int64_
   if (padding_idx)
     FRUGAL_CHECK_INDEX(pad >= 0 && pad < num, "embedding: padding_idx ", *padding_idx,
                        " is out of range for ", num, " embeddings");
-  if (sparse) return embedding_sparse(flat.to(DType::I64).contiguous(), weight, pad).reshape(out_shape);
+  if (sparse)
+    return autograd::embedding_sparse(flat.to(DType::I64).contiguous(), weight, pad).reshape(out_shape);
   Tensor y = index_select(weight, 0, flat);
   if (padding_idx) {
     // The padding row's value passes through, its gradient does not.

@@ -1,16 +1,12 @@
-// nn::functional losses, and the fused softmax + cross-entropy op (its forward, checks and backward rule; the
-// kernels are in kernels/cpu/cross_entropy.cpp). Semantics follow PyTorch's, reductions included.
+// nn::functional losses, and the checks of the fused softmax + cross-entropy op (its forward and backward
+// rule are in autograd/grad_loss.cpp). Semantics follow PyTorch's, reductions included.
 #include <cmath>
 
-#include "autograd/autocast_casts.h"
-#include "core/op_table_softmax.h"
+#include "amp/autocast.h"
+#include "autograd/nn_ops.h"
 #include "nn/functional.h"
 
 namespace frugal::nn::functional {
-
-using autograd::autocast_f32;
-using autograd::Grads;
-using autograd::Node;
 
 // Every loss runs in f32 under autocast (Note [autocast policy], amp/autocast.h): its f16/bf16 inputs are
 // cast up first, except the logits of the fused cross-entropy, whose kernel computes in f32 from them
@@ -150,43 +146,7 @@ Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ig
                label_smoothing);
   FRUGAL_CHECK_T(DeviceError, target.device() == logits.device(), op, ": the targets are on ",
                  target.device(), " but the logits are on ", logits.device(), "; move one with .to(device)");
-  const DType acc = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
-  const Tensor x = ops::contiguous(logits), t = ops::contiguous(target);
-  Tensor loss = empty({logits.size(0)}, TensorOptions(acc).device(logits.device()));
-  Tensor lse = empty({logits.size(0)}, TensorOptions(acc).device(logits.device()));
-  CrossEntropyArgs a;
-  a.logits = x.raw_data();
-  a.target = t.data<int64_t>();
-  a.loss = loss.raw_data();
-  a.lse = lse.raw_data();
-  a.rows = x.size(0);
-  a.classes = x.size(1);
-  a.ignore_index = ignore_index;
-  a.label_smoothing = label_smoothing;
-  if (a.rows > 0) op_cross_entropy.get(x.device(), x.dtype())(a);
-  if (Node* n = autograd::recorded("cross_entropy", {&logits}, loss)) {
-    n->save(x.detach());
-    n->save(t);
-    n->save(lse);
-    n->backward = [ignore_index, label_smoothing](const Grads& s, const Tensor& g) -> Grads {
-      const Tensor &x = s[0], &t = s[1], &lse = s[2];
-      const Tensor gc = ops::contiguous(ops::cast(g, lse.dtype()));
-      Tensor d = empty(x.shape(), x.options());
-      CrossEntropyArgs b;
-      b.logits = x.raw_data();
-      b.target = t.data<int64_t>();
-      b.lse = lse.raw_data();
-      b.grad = gc.raw_data();
-      b.d_logits = d.raw_data();
-      b.rows = x.size(0);
-      b.classes = x.size(1);
-      b.ignore_index = ignore_index;
-      b.label_smoothing = label_smoothing;
-      if (b.rows > 0) op_cross_entropy_backward.get(x.device(), x.dtype())(b);
-      return {d};
-    };
-  }
-  return loss;
+  return autograd::cross_entropy_rows(logits, target, ignore_index, label_smoothing);
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction, int64_t ignore_index,
@@ -201,7 +161,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
 
 Tensor cross_entropy_composite(const Tensor& logits_in, const Tensor& target, Reduction reduction,
                                int64_t ignore_index, double label_smoothing) {
-  const Tensor logits = autocast_f32(logits_in);
+  const Tensor logits = amp::autocast("cross_entropy", logits_in)[0];
   const char* op = "cross_entropy";
   FRUGAL_CHECK(label_smoothing >= 0 && label_smoothing <= 1, op, ": label_smoothing must be in [0, 1], got ",
                label_smoothing);
@@ -221,7 +181,7 @@ Tensor cross_entropy_composite(const Tensor& logits_in, const Tensor& target, Re
 
 Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, Reduction reduction, int64_t ignore_index) {
   const char* op = "nll_loss";
-  const Tensor log_probs = autocast_f32(log_probs_in);
+  const Tensor log_probs = amp::autocast("nll_loss", log_probs_in)[0];
   const ClassRows r = class_rows(log_probs, target, ignore_index, op);
   const Tensor valid = ops::ne(r.target, double(ignore_index));
   const Tensor safe = ops::where(valid, r.target, zeros_like(r.target));
@@ -231,21 +191,24 @@ Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, Reduction redu
 }
 
 Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
-  const Tensor input = autocast_f32(input_in), target = autocast_f32(target_in);
+  const auto in = amp::autocast("mse_loss", input_in, target_in);
+  const Tensor &input = in[0], &target = in[1];
   check_same_shape(input, target, "mse_loss");
   const Tensor d = sub(input, target);
   return reduce(mul(d, d), reduction, "mse_loss");
 }
 
 Tensor l1_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
-  const Tensor input = autocast_f32(input_in), target = autocast_f32(target_in);
+  const auto in = amp::autocast("l1_loss", input_in, target_in);
+  const Tensor &input = in[0], &target = in[1];
   check_same_shape(input, target, "l1_loss");
   return reduce(abs(sub(input, target)), reduction, "l1_loss");
 }
 
 Tensor kl_div(const Tensor& input_in, const Tensor& target_in, Reduction reduction, bool log_target) {
   const char* op = "kl_div";
-  const Tensor input = autocast_f32(input_in), target = autocast_f32(target_in);
+  const auto in = amp::autocast(op, input_in, target_in);
+  const Tensor &input = in[0], &target = in[1];
   check_same_shape(input, target, op);
   Tensor pointwise;
   if (log_target) {
@@ -266,8 +229,8 @@ Tensor kl_div(const Tensor& input_in, const Tensor& target_in, Reduction reducti
 Tensor binary_cross_entropy_with_logits(const Tensor& input_in, const Tensor& target_in, Reduction reduction,
                                         const Tensor& pos_weight_in) {
   const char* op = "binary_cross_entropy_with_logits";
-  const Tensor input = autocast_f32(input_in), target = autocast_f32(target_in),
-               pos_weight = autocast_f32(pos_weight_in);
+  const auto in = amp::autocast(op, input_in, target_in, pos_weight_in);
+  const Tensor &input = in[0], &target = in[1], &pos_weight = in[2];
   check_same_shape(input, target, op);
   // log(1 + exp(-|x|)) + max(-x, 0) is log(1 + exp(-x)) without overflow for large |x|.
   const Tensor softplus_neg = add(log(add(exp(neg(abs(input))), 1.0)), relu(neg(input)));

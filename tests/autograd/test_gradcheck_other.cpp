@@ -1,6 +1,7 @@
-// Gradients by finite differences in f64 of the reductions, matmul and softmax (grad_reduce.cpp), indexing
-// and joining (grad_index.cpp), views and copies (grad_views.cpp) and the Tensor methods, on contiguous and
-// non-contiguous leaves; composite models; and gradcheck's own failures.
+// Gradients by finite differences in f64 of the reductions (grad_reduce.cpp), matmul (grad_linalg.cpp) and
+// softmax (grad_softmax.cpp), indexing and joining (grad_index.cpp), views and copies (grad_views.cpp) and
+// the Tensor methods, on contiguous and non-contiguous leaves; composite models; and gradcheck's own
+// failures.
 #include "tests/autograd/gradcheck_helpers.h"
 
 namespace frugal {
@@ -72,6 +73,34 @@ TEST(GradcheckReduce, MaxMinTiesSplitEvenly) {
   const Tensor y = tensor<double>({1, 4, 4, -1, 0, 2}, {2, 3}).requires_grad_();
   expect_grads_ok([](const std::vector<Tensor>& in) { return max(in[0], {1}); }, {y}, "max with a tie");
   expect_grads_ok([](const std::vector<Tensor>& in) { return max(in[0]); }, {y}, "max of all with a tie");
+}
+
+// max / min along a dim with indices: f64 finite differences on random values (no ties), every dim,
+// keepdim and layout; with ties, all of the gradient goes to the index returned (PyTorch's max(x, dim)).
+TEST(GradcheckReduce, MaxMinAlongADimWithIndices) {
+  for (int d = -1; d < 3; ++d)
+    for (bool keepdim : {false, true})
+      for (Layout layout : kLayouts) {
+        const Tensor x = leaf({2, 3, 4}, -2, 2, 104, layout);
+        const std::string what =
+            "dim " + std::to_string(d) + (keepdim ? " keepdim " : " ") + layout_name(layout);
+        expect_grads_ok([&](const std::vector<Tensor>& in) { return max(in[0], d, keepdim).values; }, {x},
+                        "max " + what);
+        expect_grads_ok([&](const std::vector<Tensor>& in) { return min(in[0], d, keepdim).values; }, {x},
+                        "min " + what);
+      }
+  expect_grads_ok([](const std::vector<Tensor>& in) { return max(in[0], 0).values; }, {leaf({}, -2, 2, 105)},
+                  "max of a 0-d tensor");
+  Tensor x = tensor<double>({3, 3, 1, 0, 2, 2, 2, 5}, {2, 4}).requires_grad_();
+  auto [values, indices] = max(x, 1);
+  EXPECT_EQ(indices.to_vector<int64_t>(), (std::vector<int64_t>{0, 3}));
+  EXPECT_FALSE(indices.requires_grad());
+  sum(mul(values, tensor<double>({10, 20}))).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{10, 0, 0, 0, 0, 0, 0, 20}));
+  x.zero_grad();
+  sum(min(x, 1, true).values).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 0, 0, 1, 1, 0, 0, 0}));
+  EXPECT_STREQ(min(x, 0).values.grad_fn_name(), "min");
 }
 
 TEST(GradcheckMatmul, EveryShapeRuleEveryLayout) {

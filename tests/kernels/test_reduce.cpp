@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <string>
+#include <type_traits>
 
 #include "tests/test_util.h"
 
@@ -130,6 +132,51 @@ TEST(Reduce, ArgMaxArgMin) {
   EXPECT_EQ(argmax(tensor<float>({1.f, 3.f, 3.f, 2.f})).item<int64_t>(), 1);  // ties: the first
   EXPECT_EQ(argmax(tensor<float>({1.f, NAN, 3.f})).item<int64_t>(), 1);       // nan wins, as in PyTorch
   EXPECT_TRUE(std::isnan(max(tensor<float>({1.f, NAN, 3.f})).item<float>()));
+}
+
+// max / min along a dim with indices (libtorch's max(x, dim, keepdim)): the values of the Shape form, the
+// indices of argmax / argmin, in every dtype and on a non-contiguous view; a braced dim stays the Shape form.
+TEST(Reduce, MaxMinAlongADimWithIndices) {
+  static_assert(std::is_same_v<decltype(max(Tensor(), {1})), Tensor>, "max(x, {1}) is the Shape reduction");
+  static_assert(std::is_same_v<decltype(max(Tensor(), 1)), ValuesIndices>);
+  static_assert(std::is_same_v<decltype(ops::min(Tensor(), int64_t(1), true)), ValuesIndices>);
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::I64}) {
+    const Tensor x =
+        t == DType::I64 ? randint(-50, 50, {4, 9, 5}, DType::I64) : uniform({4, 9, 5}, -1, 1, t, 12);
+    for (const Tensor& v : {x, x.transpose(0, 2)})
+      for (int d = -1; d < 3; ++d)
+        for (bool keepdim : {false, true}) {
+          const auto [values, indices] = max(v, d, keepdim);
+          const auto [lo, lo_at] = min(v, d, keepdim);
+          const std::string what = std::string(dtype_name(t)) + " dim " + std::to_string(d);
+          EXPECT_EQ(values.dtype(), t) << what;
+          EXPECT_EQ(indices.dtype(), DType::I64) << what;
+          EXPECT_EQ(values.shape(), max(v, {d}, keepdim).shape()) << what;
+          EXPECT_EQ(values.to_vector<double>(), max(v, {d}, keepdim).to_vector<double>()) << what;
+          EXPECT_EQ(indices.to_vector<double>(), argmax(v, d, keepdim).to_vector<double>()) << what;
+          EXPECT_EQ(lo.to_vector<double>(), min(v, {d}, keepdim).to_vector<double>()) << what;
+          EXPECT_EQ(lo_at.to_vector<double>(), argmin(v, d, keepdim).to_vector<double>()) << what;
+          // The values are the elements the indices name.
+          const Tensor at = keepdim ? indices : indices.unsqueeze(d);
+          const Tensor picked = gather(v, d, at);
+          EXPECT_EQ(picked.to_vector<double>(), values.to_vector<double>()) << what;
+        }
+  }
+  const ValuesIndices r = max(tensor<float>({1.f, 3.f, 3.f, 2.f}), 0);  // ties: the first index
+  EXPECT_EQ(r.values.item<float>(), 3.f);
+  EXPECT_EQ(r.indices.item<int64_t>(), 1);
+}
+
+TEST(Reduce, MaxMinAlongADimBadInputs) {
+  const Tensor x = uniform({2, 3}, -1, 1, DType::F32, 13);
+  expect_error<IndexError>([&] { max(x, 2); }, {"max", "dim 2 is out of range", "2 dimension(s)", "[-2, 1]"});
+  expect_error<IndexError>([&] { min(x, -3, true); }, {"min", "dim -3 is out of range", "[-2, 1]"});
+  expect_error<Error>([&] { max(Tensor(), 0); }, {"max", "undefined"});
+  expect_error<ShapeError>(
+      [&] {
+        min(zeros({2, 0}), 1);
+      },
+      {"min", "cannot reduce over a dim of size 0", "[2, 0]"});
 }
 
 TEST(Reduce, IntegerAndBool) {

@@ -1,0 +1,94 @@
+// The differentiable fused attention ops, each beside its backward rule: the attention probabilities
+// (kernels/cpu/attention.cpp) and the whole attention of packed q, k, v (kernels/cpu/self_attention.cpp).
+// nn::functional::attention_scores_softmax and self_attention check the arguments and call them; their
+// composite references stay in nn/attention.cpp.
+#include "autograd/nn_ops.h"
+#include "core/op_table_attention.h"
+#include "core/parallel.h"
+
+namespace frugal::autograd {
+
+Tensor attention_scores_softmax(const Tensor& scores, double scale, bool causal) {
+  const char* op = "attention_scores_softmax";
+  const Tensor x = ops::contiguous(scores.detach());
+  Tensor y = empty(x.shape(), x.options());
+  AttentionSoftmaxArgs a;
+  a.x = x.raw_data();
+  a.y = y.raw_data();
+  a.t = x.size(-1);
+  a.rows = a.t ? x.numel() / a.t : 0;
+  a.scale = scale;
+  a.causal = causal;
+  if (a.rows > 0) op_attention_softmax.get(x.device(), x.dtype())(a);
+  if (Node* n = recorded(op, {&scores}, y)) {
+    n->save_output(y);
+    n->backward = [scale, causal](const Grads& s, const Tensor& g) -> Grads {
+      const Tensor& y = s[0];
+      const Tensor dy = ops::contiguous(g.dtype() == y.dtype() ? g : ops::cast(g, y.dtype()));
+      Tensor dx = empty(y.shape(), y.options());
+      AttentionSoftmaxArgs b;
+      b.y = y.raw_data();
+      b.dy = dy.raw_data();
+      b.dx = dx.raw_data();
+      b.t = y.size(-1);
+      b.rows = b.t ? y.numel() / b.t : 0;
+      b.scale = scale;
+      b.causal = causal;
+      if (b.rows > 0) op_attention_softmax_backward.get(y.device(), y.dtype())(b);
+      return {dx};
+    };
+  }
+  return y;
+}
+
+Tensor self_attention(const Tensor& qkv, int64_t n_heads, int64_t hd, double scale, bool causal) {
+  const char* op = "self_attention";
+  const DType dt = qkv.dtype();
+  const TensorOptions compute = qkv.options().dtype(dt == DType::F16 || dt == DType::BF16 ? DType::F32 : dt);
+  const Tensor x = ops::contiguous(qkv.detach());
+  const int64_t b = x.size(0), t = x.size(1), d = n_heads * hd;
+  // f16/bf16: the probabilities the backward needs in that dtype where the device can (op_table.h).
+  const bool low_probs = op_self_attention_low_probs.has(x.device(), dt) &&
+                         op_self_attention_backward_low_probs.has(x.device(), dt);
+  const Tensor probs = empty({b, n_heads, t, t}, low_probs ? x.options() : compute);
+  Tensor y = empty({b, t, d}, x.options());
+  SelfAttentionArgs a;
+  a.qkv = x.raw_data();
+  a.probs = probs.raw_data();
+  a.y = y.raw_data();
+  a.batch = b;
+  a.t = t;
+  a.heads = n_heads;
+  a.head_dim = hd;
+  a.scale = scale;
+  a.causal = causal;
+  a.threads = num_threads();
+  const Tensor workspace = empty({a.threads, self_attention_workspace(a, dt, false, low_probs)}, compute);
+  a.workspace = workspace.raw_data();
+  if (y.numel() > 0) (low_probs ? op_self_attention_low_probs : op_self_attention).get(x.device(), dt)(a);
+  if (Node* n = recorded(op, {&qkv}, y)) {
+    n->save(x);
+    n->save(probs);
+    n->backward = [a, compute, low_probs](const Grads& s, const Tensor& g) -> Grads {
+      const Tensor& x = s[0];
+      const Tensor dy = ops::contiguous(g.dtype() == x.dtype() ? g : ops::cast(g, x.dtype()));
+      Tensor dqkv = empty(x.shape(), x.options());
+      SelfAttentionArgs b = a;
+      b.threads = num_threads();
+      const Tensor workspace =
+          empty({b.threads, self_attention_workspace(b, x.dtype(), true, low_probs)}, compute);
+      b.qkv = x.raw_data();
+      b.probs = s[1].raw_data();
+      b.dy = dy.raw_data();
+      b.dqkv = dqkv.raw_data();
+      b.workspace = workspace.raw_data();
+      if (dqkv.numel() > 0)
+        (low_probs ? op_self_attention_backward_low_probs : op_self_attention_backward)
+            .get(x.device(), x.dtype())(b);
+      return {dqkv};
+    };
+  }
+  return y;
+}
+
+}  // namespace frugal::autograd

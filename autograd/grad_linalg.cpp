@@ -1,0 +1,36 @@
+// Differentiable matmul beside its backward rule (linear, the fused GEMM layer, is in grad_linear.cpp).
+#include "amp/autocast.h"
+#include "autograd/functions.h"
+
+namespace frugal {
+
+using autograd::Grads;
+using autograd::Node;
+using autograd::recorded;
+
+// matmul runs in its low dtype under autocast (Note [autocast policy], amp/autocast.h).
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const auto in = amp::autocast("matmul", a_in, b_in);
+  const Tensor &a = in[0], &b = in[1];
+  Tensor y = ops::matmul(a, b);
+  if (Node* n = recorded("matmul", {&a, &b}, y)) {
+    n->save(a);
+    n->save(b);
+    n->backward = [](const Grads& s, const Tensor& g) -> Grads {
+      // With 1-D operands made 2-D as in the forward: dA = g B^T, dB = A^T g, then broadcast batch dims
+      // summed.
+      const Tensor& a = s[0];
+      const Tensor& b = s[1];
+      const Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
+      const Tensor b2 = b.dim() == 1 ? b.unsqueeze(1) : b;
+      Tensor g2 = a.dim() == 1 ? g.unsqueeze(g.dim() - (b.dim() == 1 ? 0 : 1)) : g;
+      if (b.dim() == 1) g2 = g2.unsqueeze(-1);
+      const Tensor da = autograd::sum_to(matmul(g2, b2.transpose(-1, -2)), a2.shape()).reshape(a.shape());
+      const Tensor db = autograd::sum_to(matmul(a2.transpose(-1, -2), g2), b2.shape()).reshape(b.shape());
+      return {da, db};
+    };
+  }
+  return y;
+}
+
+}  // namespace frugal
