@@ -172,7 +172,7 @@ class OpTable {
 };
 
 // The elementwise ops, from core/op_list.h: X(name, ...) for each, a table op_<name> each. The ops with
-// parameters (clamp, softplus) read them from OpArgs a and b.
+// parameters (FRUGAL_UNARY_PARAM_OP_LIST) read them from OpArgs a and b.
 #define FRUGAL_UNARY_OPS(X) FRUGAL_UNARY_OP_LIST(X) FRUGAL_UNARY_PARAM_OP_LIST(X)
 #define FRUGAL_BINARY_OPS(X) FRUGAL_BINARY_OP_LIST(X)
 #define FRUGAL_COMPARE_OPS(X) FRUGAL_COMPARE_OP_LIST(X)

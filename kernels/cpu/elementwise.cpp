@@ -1,8 +1,9 @@
 // CPU elementwise kernels, registered from core/op_list.h. The math of each op is its functor
-// (kernels/math.h, shared with the CUDA kernels), which runs on strided and f16/bf16 runs (those through
-// small buffers in f32); contiguous f32/f64 runs use an Eigen form of the same math where one is written
-// below (Eigen's vectorised exp, tanh, erf, ...). tests/kernels/test_elementwise.cpp checks both against the
-// functor evaluated in f64.
+// (kernels/math.h, shared with the CUDA kernels and the tests' reference); an op may also have an Eigen form
+// of the same math, written below, which then takes its runs (Eigen's vectorised exp, tanh, erf, ...; strided
+// and f16/bf16 runs through small f32 buffers: map_functor in kernels/cpu/map.h). The functor runs the ops
+// without one, integer pow and bool arithmetic. tests/kernels/test_elementwise.cpp checks every op on every
+// dtype and layout against the functor evaluated in f64.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -24,10 +25,9 @@ using cpu::for_types;
 using cpu::kWidens;
 using cpu::map_functor;
 
-// The Eigen forms of the functors (kernels/math.h) that Eigen vectorises (exp, tanh, erf, ...), for the runs
-// map_functor gives them (contiguous, T its own compute type): Vectorised<Op, C>::run(f, o, x[, y]). An op
-// without one runs its functor everywhere. Each is tested against its functor (tests/kernels and
-// tests/cuda/test_math.cpp).
+// The Eigen forms of the functors (kernels/math.h) that Eigen vectorises (exp, tanh, erf, ...):
+// Vectorised<Op, C>::run(f, o, x[, y]) on Eigen maps. An op without one runs its functor everywhere. Each is
+// tested against its functor (tests/kernels/test_elementwise.cpp, tests/cuda/test_math.cpp).
 template <typename Op, typename C>
 struct Vectorised {
   static constexpr bool kHas = false;
