@@ -8,6 +8,7 @@
 
 #include "autograd/functions.h"
 #include "core/error.h"
+#include "core/op_list.h"
 
 namespace frugal::amp {
 
@@ -30,6 +31,9 @@ struct PolicyRow {
   const char* op;
   CastPolicy policy;
 };
+// The two values of op_list.h's autocast column.
+constexpr CastPolicy kElementwise_none = CastPolicy::Keep;
+constexpr CastPolicy kElementwise_f32 = CastPolicy::F32;
 constexpr PolicyRow kPolicy[] = {
     // GEMM-like, in the guard's dtype.
     {"matmul", CastPolicy::Lower},
@@ -41,11 +45,12 @@ constexpr PolicyRow kPolicy[] = {
     {"sum", CastPolicy::F32},
     {"mean", CastPolicy::F32},
     {"var", CastPolicy::F32},
-    {"exp", CastPolicy::F32},
-    {"log", CastPolicy::F32},
-    {"pow", CastPolicy::F32},
-    {"rsqrt", CastPolicy::F32},
-    {"layer_norm", CastPolicy::F32},
+// The elementwise ops: their autocast column in core/op_list.h (f32: exp, log, rsqrt, pow, softplus).
+#define FRUGAL_POLICY_ROW(name, F, dtypes, autocast, ...) {#name, kElementwise_##autocast},
+    FRUGAL_UNARY_OP_LIST(FRUGAL_POLICY_ROW) FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_POLICY_ROW)
+        FRUGAL_BINARY_OP_LIST(FRUGAL_POLICY_ROW)
+#undef FRUGAL_POLICY_ROW
+            {"layer_norm", CastPolicy::F32},
     {"batch_norm", CastPolicy::F32},
     {"cross_entropy", CastPolicy::F32},  // its composite; the fused kernel takes L (cross_entropy_rows)
     {"nll_loss", CastPolicy::F32},

@@ -20,9 +20,10 @@
 // nn::functional), with grad mode on or off alike.
 //   - L (GEMM-like): matmul (so the attention products q k^T and p v), F::linear, conv2d. Their floating
 //     inputs other than f64 are cast to L.
-//   - f32 (numerically sensitive): softmax, log_softmax, sum, mean, var, exp, log, pow, rsqrt, layer_norm,
-//     batch_norm and every loss (cross_entropy, nll_loss, mse_loss, l1_loss, kl_div,
-//     binary_cross_entropy_with_logits). Their f16/bf16 inputs are cast to f32, so they return f32.
+//   - f32 (numerically sensitive): softmax, log_softmax, sum, mean, var, exp, log, pow, rsqrt, softplus,
+//     layer_norm, batch_norm and every loss (cross_entropy, nll_loss, mse_loss, l1_loss, kl_div,
+//     binary_cross_entropy_with_logits). Their f16/bf16 inputs are cast to f32, so they return f32. (The
+//     table takes the elementwise ops' rows from the autocast column of core/op_list.h.)
 //   - every other op: the widest input dtype (the usual promotion; add(f32, bf16) is f32).
 // Where this differs from PyTorch: its CUDA list does not put mean, var and batch_norm in f32 (its kernels
 // accumulate those in f32 anyway; here the composite layers are built from them), and its CPU list keeps

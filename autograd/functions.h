@@ -14,58 +14,36 @@
 
 namespace frugal {
 
-// Elementwise, one input.
-Tensor neg(const Tensor& x);
-Tensor abs(const Tensor& x);
-Tensor exp(const Tensor& x);
-Tensor log(const Tensor& x);
-Tensor sqrt(const Tensor& x);
-Tensor rsqrt(const Tensor& x);
-Tensor relu(const Tensor& x);
-Tensor gelu(const Tensor& x);
-Tensor gelu_tanh(const Tensor& x);
-Tensor sigmoid(const Tensor& x);
-Tensor tanh(const Tensor& x);
-Tensor silu(const Tensor& x);
-Tensor erf(const Tensor& x);
-Tensor clamp(const Tensor& x, Scalar min, Scalar max);
+// The elementwise ops of core/op_list.h, differentiable (the same signatures as in core/ops.h; rules in
+// autograd/grad_elementwise.cpp). The in-place forms are not recorded: they throw while grad mode is on and
+// `self` requires grad (use them on data, under NoGradGuard, e.g. in optimizers). Comparisons are not
+// differentiable (bool results): they are core's.
+#define FRUGAL_DIFF_UNARY(name, F, dtypes, autocast, method, inplace) \
+  Tensor name(const Tensor& x);                                       \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self);)
+#define FRUGAL_DIFF_UNARY_PARAM(name, F, dtypes, autocast, method, inplace, p1, d1, p2, d2, ...) \
+  Tensor name(const Tensor& x, Scalar p1 d1, Scalar p2 d2);                                      \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, Scalar p1 d1, Scalar p2 d2);)
+#define FRUGAL_DIFF_BINARY(name, F, dtypes, autocast, method, inplace)    \
+  Tensor name(const Tensor& a, const Tensor& b);                          \
+  Tensor name(const Tensor& a, Scalar b);                                 \
+  Tensor name(Scalar a, const Tensor& b);                                 \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, const Tensor& other); \
+                      Tensor & name##_(Tensor & self, Scalar other);)
+#define FRUGAL_DIFF_COMPARE(name, F) using ops::name;
+FRUGAL_UNARY_OP_LIST(FRUGAL_DIFF_UNARY)
+FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_DIFF_UNARY_PARAM)
+FRUGAL_BINARY_OP_LIST(FRUGAL_DIFF_BINARY)
+FRUGAL_COMPARE_OP_LIST(FRUGAL_DIFF_COMPARE)
+#undef FRUGAL_DIFF_UNARY
+#undef FRUGAL_DIFF_UNARY_PARAM
+#undef FRUGAL_DIFF_BINARY
+#undef FRUGAL_DIFF_COMPARE
+
+// Hand-written (core/op_list.h says why).
 Tensor clamp_min(const Tensor& x, Scalar min);
 Tensor clamp_max(const Tensor& x, Scalar max);
-
-// Elementwise, two inputs (broadcasting, promotion).
-Tensor add(const Tensor& a, const Tensor& b);
-Tensor sub(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor div(const Tensor& a, const Tensor& b);
-Tensor pow(const Tensor& a, const Tensor& b);
-Tensor maximum(const Tensor& a, const Tensor& b);
-Tensor minimum(const Tensor& a, const Tensor& b);
-Tensor add(const Tensor& a, Scalar b);
-Tensor sub(const Tensor& a, Scalar b);
-Tensor mul(const Tensor& a, Scalar b);
-Tensor div(const Tensor& a, Scalar b);
-Tensor pow(const Tensor& a, Scalar b);
-Tensor maximum(const Tensor& a, Scalar b);
-Tensor minimum(const Tensor& a, Scalar b);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
-// Comparisons (not differentiable: bool results).
-using ops::eq;
-using ops::ge;
-using ops::gt;
-using ops::le;
-using ops::lt;
-using ops::ne;
-
-// In place. Not recorded: they throw while grad mode is on and `self` requires grad (use them on data, under
-// NoGradGuard, e.g. in optimizers).
-Tensor& add_(Tensor& self, const Tensor& other);
-Tensor& sub_(Tensor& self, const Tensor& other);
-Tensor& mul_(Tensor& self, const Tensor& other);
-Tensor& div_(Tensor& self, const Tensor& other);
-Tensor& add_(Tensor& self, Scalar other);
-Tensor& mul_(Tensor& self, Scalar other);
-Tensor& relu_(Tensor& self);
-Tensor& clamp_(Tensor& self, Scalar min, Scalar max);
 
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);

@@ -136,17 +136,11 @@ Tensor Tensor::clone() const { return frugal::clone(*this); }
 Tensor Tensor::to(DType t) const { return t == dtype() ? *this : cast(*this, t); }
 Tensor Tensor::to(Device d) const { return frugal::to(*this, d); }
 
-Tensor Tensor::operator-() const { return neg(*this); }
+Tensor Tensor::operator-() const { return frugal::neg(*this); }
 Tensor Tensor::sum() const { return frugal::sum(*this); }
 Tensor Tensor::mean() const { return frugal::mean(*this); }
 Tensor Tensor::sum(const Shape& dims, bool keepdim) const { return frugal::sum(*this, dims, keepdim); }
 Tensor Tensor::mean(const Shape& dims, bool keepdim) const { return frugal::mean(*this, dims, keepdim); }
 Tensor Tensor::matmul(const Tensor& other) const { return frugal::matmul(*this, other); }
-Tensor& Tensor::add_(const Tensor& other) { return frugal::add_(*this, other); }
-Tensor& Tensor::add_(Scalar other) { return frugal::add_(*this, other); }
-Tensor& Tensor::sub_(const Tensor& other) { return frugal::sub_(*this, other); }
-Tensor& Tensor::mul_(const Tensor& other) { return frugal::mul_(*this, other); }
-Tensor& Tensor::mul_(Scalar other) { return frugal::mul_(*this, other); }
-Tensor& Tensor::div_(const Tensor& other) { return frugal::div_(*this, other); }
 
 }  // namespace frugal

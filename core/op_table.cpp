@@ -20,7 +20,7 @@
 
 namespace frugal {
 
-#define FRUGAL_DEFINE_TABLE(name) constinit OpTable<ElementwiseKernel> op_##name{#name};
+#define FRUGAL_DEFINE_TABLE(name, ...) constinit OpTable<ElementwiseKernel> op_##name{#name};
 FRUGAL_UNARY_OPS(FRUGAL_DEFINE_TABLE)
 FRUGAL_BINARY_OPS(FRUGAL_DEFINE_TABLE)
 FRUGAL_COMPARE_OPS(FRUGAL_DEFINE_TABLE)

@@ -6,8 +6,9 @@
 // and tables sit in its own core/op_table_<family>.h (reduce, linalg, softmax, index, conv, norm, attention,
 // optim, sparse, copy), included only where that family is used.
 //
-// Adding an op (STYLE.md rule 1): its line in a list below or in its family's header (or its own table), its
-// CPU kernel, its CUDA kernel, its public function in core/ops.h, its backward rule, its test.
+// Adding an op (STYLE.md rule 1): an elementwise op is its line in core/op_list.h (Note [adding an
+// elementwise op] there); another op is its own table in its family's header, its CPU kernel, its CUDA
+// kernel, its public function in core/ops.h, its backward rule, its test.
 #pragma once
 
 #include <array>
@@ -17,6 +18,7 @@
 #include "device.h"
 #include "dtype.h"
 #include "loop.h"
+#include "op_list.h"
 
 namespace frugal {
 
@@ -94,18 +96,13 @@ class OpTable {
   Fn* table_[kNumDeviceTypes][kNumDTypes] = {};
 };
 
-// Elementwise ops of one input (X(name)); each has a table op_<name>. clamp reads its bounds from OpArgs.
-// clang-format off
-#define FRUGAL_UNARY_OPS(X) \
-  X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(relu) X(gelu) X(gelu_tanh) X(sigmoid) X(tanh) X(silu) X(erf) \
-  X(clamp)
-// clang-format on
-// Elementwise ops of two inputs with the same dtype out.
-#define FRUGAL_BINARY_OPS(X) X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum)
-// Comparisons: two inputs of one dtype (the table's key), a bool output.
-#define FRUGAL_COMPARE_OPS(X) X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
+// The elementwise ops, from core/op_list.h: X(name, ...) for each, a table op_<name> each. The ops with
+// parameters (FRUGAL_UNARY_PARAM_OP_LIST) read them from OpArgs a and b.
+#define FRUGAL_UNARY_OPS(X) FRUGAL_UNARY_OP_LIST(X) FRUGAL_UNARY_PARAM_OP_LIST(X)
+#define FRUGAL_BINARY_OPS(X) FRUGAL_BINARY_OP_LIST(X)
+#define FRUGAL_COMPARE_OPS(X) FRUGAL_COMPARE_OP_LIST(X)
 
-#define FRUGAL_DECLARE_TABLE(name) extern OpTable<ElementwiseKernel> op_##name;
+#define FRUGAL_DECLARE_TABLE(name, ...) extern OpTable<ElementwiseKernel> op_##name;
 FRUGAL_UNARY_OPS(FRUGAL_DECLARE_TABLE)
 FRUGAL_BINARY_OPS(FRUGAL_DECLARE_TABLE)
 FRUGAL_COMPARE_OPS(FRUGAL_DECLARE_TABLE)

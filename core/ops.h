@@ -11,74 +11,56 @@
 #include <utility>
 #include <vector>
 
+#include "op_list.h"
 #include "tensor.h"
 
 namespace frugal::ops {
 
-// Elementwise, one input. exp..silu need a floating dtype; neg, abs, relu, clamp also take integers.
-Tensor neg(const Tensor& x);
-Tensor abs(const Tensor& x);
-Tensor exp(const Tensor& x);
-Tensor log(const Tensor& x);
-Tensor sqrt(const Tensor& x);
-Tensor rsqrt(const Tensor& x);
-Tensor relu(const Tensor& x);
-Tensor gelu(const Tensor& x);       // x * Phi(x), the erf form
-Tensor gelu_tanh(const Tensor& x);  // the tanh approximation
-// Their gradients in one pass, d y * gelu'(x), for d y and x of one shape (d y is converted to x's dtype).
+// The elementwise ops of core/op_list.h, generated from it (name, dtypes and parameters there):
+//   Tensor exp(const Tensor& x);                               one input
+//   Tensor clamp(const Tensor& x, Scalar min, Scalar max);      one input and two parameters
+//   Tensor add(const Tensor& a, const Tensor& b);               two inputs, broadcasting and promotion
+//   Tensor add(const Tensor& a, Scalar b), add(Scalar a, const Tensor& b);  a Scalar takes the tensor's dtype
+//   Tensor eq(const Tensor& a, const Tensor& b), eq(const Tensor& a, Scalar b);  bool results
+// and, where the list says inplace, the result written into `self` (which must already have the broadcast
+// shape) converted to its dtype, bumping the storage's version counter:
+//   Tensor& relu_(Tensor& self);  Tensor& add_(Tensor& self, const Tensor& other);  add_(self, Scalar)
+// Ops of a floating class refuse other dtypes with a message; div (true division) computes integers in f32.
+#define FRUGAL_OPS_UNARY(name, F, dtypes, autocast, method, inplace) \
+  Tensor name(const Tensor& x);                                      \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self);)
+#define FRUGAL_OPS_UNARY_PARAM(name, F, dtypes, autocast, method, inplace, p1, d1, p2, d2, ...) \
+  Tensor name(const Tensor& x, Scalar p1 d1, Scalar p2 d2);                                     \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, Scalar p1 d1, Scalar p2 d2);)
+#define FRUGAL_OPS_BINARY(name, F, dtypes, autocast, method, inplace)     \
+  Tensor name(const Tensor& a, const Tensor& b);                          \
+  Tensor name(const Tensor& a, Scalar b);                                 \
+  Tensor name(Scalar a, const Tensor& b);                                 \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, const Tensor& other); \
+                      Tensor & name##_(Tensor & self, Scalar other);)
+#define FRUGAL_OPS_COMPARE(name, F)              \
+  Tensor name(const Tensor& a, const Tensor& b); \
+  Tensor name(const Tensor& a, Scalar b);
+FRUGAL_UNARY_OP_LIST(FRUGAL_OPS_UNARY)
+FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_OPS_UNARY_PARAM)
+FRUGAL_BINARY_OP_LIST(FRUGAL_OPS_BINARY)
+FRUGAL_COMPARE_OP_LIST(FRUGAL_OPS_COMPARE)
+#undef FRUGAL_OPS_UNARY
+#undef FRUGAL_OPS_UNARY_PARAM
+#undef FRUGAL_OPS_BINARY
+#undef FRUGAL_OPS_COMPARE
+
+// Hand-written elementwise ops (core/op_list.h says why).
+Tensor clamp_min(const Tensor& x, Scalar min);
+Tensor clamp_max(const Tensor& x, Scalar max);
+// GELU's gradients in one pass, d y * gelu'(x), for d y and x of one shape (d y is converted to x's dtype).
 Tensor gelu_backward(const Tensor& grad_out, const Tensor& x);
 Tensor gelu_tanh_backward(const Tensor& grad_out, const Tensor& x);
 // ReLU's gradient from its output y in one pass: y > 0 ? d y : 0 (d y converted to y's dtype).
 Tensor relu_backward(const Tensor& grad_out, const Tensor& y);
-Tensor sigmoid(const Tensor& x);
-Tensor tanh(const Tensor& x);
-Tensor silu(const Tensor& x);
-Tensor erf(const Tensor& x);
-Tensor clamp(const Tensor& x, Scalar min, Scalar max);
-Tensor clamp_min(const Tensor& x, Scalar min);
-Tensor clamp_max(const Tensor& x, Scalar max);
-
-// Elementwise, two inputs, NumPy broadcasting and type promotion (a Scalar takes the tensor's dtype).
-Tensor add(const Tensor& a, const Tensor& b);
-Tensor sub(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give f32
-Tensor pow(const Tensor& a, const Tensor& b);
-Tensor maximum(const Tensor& a, const Tensor& b);
-Tensor minimum(const Tensor& a, const Tensor& b);
-Tensor add(const Tensor& a, Scalar b);
-Tensor sub(const Tensor& a, Scalar b);
-Tensor mul(const Tensor& a, Scalar b);
-Tensor div(const Tensor& a, Scalar b);
-Tensor pow(const Tensor& a, Scalar b);
-Tensor maximum(const Tensor& a, Scalar b);
-Tensor minimum(const Tensor& a, Scalar b);
-// Comparisons give bool tensors.
-Tensor eq(const Tensor& a, const Tensor& b);
-Tensor ne(const Tensor& a, const Tensor& b);
-Tensor lt(const Tensor& a, const Tensor& b);
-Tensor le(const Tensor& a, const Tensor& b);
-Tensor gt(const Tensor& a, const Tensor& b);
-Tensor ge(const Tensor& a, const Tensor& b);
-Tensor eq(const Tensor& a, Scalar b);
-Tensor ne(const Tensor& a, Scalar b);
-Tensor lt(const Tensor& a, Scalar b);
-Tensor le(const Tensor& a, Scalar b);
-Tensor gt(const Tensor& a, Scalar b);
-Tensor ge(const Tensor& a, Scalar b);
 // cond ? a : b, elementwise with broadcasting; cond is bool.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 
-// In place: the result is written into `self` (which must already have the broadcast shape) and converted to
-// its dtype; the storage's version counter is bumped.
-Tensor& add_(Tensor& self, const Tensor& other);
-Tensor& sub_(Tensor& self, const Tensor& other);
-Tensor& mul_(Tensor& self, const Tensor& other);
-Tensor& div_(Tensor& self, const Tensor& other);
-Tensor& add_(Tensor& self, Scalar other);
-Tensor& mul_(Tensor& self, Scalar other);
-Tensor& relu_(Tensor& self);
-Tensor& clamp_(Tensor& self, Scalar min, Scalar max);
 // self = src, broadcast and converted to self's dtype, from any device; self = value.
 Tensor& copy_(Tensor& self, const Tensor& src);
 Tensor& fill_(Tensor& self, Scalar value);

@@ -1,4 +1,6 @@
 // Elementwise ops: input checks, broadcasting and type promotion, then one kernel call through the op table.
+// The ops of core/op_list.h are generated from it; where, cast, copy_ and fill_ are written out. Core calls
+// ops:: only, never a Tensor method (those record autograd).
 #include <cmath>
 
 #include "core/op_table.h"
@@ -32,6 +34,9 @@ DType scalar_dtype(DType t, Scalar v) {
   return t == DType::Bool ? DType::I64 : t;
 }
 
+// x itself when it already has the dtype, else a converted copy.
+Tensor to_dtype(const Tensor& x, DType t) { return x.dtype() == t ? x : cast(x, t); }
+
 Tensor unary(OpTable<ElementwiseKernel>& table, const Tensor& x, bool floating_only, OpArgs args = {}) {
   check_defined(x, table.name(), "input");
   if (floating_only) check_floating(table.name(), x);
@@ -47,17 +52,22 @@ Shape prepare_binary(const char* op, const Tensor& a, const Tensor& b, DType com
   check_defined(b, op, "second");
   check_same_device(op, a, b);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
-  a2 = a.to(compute);
-  b2 = b.to(compute);
+  a2 = to_dtype(a, compute);
+  b2 = to_dtype(b, compute);
   return shape;
 }
 
-Tensor binary(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor& b,
-              bool true_division = false) {
+// true_division: integers and bools compute in f32 (div); takes_bool: the op has bool kernels (add, mul).
+Tensor binary(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor& b, bool true_division,
+              bool takes_bool) {
   check_defined(a, table.name(), "first");
   check_defined(b, table.name(), "second");
   DType t = promote_types(a.dtype(), b.dtype());
   if (true_division && !is_floating(t)) t = DType::F32;
+  FRUGAL_CHECK_DTYPE(t != DType::Bool || takes_bool, table.name(),
+                     ": bool tensors are not supported (shapes ", a.shape(), " and ", b.shape(),
+                     "), as in PyTorch; for masks, add is a logical or, mul a ",
+                     "logical and, and ne(a, b) an exclusive or");
   Tensor a2, b2;
   const Shape shape = prepare_binary(table.name(), a, b, t, a2, b2);
   Tensor out = empty(shape, a2.options());
@@ -84,7 +94,7 @@ Tensor& inplace(OpTable<ElementwiseKernel>& table, Tensor& self, const Tensor& o
   const Shape shape = broadcast_shapes(self.shape(), other.shape(), table.name());
   FRUGAL_CHECK_SHAPE(shape == self.shape(), table.name(), "_: the result's shape ", shape,
                      " differs from the shape ", self.shape(), " of the tensor written in place");
-  const Tensor o = other.to(self.dtype());
+  const Tensor o = to_dtype(other, self.dtype());
   table.get(self.device(), self.dtype())(make_loop({&self, &self, &o}), {});
   self.storage()->bump_version();
   return self;
@@ -103,7 +113,7 @@ Tensor& copy_between_devices(Tensor& self, const Tensor& src) {
   Tensor from, to;
   if (src.device().is_cpu()) {
     Tensor s = src.dtype() == self.dtype() ? src : cast(src, self.dtype());
-    from = contiguous(s.shape() == self.shape() ? s : s.expand(self.shape()));
+    from = contiguous(s.shape() == self.shape() ? s : expand(s, self.shape()));
     to = self.is_contiguous() ? self : empty(self.shape(), self.options());
   } else {
     from = contiguous(src);
@@ -128,47 +138,58 @@ Tensor wrap_scalar(const Tensor& like, Scalar value) {
   return scalar_tensor(value, like.options().dtype(scalar_dtype(like.dtype(), value)));
 }
 
-#define FRUGAL_UNARY(name, floating_only) \
-  Tensor name(const Tensor& x) { return unary(op_##name, x, floating_only); }
-FRUGAL_UNARY(neg, false)
-FRUGAL_UNARY(abs, false)
-FRUGAL_UNARY(relu, false)
-FRUGAL_UNARY(exp, true)
-FRUGAL_UNARY(log, true)
-FRUGAL_UNARY(sqrt, true)
-FRUGAL_UNARY(rsqrt, true)
-FRUGAL_UNARY(gelu, true)
-FRUGAL_UNARY(gelu_tanh, true)
-FRUGAL_UNARY(sigmoid, true)
-FRUGAL_UNARY(tanh, true)
-FRUGAL_UNARY(silu, true)
-FRUGAL_UNARY(erf, true)
-#undef FRUGAL_UNARY
+namespace {
+enum class DTypes { floating, signed_numeric, numeric, all };
+}  // namespace
 
-Tensor clamp(const Tensor& x, Scalar min, Scalar max) {
-  FRUGAL_CHECK(!(min > max), "clamp: min ", min, " is greater than max ", max);
-  return unary(op_clamp, x, false, {min, max});
-}
-Tensor clamp_min(const Tensor& x, Scalar min) { return clamp(x, min, INFINITY); }
-Tensor clamp_max(const Tensor& x, Scalar max) { return clamp(x, -INFINITY, max); }
-
-#define FRUGAL_BINARY(name, true_division)                                                         \
-  Tensor name(const Tensor& a, const Tensor& b) { return binary(op_##name, a, b, true_division); } \
-  Tensor name(const Tensor& a, Scalar b) { return binary(op_##name, a, wrap_scalar(a, b), true_division); }
-FRUGAL_BINARY(add, false)
-FRUGAL_BINARY(sub, false)
-FRUGAL_BINARY(mul, false)
-FRUGAL_BINARY(div, true)
-FRUGAL_BINARY(pow, false)
-FRUGAL_BINARY(maximum, false)
-FRUGAL_BINARY(minimum, false)
-#undef FRUGAL_BINARY
-
-#define FRUGAL_COMPARE(name)                                                         \
+// The ops of core/op_list.h.
+#define FRUGAL_OPS_UNARY(name, F, dtypes, autocast, method, inplace)                               \
+  Tensor name(const Tensor& x) { return unary(op_##name, x, DTypes::dtypes == DTypes::floating); } \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self) {                                              \
+    if (DTypes::dtypes == DTypes::floating) check_floating(#name "_", self);                       \
+    op_##name.get(self.device(), self.dtype())(make_loop({&self, &self}), {});                     \
+    self.storage()->bump_version();                                                                \
+    return self;                                                                                   \
+  })
+#define FRUGAL_OPS_UNARY_PARAM(name, F, dtypes, autocast, method, inplace, p1, d1, p2, d2, check, why) \
+  Tensor name(const Tensor& x, Scalar p1, Scalar p2) {                                                 \
+    FRUGAL_CHECK(check, #name ": " why " (" #p1 " ", p1, ", " #p2 " ", p2, ")");                       \
+    return unary(op_##name, x, DTypes::dtypes == DTypes::floating, {p1, p2});                          \
+  }                                                                                                    \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, Scalar p1, Scalar p2) {                            \
+    FRUGAL_CHECK(check, #name "_: " why " (" #p1 " ", p1, ", " #p2 " ", p2, ")");                      \
+    if (DTypes::dtypes == DTypes::floating) check_floating(#name "_", self);                           \
+    op_##name.get(self.device(), self.dtype())(make_loop({&self, &self}), {p1, p2});                   \
+    self.storage()->bump_version();                                                                    \
+    return self;                                                                                       \
+  })
+#define FRUGAL_OPS_BINARY(name, F, dtypes, autocast, method, inplace)                                  \
+  Tensor name(const Tensor& a, const Tensor& b) {                                                      \
+    return binary(op_##name, a, b, DTypes::dtypes == DTypes::floating, DTypes::dtypes == DTypes::all); \
+  }                                                                                                    \
+  Tensor name(const Tensor& a, Scalar b) { return name(a, wrap_scalar(a, b)); }                        \
+  Tensor name(Scalar a, const Tensor& b) { return name(wrap_scalar(b, a), b); }                        \
+  FRUGAL_IF_##inplace(                                                                                 \
+      Tensor& name##_(Tensor& self, const Tensor& other) {                                             \
+        if (DTypes::dtypes == DTypes::floating) check_floating(#name "_", self);                       \
+        return inplace(op_##name, self, other);                                                        \
+      } Tensor& name##_(Tensor& self, Scalar other) {                                                  \
+        return name##_(self, scalar_tensor(other, self.options()));                                    \
+      })
+#define FRUGAL_OPS_COMPARE(name, F)                                                  \
   Tensor name(const Tensor& a, const Tensor& b) { return compare(op_##name, a, b); } \
   Tensor name(const Tensor& a, Scalar b) { return compare(op_##name, a, wrap_scalar(a, b)); }
-FRUGAL_COMPARE_OPS(FRUGAL_COMPARE)
-#undef FRUGAL_COMPARE
+FRUGAL_UNARY_OP_LIST(FRUGAL_OPS_UNARY)
+FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_OPS_UNARY_PARAM)
+FRUGAL_BINARY_OP_LIST(FRUGAL_OPS_BINARY)
+FRUGAL_COMPARE_OP_LIST(FRUGAL_OPS_COMPARE)
+#undef FRUGAL_OPS_UNARY
+#undef FRUGAL_OPS_UNARY_PARAM
+#undef FRUGAL_OPS_BINARY
+#undef FRUGAL_OPS_COMPARE
+
+Tensor clamp_min(const Tensor& x, Scalar min) { return clamp(x, min, INFINITY); }
+Tensor clamp_max(const Tensor& x, Scalar max) { return clamp(x, -INFINITY, max); }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_defined(cond, "where", "condition");
@@ -230,31 +251,6 @@ Tensor& copy_(Tensor& self, const Tensor& src) {
 
 Tensor& fill_(Tensor& self, Scalar value) {
   op_fill.get(self.device(), self.dtype())(make_loop({&self}), {value});
-  self.storage()->bump_version();
-  return self;
-}
-
-Tensor& add_(Tensor& self, const Tensor& other) { return inplace(op_add, self, other); }
-Tensor& sub_(Tensor& self, const Tensor& other) { return inplace(op_sub, self, other); }
-Tensor& mul_(Tensor& self, const Tensor& other) { return inplace(op_mul, self, other); }
-Tensor& div_(Tensor& self, const Tensor& other) {
-  check_floating("div_", self);
-  return inplace(op_div, self, other);
-}
-Tensor& add_(Tensor& self, Scalar other) {
-  return inplace(op_add, self, scalar_tensor(other, self.options()));
-}
-Tensor& mul_(Tensor& self, Scalar other) {
-  return inplace(op_mul, self, scalar_tensor(other, self.options()));
-}
-Tensor& relu_(Tensor& self) {
-  op_relu.get(self.device(), self.dtype())(make_loop({&self, &self}), {});
-  self.storage()->bump_version();
-  return self;
-}
-Tensor& clamp_(Tensor& self, Scalar min, Scalar max) {
-  FRUGAL_CHECK(!(min > max), "clamp_: min ", min, " is greater than max ", max);
-  op_clamp.get(self.device(), self.dtype())(make_loop({&self, &self}), {min, max});
   self.storage()->bump_version();
   return self;
 }

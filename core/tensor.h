@@ -17,6 +17,7 @@
 #include "device.h"
 #include "dtype.h"
 #include "error.h"
+#include "op_list.h"
 #include "shape.h"
 #include "storage.h"
 
@@ -121,19 +122,48 @@ class Tensor {
   Tensor& fill_(Scalar value);
   Tensor& zero_() { return fill_(0); }
 
-  // Arithmetic and math as methods (the free functions in core/ops.h do the work).
+  // Math as methods, recorded by autograd as the free functions of autograd/functions.h (defined in
+  // autograd/): x.exp(), x.pow(2), x.add(y), x.clamp(-1, 1), x.relu_(), x.softmax(-1), x.argmax(1), ...
+  // The elementwise ones come from core/op_list.h (Scalar forms included), the others are listed below.
+#define FRUGAL_METHOD_UNARY(name, F, dtypes, autocast, method, inplace) \
+  FRUGAL_IF_##method(Tensor name() const;) FRUGAL_IF_##inplace(Tensor& name##_();)
+#define FRUGAL_METHOD_UNARY_PARAM(name, F, dtypes, autocast, method, inplace, p1, d1, p2, d2, ...) \
+  FRUGAL_IF_##method(Tensor name(Scalar p1 d1, Scalar p2 d2) const;)                               \
+      FRUGAL_IF_##inplace(Tensor& name##_(Scalar p1 d1, Scalar p2 d2);)
+#define FRUGAL_METHOD_BINARY(name, F, dtypes, autocast, method, inplace)                       \
+  FRUGAL_IF_##method(Tensor name(const Tensor& other) const; Tensor name(Scalar other) const;) \
+      FRUGAL_IF_##inplace(Tensor& name##_(const Tensor& other); Tensor & name##_(Scalar other);)
+#define FRUGAL_METHOD_COMPARE(name, F)    \
+  Tensor name(const Tensor& other) const; \
+  Tensor name(Scalar other) const;
+  FRUGAL_UNARY_OP_LIST(FRUGAL_METHOD_UNARY)
+  FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_METHOD_UNARY_PARAM)
+  FRUGAL_BINARY_OP_LIST(FRUGAL_METHOD_BINARY)
+  FRUGAL_COMPARE_OP_LIST(FRUGAL_METHOD_COMPARE)
+#undef FRUGAL_METHOD_UNARY
+#undef FRUGAL_METHOD_UNARY_PARAM
+#undef FRUGAL_METHOD_BINARY
+#undef FRUGAL_METHOD_COMPARE
   Tensor operator-() const;
+  Tensor clamp_min(Scalar min) const;
+  Tensor clamp_max(Scalar max) const;
   Tensor sum() const;
   Tensor mean() const;
   Tensor sum(const Shape& dims, bool keepdim = false) const;
   Tensor mean(const Shape& dims, bool keepdim = false) const;
+  Tensor max() const;  // of every element; max(dims) of some dims
+  Tensor min() const;
+  Tensor max(const Shape& dims, bool keepdim = false) const;
+  Tensor min(const Shape& dims, bool keepdim = false) const;
+  Tensor var(const Shape& dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor argmax() const;  // of the flattened tensor, as i64
+  Tensor argmin() const;
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+  Tensor argmin(int64_t dim, bool keepdim = false) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
   Tensor matmul(const Tensor& other) const;
-  Tensor& add_(const Tensor& other);
-  Tensor& add_(Scalar other);
-  Tensor& sub_(const Tensor& other);
-  Tensor& mul_(const Tensor& other);
-  Tensor& mul_(Scalar other);
-  Tensor& div_(const Tensor& other);
+  Tensor where(const Tensor& cond, const Tensor& other) const;  // cond ? this : other
 
   // Autograd (defined in autograd/; see autograd/graph.h).
   bool requires_grad() const;               // a leaf marked so, or the result of a recorded op

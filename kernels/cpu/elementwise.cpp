@@ -1,7 +1,9 @@
-// CPU elementwise kernels. The math of each op is one Eigen array expression, so contiguous f32/f64 runs use
-// Eigen's vectorised exp, tanh, erf, ...; other runs (strided, broadcast, f16/bf16) pass through small
-// buffers in the compute type (f32 for f16/bf16). The naive references these are tested against are in
-// tests/kernels/test_elementwise.cpp (plain std:: math in f64).
+// CPU elementwise kernels, registered from core/op_list.h. The math of each op is its functor
+// (kernels/math.h, shared with the CUDA kernels and the tests' reference); an op may also have an Eigen form
+// of the same math, written below, which then takes its runs (Eigen's vectorised exp, tanh, erf, ...; strided
+// and f16/bf16 runs through small f32 buffers: map_functor in kernels/cpu/map.h). The functor runs the ops
+// without one, integer pow and bool arithmetic. tests/kernels/test_elementwise.cpp checks every op on every
+// dtype and layout against the functor evaluated in f64.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -13,94 +15,96 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/map.h"
 #include "kernels/cpu/register.h"
+#include "kernels/math.h"
 
 namespace frugal {
 namespace {
 
 using cpu::for_types;
 
-using cpu::In;
 using cpu::kWidens;
-using cpu::map_kernel;
-using cpu::Out;
+using cpu::map_functor;
 
-// The math: one Eigen expression per op. `A` is the OpArgs (clamp's bounds).
-#define FRUGAL_UNARY_MATH(X)                                                                            \
-  X(neg, o = -x)                                                                                        \
-  X(abs, o = x.abs())                                                                                   \
-  X(exp, cpu::exp_into(o, x))                                                                           \
-  X(log, o = x.log())                                                                                   \
-  X(sqrt, o = x.sqrt())                                                                                 \
-  X(rsqrt, o = x.rsqrt())                                                                               \
-  X(relu, o = x.max(C(0)))                                                                              \
-  X(gelu, o = C(0.5) * x * (C(1) + (x * C(0.70710678118654752)).erf()))                                 \
-  X(gelu_tanh, o = C(0.5) * x * (C(1) + (C(0.7978845608028654) * (x + C(0.044715) * x.cube())).tanh())) \
-  X(sigmoid, cpu::exp_into(o, -x); o = C(1) / (C(1) + o))                                               \
-  X(tanh, o = x.tanh())                                                                                 \
-  X(silu, cpu::exp_into(o, -x); o = x / (C(1) + o))                                                     \
-  X(erf, o = x.erf())                                                                                   \
-  X(clamp, o = x.max(clamp_bound<C>(A.a)).min(clamp_bound<C>(A.b)))
-
-#define FRUGAL_BINARY_MATH(X) \
-  X(add, o = x + y)           \
-  X(sub, o = x - y)           \
-  X(mul, o = x * y)           \
-  X(div, o = x / y)           \
-  X(pow, o = x.pow(y))        \
-  X(maximum, o = x.max(y))    \
-  X(minimum, o = x.min(y))
-
-// A clamp bound in the compute type; infinite bounds become the type's extremes for integers.
+// The Eigen forms of the functors (kernels/math.h) that Eigen vectorises (exp, tanh, erf, ...):
+// Vectorised<Op, C>::run(f, o, x[, y]) on Eigen maps. An op without one runs its functor everywhere. Each is
+// tested against its functor (tests/kernels/test_elementwise.cpp, tests/cuda/test_math.cpp).
+template <typename Op, typename C>
+struct Vectorised {
+  static constexpr bool kHas = false;
+};
+#define FRUGAL_EIGEN_UNARY(Op, expr)                     \
+  template <typename C>                                  \
+  struct Vectorised<math::Op, C> {                       \
+    static constexpr bool kHas = true;                   \
+    template <typename O, typename X>                    \
+    static void run(const math::Op&, O& o, const X& x) { \
+      expr;                                              \
+    }                                                    \
+  };
+FRUGAL_EIGEN_UNARY(Neg, o = -x)
+FRUGAL_EIGEN_UNARY(Abs, o = x.abs())
+FRUGAL_EIGEN_UNARY(Exp, cpu::exp_into(o, x))
+FRUGAL_EIGEN_UNARY(Log, o = x.log())
+FRUGAL_EIGEN_UNARY(Sqrt, o = x.sqrt())
+FRUGAL_EIGEN_UNARY(Rsqrt, o = x.rsqrt())
+FRUGAL_EIGEN_UNARY(Relu, o = x.max(C(0)))
+FRUGAL_EIGEN_UNARY(Gelu, o = C(0.5) * x * (C(1) + (x * C(0.70710678118654752)).erf()))
+FRUGAL_EIGEN_UNARY(GeluTanh,
+                   o = C(0.5) * x * (C(1) + (C(0.7978845608028654) * (x + C(0.044715) * x.cube())).tanh()))
+FRUGAL_EIGEN_UNARY(Sigmoid, cpu::exp_into(o, -x); o = C(1) / (C(1) + o))
+FRUGAL_EIGEN_UNARY(Tanh, o = x.tanh())
+FRUGAL_EIGEN_UNARY(Silu, cpu::exp_into(o, -x); o = x / (C(1) + o))
+FRUGAL_EIGEN_UNARY(Erf, o = x.erf())
+#undef FRUGAL_EIGEN_UNARY
 template <typename C>
-C clamp_bound(double v) {
-  if constexpr (std::is_integral_v<C>) {
-    if (v <= double(std::numeric_limits<C>::lowest())) return std::numeric_limits<C>::lowest();
-    if (v >= double(std::numeric_limits<C>::max())) return std::numeric_limits<C>::max();
-    return C(v);  // truncates a fractional bound toward zero
+struct Vectorised<math::Clamp<C>, C> {
+  static constexpr bool kHas = true;
+  template <typename O, typename X>
+  static void run(const math::Clamp<C>& f, O& o, const X& x) {
+    o = x.max(f.lo).min(f.hi);
+  }
+};
+#define FRUGAL_EIGEN_BINARY(Op, has, expr)                           \
+  template <typename C>                                              \
+  struct Vectorised<math::Op, C> {                                   \
+    static constexpr bool kHas = has;                                \
+    template <typename O, typename X, typename Y>                    \
+    static void run(const math::Op&, O& o, const X& x, const Y& y) { \
+      expr;                                                          \
+    }                                                                \
+  };
+FRUGAL_EIGEN_BINARY(Add, true, o = x + y)
+FRUGAL_EIGEN_BINARY(Sub, true, o = x - y)
+FRUGAL_EIGEN_BINARY(Mul, true, o = x * y)
+FRUGAL_EIGEN_BINARY(Div, true, o = x / y)
+FRUGAL_EIGEN_BINARY(Pow, std::is_floating_point_v<C>, o = x.pow(y))  // integers: the functor's squaring
+FRUGAL_EIGEN_BINARY(Maximum, true, o = x.max(y))
+FRUGAL_EIGEN_BINARY(Minimum, true, o = x.min(y))
+#undef FRUGAL_EIGEN_BINARY
+
+// One kernel for every elementwise op: the functor f of compute type C, with its Eigen form where it has one
+// (never for bool: Eigen's arithmetic on bool arrays is not a logical one).
+template <typename T, int N, typename Op>
+void functor_cpu(const Loop& loop, const Op& f) {
+  using C = acc_t<T>;
+  using V = Vectorised<Op, C>;
+  if constexpr (V::kHas && !std::is_same_v<C, bool>) {
+    map_functor<T, N>(loop, f, [&](auto& o, const auto&... in) { V::run(f, o, in...); });
   } else {
-    return C(v);
+    map_functor<T, N>(loop, f, nullptr);
   }
 }
-
-#define FRUGAL_UNARY_KERNEL(name, expr)                     \
-  template <typename T>                                     \
-  void name##_cpu(const Loop& loop, const OpArgs& A) {      \
-    using C = acc_t<T>;                                     \
-    map_kernel<T, 1>(loop, [&](Out<C>& o, const In<C>& x) { \
-      (void)A;                                              \
-      expr;                                                 \
-    });                                                     \
-  }
-FRUGAL_UNARY_MATH(FRUGAL_UNARY_KERNEL)
-#undef FRUGAL_UNARY_KERNEL
-
-#define FRUGAL_BINARY_KERNEL(name, expr)                                              \
-  template <typename T>                                                               \
-  void name##_cpu(const Loop& loop, const OpArgs&) {                                  \
-    using C = acc_t<T>;                                                               \
-    map_kernel<T, 2>(loop, [&](Out<C>& o, const In<C>& x, const In<C>& y) { expr; }); \
-  }
-FRUGAL_BINARY_MATH(FRUGAL_BINARY_KERNEL)
-#undef FRUGAL_BINARY_KERNEL
-
-// Integer pow: Eigen has no integer power of arrays; exponentiation by squaring (negative exponents give 0,
-// except for bases 1 and -1, as in PyTorch).
-template <typename T>
-void pow_int_cpu(const Loop& loop, const OpArgs&) {
-  for_each_run(loop, [&](char* const* p, const int64_t* s, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      T base = *reinterpret_cast<const T*>(p[1] + i * s[1]);
-      int64_t e = int64_t(*reinterpret_cast<const T*>(p[2] + i * s[2]));
-      T r = 1;
-      if (e < 0) {
-        r = base == 1 ? 1 : (base == T(-1) ? (e % 2 ? T(-1) : 1) : 0);
-      } else {
-        for (; e; e >>= 1, base *= base)
-          if (e & 1) r *= base;
-      }
-      *reinterpret_cast<T*>(p[0] + i * s[0]) = r;
-    }
-  });
+template <typename T, typename Op>
+void unary_cpu(const Loop& loop, const OpArgs&) {
+  functor_cpu<T, 1>(loop, Op{});
+}
+template <typename T, template <typename> class Op>
+void unary_param_cpu(const Loop& loop, const OpArgs& args) {
+  functor_cpu<T, 1>(loop, Op<acc_t<T>>(args.a, args.b));
+}
+template <typename T, typename Op>
+void binary_cpu(const Loop& loop, const OpArgs&) {
+  functor_cpu<T, 2>(loop, Op{});
 }
 
 // Comparisons, where, cast, fill: plain loops (the compiler vectorises the contiguous ones).
@@ -204,46 +208,49 @@ void fill_cpu(const Loop& loop, const OpArgs& args) {
   });
 }
 
+// The dtype classes of core/op_list.h on the CPU.
+template <typename F>
+void types_floating(F f) {
+  for_types<float, double, Half, BFloat16>(f);
+}
+template <typename F>
+void types_signed_numeric(F f) {
+  for_types<float, double, Half, BFloat16, int64_t, int32_t>(f);
+}
+template <typename F>
+void types_numeric(F f) {
+  for_types<float, double, Half, BFloat16, int64_t, int32_t, uint8_t>(f);
+}
+template <typename F>
+void types_all(F f) {
+  for_types<float, double, Half, BFloat16, int64_t, int32_t, uint8_t, bool>(f);
+}
+
 const bool kRegistered = [] {
-  auto floating = [](auto reg) { for_types<float, double, Half, BFloat16>(reg); };
-  auto numeric = [](auto reg) { for_types<float, double, Half, BFloat16, int64_t, int32_t, uint8_t>(reg); };
-  auto all = [](auto reg) { for_types<float, double, Half, BFloat16, int64_t, int32_t, uint8_t, bool>(reg); };
-#define FRUGAL_REG(name, types) \
-  types([](auto t) { op_##name.set(DeviceType::CPU, dtype_v<decltype(t)>, name##_cpu<decltype(t)>); });
-  FRUGAL_REG(neg, floating)
-  for_types<int64_t, int32_t>(
-      [](auto t) { op_neg.set(DeviceType::CPU, dtype_v<decltype(t)>, neg_cpu<decltype(t)>); });
-  FRUGAL_REG(abs, numeric)
-  FRUGAL_REG(relu, numeric)
-  FRUGAL_REG(clamp, numeric)
-  FRUGAL_REG(exp, floating)
-  FRUGAL_REG(log, floating)
-  FRUGAL_REG(sqrt, floating)
-  FRUGAL_REG(rsqrt, floating)
-  FRUGAL_REG(gelu, floating)
-  FRUGAL_REG(gelu_tanh, floating)
-  FRUGAL_REG(sigmoid, floating)
-  FRUGAL_REG(tanh, floating)
-  FRUGAL_REG(silu, floating)
-  FRUGAL_REG(erf, floating)
-  FRUGAL_REG(add, numeric)
-  FRUGAL_REG(sub, numeric)
-  FRUGAL_REG(mul, numeric)
-  FRUGAL_REG(div, floating)
-  FRUGAL_REG(pow, floating)
-  for_types<int64_t, int32_t, uint8_t>(
-      [](auto t) { op_pow.set(DeviceType::CPU, dtype_v<decltype(t)>, pow_int_cpu<decltype(t)>); });
-  FRUGAL_REG(maximum, numeric)
-  FRUGAL_REG(minimum, numeric)
-  FRUGAL_REG(eq, all)
-  FRUGAL_REG(ne, all)
-  FRUGAL_REG(lt, all)
-  FRUGAL_REG(le, all)
-  FRUGAL_REG(gt, all)
-  FRUGAL_REG(ge, all)
-  FRUGAL_REG(where, all)
-  FRUGAL_REG(cast, all)
-  FRUGAL_REG(fill, all)
+#define FRUGAL_REG_UNARY(name, F, dtypes, ...)                                             \
+  types_##dtypes([](auto t) {                                                              \
+    op_##name.set(DeviceType::CPU, dtype_v<decltype(t)>, unary_cpu<decltype(t), math::F>); \
+  });
+#define FRUGAL_REG_UNARY_PARAM(name, F, dtypes, ...)                                             \
+  types_##dtypes([](auto t) {                                                                    \
+    op_##name.set(DeviceType::CPU, dtype_v<decltype(t)>, unary_param_cpu<decltype(t), math::F>); \
+  });
+#define FRUGAL_REG_BINARY(name, F, dtypes, ...)                                             \
+  types_##dtypes([](auto t) {                                                               \
+    op_##name.set(DeviceType::CPU, dtype_v<decltype(t)>, binary_cpu<decltype(t), math::F>); \
+  });
+#define FRUGAL_REG(name, ...) \
+  types_all([](auto t) { op_##name.set(DeviceType::CPU, dtype_v<decltype(t)>, name##_cpu<decltype(t)>); });
+  FRUGAL_UNARY_OP_LIST(FRUGAL_REG_UNARY)
+  FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_REG_UNARY_PARAM)
+  FRUGAL_BINARY_OP_LIST(FRUGAL_REG_BINARY)
+  FRUGAL_COMPARE_OP_LIST(FRUGAL_REG)
+  FRUGAL_REG(where)
+  FRUGAL_REG(cast)
+  FRUGAL_REG(fill)
+#undef FRUGAL_REG_UNARY
+#undef FRUGAL_REG_UNARY_PARAM
+#undef FRUGAL_REG_BINARY
 #undef FRUGAL_REG
   return true;
 }();

@@ -12,6 +12,7 @@
 
 #include "core/loop.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/types.cuh"
 #include "kernels/cuda/vector_plan.h"
 
 namespace frugal::gpu {
@@ -159,7 +160,13 @@ void launch_elementwise(const Loop& loop, F f, const char* name) {
   check(cudaGetLastError(), name, __FILE__, __LINE__);
 }
 
-// Adapters from the compute-type math (kernels/cuda/math.h) to stored elements.
+// The dtype classes of core/op_list.h on the GPU: no f64 arithmetic, and no u8 arithmetic.
+using floating_types = Floating;
+using signed_numeric_types = Types<float, Half, BFloat16, int64_t, int32_t>;
+using numeric_types = signed_numeric_types;
+using all_types = Types<float, Half, BFloat16, int64_t, int32_t, uint8_t, bool>;
+
+// Adapters from the compute-type math (kernels/math.h) to stored elements.
 template <typename T, typename Op>
 struct UnaryFn {
   Op op;

@@ -1,5 +1,6 @@
-// CUDA elementwise ops of one input (FRUGAL_UNARY_OPS in core/op_table.h): f32, f16 and bf16 computing in
-// f32, and the integer forms of neg, abs, relu and clamp. The math is kernels/cuda/math.h's.
+// CUDA elementwise ops of one input, registered from core/op_list.h (its dtype classes as
+// kernels/cuda/elementwise.cuh maps them: f32, f16 and bf16 computing in f32, i64 and i32 for the numeric
+// ones). The math is kernels/math.h's functors, shared with the CPU.
 #include "core/op_table.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/types.cuh"
@@ -9,7 +10,6 @@ namespace {
 
 using gpu::for_types;
 using gpu::launch_elementwise;
-using gpu::Types;
 using gpu::UnaryFn;
 
 template <typename T, typename Op>
@@ -17,41 +17,28 @@ void unary_cuda(const Loop& loop, const OpArgs&) {
   launch_elementwise<T, T>(loop, UnaryFn<T, Op>{Op{}}, "launch of an elementwise kernel");
 }
 
-template <typename T>
-void clamp_cuda(const Loop& loop, const OpArgs& args) {
+// An op with two Scalar parameters: its functor built from them once per launch.
+template <typename T, template <typename> class Op>
+void unary_param_cuda(const Loop& loop, const OpArgs& args) {
   using C = acc_t<T>;
-  launch_elementwise<T, T>(loop, UnaryFn<T, math::Clamp<C>>{math::Clamp<C>(args.a, args.b)},
-                           "launch of the clamp kernel");
+  launch_elementwise<T, T>(loop, UnaryFn<T, Op<C>>{Op<C>(args.a, args.b)}, "launch of an elementwise kernel");
 }
 
 const bool kRegistered = [] {
-  const gpu::Floating floating;
-  const Types<int64_t, int32_t> integers;
-  auto reg_all = [](auto types, auto reg) { for_types(types, reg); };
-#define FRUGAL_REG(name, Op, types)                                       \
-  reg_all(types, [](auto t) {                                             \
-    using T = decltype(t);                                                \
-    op_##name.set(DeviceType::CUDA, dtype_v<T>, unary_cuda<T, math::Op>); \
+#define FRUGAL_REG_UNARY(name, F, dtypes, ...)                           \
+  for_types(gpu::dtypes##_types{}, [](auto t) {                          \
+    using T = decltype(t);                                               \
+    op_##name.set(DeviceType::CUDA, dtype_v<T>, unary_cuda<T, math::F>); \
   });
-  FRUGAL_REG(neg, Neg, floating)
-  FRUGAL_REG(abs, Abs, floating)
-  FRUGAL_REG(exp, Exp, floating)
-  FRUGAL_REG(log, Log, floating)
-  FRUGAL_REG(sqrt, Sqrt, floating)
-  FRUGAL_REG(rsqrt, Rsqrt, floating)
-  FRUGAL_REG(relu, Relu, floating)
-  FRUGAL_REG(gelu, Gelu, floating)
-  FRUGAL_REG(gelu_tanh, GeluTanh, floating)
-  FRUGAL_REG(sigmoid, Sigmoid, floating)
-  FRUGAL_REG(tanh, Tanh, floating)
-  FRUGAL_REG(silu, Silu, floating)
-  FRUGAL_REG(erf, Erf, floating)
-  FRUGAL_REG(neg, Neg, integers)
-  FRUGAL_REG(abs, Abs, integers)
-  FRUGAL_REG(relu, Relu, integers)
-#undef FRUGAL_REG
-  for_types(Types<float, Half, BFloat16, int64_t, int32_t>{},
-            [](auto t) { op_clamp.set(DeviceType::CUDA, dtype_v<decltype(t)>, clamp_cuda<decltype(t)>); });
+#define FRUGAL_REG_UNARY_PARAM(name, F, dtypes, ...)                           \
+  for_types(gpu::dtypes##_types{}, [](auto t) {                                \
+    using T = decltype(t);                                                     \
+    op_##name.set(DeviceType::CUDA, dtype_v<T>, unary_param_cuda<T, math::F>); \
+  });
+  FRUGAL_UNARY_OP_LIST(FRUGAL_REG_UNARY)
+  FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_REG_UNARY_PARAM)
+#undef FRUGAL_REG_UNARY
+#undef FRUGAL_REG_UNARY_PARAM
   return true;
 }();
 

@@ -45,6 +45,13 @@ std::vector<UnaryCase> unary_cases() {
       {"tanh", [](const Tensor& x) { return tanh(x); }, -3, 3},
       {"silu", [](const Tensor& x) { return silu(x); }, -3, 3},
       {"erf", [](const Tensor& x) { return erf(x); }, -2, 2},
+      {"sin", [](const Tensor& x) { return sin(x); }, -3, 3},
+      {"cos", [](const Tensor& x) { return cos(x); }, -3, 3},
+      {"softplus", [](const Tensor& x) { return softplus(x); }, -3, 3},
+      // beta x on both sides of the threshold (x itself above it, where the gradient is 1).
+      {"softplus beta threshold", [](const Tensor& x) { return softplus(x, 2, 1); }, 0, 0, true},
+      {"x.softplus", [](const Tensor& x) { return x.softplus(0.5); }, -3, 3},
+      {"x.sin", [](const Tensor& x) { return x.sin(); }, -3, 3},
       // Bounds inside the range of the values, so both the passing and the blocked parts are checked.
       {"clamp", [](const Tensor& x) { return clamp(x, -0.55, 0.75); }, 0, 0, true},
       {"clamp_min", [](const Tensor& x) { return clamp_min(x, 0.35); }, 0, 0, true},
@@ -342,6 +349,37 @@ TEST(GradcheckDTypes, PromotedInputsGetTheirOwnDTypes) {
   EXPECT_EQ(b.grad().shape(), Shape{4});
   testing::expect_close(b.grad(), sum(a.detach().to(DType::F64), {0}).to_vector<double>(),
                         tol_for(DType::F32), "d (a * b) / d b");
+}
+
+// Scalar-first arithmetic: the gradient reaches the tensor operand.
+TEST(GradcheckBinary, ScalarFirstForms) {
+  const Tensor x = leaf({3, 4}, 0.5, 2, 41, Layout::Contiguous);
+  const std::pair<const char*, Unary> cases[] = {
+      {"div(2, x)", [](const Tensor& t) { return div(2.0, t); }},
+      {"sub(1, x)", [](const Tensor& t) { return sub(1.0, t); }},
+      {"pow(2, x)", [](const Tensor& t) { return pow(2.0, t); }},
+      {"add(1, x)", [](const Tensor& t) { return add(1.0, t); }},
+      {"mul(2, x)", [](const Tensor& t) { return mul(2.0, t); }},
+      {"x.pow(3)", [](const Tensor& t) { return t.pow(3); }},
+      {"x.div(y)", [](const Tensor& t) { return t.div(t.exp()); }},
+  };
+  for (const auto& [name, f] : cases)
+    expect_grads_ok([&](const std::vector<Tensor>& in) { return f(in[0]); }, {x}, name);
+}
+
+// The methods of the non-elementwise ops record as their free functions.
+TEST(GradcheckMethods, ReductionsAndSoftmax) {
+  const Tensor x = leaf({3, 4}, -2, 2, 42, Layout::Contiguous);
+  const std::pair<const char*, Unary> cases[] = {
+      {"x.softmax(1)", [](const Tensor& t) { return t.softmax(1); }},
+      {"x.log_softmax(0)", [](const Tensor& t) { return t.log_softmax(0); }},
+      {"x.max()", [](const Tensor& t) { return t.max(); }},
+      {"x.min({1})", [](const Tensor& t) { return t.min({1}); }},
+      {"x.var({1})", [](const Tensor& t) { return t.var({1}); }},
+      {"x.abs().sqrt()", [](const Tensor& t) { return t.abs().sqrt(); }},
+  };
+  for (const auto& [name, f] : cases)
+    expect_grads_ok([&](const std::vector<Tensor>& in) { return f(in[0]); }, {x}, name);
 }
 
 }  // namespace

@@ -6,9 +6,6 @@
 # The layers: core/ and kernels/ reach below them only; io/ and data/ may use nn/ and optim/ (a checkpoint
 # saves a module and an optimizer) but, like core, never the recording in autograd/.
 string(REPLACE "|" ";" objects "${OBJECTS}")
-# Not yet changed over: another change makes core/ops_elementwise.cpp call ops:: directly; drop it from this
-# list when that lands.
-set(not_yet "/core/ops_elementwise.cpp.o$")
 
 set(defined_above "")   # strong symbols of autograd/, amp/, nn/, optim/
 set(defined_autograd "")
@@ -28,7 +25,6 @@ foreach(obj ${objects})
         list(APPEND defined_autograd "${s}")
       endif()
     endforeach()
-  elseif(obj MATCHES "${not_yet}")
   elseif(obj MATCHES "/(core|kernels)/")
     list(APPEND lower ${obj})
   elseif(obj MATCHES "/(io|data)/")

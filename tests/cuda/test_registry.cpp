@@ -35,7 +35,7 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
   const auto floats = {DType::F32, DType::F16, DType::BF16};
   const auto all = {DType::F32, DType::F64, DType::F16, DType::BF16,
                     DType::I64, DType::I32, DType::U8,  DType::Bool};
-#define FRUGAL_EXPECT_FLOATS(name) expect_kernels(op_##name, floats);
+#define FRUGAL_EXPECT_FLOATS(name, ...) expect_kernels(op_##name, floats);
   FRUGAL_UNARY_OPS(FRUGAL_EXPECT_FLOATS)
   FRUGAL_BINARY_OPS(FRUGAL_EXPECT_FLOATS)
   FRUGAL_REDUCE_OPS(FRUGAL_EXPECT_FLOATS)

@@ -2,6 +2,7 @@
 // scalar and in-place forms, promotion, and bad inputs.
 #include <cmath>
 
+#include "kernels/math.h"
 #include "tests/test_util.h"
 
 namespace frugal {
@@ -21,25 +22,30 @@ struct UnaryCase {
   double lo, hi;  // input range
 };
 
-double gelu_ref(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
-double gelu_tanh_ref(double x) {
-  return 0.5 * x * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-}
-
-const UnaryCase kUnary[] = {
-    {"neg", neg, [](double x) { return -x; }, -3, 3},
-    {"abs", abs, [](double x) { return std::fabs(x); }, -3, 3},
-    {"exp", exp, [](double x) { return std::exp(x); }, -5, 5},
-    {"log", log, [](double x) { return std::log(x); }, 0.01, 10},
-    {"sqrt", sqrt, [](double x) { return std::sqrt(x); }, 0, 10},
-    {"rsqrt", rsqrt, [](double x) { return 1 / std::sqrt(x); }, 0.05, 10},
-    {"relu", relu, [](double x) { return x > 0 ? x : 0; }, -3, 3},
-    {"gelu", gelu, gelu_ref, -5, 5},
-    {"gelu_tanh", gelu_tanh, gelu_tanh_ref, -5, 5},
-    {"sigmoid", sigmoid, [](double x) { return 1 / (1 + std::exp(-x)); }, -10, 10},
-    {"tanh", tanh, [](double x) { return std::tanh(x); }, -5, 5},
-    {"silu", silu, [](double x) { return x / (1 + std::exp(-x)); }, -10, 10},
+// Every one-input op of core/op_list.h, against its functor (kernels/math.h) evaluated in f64, on inputs of
+// the range named here ([-5, 5) otherwise).
+struct Range {
+  const char* name;
+  double lo, hi;
 };
+const Range kRanges[] = {{"neg", -3, 3},      {"abs", -3, 3},  {"log", 0.01, 10},    {"sqrt", 0, 10},
+                         {"rsqrt", 0.05, 10}, {"relu", -3, 3}, {"sigmoid", -10, 10}, {"silu", -10, 10},
+                         {"sin", -10, 10},    {"cos", -10, 10}};
+Range range_of(const char* name) {
+  for (const Range& r : kRanges)
+    if (std::string(r.name) == name) return r;
+  return {name, -5, 5};
+}
+std::vector<UnaryCase> unary_cases() {
+  std::vector<UnaryCase> cases;
+#define FRUGAL_CASE(name, F, ...) \
+  cases.push_back(                \
+      {#name, name, [](double x) { return math::F{}(x); }, range_of(#name).lo, range_of(#name).hi});
+  FRUGAL_UNARY_OP_LIST(FRUGAL_CASE)
+#undef FRUGAL_CASE
+  return cases;
+}
+const std::vector<UnaryCase> kUnary = unary_cases();
 
 std::vector<double> map_values(const std::vector<double>& v, double (*f)(double)) {
   std::vector<double> r(v.size());
@@ -143,15 +149,23 @@ struct BinaryCase {
   double lo, hi;
 };
 
-const BinaryCase kBinary[] = {
-    {"add", add, [](double a, double b) { return a + b; }, -3, 3},
-    {"sub", sub, [](double a, double b) { return a - b; }, -3, 3},
-    {"mul", mul, [](double a, double b) { return a * b; }, -3, 3},
-    {"div", div, [](double a, double b) { return a / b; }, 0.5, 3},
-    {"pow", pow, [](double a, double b) { return std::pow(a, b); }, 0.1, 2},
-    {"maximum", maximum, [](double a, double b) { return std::max(a, b); }, -3, 3},
-    {"minimum", minimum, [](double a, double b) { return std::min(a, b); }, -3, 3},
-};
+// Every two-input op of core/op_list.h against its functor in f64, inputs drawn from [lo, hi).
+std::vector<BinaryCase> binary_cases() {
+  const Range ranges[] = {{"div", 0.5, 3}, {"pow", 0.1, 2}};
+  auto range = [&](const char* name) {
+    for (const Range& r : ranges)
+      if (std::string(r.name) == name) return r;
+    return Range{name, -3, 3};
+  };
+  std::vector<BinaryCase> cases;
+#define FRUGAL_CASE(name, F, ...) \
+  cases.push_back(                \
+      {#name, name, [](double a, double b) { return math::F{}(a, b); }, range(#name).lo, range(#name).hi});
+  FRUGAL_BINARY_OP_LIST(FRUGAL_CASE)
+#undef FRUGAL_CASE
+  return cases;
+}
+const std::vector<BinaryCase> kBinary = binary_cases();
 
 TEST(Binary, BroadcastingEveryDtype) {
   const std::pair<Shape, Shape> shapes[] = {{{7, 300}, {7, 300}}, {{7, 300}, {300}}, {{7, 1}, {1, 300}},
@@ -302,6 +316,128 @@ TEST(Elementwise, BadInputs) {
   } catch (const Error&) {
   }
   EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{1.f, 2.f}));
+}
+
+// softplus (PyTorch's): x where beta x > threshold, log1p(exp(beta x)) / beta elsewhere; against the formula
+// in f64 (the functor's branch included), every dtype, strided too, and the defaults beta 1, threshold 20.
+TEST(Unary, Softplus) {
+  auto ref = [](double beta, double threshold) {
+    return [=](double x) { return x * beta > threshold ? x : std::log1p(std::exp(beta * x)) / beta; };
+  };
+  for (DType t : kFloatTypes)
+    for (auto [beta, threshold] : {std::pair{1.0, 20.0}, std::pair{2.0, 1.0}, std::pair{0.5, 3.0}}) {
+      const Tensor x = uniform({37, 300}, -30, 30, t);
+      const auto v = x.to_vector<double>();
+      std::vector<double> want(v.size());
+      for (size_t i = 0; i < v.size(); ++i) want[i] = ref(beta, threshold)(v[i]);
+      expect_close(softplus(x, beta, threshold), want, tol_for(t), std::string("softplus ") + dtype_name(t));
+      expect_close(x.softplus(beta, threshold), want, tol_for(t), "softplus method");
+      expect_close(softplus(x.t(), beta, threshold).t(), want, tol_for(t), "softplus strided");
+    }
+  const Tensor x = tensor<double>({-100, -1, 0, 1, 19.9, 20.1, 100});
+  expect_close(
+      softplus(x),
+      map_values(x.to_vector<double>(), [](double v) { return v > 20 ? v : std::log1p(std::exp(v)); }),
+      tol_for(DType::F64), "softplus defaults");
+  EXPECT_EQ(softplus(x).to_vector<double>()[5], 20.1);  // above the threshold: x itself
+  expect_error<DTypeError>([] { softplus(arange(3)); }, {"softplus", "i64", "floating"});
+}
+
+// sin and cos also on the vectorised (contiguous f32) runs and against std:: directly.
+TEST(Unary, SinCos) {
+  const Tensor x = uniform({4099}, -20, 20, DType::F32, 21);
+  expect_close(sin(x), map_values(x.to_vector<double>(), [](double v) { return std::sin(v); }),
+               tol_for(DType::F32), "sin");
+  expect_close(x.cos(), map_values(x.to_vector<double>(), [](double v) { return std::cos(v); }),
+               tol_for(DType::F32), "cos");
+}
+
+// PyTorch's bool arithmetic: add is a logical or, mul a logical and; sub refuses bool with a message.
+TEST(Binary, BoolAddMulAndSub) {
+  const Tensor a = tensor<bool>({true, true, false, false}), b = tensor<bool>({true, false, true, false});
+  EXPECT_EQ(add(a, b).dtype(), DType::Bool);
+  EXPECT_EQ((a + b).to_vector<bool>(), (std::vector<bool>{true, true, true, false}));
+  EXPECT_EQ(mul(a, b).dtype(), DType::Bool);
+  EXPECT_EQ((a * b).to_vector<bool>(), (std::vector<bool>{true, false, false, false}));
+  EXPECT_EQ(add(a.slice(0, 0, 4, 2), b.slice(0, 1, 4, 2)).to_vector<bool>(),
+            (std::vector<bool>{true, false}));
+  expect_error<DTypeError>([&] { sub(a, b); }, {"sub", "bool", "not supported", "[4]"});
+  expect_error<DTypeError>([&] { a - b; }, {"sub", "bool"});
+}
+
+// Scalar-first forms: op(s, x) is op(scalar_tensor(s), x), the Scalar taking x's dtype.
+TEST(Binary, ScalarFirstForms) {
+  const Tensor x = uniform({100}, 0.5, 2);
+  const auto v = x.to_vector<double>();
+  auto each = [&](auto f) {
+    std::vector<double> r;
+    for (double e : v) r.push_back(f(e));
+    return r;
+  };
+  const testing::Tol t = tol_for(DType::F32);
+  expect_close(div(2.0, x), each([](double e) { return 2 / e; }), t, "div(2, x)");
+  expect_close(sub(1.0, x), each([](double e) { return 1 - e; }), t, "sub(1, x)");
+  expect_close(pow(2.0, x), each([](double e) { return std::pow(2, e); }), t, "pow(2, x)");
+  expect_close(add(1.0, x), each([](double e) { return 1 + e; }), t, "add(1, x)");
+  expect_close(mul(2.0, x), each([](double e) { return 2 * e; }), t, "mul(2, x)");
+  expect_close(maximum(1.0, x), each([](double e) { return std::max(1.0, e); }), t, "maximum(1, x)");
+  EXPECT_EQ(div(2.0, x).dtype(), DType::F32);
+  EXPECT_EQ(sub(1.0, arange(3)).to_vector<int64_t>(), (std::vector<int64_t>{1, 0, -1}));
+}
+
+// The methods are the free functions (core/op_list.h generates the elementwise ones).
+TEST(Methods, ElementwiseMethodsAreTheFreeFunctions) {
+  const Tensor x = uniform({6, 7}, 0.5, 2, DType::F32, 31), y = uniform({7}, 0.5, 2, DType::F32, 32);
+  auto same = [](const Tensor& a, const Tensor& b, const char* what) {
+    EXPECT_EQ(a.shape(), b.shape()) << what;
+    EXPECT_EQ(a.to_vector<double>(), b.to_vector<double>()) << what;
+  };
+  same(x.relu(), relu(x), "relu");
+  same(x.exp(), exp(x), "exp");
+  same(x.log(), log(x), "log");
+  same(x.sqrt(), sqrt(x), "sqrt");
+  same(x.sigmoid(), sigmoid(x), "sigmoid");
+  same(x.tanh(), tanh(x), "tanh");
+  same(x.abs(), abs(x), "abs");
+  same(x.neg(), neg(x), "neg");
+  same(x.pow(2), pow(x, 2.0), "pow");
+  same(x.pow(y), pow(x, y), "pow tensor");
+  same(x.clamp(0.7, 1.5), clamp(x, 0.7, 1.5), "clamp");
+  same(x.add(y), add(x, y), "add");
+  same(x.sub(1.0), sub(x, 1.0), "sub");
+  same(x.mul(y), mul(x, y), "mul");
+  same(x.div(y), div(x, y), "div");
+  same(x.maximum(y), maximum(x, y), "maximum");
+  same(x.gt(1.0), gt(x, 1.0), "gt");
+  same(x.eq(y), eq(x, y), "eq");
+  same(x.where(x.gt(1.0), y), where(x.gt(1.0), x, y), "where");
+  same(x.clamp_min(1.0), clamp_min(x, 1.0), "clamp_min");
+  Tensor z = x.clone();
+  z.sub_(1.0).relu_();
+  same(z, relu(sub(x, 1.0)), "sub_ relu_");
+  z.clamp_(0.1, 0.2);
+  same(z, clamp(relu(sub(x, 1.0)), 0.1, 0.2), "clamp_");
+  z.div_(2.0);
+  same(z, div(clamp(relu(sub(x, 1.0)), 0.1, 0.2), 2.0), "div_");
+}
+
+TEST(Methods, ReductionsAndSoftmax) {
+  const Tensor x = uniform({5, 8}, -2, 2, DType::F32, 33);
+  auto same = [](const Tensor& a, const Tensor& b, const char* what) {
+    EXPECT_EQ(a.shape(), b.shape()) << what;
+    EXPECT_EQ(a.to_vector<double>(), b.to_vector<double>()) << what;
+  };
+  same(x.max(), max(x), "max");
+  same(x.min(), min(x), "min");
+  same(x.max({1}, true), max(x, {1}, true), "max dims");
+  same(x.min({0}), min(x, {0}), "min dims");
+  same(x.var(), var(x), "var");
+  same(x.var({1}, 0), var(x, {1}, 0), "var dims");
+  same(x.argmax(), argmax(x), "argmax");
+  same(x.argmax(1), argmax(x, 1), "argmax dim");
+  same(x.argmin(0, true), argmin(x, 0, true), "argmin dim");
+  same(x.softmax(-1), softmax(x, -1), "softmax");
+  same(x.log_softmax(0), log_softmax(x, 0), "log_softmax");
 }
 
 }  // namespace
