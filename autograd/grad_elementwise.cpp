@@ -172,7 +172,7 @@ using autograd::check_inplace;
 
 // The ops of core/op_list.h: core's forward (which records nothing) and the rule above. A Scalar operand is
 // a 0-d tensor that needs no gradient. The in-place forms check that self is not tracked, then run core's.
-#define FRUGAL_DIFF_UNARY(name, F, dtypes, autocast, method, inplace)                                  \
+#define FRUGAL_DIFF_UNARY(name, F, dtypes, autocast_class, method, inplace)                            \
   Tensor name(const Tensor& x_in) {                                                                    \
     const Tensor x = amp::autocast(#name, x_in)[0];                                                    \
     return unary(#name, x, ops::name(x), rule_##name);                                                 \
@@ -181,18 +181,18 @@ using autograd::check_inplace;
       Tensor& name##_(Tensor& self) {                                                                  \
         return check_inplace(self, #name "_"), ops::name##_(self);                                     \
       } Tensor& Tensor::name##_() { return frugal::name##_(*this); })
-#define FRUGAL_DIFF_UNARY_PARAM(name, F, dtypes, autocast, method, inplace, p1, d1, p2, d2, ...) \
-  Tensor name(const Tensor& x_in, Scalar p1, Scalar p2) {                                        \
-    const Tensor x = amp::autocast(#name, x_in)[0];                                              \
-    return unary(#name, x, ops::name(x, p1, p2), rule_##name, p1, p2);                           \
-  }                                                                                              \
-  FRUGAL_IF_##method(Tensor Tensor::name(Scalar p1, Scalar p2)                                   \
-                         const { return frugal::name(*this, p1, p2); })                          \
-      FRUGAL_IF_##inplace(                                                                       \
-          Tensor& name##_(Tensor& self, Scalar p1, Scalar p2) {                                  \
-            return check_inplace(self, #name "_"), ops::name##_(self, p1, p2);                   \
+#define FRUGAL_DIFF_UNARY_PARAM(name, F, dtypes, autocast_class, method, inplace, p1, d1, p2, d2, ...) \
+  Tensor name(const Tensor& x_in, Scalar p1, Scalar p2) {                                              \
+    const Tensor x = amp::autocast(#name, x_in)[0];                                                    \
+    return unary(#name, x, ops::name(x, p1, p2), rule_##name, p1, p2);                                 \
+  }                                                                                                    \
+  FRUGAL_IF_##method(Tensor Tensor::name(Scalar p1, Scalar p2)                                         \
+                         const { return frugal::name(*this, p1, p2); })                                \
+      FRUGAL_IF_##inplace(                                                                             \
+          Tensor& name##_(Tensor& self, Scalar p1, Scalar p2) {                                        \
+            return check_inplace(self, #name "_"), ops::name##_(self, p1, p2);                         \
           } Tensor& Tensor::name##_(Scalar p1, Scalar p2) { return frugal::name##_(*this, p1, p2); })
-#define FRUGAL_DIFF_BINARY(name, F, dtypes, autocast, method, inplace)                  \
+#define FRUGAL_DIFF_BINARY(name, F, dtypes, autocast_class, method, inplace)            \
   Tensor name(const Tensor& a_in, const Tensor& b_in) {                                 \
     const auto ab = amp::autocast(#name, a_in, b_in);                                   \
     const Tensor &a = ab[0], &b = ab[1];                                                \
