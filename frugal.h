@@ -36,6 +36,8 @@
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/module_holder.h"
+#include "nn/ordered_dict.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
