@@ -28,6 +28,7 @@
 #include "io/checkpoint.h"
 #include "io/file.h"
 #include "io/safetensors.h"
+#include "io/serialize.h"
 #include "nn/attention.h"
 #include "nn/containers.h"
 #include "nn/conv.h"
