@@ -59,6 +59,9 @@ TEST(LibtorchSpelling, TensorFromABracedListWithShapeOrOptions) {
 
   // Naming the element type still picks it, and a shape that the values do not fill is the usual error.
   EXPECT_EQ(tensor<float>({1, 2}).dtype(), DType::F32);
+  EXPECT_EQ(tensor<int32_t>({1, 2}).dtype(), DType::I32);
+  EXPECT_EQ(tensor<int32_t>({1, 2}, {2, 1}).dtype(), DType::I32);
+  EXPECT_EQ(tensor<double>({1, 2}, kF32).dtype(), DType::F32);
   EXPECT_THROW(tensor({1.0, 2.0, 3.0}, {2, 2}), ShapeError);
 }
 
