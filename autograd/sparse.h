@@ -3,7 +3,7 @@
 //
 //   nn::Embedding emb(nn::EmbeddingOptions(50000, 256).sparse(true));
 //   sum(emb(tokens) * w).backward();
-//   SparseGrad g = autograd::sparse_grad(emb.weight);  // g.indices [nnz], g.values [nnz, 256]
+//   SparseGrad g = autograd::sparse_grad(emb->weight);  // g.indices [nnz], g.values [nnz, 256]
 //   Tensor dense = autograd::to_dense(g);              // [50000, 256], for checking
 //
 // Note [sparse gradients]

@@ -64,7 +64,7 @@ struct GPTSetup {
     manual_seed(0);
     return nn::GPT(nn::GPTConfig{.vocab = kVocab});
   }();
-  optim::AdamW opt{gpt.parameters(), optim::AdamWOptions(1e-3)};
+  optim::AdamW opt{gpt->parameters(), optim::AdamWOptions(1e-3)};
   Generator g{2};
   Tensor tokens = randint(0, kVocab, {kBatch, kContext}, DType::I64, &g);
   Tensor targets = randint(0, kVocab, {kBatch, kContext}, DType::I64, &g);
@@ -76,11 +76,11 @@ void BM_GPTStep(benchmark::State& state) {
   const bool recompute = state.range(0) == 1;
   GPTSetup s;
   auto& [gpt, opt, g, tokens, targets] = s;
-  gpt.recompute(recompute);
+  gpt->recompute(recompute);
   double loss = 0;
   auto step = [&] {
     opt.zero_grad();
-    const Tensor l = F::cross_entropy(gpt.forward(tokens).view({-1, kVocab}), targets.view({-1}));
+    const Tensor l = F::cross_entropy(gpt->forward(tokens).view({-1, kVocab}), targets.view({-1}));
     l.backward();
     opt.step();
     loss = l.item<double>();
@@ -119,7 +119,7 @@ void BM_AmpGPTStep(benchmark::State& state) {
     Tensor l;
     {
       amp::Autocast autocast(DType::BF16, bf16);
-      l = F::cross_entropy(gpt.forward(tokens).view({-1, kVocab}), targets.view({-1}));
+      l = F::cross_entropy(gpt->forward(tokens).view({-1, kVocab}), targets.view({-1}));
     }
     activation_bytes = memory::stats().allocated.current - before;
     l.backward();

@@ -90,10 +90,10 @@ void fashion(const char* name, bool cnn) {
 // W4r runs segments of 6 layers (about sqrt(32)) as recompute segments.
 void deep(const char* name, int recompute_every) {
   manual_seed(0);
-  auto net = std::make_shared<nn::Sequential>();
+  nn::Sequential net;
   for (int i = 0; i < 32; ++i) {
-    net->push_back(std::make_shared<nn::Linear>(1024, 1024));
-    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(nn::Linear(1024, 1024));
+    net->push_back(nn::ReLU());
   }
   if (recompute_every > 0) net->recompute_every(2 * recompute_every);
   optim::SGD opt(net->parameters(), optim::SGDOptions(1e-3).momentum(0.9));
@@ -132,7 +132,7 @@ void deep(const char* name, int recompute_every) {
 struct GPTRun {
   GPTRun(const data::TextDataset& text, bool bf16) : text(text), bf16(bf16) {
     manual_seed(0);
-    model = std::make_unique<nn::GPT>(nn::GPTConfig{.vocab = text.vocab_size()});
+    model = nn::GPT(nn::GPTConfig{.vocab = text.vocab_size()});
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions(1e-3));
   }
   // One step: its batch, forward, backward, update; returns its ms.
@@ -156,7 +156,7 @@ struct GPTRun {
   }
   const data::TextDataset& text;
   bool bf16;
-  std::unique_ptr<nn::GPT> model;
+  nn::GPT model{nullptr};
   std::unique_ptr<optim::AdamW> opt;
   Generator gen{0};
   double loss = 0;

@@ -2,6 +2,7 @@
 //
 //   DType t = promote_types(DType::I64, DType::F32);  // F32
 //   dtype_name(DType::BF16);                           // "bf16"
+//   Tensor x = zeros({2, 3}, kBF16);                   // or kBFloat16, as libtorch spells it
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,16 @@ namespace frugal {
 
 enum class DType : uint8_t { F32, F64, F16, BF16, I64, I32, U8, Bool };
 inline constexpr int kNumDTypes = 8;
+
+// The dtypes under the names libtorch gives them (torch::kFloat32, torch::kLong, ...), short and long.
+inline constexpr DType kF32 = DType::F32, kFloat32 = DType::F32, kFloat = DType::F32;
+inline constexpr DType kF64 = DType::F64, kFloat64 = DType::F64, kDouble = DType::F64;
+inline constexpr DType kF16 = DType::F16, kFloat16 = DType::F16, kHalf = DType::F16;
+inline constexpr DType kBF16 = DType::BF16, kBFloat16 = DType::BF16;
+inline constexpr DType kI64 = DType::I64, kInt64 = DType::I64, kLong = DType::I64;
+inline constexpr DType kI32 = DType::I32, kInt32 = DType::I32, kInt = DType::I32;
+inline constexpr DType kU8 = DType::U8, kUInt8 = DType::U8, kByte = DType::U8;
+inline constexpr DType kBool = DType::Bool;
 
 const char* dtype_name(DType t);
 DType dtype_from_name(std::string_view name);  // "f32", "float32", "bfloat16", ...; throws DTypeError

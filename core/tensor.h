@@ -8,10 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <ostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "device.h"
@@ -228,6 +230,30 @@ Tensor tensor(const std::vector<T>& values, const Shape& shape);
 template <typename T>
 Tensor tensor(const std::vector<T>& values) {
   return tensor(values, Shape{int64_t(values.size())});
+}
+// The same from a braced list, without naming the element type: tensor({1.0, 2.0}) is f64 (as
+// tensor<double>), tensor({1, 2}) i64 (int literals widen), tensor({true, false}) bool. A named type still
+// decides (tensor<int32_t>({1, 2}) is i32). With options, tensor({1.f, 2.f}, kF16) converts to their dtype
+// and device.
+namespace detail {
+template <typename T, typename E>
+using tensor_element_t = std::conditional_t<
+    !std::is_void_v<T>, T,
+    std::conditional_t<std::is_same_v<E, int> || std::is_same_v<E, long long>, int64_t, E>>;
+}  // namespace detail
+template <typename T = void, typename E>
+Tensor tensor(std::initializer_list<E> values, const Shape& shape) {
+  return tensor(std::vector<detail::tensor_element_t<T, E>>(values.begin(), values.end()), shape);
+}
+template <typename T = void, typename E>
+Tensor tensor(std::initializer_list<E> values) {
+  return tensor(std::vector<detail::tensor_element_t<T, E>>(values.begin(), values.end()));
+}
+template <typename T = void, typename E>
+Tensor tensor(std::initializer_list<E> values, TensorOptions opts) {
+  return tensor(std::vector<detail::tensor_element_t<T, E>>(values.begin(), values.end()))
+      .to(opts.dtype_)
+      .to(opts.device_);
 }
 // A tensor holding a copy of a raw buffer of the given dtype (contiguous, cpu).
 Tensor from_buffer(const void* data, const Shape& shape, DType dtype);

@@ -69,7 +69,7 @@ class Trainer {
     cfg.sparse_embeddings = opts.sparse_embeddings;
     {
       memory::Tag tag("parameters");
-      model = std::make_shared<nn::GPT>(cfg);
+      model = nn::GPT(cfg);
     }
     model->recompute(opts.recompute);
     std::vector<Tensor> dense, sparse;
@@ -193,7 +193,7 @@ class Trainer {
     for (auto& sched : schedules_) sched->step_to(step_);
   }
 
-  std::shared_ptr<nn::GPT> model;
+  nn::GPT model{nullptr};
   std::unique_ptr<optim::AdamW> adamw;
   std::unique_ptr<optim::SparseAdam> sparse_adam;
   amp::GradScaler scaler;  // enabled for f16 autocast only
@@ -207,7 +207,7 @@ class Trainer {
 
 // Loss over a fixed set of windows of the held-out text (the same windows every time), under autocast to
 // `autocast` if given.
-inline double validation_loss(nn::GPT& model, const data::TextDataset& val, int64_t batch, int batches,
+inline double validation_loss(nn::GPTImpl& model, const data::TextDataset& val, int64_t batch, int batches,
                               std::optional<DType> autocast = {}) {
   InferenceMode no_record;
   memory::Tag tag("evaluation");

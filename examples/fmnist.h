@@ -19,31 +19,31 @@ namespace fmnist {
 using namespace frugal;
 
 // W1: Linear 784->256, ReLU, Linear 256->256, ReLU, Linear 256->10.
-inline std::shared_ptr<nn::Sequential> make_mlp() {
-  auto net = std::make_shared<nn::Sequential>();
-  net->push_back(std::make_shared<nn::Flatten>());
-  net->push_back(std::make_shared<nn::Linear>(784, 256));
-  net->push_back(std::make_shared<nn::ReLU>());
-  net->push_back(std::make_shared<nn::Linear>(256, 256));
-  net->push_back(std::make_shared<nn::ReLU>());
-  net->push_back(std::make_shared<nn::Linear>(256, 10));
+inline nn::Sequential make_mlp() {
+  nn::Sequential net;
+  net->push_back(nn::Flatten());
+  net->push_back(nn::Linear(784, 256));
+  net->push_back(nn::ReLU());
+  net->push_back(nn::Linear(256, 256));
+  net->push_back(nn::ReLU());
+  net->push_back(nn::Linear(256, 10));
   return net;
 }
 
 // W2: Conv 1->32 3x3 pad 1, ReLU, MaxPool 2; Conv 32->64 3x3 pad 1, ReLU, MaxPool 2; Linear 3136->128, ReLU,
 // Linear 128->10.
-inline std::shared_ptr<nn::Sequential> make_cnn() {
-  auto net = std::make_shared<nn::Sequential>();
-  net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(1, 32, 3).padding(1)));
-  net->push_back(std::make_shared<nn::ReLU>());
-  net->push_back(std::make_shared<nn::MaxPool2d>(2));
-  net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(32, 64, 3).padding(1)));
-  net->push_back(std::make_shared<nn::ReLU>());
-  net->push_back(std::make_shared<nn::MaxPool2d>(2));
-  net->push_back(std::make_shared<nn::Flatten>());
-  net->push_back(std::make_shared<nn::Linear>(3136, 128));
-  net->push_back(std::make_shared<nn::ReLU>());
-  net->push_back(std::make_shared<nn::Linear>(128, 10));
+inline nn::Sequential make_cnn() {
+  nn::Sequential net;
+  net->push_back(nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
+  net->push_back(nn::ReLU());
+  net->push_back(nn::MaxPool2d(2));
+  net->push_back(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
+  net->push_back(nn::ReLU());
+  net->push_back(nn::MaxPool2d(2));
+  net->push_back(nn::Flatten());
+  net->push_back(nn::Linear(3136, 128));
+  net->push_back(nn::ReLU());
+  net->push_back(nn::Linear(128, 10));
   return net;
 }
 

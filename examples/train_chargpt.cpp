@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
           data::TextDatasetOptions().root(data_dir).context(o.context).split(data::TextSplit::Validation));
     }
     chargpt::Trainer trainer(o, train->vocab_size());
-    nn::GPT& model = *trainer.model;
+    nn::GPTImpl& model = *trainer.model;
     if (!resume.empty()) {
       trainer.load(resume);
       std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(trainer.step()));

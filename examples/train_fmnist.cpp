@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
         data::DataLoaderOptions().batch_size(batch / accum).shuffle(true).seed(seed).drop_last(true));
     data::DataLoader test(test_set, data::DataLoaderOptions().batch_size(250));
 
-    std::shared_ptr<nn::Sequential> model;
+    nn::Sequential model{nullptr};
     {
       memory::Tag tag("parameters");
       model = model_name == "mlp" ? fmnist::make_mlp() : fmnist::make_cnn();

@@ -76,17 +76,17 @@ Tensor self_attention_composite(const Tensor& qkv, int64_t n_heads, double scale
 
 namespace F = functional;
 
-CausalSelfAttention::CausalSelfAttention(int64_t d_model_, int64_t n_heads_, double dropout_)
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t d_model_, int64_t n_heads_, double dropout_)
     : Module("CausalSelfAttention"), d_model(d_model_), n_heads(n_heads_), dropout(dropout_) {
   FRUGAL_CHECK(d_model > 0 && n_heads > 0 && d_model % n_heads == 0,
                "CausalSelfAttention: d_model must be a positive multiple of n_heads, got d_model ", d_model,
                " and n_heads ", n_heads);
   FRUGAL_CHECK(dropout >= 0 && dropout < 1, "CausalSelfAttention: dropout must be in [0, 1), got ", dropout);
-  qkv = register_module("qkv", std::make_shared<Linear>(d_model, 3 * d_model));
-  proj = register_module("proj", std::make_shared<Linear>(d_model, d_model));
+  qkv = register_module("qkv", Linear(d_model, 3 * d_model));
+  proj = register_module("proj", Linear(d_model, d_model));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
+Tensor CausalSelfAttentionImpl::forward(const Tensor& x) {
   FRUGAL_CHECK_SHAPE(x.defined() && x.dim() == 3 && x.size(2) == d_model,
                      "CausalSelfAttention: expected x [B, T, ", d_model, "], got shape ",
                      x.defined() ? x.shape() : Shape{});
@@ -106,17 +106,18 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   return F::dropout(proj->forward(y), dropout, is_training());
 }
 
-TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, double dropout_, const GELUOptions& gelu)
+TransformerBlockImpl::TransformerBlockImpl(int64_t d_model, int64_t n_heads, double dropout_,
+                                           const GELUOptions& gelu)
     : Module("TransformerBlock"), dropout(dropout_) {
-  ln1 = register_module("ln1", std::make_shared<LayerNorm>(Shape{d_model}));
-  attn = register_module("attn", std::make_shared<CausalSelfAttention>(d_model, n_heads, dropout));
-  ln2 = register_module("ln2", std::make_shared<LayerNorm>(Shape{d_model}));
-  fc = register_module("fc", std::make_shared<Linear>(d_model, 4 * d_model));
-  act = register_module("act", std::make_shared<GELU>(gelu));
-  fc_proj = register_module("fc_proj", std::make_shared<Linear>(4 * d_model, d_model));
+  ln1 = register_module("ln1", LayerNorm(Shape{d_model}));
+  attn = register_module("attn", CausalSelfAttention(d_model, n_heads, dropout));
+  ln2 = register_module("ln2", LayerNorm(Shape{d_model}));
+  fc = register_module("fc", Linear(d_model, 4 * d_model));
+  act = register_module("act", GELU(gelu));
+  fc_proj = register_module("fc_proj", Linear(4 * d_model, d_model));
 }
 
-Tensor TransformerBlock::forward(const Tensor& x) {
+Tensor TransformerBlockImpl::forward(const Tensor& x) {
   const Tensor h = add(x, attn->forward(ln1->forward(x)));
   const Tensor m = fc_proj->forward(act->forward(fc->forward(ln2->forward(h))));
   return add(h, F::dropout(m, dropout, is_training()));

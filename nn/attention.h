@@ -15,6 +15,7 @@
 
 #include "layers.h"
 #include "module.h"
+#include "module_holder.h"
 
 namespace frugal::nn {
 
@@ -43,29 +44,31 @@ Tensor self_attention_composite(const Tensor& qkv, int64_t n_heads, double scale
 // n_heads heads of d_model / n_heads; each head attends to positions <= its own with scale 1/sqrt(head dim);
 // the heads are merged and projected by Linear d -> d. Dropout (when > 0 and training) applies to the
 // attention probabilities and to the output, as in nanoGPT.
-class CausalSelfAttention : public Module {
+class CausalSelfAttentionImpl : public Module {
  public:
-  CausalSelfAttention(int64_t d_model, int64_t n_heads, double dropout = 0);
+  CausalSelfAttentionImpl(int64_t d_model, int64_t n_heads, double dropout = 0);
   Tensor forward(const Tensor& x) override;
 
   int64_t d_model, n_heads;
   double dropout;
-  std::shared_ptr<Linear> qkv, proj;
+  Linear qkv{nullptr}, proj{nullptr};
 };
+FRUGAL_MODULE(CausalSelfAttention);
 
 // Pre-norm block: x + attn(ln1(x)), then x + mlp(ln2(x)) with mlp = Linear d -> 4d, GELU (exact by
 // default, as nn.GELU()), Linear 4d -> d, and dropout on the mlp's output (when > 0 and training).
-class TransformerBlock : public Module {
+class TransformerBlockImpl : public Module {
  public:
-  TransformerBlock(int64_t d_model, int64_t n_heads, double dropout = 0,
-                   const GELUOptions& gelu = GELUOptions());
+  TransformerBlockImpl(int64_t d_model, int64_t n_heads, double dropout = 0,
+                       const GELUOptions& gelu = GELUOptions());
   Tensor forward(const Tensor& x) override;
 
   double dropout;
-  std::shared_ptr<LayerNorm> ln1, ln2;
-  std::shared_ptr<CausalSelfAttention> attn;
-  std::shared_ptr<Linear> fc, fc_proj;
-  std::shared_ptr<GELU> act;
+  LayerNorm ln1{nullptr}, ln2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  Linear fc{nullptr}, fc_proj{nullptr};
+  GELU act{nullptr};
 };
+FRUGAL_MODULE(TransformerBlock);
 
 }  // namespace frugal::nn

@@ -23,8 +23,8 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
   for (size_t i = begin; i < end; ++i) {
     Module& m = *modules[i];
     const Module* next = i + 1 < end ? modules[i + 1].get() : nullptr;
-    if (next && typeid(m) == typeid(Linear) && typeid(*next) == typeid(ReLU)) {
-      const auto& linear = static_cast<const Linear&>(m);
+    if (next && typeid(m) == typeid(LinearImpl) && typeid(*next) == typeid(ReLUImpl)) {
+      const auto& linear = static_cast<const LinearImpl&>(m);
       h = functional::linear_relu(h, linear.weight, linear.bias);
       ++i;
       continue;
@@ -36,21 +36,22 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
 
 }  // namespace
 
-Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) : Module("Sequential") {
+SequentialImpl::SequentialImpl(std::initializer_list<std::shared_ptr<Module>> modules)
+    : Module("Sequential") {
   for (const auto& m : modules) push_back(m);
 }
 
-const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
+const std::shared_ptr<Module>& SequentialImpl::operator[](size_t i) const {
   return checked_at(modules_, i, "Sequential");
 }
 
-Sequential& Sequential::recompute_every(int k) {
+SequentialImpl& SequentialImpl::recompute_every(int k) {
   FRUGAL_CHECK(k >= 0, "Sequential::recompute_every: k must be >= 0 (0 turns recompute off), got ", k);
   recompute_every_ = k;
   return *this;
 }
 
-Tensor Sequential::forward(const Tensor& x) {
+Tensor SequentialImpl::forward(const Tensor& x) {
   Tensor h = x;
   if (recompute_every_ == 0 || !autograd::grad_mode_enabled() || modules_.empty())
     return run_modules(modules_, 0, modules_.size(), h);
@@ -72,11 +73,12 @@ Tensor Sequential::forward(const Tensor& x) {
   return h;
 }
 
-ModuleList::ModuleList(std::initializer_list<std::shared_ptr<Module>> modules) : Module("ModuleList") {
+ModuleListImpl::ModuleListImpl(std::initializer_list<std::shared_ptr<Module>> modules)
+    : Module("ModuleList") {
   for (const auto& m : modules) push_back(m);
 }
 
-const std::shared_ptr<Module>& ModuleList::operator[](size_t i) const {
+const std::shared_ptr<Module>& ModuleListImpl::operator[](size_t i) const {
   return checked_at(modules_, i, "ModuleList");
 }
 

@@ -25,7 +25,7 @@ Tensor uniform_init(const Shape& shape, double bound) {
 
 }  // namespace
 
-Conv2d::Conv2d(const Conv2dOptions& o) : Module("Conv2d"), options_(o) {
+Conv2dImpl::Conv2dImpl(const Conv2dOptions& o) : Module("Conv2d"), options_(o) {
   FRUGAL_CHECK(o.in_channels() > 0 && o.out_channels() > 0, "Conv2d: in_channels (", o.in_channels(),
                ") and out_channels (", o.out_channels(), ") must be positive");
   FRUGAL_CHECK(o.groups() > 0 && o.in_channels() % o.groups() == 0 && o.out_channels() % o.groups() == 0,
@@ -40,12 +40,12 @@ Conv2d::Conv2d(const Conv2dOptions& o) : Module("Conv2d"), options_(o) {
   if (o.bias()) bias = register_parameter("bias", uniform_init({o.out_channels()}, bound));
 }
 
-Tensor Conv2d::forward(const Tensor& x) {
+Tensor Conv2dImpl::forward(const Tensor& x) {
   const auto& o = options_;
   return conv2d(x, weight, bias, o.stride(), o.padding(), o.dilation(), o.groups());
 }
 
-MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation)
+MaxPool2dImpl::MaxPool2dImpl(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation)
     : Module("MaxPool2d"),
       kernel_size_(kernel_size),
       stride_(stride.value_or(kernel_size)),
@@ -54,11 +54,12 @@ MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 paddi
   check_window("MaxPool2d", kernel_size_, stride_, padding_, dilation_);
 }
 
-Tensor MaxPool2d::forward(const Tensor& x) {
+Tensor MaxPool2dImpl::forward(const Tensor& x) {
   return max_pool2d(x, kernel_size_, stride_, padding_, dilation_);
 }
 
-AvgPool2d::AvgPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, bool count_include_pad)
+AvgPool2dImpl::AvgPool2dImpl(Size2 kernel_size, std::optional<Size2> stride, Size2 padding,
+                             bool count_include_pad)
     : Module("AvgPool2d"),
       kernel_size_(kernel_size),
       stride_(stride.value_or(kernel_size)),
@@ -67,7 +68,7 @@ AvgPool2d::AvgPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 paddi
   check_window("AvgPool2d", kernel_size_, stride_, padding_, 1);
 }
 
-Tensor AvgPool2d::forward(const Tensor& x) {
+Tensor AvgPool2dImpl::forward(const Tensor& x) {
   return avg_pool2d(x, kernel_size_, stride_, padding_, count_include_pad_);
 }
 

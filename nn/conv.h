@@ -1,14 +1,15 @@
 // Convolution and pooling layers in the style of PyTorch's C++ frontend: nn::Conv2d, nn::MaxPool2d,
 // nn::AvgPool2d. The math is in conv2d / max_pool2d / avg_pool2d (autograd/functions.h).
 //
-//   auto conv = std::make_shared<nn::Conv2d>(nn::Conv2dOptions(1, 32, 3).padding(1));
+//   nn::Conv2d conv(nn::Conv2dOptions(1, 32, 3).padding(1));  // a holder of an nn::Conv2dImpl
 //   nn::MaxPool2d pool(2);
-//   Tensor y = pool(relu((*conv)(x)));  // x [64, 1, 28, 28] -> y [64, 32, 14, 14]
+//   Tensor y = pool(relu(conv(x)));  // x [64, 1, 28, 28] -> y [64, 32, 14, 14]; conv->weight [32, 1, 3, 3]
 #pragma once
 
 #include <optional>
 
 #include "module.h"
+#include "module_holder.h"
 
 namespace frugal::nn {
 
@@ -48,11 +49,11 @@ class Conv2dOptions {
 
 // y = conv2d(x, weight, bias): weight [out, in / groups, kH, kW] and bias [out] start as PyTorch's do,
 // U(-b, b) with b = 1 / sqrt(fan_in), fan_in = in / groups * kH * kW.
-class Conv2d : public Module {
+class Conv2dImpl : public Module {
  public:
-  explicit Conv2d(const Conv2dOptions& options);
-  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size)
-      : Conv2d(Conv2dOptions(in_channels, out_channels, kernel_size)) {}
+  explicit Conv2dImpl(const Conv2dOptions& options);
+  Conv2dImpl(int64_t in_channels, int64_t out_channels, Size2 kernel_size)
+      : Conv2dImpl(Conv2dOptions(in_channels, out_channels, kernel_size)) {}
   Tensor forward(const Tensor& x) override;
   const Conv2dOptions& options() const { return options_; }
 
@@ -62,28 +63,31 @@ class Conv2d : public Module {
  private:
   Conv2dOptions options_;
 };
+FRUGAL_MODULE(Conv2d);
 
 // Max over windows; stride defaults to the kernel size.
-class MaxPool2d : public Module {
+class MaxPool2dImpl : public Module {
  public:
-  explicit MaxPool2d(Size2 kernel_size, std::optional<Size2> stride = {}, Size2 padding = 0,
-                     Size2 dilation = 1);
+  explicit MaxPool2dImpl(Size2 kernel_size, std::optional<Size2> stride = {}, Size2 padding = 0,
+                         Size2 dilation = 1);
   Tensor forward(const Tensor& x) override;
 
  private:
   Size2 kernel_size_, stride_, padding_, dilation_;
 };
+FRUGAL_MODULE(MaxPool2d);
 
 // Mean over windows; stride defaults to the kernel size; count_include_pad counts padding in the divisor.
-class AvgPool2d : public Module {
+class AvgPool2dImpl : public Module {
  public:
-  explicit AvgPool2d(Size2 kernel_size, std::optional<Size2> stride = {}, Size2 padding = 0,
-                     bool count_include_pad = true);
+  explicit AvgPool2dImpl(Size2 kernel_size, std::optional<Size2> stride = {}, Size2 padding = 0,
+                         bool count_include_pad = true);
   Tensor forward(const Tensor& x) override;
 
  private:
   Size2 kernel_size_, stride_, padding_;
   bool count_include_pad_;
 };
+FRUGAL_MODULE(AvgPool2d);
 
 }  // namespace frugal::nn

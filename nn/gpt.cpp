@@ -13,29 +13,29 @@ namespace frugal::nn {
 
 namespace F = functional;
 
-GPT::GPT(const GPTConfig& c) : Module("GPT"), config(c) {
+GPTImpl::GPTImpl(const GPTConfig& c) : Module("GPT"), config(c) {
   FRUGAL_CHECK(c.vocab > 0 && c.d_model > 0 && c.n_layers >= 0 && c.n_heads > 0 && c.context > 0,
                "GPT: vocab, d_model, n_heads and context must be positive and n_layers >= 0, got vocab ",
                c.vocab, ", d_model ", c.d_model, ", n_layers ", c.n_layers, ", n_heads ", c.n_heads,
                ", context ", c.context);
   FRUGAL_CHECK(c.d_model % c.n_heads == 0, "GPT: d_model (", c.d_model, ") must be a multiple of n_heads (",
                c.n_heads, ")");
-  tok_emb = register_module("tok_emb", std::make_shared<Embedding>(
-                                           EmbeddingOptions(c.vocab, c.d_model).sparse(c.sparse_embeddings)));
-  pos_emb = register_module("pos_emb", std::make_shared<Embedding>(c.context, c.d_model));
-  blocks = register_module("blocks", std::make_shared<ModuleList>());
+  tok_emb =
+      register_module("tok_emb", Embedding(EmbeddingOptions(c.vocab, c.d_model).sparse(c.sparse_embeddings)));
+  pos_emb = register_module("pos_emb", Embedding(c.context, c.d_model));
+  blocks = register_module("blocks", ModuleList());
   for (int64_t i = 0; i < c.n_layers; ++i)
-    blocks->push_back(std::make_shared<TransformerBlock>(c.d_model, c.n_heads, c.dropout));
-  ln_f = register_module("ln_f", std::make_shared<LayerNorm>(Shape{c.d_model}));
-  head = register_module("head", std::make_shared<Linear>(c.d_model, c.vocab));
+    blocks->push_back(TransformerBlock(c.d_model, c.n_heads, c.dropout));
+  ln_f = register_module("ln_f", LayerNorm(Shape{c.d_model}));
+  head = register_module("head", Linear(c.d_model, c.vocab));
 }
 
-GPT& GPT::recompute(bool on) {
+GPTImpl& GPTImpl::recompute(bool on) {
   recompute_ = on;
   return *this;
 }
 
-Tensor GPT::forward(const Tensor& tokens) {
+Tensor GPTImpl::forward(const Tensor& tokens) {
   FRUGAL_CHECK_SHAPE(tokens.defined() && tokens.dtype() == DType::I64 && tokens.dim() == 2,
                      "GPT: expected "
                      "tokens i64 [B, T], got ",
@@ -58,7 +58,8 @@ Tensor GPT::forward(const Tensor& tokens) {
   return head->forward(ln_f->forward(x));
 }
 
-Tensor GPT::generate(const Tensor& prompt, int64_t n_new, double temperature, int64_t top_k, Generator* gen) {
+Tensor GPTImpl::generate(const Tensor& prompt, int64_t n_new, double temperature, int64_t top_k,
+                         Generator* gen) {
   const char* op = "GPT::generate";
   FRUGAL_CHECK_SHAPE(prompt.defined() && prompt.dtype() == DType::I64 &&
                          (prompt.dim() == 1 || prompt.dim() == 2) && prompt.size(-1) >= 1,
@@ -73,7 +74,7 @@ Tensor GPT::generate(const Tensor& prompt, int64_t n_new, double temperature, in
   const bool was_training = is_training();
   eval();
   struct RestoreMode {
-    GPT* self;
+    GPTImpl* self;
     bool training;
     ~RestoreMode() { self->train(training); }
   } restore{this, was_training};

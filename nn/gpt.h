@@ -3,11 +3,11 @@
 // here: the blocks themselves (nn/attention.h) and the data (data/).
 //
 //   nn::GPT gpt(nn::GPTConfig{.vocab = 114});  // d_model 128, 4 layers, 4 heads, context 64
-//   gpt.recompute(true);                       // keep only each block's input until backward
-//   Tensor logits = gpt.forward(tokens);       // tokens i64 [B, T], T <= 64; logits [B, T, 114]
+//   gpt->recompute(true);                      // keep only each block's input until backward
+//   Tensor logits = gpt(tokens);               // tokens i64 [B, T], T <= 64; logits [B, T, 114]
 //   Tensor loss = F::cross_entropy(logits.view({-1, 114}), targets.view({-1}));
 //   Generator g(7);
-//   Tensor out = gpt.generate(prompt, 100, 0.8, 20, &g);  // prompt i64 [B, T0] -> [B, T0 + 100]
+//   Tensor out = gpt->generate(prompt, 100, 0.8, 20, &g);  // prompt i64 [B, T0] -> [B, T0 + 100]
 #pragma once
 
 #include <memory>
@@ -28,16 +28,16 @@ struct GPTConfig {
   bool sparse_embeddings = false;  // the token embedding's gradient is sparse (for optim::SparseAdam)
 };
 
-class GPT : public Module {
+class GPTImpl : public Module {
  public:
-  explicit GPT(const GPTConfig& config);
+  explicit GPTImpl(const GPTConfig& config);
 
   // tokens: i64 [B, T] with T <= context, each in [0, vocab); logits [B, T, vocab].
   Tensor forward(const Tensor& tokens) override;
 
   // With recompute on (and grad mode on), each block runs as an autograd::recompute segment: its activations
   // are computed again in backward instead of being kept. Gradients are bit-identical either way.
-  GPT& recompute(bool on);
+  GPTImpl& recompute(bool on);
   bool recompute() const { return recompute_; }
 
   // Samples n_new tokens after prompt (i64 [B, T0] or [T0], T0 >= 1) without recording, feeding the model at
@@ -48,13 +48,14 @@ class GPT : public Module {
                   Generator* gen = nullptr);
 
   GPTConfig config;
-  std::shared_ptr<Embedding> tok_emb, pos_emb;
-  std::shared_ptr<ModuleList> blocks;  // of TransformerBlock
-  std::shared_ptr<LayerNorm> ln_f;
-  std::shared_ptr<Linear> head;
+  Embedding tok_emb{nullptr}, pos_emb{nullptr};
+  ModuleList blocks{nullptr};  // of TransformerBlock
+  LayerNorm ln_f{nullptr};
+  Linear head{nullptr};
 
  private:
   bool recompute_ = false;
 };
+FRUGAL_MODULE(GPT);
 
 }  // namespace frugal::nn

@@ -10,7 +10,7 @@ namespace frugal::nn {
 
 namespace F = functional;
 
-Linear::Linear(const LinearOptions& opts) : Module("Linear"), options(opts) {
+LinearImpl::LinearImpl(const LinearOptions& opts) : Module("Linear"), options(opts) {
   FRUGAL_CHECK(opts.in_features() > 0 && opts.out_features() > 0,
                "Linear: in_features and out_features must be positive, got ", opts.in_features(), " and ",
                opts.out_features());
@@ -19,7 +19,7 @@ Linear::Linear(const LinearOptions& opts) : Module("Linear"), options(opts) {
   reset_parameters();
 }
 
-void Linear::reset_parameters() {
+void LinearImpl::reset_parameters() {
   init::kaiming_uniform_(weight, std::sqrt(5.0));
   if (bias.defined()) {
     const double bound = 1.0 / std::sqrt(double(options.in_features()));
@@ -27,9 +27,9 @@ void Linear::reset_parameters() {
   }
 }
 
-Tensor Linear::forward(const Tensor& x) { return F::linear(x, weight, bias); }
+Tensor LinearImpl::forward(const Tensor& x) { return F::linear(x, weight, bias); }
 
-Embedding::Embedding(const EmbeddingOptions& opts) : Module("Embedding"), options(opts) {
+EmbeddingImpl::EmbeddingImpl(const EmbeddingOptions& opts) : Module("Embedding"), options(opts) {
   FRUGAL_CHECK(opts.num_embeddings() > 0 && opts.embedding_dim() > 0,
                "Embedding: num_embeddings and embedding_dim must be positive, got ", opts.num_embeddings(),
                " and ", opts.embedding_dim());
@@ -43,7 +43,7 @@ Embedding::Embedding(const EmbeddingOptions& opts) : Module("Embedding"), option
   reset_parameters();
 }
 
-void Embedding::reset_parameters() {
+void EmbeddingImpl::reset_parameters() {
   init::normal_(weight);
   if (options.padding_idx()) {
     NoGradGuard no_grad;
@@ -51,21 +51,21 @@ void Embedding::reset_parameters() {
   }
 }
 
-Tensor Embedding::forward(const Tensor& indices) {
+Tensor EmbeddingImpl::forward(const Tensor& indices) {
   return F::embedding(indices, weight, options.padding_idx(), options.sparse());
 }
 
-Dropout::Dropout(const DropoutOptions& opts) : Module("Dropout"), options(opts) {
+DropoutImpl::DropoutImpl(const DropoutOptions& opts) : Module("Dropout"), options(opts) {
   FRUGAL_CHECK(opts.p() >= 0 && opts.p() <= 1, "Dropout: p must be in [0, 1], got ", opts.p());
 }
 
-Tensor Dropout::forward(const Tensor& x) { return F::dropout(x, options.p(), is_training()); }
+Tensor DropoutImpl::forward(const Tensor& x) { return F::dropout(x, options.p(), is_training()); }
 
-Flatten::Flatten(const FlattenOptions& opts) : Module("Flatten"), options(opts) {}
+FlattenImpl::FlattenImpl(const FlattenOptions& opts) : Module("Flatten"), options(opts) {}
 
-Tensor Flatten::forward(const Tensor& x) { return x.flatten(options.start_dim(), options.end_dim()); }
+Tensor FlattenImpl::forward(const Tensor& x) { return x.flatten(options.start_dim(), options.end_dim()); }
 
-LayerNorm::LayerNorm(const LayerNormOptions& opts) : Module("LayerNorm"), options(opts) {
+LayerNormImpl::LayerNormImpl(const LayerNormOptions& opts) : Module("LayerNorm"), options(opts) {
   FRUGAL_CHECK_SHAPE(opts.normalized_shape().size() > 0, "LayerNorm: normalized_shape must not be empty");
   if (opts.elementwise_affine()) {
     weight = register_parameter("weight", empty(opts.normalized_shape()));
@@ -74,17 +74,17 @@ LayerNorm::LayerNorm(const LayerNormOptions& opts) : Module("LayerNorm"), option
   reset_parameters();
 }
 
-void LayerNorm::reset_parameters() {
+void LayerNormImpl::reset_parameters() {
   if (!weight.defined()) return;
   init::ones_(weight);
   init::zeros_(bias);
 }
 
-Tensor LayerNorm::forward(const Tensor& x) {
+Tensor LayerNormImpl::forward(const Tensor& x) {
   return F::layer_norm(x, options.normalized_shape(), weight, bias, options.eps());
 }
 
-BatchNorm2d::BatchNorm2d(const BatchNorm2dOptions& opts) : Module("BatchNorm2d"), options(opts) {
+BatchNorm2dImpl::BatchNorm2dImpl(const BatchNorm2dOptions& opts) : Module("BatchNorm2d"), options(opts) {
   const int64_t c = opts.num_features();
   FRUGAL_CHECK(c > 0, "BatchNorm2d: num_features must be positive, got ", c);
   if (opts.affine()) {
@@ -99,7 +99,7 @@ BatchNorm2d::BatchNorm2d(const BatchNorm2dOptions& opts) : Module("BatchNorm2d")
   reset_parameters();
 }
 
-void BatchNorm2d::reset_running_stats() {
+void BatchNorm2dImpl::reset_running_stats() {
   if (!running_mean.defined()) return;
   init::zeros_(running_mean);
   init::ones_(running_var);
@@ -107,14 +107,14 @@ void BatchNorm2d::reset_running_stats() {
   num_batches_tracked.zero_();
 }
 
-void BatchNorm2d::reset_parameters() {
+void BatchNorm2dImpl::reset_parameters() {
   reset_running_stats();
   if (!weight.defined()) return;
   init::ones_(weight);
   init::zeros_(bias);
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
+Tensor BatchNorm2dImpl::forward(const Tensor& x) {
   FRUGAL_CHECK(x.defined(), "BatchNorm2d: the input is undefined");
   FRUGAL_CHECK_SHAPE(x.dim() == 4 && x.size(1) == options.num_features(),
                      "BatchNorm2d: expected an input [N, ", options.num_features(), ", H, W], got shape ",
@@ -130,11 +130,11 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   return F::batch_norm(x, running_mean, running_var, weight, bias, batch_stats, factor, options.eps());
 }
 
-GELU::GELU(const GELUOptions& opts) : Module("GELU"), options(opts) {
+GELUImpl::GELUImpl(const GELUOptions& opts) : Module("GELU"), options(opts) {
   FRUGAL_CHECK(opts.approximate() == "none" || opts.approximate() == "tanh",
                "GELU: approximate must be \"none\" or \"tanh\", got \"", opts.approximate(), "\"");
 }
 
-Tensor GELU::forward(const Tensor& x) { return options.approximate() == "tanh" ? gelu_tanh(x) : gelu(x); }
+Tensor GELUImpl::forward(const Tensor& x) { return options.approximate() == "tanh" ? gelu_tanh(x) : gelu(x); }
 
 }  // namespace frugal::nn

@@ -1,31 +1,34 @@
 // nn::Module: registration, traversal, modes, conversion and state dicts.
 #include "nn/module.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 namespace frugal::nn {
 
 Tensor Module::forward(const Tensor&) {
   throw Error(
-      detail::str_cat(type_name_, ": this module has no forward(const Tensor&); call its own forward"));
+      detail::str_cat(type_name(), ": this module has no forward(const Tensor&); call its own forward"));
 }
 
 void Module::check_name(const std::string& name) const {
-  FRUGAL_CHECK(!name.empty() && name.find('.') == std::string::npos, type_name_, ": invalid name '", name,
+  FRUGAL_CHECK(!name.empty() && name.find('.') == std::string::npos, type_name(), ": invalid name '", name,
                "' (names are non-empty and contain no '.')");
   auto taken = [&](const auto& list) {
     return std::any_of(list.begin(), list.end(), [&](const auto& p) { return p.first == name; });
   };
-  FRUGAL_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name_, ": the name '", name,
-               "' is already registered");
+  FRUGAL_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name(), ": the name '",
+               name, "' is already registered");
 }
 
 Tensor Module::register_parameter(const std::string& name, Tensor tensor, bool requires_grad) {
   check_name(name);
-  FRUGAL_CHECK(tensor.defined(), type_name_, ": parameter '", name, "' is undefined");
-  FRUGAL_CHECK(tensor.is_leaf(), type_name_, ": parameter '", name, "' must be a leaf; detach() it first");
+  FRUGAL_CHECK(tensor.defined(), type_name(), ": parameter '", name, "' is undefined");
+  FRUGAL_CHECK(tensor.is_leaf(), type_name(), ": parameter '", name, "' must be a leaf; detach() it first");
   tensor.requires_grad_(requires_grad);
   parameters_.emplace_back(name, tensor);
   return tensor;
@@ -43,12 +46,12 @@ void Module::set_buffer(const std::string& name, Tensor tensor) {
       t = std::move(tensor);
       return;
     }
-  throw Error(detail::str_cat(type_name_, ": no buffer named '", name, "'"));
+  throw Error(detail::str_cat(type_name(), ": no buffer named '", name, "'"));
 }
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
   check_name(name);
-  FRUGAL_CHECK(module != nullptr, type_name_, ": child module '", name, "' is null");
+  FRUGAL_CHECK(module != nullptr, type_name(), ": child module '", name, "' is null");
   children_.emplace_back(name, std::move(module));
 }
 
@@ -63,36 +66,64 @@ void walk(const Module& root, bool recurse, F f) {
     f(prefix, *m);
     if (!recurse) break;
     const auto kids = m->named_children();
-    for (auto it = kids.rbegin(); it != kids.rend(); ++it)
+    for (auto it = kids.items().rbegin(); it != kids.items().rend(); ++it)
       stack.emplace_back(prefix.empty() ? it->first : prefix + "." + it->first, it->second.get());
   }
 }
 std::string join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
+using TensorItems = std::vector<OrderedDict<std::string, Tensor>::Item>;
+using ModuleItems = std::vector<OrderedDict<std::string, std::shared_ptr<Module>>::Item>;
 }  // namespace
 
-std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
-  std::vector<std::pair<std::string, Tensor>> out;
+std::string demangled_type_name(const std::type_info& type) {
+  int status = 0;
+  char* raw = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+  std::string name = status == 0 && raw ? raw : type.name();
+  std::free(raw);
+  // Drop the namespaces: the text up to the last "::" outside template arguments.
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '<' || name[i] == '(') ++depth;
+    if (name[i] == '>' || name[i] == ')') --depth;
+    if (depth == 0 && name.compare(i, 2, "::") == 0) start = i + 2;
+  }
+  name = name.substr(start);
+  const std::string impl = "Impl";
+  if (name.size() > impl.size() && name.compare(name.size() - impl.size(), impl.size(), impl) == 0)
+    name.resize(name.size() - impl.size());
+  return name;
+}
+
+std::string Module::type_name() const {
+  return type_name_.empty() ? demangled_type_name(typeid(*this)) : type_name_;
+}
+
+OrderedDict<std::string, Tensor> Module::named_parameters(bool recurse) const {
+  TensorItems out;
   walk(*this, recurse, [&](const std::string& prefix, const Module& m) {
-    for (const auto& [n, t] : m.parameters_) out.emplace_back(join(prefix, n), t);
+    for (const auto& [n, t] : m.parameters_) out.push_back({join(prefix, n), t});
   });
-  return out;
+  return {"named_parameters", std::move(out)};
 }
 
 std::vector<Tensor> Module::parameters(bool recurse) const {
   std::vector<Tensor> out;
-  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  walk(*this, recurse, [&](const std::string&, const Module& m) {
+    for (const auto& [n, t] : m.parameters_) out.push_back(t);
+  });
   return out;
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
-  std::vector<std::pair<std::string, Tensor>> out;
+OrderedDict<std::string, Tensor> Module::named_buffers(bool recurse) const {
+  TensorItems out;
   walk(*this, recurse, [&](const std::string& prefix, const Module& m) {
     for (const auto& [n, t] : m.buffers_)
-      if (t.defined()) out.emplace_back(join(prefix, n), t);
+      if (t.defined()) out.push_back({join(prefix, n), t});
   });
-  return out;
+  return {"named_buffers", std::move(out)};
 }
 
 std::vector<std::shared_ptr<Module>> Module::children() const {
@@ -101,23 +132,24 @@ std::vector<std::shared_ptr<Module>> Module::children() const {
   return out;
 }
 
-std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
-  return children_;
+OrderedDict<std::string, std::shared_ptr<Module>> Module::named_children() const {
+  ModuleItems out;
+  for (const auto& [n, m] : children_) out.push_back({n, m});
+  return {"named_children", std::move(out)};
 }
 
-std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() const {
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+OrderedDict<std::string, std::shared_ptr<Module>> Module::named_modules() const {
+  ModuleItems out;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> stack;
   for (auto it = children_.rbegin(); it != children_.rend(); ++it) stack.push_back(*it);
   while (!stack.empty()) {
     auto [path, m] = stack.back();
     stack.pop_back();
-    out.emplace_back(path, m);
-    const auto kids = m->named_children();
-    for (auto it = kids.rbegin(); it != kids.rend(); ++it)
+    out.push_back({path, m});
+    for (auto it = m->children_.rbegin(); it != m->children_.rend(); ++it)
       stack.emplace_back(path + "." + it->first, it->second);
   }
-  return out;
+  return {"named_modules", std::move(out)};
 }
 
 void Module::train(bool on) {
@@ -181,7 +213,7 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
     for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
     return s.empty() ? std::string("none") : s;
   };
-  FRUGAL_CHECK_SHAPE(misshaped.empty() && (!strict || (missing.empty() && unexpected.empty())), type_name_,
+  FRUGAL_CHECK_SHAPE(misshaped.empty() && (!strict || (missing.empty() && unexpected.empty())), type_name(),
                      ": load_state_dict: missing keys: ", list(missing),
                      "; unexpected keys: ", list(unexpected), "; mis-shaped keys: ", list(misshaped),
                      strict ? "" : " (strict=false ignores missing and unexpected keys, not shapes)");

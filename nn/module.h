@@ -1,28 +1,73 @@
 // nn::Module: a model part that owns named parameters, buffers and child modules, in the style of PyTorch's
-// C++ frontend. Subclasses register what they own in their constructor and implement forward().
+// C++ frontend. Subclasses register what they own in their constructor and implement forward(); a holder
+// (FRUGAL_MODULE, nn/module_holder.h) makes the handle users pass around.
 //
-//   struct Mlp : nn::Module {
-//     std::shared_ptr<nn::Linear> fc1, fc2;
-//     Mlp() : fc1(register_module("fc1", std::make_shared<nn::Linear>(784, 256))),
-//             fc2(register_module("fc2", std::make_shared<nn::Linear>(256, 10))) {}
-//     Tensor forward(const Tensor& x) override { return fc2->forward(relu(fc1->forward(x))); }
+//   struct MlpImpl : nn::Module {
+//     nn::Linear fc1{nullptr}, fc2{nullptr};
+//     MlpImpl() : fc1(register_module("fc1", nn::Linear(784, 256))),
+//                 fc2(register_module("fc2", nn::Linear(256, 10))) {}
+//     Tensor forward(const Tensor& x) override { return fc2(relu(fc1(x))); }
 //   };
-//   auto net = std::make_shared<Mlp>();
+//   FRUGAL_MODULE(Mlp);
+//   Mlp net;
 //   optim::Adam opt(net->parameters(), optim::AdamOptions(1e-3));
+//   for (const auto& p : net->named_parameters()) std::cout << p.key() << "\n";  // fc1.weight, ...
 #pragma once
 
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
 #include "../autograd/functions.h"
+#include "ordered_dict.h"
 
 namespace frugal::nn {
 
+class Module;
+
+namespace module_detail {
+
+// Note [forward by value]
+// Module::forward(const Tensor&) is virtual; a subclass that declares `Tensor forward(Tensor x)` (as libtorch
+// code is often written) or `forward(Tensor& x)` does not override it but hides it, and a caller through
+// Module (Sequential, a holder converted to shared_ptr<Module>) gets Module's "no forward" error at run time.
+// The holders, register_module and the containers' push_back refuse such a module at compile time instead.
+// A forward of other arguments (two tensors; a tensor and a flag without a default) is fine: only a forward
+// that takes one tensor yet does not override is refused.
+template <typename M, typename = void>
+struct takes_one_tensor : std::false_type {};
+template <typename M>
+struct takes_one_tensor<M, std::void_t<decltype(std::declval<M&>().forward(std::declval<Tensor&>()))>>
+    : std::true_type {};
+template <typename M, typename = void>
+struct overrides_forward : std::false_type {};
+template <typename M>
+struct overrides_forward<M, std::void_t<decltype(static_cast<Tensor (M::*)(const Tensor&)>(&M::forward))>>
+    : std::true_type {};
+
+// True unless M has a forward of one tensor that does not override Module's.
+template <typename M>
+inline constexpr bool forward_overrides_v = !takes_one_tensor<M>::value || overrides_forward<M>::value;
+
+}  // namespace module_detail
+
+#define FRUGAL_FORWARD_BY_VALUE_MESSAGE                                                             \
+  "frugal: this module's forward takes its tensor by value or by non-const reference, which hides " \
+  "nn::Module::forward instead of overriding it (Sequential would fail at run time); write "        \
+  "`Tensor forward(const Tensor& x) override` (Note [forward by value], nn/module.h)"
+
+// The name of a C++ type as written in code: demangled, without its namespaces and without a trailing "Impl"
+// (frugal::nn::LinearImpl -> "Linear").
+std::string demangled_type_name(const std::type_info& type);
+
 class Module {
  public:
-  explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
+  // The type name shows in summary() and errors; by default it is the class's own (demangled_type_name).
+  Module() = default;
+  explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
   virtual ~Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
@@ -32,16 +77,17 @@ class Module {
   virtual Tensor forward(const Tensor& x);
   Tensor operator()(const Tensor& x) { return forward(x); }
 
-  const std::string& type_name() const { return type_name_; }
+  std::string type_name() const;
 
-  // Parameters and buffers of this module and (recurse) its children, named by their path ("fc1.weight").
+  // Parameters and buffers of this module and (recurse) its children, named by their path ("fc1.weight"), in
+  // registration order.
   std::vector<Tensor> parameters(bool recurse = true) const;
-  std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
-  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
+  OrderedDict<std::string, Tensor> named_parameters(bool recurse = true) const;
+  OrderedDict<std::string, Tensor> named_buffers(bool recurse = true) const;
   std::vector<std::shared_ptr<Module>> children() const;
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
+  OrderedDict<std::string, std::shared_ptr<Module>> named_children() const;
   // Every module below this one (not itself), depth first, named by path.
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules() const;
+  OrderedDict<std::string, std::shared_ptr<Module>> named_modules() const;
 
   // Training mode (dropout active, batch norm updating its statistics) for this module and its children.
   virtual void train(bool on = true);
@@ -69,10 +115,18 @@ class Module {
   Tensor register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
   // Registers a tensor that is state but not trained (running statistics); an undefined tensor is allowed.
   Tensor register_buffer(const std::string& name, Tensor tensor);
+  // Registers a child module, given as a shared_ptr or a holder (nn::Linear), and returns it as given:
+  // fc = register_module("fc", nn::Linear(4, 3)).
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    static_assert(module_detail::forward_overrides_v<M>, FRUGAL_FORWARD_BY_VALUE_MESSAGE);
     add_child(name, module);
     return module;
+  }
+  template <typename Holder, typename = typename Holder::ContainedType>
+  Holder register_module(const std::string& name, Holder holder) {
+    add_child(name, holder.ptr());
+    return holder;
   }
   // Replaces the tensor behind a registered buffer (e.g. when it is recomputed rather than updated in place).
   void set_buffer(const std::string& name, Tensor tensor);
@@ -81,7 +135,7 @@ class Module {
   void add_child(const std::string& name, std::shared_ptr<Module> module);
   void check_name(const std::string& name) const;
 
-  std::string type_name_;
+  std::string type_name_;  // empty: the class's own name
   bool training_ = true;
   std::vector<std::pair<std::string, Tensor>> parameters_;
   std::vector<std::pair<std::string, Tensor>> buffers_;

@@ -8,7 +8,7 @@
 // It refuses dense gradients (use Adam for the rest of the model); Adam, AdamW and SGD refuse sparse ones.
 //
 //   nn::Embedding emb(nn::EmbeddingOptions(50000, 256).sparse(true));
-//   optim::SparseAdam sparse_opt(emb.parameters(), optim::SparseAdamOptions(1e-3).betas({0.9, 0.999}));
+//   optim::SparseAdam sparse_opt(emb->parameters(), optim::SparseAdamOptions(1e-3).betas({0.9, 0.999}));
 //   optim::Adam dense_opt(head->parameters(), optim::AdamOptions(1e-3));
 //   sparse_opt.zero_grad(); dense_opt.zero_grad(); loss.backward(); sparse_opt.step(); dense_opt.step();
 #pragma once

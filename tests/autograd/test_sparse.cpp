@@ -28,8 +28,8 @@ TEST(SparseGrad, EmbeddingMatchesDenseGradient) {
   const Tensor w = testing::uniform({4, 9, 6}, -1, 1, DType::F32, 3);
   sum(mul(emb(idx), w)).backward();
 
-  EXPECT_FALSE(emb.weight.grad().defined());
-  const SparseGrad g = autograd::sparse_grad(emb.weight);
+  EXPECT_FALSE(emb->weight.grad().defined());
+  const SparseGrad g = autograd::sparse_grad(emb->weight);
   ASSERT_TRUE(g.defined());
   EXPECT_EQ(g.rows, 50);
   EXPECT_EQ(g.indices.dtype(), DType::I64);
@@ -39,7 +39,7 @@ TEST(SparseGrad, EmbeddingMatchesDenseGradient) {
   for (int64_t i : idx.to_vector<int64_t>()) ++distinct[i];
   EXPECT_EQ(int64_t(rows.size()), int64_t(distinct.size()));
   EXPECT_EQ(g.values.shape(), (Shape{int64_t(rows.size()), 6}));
-  expect_close(autograd::to_dense(g), dense_embedding_grad(emb.weight, idx, w).to_vector<double>(),
+  expect_close(autograd::to_dense(g), dense_embedding_grad(emb->weight, idx, w).to_vector<double>(),
                testing::tol_for(DType::F32), "sparse gradient densified");
 }
 
@@ -50,10 +50,10 @@ TEST(SparseGrad, AccumulatesOverBackwardCalls) {
                w2 = testing::uniform({4, 3}, -1, 1, DType::F32, 12);
   sum(mul(emb(idx1), w1)).backward();
   sum(mul(emb(idx2), w2)).backward();
-  const SparseGrad g = autograd::sparse_grad(emb.weight);
+  const SparseGrad g = autograd::sparse_grad(emb->weight);
   EXPECT_EQ(g.indices.to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 4, 9}));
   const Tensor expected =
-      add(dense_embedding_grad(emb.weight, idx1, w1), dense_embedding_grad(emb.weight, idx2, w2));
+      add(dense_embedding_grad(emb->weight, idx1, w1), dense_embedding_grad(emb->weight, idx2, w2));
   expect_close(autograd::to_dense(g), expected.to_vector<double>(), testing::tol_for(DType::F32),
                "two backward calls");
 }
@@ -61,19 +61,19 @@ TEST(SparseGrad, AccumulatesOverBackwardCalls) {
 TEST(SparseGrad, ZeroGradDropsIt) {
   nn::Embedding emb(nn::EmbeddingOptions(8, 2).sparse(true));
   sum(emb(tensor<int64_t>({1, 2}))).backward();
-  ASSERT_TRUE(autograd::sparse_grad(emb.weight).defined());
-  emb.weight.zero_grad(/*set_to_none=*/false);
-  EXPECT_FALSE(autograd::sparse_grad(emb.weight).defined());
+  ASSERT_TRUE(autograd::sparse_grad(emb->weight).defined());
+  emb->weight.zero_grad(/*set_to_none=*/false);
+  EXPECT_FALSE(autograd::sparse_grad(emb->weight).defined());
   sum(emb(tensor<int64_t>({3}))).backward();
-  EXPECT_EQ(autograd::sparse_grad(emb.weight).indices.to_vector<int64_t>(), (std::vector<int64_t>{3}));
-  emb.zero_grad();
-  EXPECT_FALSE(autograd::sparse_grad(emb.weight).defined());
+  EXPECT_EQ(autograd::sparse_grad(emb->weight).indices.to_vector<int64_t>(), (std::vector<int64_t>{3}));
+  emb->zero_grad();
+  EXPECT_FALSE(autograd::sparse_grad(emb->weight).defined());
 }
 
 TEST(SparseGrad, PaddingRowGetsNoGradient) {
   nn::Embedding emb(nn::EmbeddingOptions(6, 2).padding_idx(2).sparse(true));
   sum(emb(tensor<int64_t>({2, 5, 2, 0}))).backward();
-  const SparseGrad g = autograd::sparse_grad(emb.weight);
+  const SparseGrad g = autograd::sparse_grad(emb->weight);
   EXPECT_EQ(g.indices.to_vector<int64_t>(), (std::vector<int64_t>{0, 5}));
   EXPECT_EQ(g.values.to_vector<double>(), (std::vector<double>{1, 1, 1, 1}));
 }
@@ -121,7 +121,7 @@ TEST(SparseGrad, CountedUnderGradients) {
   const int64_t held = gradient_bytes() - before;
   EXPECT_GE(held, 3 * 64 * 4 + 3 * 8);
   EXPECT_LT(held, 1000 * 64 * 4 / 10);
-  emb.zero_grad();
+  emb->zero_grad();
   EXPECT_EQ(gradient_bytes(), before);
 }
 
@@ -143,7 +143,7 @@ TEST(SparseGrad, Errors) {
                       {"embedding", "leaf", "sparse(false)"});
   // Mixing a dense and a sparse gradient on one weight.
   nn::Embedding emb(nn::EmbeddingOptions(4, 2).sparse(true));
-  sum(emb.weight).backward();
+  sum(emb->weight).backward();
   expect_error<Error>([&] { sum(emb(tensor<int64_t>({1}))).backward(); },
                       {"dense gradient", "sparse(false)"});
 }

@@ -124,17 +124,17 @@ TEST(Devices, ModuleToMovesParametersInPlace) {
   real_gpu();
   manual_seed(3);
   nn::Linear layer(3, 2);
-  const Tensor weight = layer.weight;  // another handle to the same parameter
-  const std::vector<double> w = layer.weight.to_vector<double>(), b = layer.bias.to_vector<double>();
-  layer.to(kGpu);
-  for (const Tensor& p : layer.parameters()) EXPECT_EQ(p.device(), kGpu);
+  const Tensor weight = layer->weight;  // another handle to the same parameter
+  const std::vector<double> w = layer->weight.to_vector<double>(), b = layer->bias.to_vector<double>();
+  layer->to(kGpu);
+  for (const Tensor& p : layer->parameters()) EXPECT_EQ(p.device(), kGpu);
   EXPECT_EQ(weight.device(), kGpu);  // the handle follows: the optimizer keeps working on the same tensor
   EXPECT_TRUE(weight.requires_grad());
-  EXPECT_EQ(layer.weight.to_vector<double>(), w);
-  layer.to(kCPU);
+  EXPECT_EQ(layer->weight.to_vector<double>(), w);
+  layer->to(kCPU);
   EXPECT_EQ(weight.device(), kCPU);
-  EXPECT_EQ(layer.weight.to_vector<double>(), w);
-  EXPECT_EQ(layer.bias.to_vector<double>(), b);
+  EXPECT_EQ(layer->weight.to_vector<double>(), w);
+  EXPECT_EQ(layer->bias.to_vector<double>(), b);
 }
 
 TEST(Devices, OpsThatMixDevicesNameThem) {

@@ -290,13 +290,13 @@ TEST_F(Cnn, BatchNorm2dModuleTracksTheSameStatistics) {
   auto run = [](Device d) {
     manual_seed(41);
     nn::BatchNorm2d bn(5);
-    bn.to(d);
+    bn->to(d);
     for (uint64_t step = 0; step < 3; ++step)
-      bn.forward(uniform({3, 5, 6, 4}, -1, 2, DType::F32, 42 + step).to(d));
-    bn.eval();
-    const Tensor y = bn.forward(uniform({2, 5, 6, 4}, -1, 1, DType::F32, 50).to(d));
-    return std::vector<Tensor>{y.to(kCPU), bn.running_mean.to(kCPU), bn.running_var.to(kCPU),
-                               bn.num_batches_tracked.to(kCPU)};
+      bn->forward(uniform({3, 5, 6, 4}, -1, 2, DType::F32, 42 + step).to(d));
+    bn->eval();
+    const Tensor y = bn->forward(uniform({2, 5, 6, 4}, -1, 1, DType::F32, 50).to(d));
+    return std::vector<Tensor>{y.to(kCPU), bn->running_mean.to(kCPU), bn->running_var.to(kCPU),
+                               bn->num_batches_tracked.to(kCPU)};
   };
   const auto cpu = run(kCPU), gpu = run(testing::kGpu);
   for (size_t i = 0; i < cpu.size(); ++i)

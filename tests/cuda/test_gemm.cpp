@@ -99,13 +99,13 @@ TEST_F(Gemm, LinearLayerForwardAndBackward) {
     auto run = [&](Device d) {
       manual_seed(9);
       nn::Linear layer(48, 33);
-      layer.to(t);
-      layer.to(d);
+      layer->to(t);
+      layer->to(d);
       const Tensor x = uniform({16, 48}, -1, 1, t, 54).to(d).detach().requires_grad_();
-      const Tensor y = layer.forward(x);
+      const Tensor y = layer->forward(x);
       (y * y).sum().backward();
-      return std::vector<Tensor>{y.to(kCPU), x.grad().to(kCPU), layer.weight.grad().to(kCPU),
-                                 layer.bias.grad().to(kCPU)};
+      return std::vector<Tensor>{y.to(kCPU), x.grad().to(kCPU), layer->weight.grad().to(kCPU),
+                                 layer->bias.grad().to(kCPU)};
     };
     const auto cpu = run(kCPU), gpu = run(testing::kGpu);
     const char* names[] = {"y", "dx", "dweight", "dbias"};

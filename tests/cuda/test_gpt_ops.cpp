@@ -316,12 +316,12 @@ void check_gpt_steps(Precision precision, Optim kind, Tol tol, const std::string
   auto run = [&](Device d) {
     manual_seed(3);
     nn::GPT model(nn::GPTConfig{.vocab = 40, .d_model = 32, .n_layers = 2, .n_heads = 4, .context = 16});
-    model.to(d);
+    model->to(d);
     std::unique_ptr<optim::Optimizer> opt;
     if (kind == Optim::AdamW)
-      opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions(1e-2));
+      opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions(1e-2));
     else
-      opt = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+      opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions(0.1).momentum(0.9));
     // A scale that keeps the f16 gradients finite on both devices (an overflow on one only would skip its
     // step).
     amp::GradScaler scaler(
@@ -335,17 +335,17 @@ void check_gpt_steps(Precision precision, Optim kind, Tol tol, const std::string
       {
         const DType low = precision == Precision::F16Scaled ? DType::F16 : DType::BF16;
         amp::Autocast autocast(low, precision != Precision::F32);
-        loss = F::cross_entropy(model.forward(input).view({-1, 40}), target.view({-1}));
+        loss = F::cross_entropy(model->forward(input).view({-1, 40}), target.view({-1}));
       }
       scaler.scale(loss).backward();
       scaler.unscale_(*opt);
-      optim::clip_grad_norm_(model.parameters(), 1.0);
+      optim::clip_grad_norm_(model->parameters(), 1.0);
       scaler.step(*opt);
       scaler.update();
       losses.push_back(loss.item<double>());
     }
     std::vector<double> params;
-    for (const Tensor& p : model.parameters())
+    for (const Tensor& p : model->parameters())
       for (double v : p.detach().to(kCPU).to_vector<double>()) params.push_back(v);
     return std::make_pair(losses, params);
   };

@@ -97,17 +97,17 @@ TEST_F(IndexOptim, SparseAdamUpdatesOnlyTheRowsPresent) {
     auto run = [&](Device d) {
       manual_seed(5);
       nn::Embedding emb(nn::EmbeddingOptions(40, 16).sparse(true));
-      emb.to(t);
-      emb.to(d);
-      optim::SparseAdam opt(emb.parameters(), optim::SparseAdamOptions(1e-2));
+      emb->to(t);
+      emb->to(d);
+      optim::SparseAdam opt(emb->parameters(), optim::SparseAdamOptions(1e-2));
       for (int step = 0; step < 3; ++step) {
         const Tensor ids = uniform({5, 6}, 0, 40, DType::F64, uint64_t(40 + step)).to(DType::I64).to(d);
-        const Tensor y = emb.forward(ids);
+        const Tensor y = emb->forward(ids);
         opt.zero_grad();
         (y * y).sum().backward();
         opt.step();
       }
-      return emb.weight.detach().to(kCPU);
+      return emb->weight.detach().to(kCPU);
     };
     const Tensor cpu = run(kCPU), gpu = run(testing::kGpu);
     testing::expect_close(gpu, cpu.to_vector<double>(),

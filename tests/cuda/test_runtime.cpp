@@ -108,17 +108,17 @@ TEST_F(GpuMemory, AnMlpTrainsTheSameOnTheGpu) {
   auto losses = [](Device d) {
     manual_seed(11);
     nn::Sequential net;
-    net.push_back(std::make_shared<nn::Linear>(20, 64));
-    net.push_back(std::make_shared<nn::ReLU>());
-    net.push_back(std::make_shared<nn::Linear>(64, 5));
-    net.to(d);
-    optim::Adam opt(net.parameters(), optim::AdamOptions(1e-2));
+    net->push_back(nn::Linear(20, 64));
+    net->push_back(nn::ReLU());
+    net->push_back(nn::Linear(64, 5));
+    net->to(d);
+    optim::Adam opt(net->parameters(), optim::AdamOptions(1e-2));
     const Tensor x = testing::uniform({32, 20}, -1, 1, DType::F32, 61).to(d);
     const Tensor y = testing::uniform({32}, 0, 5, DType::F64, 62).to(DType::I64).to(d);
     std::vector<double> out;
     for (int step = 0; step < 5; ++step) {
       opt.zero_grad();
-      const Tensor loss = nn::functional::cross_entropy(net.forward(x), y);
+      const Tensor loss = nn::functional::cross_entropy(net->forward(x), y);
       loss.backward();
       opt.step();
       out.push_back(loss.item<double>());

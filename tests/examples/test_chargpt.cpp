@@ -112,12 +112,12 @@ TEST_F(CharGPTResume, WeightsFileCarriesTheModelShapeAndVocabulary) {
   EXPECT_EQ(cfg.n_heads, o.heads);
   EXPECT_EQ(cfg.context, o.context);
   nn::GPT rebuilt(cfg);
-  rebuilt.load_state_dict(file.tensors);
+  rebuilt->load_state_dict(file.tensors);
   chargpt::Trainer trained(o, train.vocab_size());
   trained.load(file_path);
   NoGradGuard no_grad;
   const Tensor tokens = train.encode("lazy dog");
-  expect_close(rebuilt.forward(tokens.unsqueeze(0)).to_vector<double>(),
+  expect_close(rebuilt->forward(tokens.unsqueeze(0)).to_vector<double>(),
                trained.model->forward(tokens.unsqueeze(0)).to_vector<double>(), Tol{0, 0},
                "logits of the rebuilt model");
 }

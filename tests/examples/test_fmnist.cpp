@@ -37,7 +37,7 @@ void fill_hashed(const Tensor& t, int64_t fan_in, uint64_t seed) {
 
 // The first 10 losses of a model from hashed weights (parameter k takes seed k; a bias uses its weight's
 // fan-in) on the training set in file order, against tests/fixtures/fmnist_golden.json.
-void expect_golden(const char* workload, nn::Sequential& model, int64_t batch) {
+void expect_golden(const char* workload, nn::SequentialImpl& model, int64_t batch) {
   if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
   std::ifstream in(std::string(FRUGAL_FIXTURES_DIR) + "/fmnist_golden.json");
   ASSERT_TRUE(in) << "missing tests/fixtures/fmnist_golden.json";
@@ -187,7 +187,7 @@ TEST(Fmnist, AutocastFollowsF32) {
 
 // A model and optimizer after `steps` steps on random batches (the same ones for the same seed).
 struct Trained {
-  std::shared_ptr<nn::Sequential> model;
+  nn::Sequential model{nullptr};
   std::unique_ptr<optim::Optimizer> opt;
 };
 Trained trained(const std::string& optimizer, int steps, uint64_t seed) {

@@ -35,10 +35,10 @@ class Directions : public data::Dataset {
 
 TEST(Bf16Training, MlpLearnsWithModelAndDataInBf16) {
   manual_seed(7);
-  auto net = std::make_shared<nn::Sequential>();
-  net->push_back(std::make_shared<nn::Linear>(8, 64));
-  net->push_back(std::make_shared<nn::ReLU>());
-  net->push_back(std::make_shared<nn::Linear>(64, 4));
+  nn::Sequential net;
+  net->push_back(nn::Linear(8, 64));
+  net->push_back(nn::ReLU());
+  net->push_back(nn::Linear(64, 4));
   net->to(DType::BF16);
   for (const Tensor& p : net->parameters()) ASSERT_EQ(p.dtype(), DType::BF16);
 

@@ -10,53 +10,54 @@ namespace {
 using testing::expect_error;
 using testing::uniform;
 
-std::shared_ptr<nn::Sequential> mlp(int layers, int64_t width, double p_drop) {
-  auto seq = std::make_shared<nn::Sequential>();
+nn::Sequential mlp(int layers, int64_t width, double p_drop) {
+  nn::Sequential seq;
   for (int i = 0; i < layers; ++i) {
-    seq->push_back(std::make_shared<nn::Linear>(width, width));
-    seq->push_back(std::make_shared<nn::ReLU>());
-    if (p_drop > 0) seq->push_back(std::make_shared<nn::Dropout>(p_drop));
+    seq->push_back(nn::Linear(width, width));
+    seq->push_back(nn::ReLU());
+    if (p_drop > 0) seq->push_back(nn::Dropout(p_drop));
   }
   return seq;
 }
 
 TEST(Containers, SequentialChainsAndNamesChildren) {
-  auto fc1 = std::make_shared<nn::Linear>(3, 5);
-  auto fc2 = std::make_shared<nn::Linear>(5, 2);
-  nn::Sequential seq({fc1, std::make_shared<nn::Tanh>(), fc2});
-  EXPECT_EQ(seq.size(), 3u);
-  EXPECT_EQ(seq[0], fc1);
+  auto fc1 = nn::Linear(3, 5);
+  auto fc2 = nn::Linear(5, 2);
+  nn::Sequential seq({fc1, nn::Tanh(), fc2});
+  EXPECT_EQ(seq->size(), 3u);
+  EXPECT_EQ(seq[0], fc1.ptr());
   std::vector<std::string> names;
-  for (const auto& [n, m] : seq.named_children()) names.push_back(n);
+  for (const auto& [n, m] : seq->named_children()) names.push_back(n);
   EXPECT_EQ(names, (std::vector<std::string>{"0", "1", "2"}));
-  EXPECT_EQ(seq.named_parameters()[2].first, "2.weight");
+  EXPECT_EQ(seq->named_parameters()[2].first, "2.weight");
   const Tensor x = uniform({4, 3}, -1, 1);
   EXPECT_EQ(seq(x).to_vector<float>(), fc2->forward(tanh(fc1->forward(x))).to_vector<float>());
   int count = 0;
   for (const auto& m : seq) count += m != nullptr;
   EXPECT_EQ(count, 3);
   expect_error<IndexError>([&] { seq[3]; }, {"Sequential", "index 3", "3 modules"});
-  expect_error<Error>([&] { seq.recompute_every(-1); }, {"recompute_every", "-1"});
+  expect_error<Error>([&] { seq->recompute_every(-1); }, {"recompute_every", "-1"});
 }
 
 TEST(Containers, ModuleListHoldsIndexesAndIterates) {
   nn::ModuleList list;
-  list.push_back(std::make_shared<nn::Linear>(2, 3));
-  list.push_back(std::make_shared<nn::ReLU>());
-  EXPECT_EQ(list.size(), 2u);
-  ASSERT_NE(list.at<nn::Linear>(0), nullptr);
-  EXPECT_EQ(list.at<nn::Linear>(1), nullptr);
-  EXPECT_EQ(list.at<nn::Linear>(0)->weight.shape(), (Shape{3, 2}));
-  EXPECT_EQ(list.named_parameters()[0].first, "0.weight");
+  list->push_back(nn::Linear(2, 3));
+  list->push_back(nn::ReLU());
+  EXPECT_EQ(list->size(), 2u);
+  ASSERT_NE(list->at<nn::LinearImpl>(0), nullptr);
+  EXPECT_EQ(list->at<nn::LinearImpl>(1), nullptr);
+  EXPECT_EQ(list->at<nn::LinearImpl>(0)->weight.shape(), (Shape{3, 2}));
+  EXPECT_EQ(list->named_parameters()[0].first, "0.weight");
   Tensor h = uniform({1, 2}, -1, 1);
   for (const auto& m : list) h = m->forward(h);
   EXPECT_EQ(h.shape(), (Shape{1, 3}));
-  expect_error<Error>([&] { list.forward(h); }, {"ModuleList", "no forward"});
+  expect_error<Error>([&] { list->forward(h); }, {"ModuleList", "no forward"});
   expect_error<IndexError>([&] { list[2]; }, {"ModuleList", "index 2"});
 }
 
 // Runs a step of net on x (seeded for dropout) and returns the loss and every parameter's gradient.
-std::pair<float, std::vector<std::vector<float>>> step(nn::Sequential& net, const Tensor& x, int64_t* peak) {
+std::pair<float, std::vector<std::vector<float>>> step(nn::SequentialImpl& net, const Tensor& x,
+                                                       int64_t* peak) {
   net.zero_grad();
   manual_seed(11);
   memory::reset_peak(kCPU);

@@ -29,14 +29,14 @@ TEST(Conv2dModule, ShapesParametersAndInitBounds) {
     const Size2 k = o.kernel_size();
     const int64_t fan_in = o.in_channels() / o.groups() * k.h * k.w;
     const Shape ws{o.out_channels(), o.in_channels() / o.groups(), k.h, k.w};
-    EXPECT_EQ(conv.weight.shape(), ws);
-    EXPECT_EQ(conv.bias.defined(), o.bias());
-    EXPECT_EQ(conv.num_parameters(), ws.numel() + (o.bias() ? o.out_channels() : 0));
-    EXPECT_EQ(conv.parameters().size(), o.bias() ? 2u : 1u);
-    EXPECT_EQ(conv.named_parameters()[0].first, "weight");
+    EXPECT_EQ(conv->weight.shape(), ws);
+    EXPECT_EQ(conv->bias.defined(), o.bias());
+    EXPECT_EQ(conv->num_parameters(), ws.numel() + (o.bias() ? o.out_channels() : 0));
+    EXPECT_EQ(conv->parameters().size(), o.bias() ? 2u : 1u);
+    EXPECT_EQ(conv->named_parameters()[0].first, "weight");
     // U(-b, b), b = 1 / sqrt(fan_in): inside the bound, and spread over it (not all zeros or constant).
     const double bound = 1 / std::sqrt(double(fan_in));
-    for (const Tensor& p : conv.parameters()) {
+    for (const Tensor& p : conv->parameters()) {
       EXPECT_TRUE(p.requires_grad());
       EXPECT_TRUE(p.is_leaf());
       EXPECT_LE(ops::max(ops::abs(p)).item<double>(), bound);
@@ -49,7 +49,7 @@ TEST(Conv2dModule, ShapesParametersAndInitBounds) {
     const Tensor y = conv(x);
     EXPECT_EQ(y.shape(), c.y);
     expect_close(y,
-                 ops::conv2d(x, conv.weight, conv.bias, o.stride(), o.padding(), o.dilation(), o.groups())
+                 ops::conv2d(x, conv->weight, conv->bias, o.stride(), o.padding(), o.dilation(), o.groups())
                      .to_vector<double>(),
                  {0, 0}, "module vs functional");
   }
@@ -59,12 +59,12 @@ TEST(Conv2dModule, GradientsReachParametersAndDtypeConversion) {
   nn::Conv2d conv(nn::Conv2dOptions(3, 4, 3).padding(1));
   const Tensor x = uniform({2, 3, 6, 6}, -1, 1);
   sum(conv(x)).backward();
-  ASSERT_TRUE(conv.weight.grad().defined());
-  EXPECT_EQ(conv.weight.grad().shape(), conv.weight.shape());
+  ASSERT_TRUE(conv->weight.grad().defined());
+  EXPECT_EQ(conv->weight.grad().shape(), conv->weight.shape());
   // d sum / d bias[o] = the number of output positions.
-  expect_close(conv.bias.grad(), std::vector<double>(4, 2.0 * 36), {1e-4, 1e-6}, "bias grad");
-  conv.to(DType::BF16);
-  EXPECT_EQ(conv.weight.dtype(), DType::BF16);
+  expect_close(conv->bias.grad(), std::vector<double>(4, 2.0 * 36), {1e-4, 1e-6}, "bias grad");
+  conv->to(DType::BF16);
+  EXPECT_EQ(conv->weight.dtype(), DType::BF16);
   EXPECT_EQ(conv(x.to(DType::BF16)).dtype(), DType::BF16);
 }
 
@@ -72,15 +72,15 @@ TEST(PoolModules, ShapesAndForward) {
   const Tensor x = uniform({2, 3, 28, 28}, -1, 1);
   nn::MaxPool2d pool(2);
   EXPECT_EQ(pool(x).shape(), (Shape{2, 3, 14, 14}));
-  EXPECT_EQ(pool.num_parameters(), 0);
+  EXPECT_EQ(pool->num_parameters(), 0);
   expect_close(pool(x), ops::max_pool2d(x, 2).to_vector<double>(), {0, 0}, "max");
   nn::MaxPool2d overlap(3, 2, 1);
   EXPECT_EQ(overlap(x).shape(), (Shape{2, 3, 14, 14}));
-  nn::AvgPool2d avg({2, 3}, Size2{2, 1}, {1, 1}, false);
+  nn::AvgPool2d avg(Size2{2, 3}, Size2{2, 1}, Size2{1, 1}, false);
   EXPECT_EQ(avg(x).shape(), (Shape{2, 3, 15, 28}));
   expect_close(avg(x), ops::avg_pool2d(x, {2, 3}, Size2{2, 1}, {1, 1}, false).to_vector<double>(), {0, 0},
                "avg");
-  EXPECT_EQ(avg.type_name(), "AvgPool2d");
+  EXPECT_EQ(avg->type_name(), "AvgPool2d");
 }
 
 TEST(ConvModules, W2FeatureStackTrains) {
@@ -92,7 +92,7 @@ TEST(ConvModules, W2FeatureStackTrains) {
   EXPECT_EQ(h.shape(), (Shape{4, 64, 7, 7}));
   mean(h).backward();
   for (nn::Conv2d* c : {&conv1, &conv2})
-    for (const Tensor& p : c->parameters()) {
+    for (const Tensor& p : (*c)->parameters()) {
       ASSERT_TRUE(p.grad().defined());
       EXPECT_GT(sum(abs(p.grad())).item<double>(), 0);
     }
@@ -106,7 +106,7 @@ TEST(ConvModules, BadOptions) {
   expect_error<Error>([] { nn::Conv2d(nn::Conv2dOptions(4, 4, 0)); }, {"Conv2d", "kernel_size", "(0, 0)"});
   expect_error<Error>([] { nn::Conv2d(nn::Conv2dOptions(4, 4, 3).stride({1, 0})); }, {"Conv2d", "stride"});
   expect_error<Error>([] { nn::MaxPool2d(2, Size2(-1)); }, {"MaxPool2d", "stride", "(-1, -1)"});
-  expect_error<Error>([] { nn::AvgPool2d(2, {}, -1); }, {"AvgPool2d", "padding"});
+  expect_error<Error>([] { nn::AvgPool2d(2, std::nullopt, -1); }, {"AvgPool2d", "padding"});
   nn::Conv2d conv(3, 8, 3);
   expect_error<ShapeError>([&] { conv(ones({1, 4, 8, 8})); }, {"conv2d", "4 channels", "expects 3"});
 }

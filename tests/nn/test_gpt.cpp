@@ -20,8 +20,8 @@ TEST(CausalSelfAttention, OutputShapeAndParameters) {
   nn::CausalSelfAttention attn(16, 4);
   const Tensor y = attn(uniform({3, 5, 16}, -1, 1));
   EXPECT_EQ(y.shape(), (Shape{3, 5, 16}));
-  EXPECT_EQ(attn.qkv->weight.shape(), (Shape{48, 16}));
-  EXPECT_EQ(attn.num_parameters(), 16 * 48 + 48 + 16 * 16 + 16);
+  EXPECT_EQ(attn->qkv->weight.shape(), (Shape{48, 16}));
+  EXPECT_EQ(attn->num_parameters(), 16 * 48 + 48 + 16 * 16 + 16);
 }
 
 TEST(CausalSelfAttention, FutureTokensDoNotChangeEarlierOutputs) {
@@ -45,21 +45,21 @@ TEST(CausalSelfAttention, FutureTokensDoNotChangeEarlierOutputs) {
 TEST(CausalSelfAttention, GradcheckF64) {
   manual_seed(5);
   nn::CausalSelfAttention attn(8, 2);
-  attn.to(DType::F64);
+  attn->to(DType::F64);
   const Tensor x = leaf({2, 4, 8}, -1, 1, 6, Layout::Strided);
   // gradcheck perturbs its inputs in place, so the module's own parameters can be checked as inputs.
   expect_grads_ok([&](const std::vector<Tensor>& in) { return attn(in[0]); },
-                  {x, attn.qkv->weight, attn.qkv->bias, attn.proj->weight}, "attention");
+                  {x, attn->qkv->weight, attn->qkv->bias, attn->proj->weight}, "attention");
 }
 
 TEST(TransformerBlock, GradcheckF64AndShape) {
   manual_seed(7);
   nn::TransformerBlock block(8, 2);
-  block.to(DType::F64);
+  block->to(DType::F64);
   const Tensor x = leaf({2, 3, 8}, -1, 1, 8);
   EXPECT_EQ(block(x).shape(), x.shape());
   expect_grads_ok([&](const std::vector<Tensor>& in) { return block(in[0]); },
-                  {x, block.ln1->weight, block.attn->qkv->weight, block.fc->weight, block.fc_proj->bias},
+                  {x, block->ln1->weight, block->attn->qkv->weight, block->fc->weight, block->fc_proj->bias},
                   "block");
 }
 
@@ -70,34 +70,34 @@ TEST(GPT, ParameterCountOfW3) {
   const int64_t expected = 14592 + 8192 + 4 * 198272 + 256 + 14706;
   EXPECT_EQ(expected, 830834);
   nn::GPT gpt(nn::GPTConfig{.vocab = 114});
-  EXPECT_EQ(gpt.num_parameters(), expected);
-  EXPECT_EQ(gpt.config.d_model, 128);
-  EXPECT_EQ(gpt.config.context, 64);
-  EXPECT_EQ(gpt.blocks->size(), 4u);
+  EXPECT_EQ(gpt->num_parameters(), expected);
+  EXPECT_EQ(gpt->config.d_model, 128);
+  EXPECT_EQ(gpt->config.context, 64);
+  EXPECT_EQ(gpt->blocks->size(), 4u);
 }
 
 nn::GPTConfig tiny() { return {.vocab = 13, .d_model = 16, .n_layers = 2, .n_heads = 2, .context = 8}; }
 
 TEST(GPT, ForwardShape) {
   nn::GPT gpt(tiny());
-  const Tensor logits = gpt.forward(randint(0, 13, {3, 8}));
+  const Tensor logits = gpt->forward(randint(0, 13, {3, 8}));
   EXPECT_EQ(logits.shape(), (Shape{3, 8, 13}));
-  EXPECT_EQ(gpt.forward(randint(0, 13, {2, 1})).shape(), (Shape{2, 1, 13}));
+  EXPECT_EQ(gpt->forward(randint(0, 13, {2, 1})).shape(), (Shape{2, 1, 13}));
 }
 
 TEST(GPT, BadInputs) {
   nn::GPT gpt(tiny());
-  expect_error<ShapeError>([&] { gpt.forward(randint(0, 13, {2, 9})); }, {"GPT", "context = 8", "[2, 9]"});
-  expect_error<ShapeError>([&] { gpt.forward(randn({2, 4})); }, {"GPT", "i64 [B, T]", "f32"});
+  expect_error<ShapeError>([&] { gpt->forward(randint(0, 13, {2, 9})); }, {"GPT", "context = 8", "[2, 9]"});
+  expect_error<ShapeError>([&] { gpt->forward(randn({2, 4})); }, {"GPT", "i64 [B, T]", "f32"});
   expect_error<Error>([] { nn::GPT(nn::GPTConfig{.vocab = 10, .d_model = 10, .n_heads = 4}); },
                       {"GPT", "multiple of n_heads"});
-  expect_error<Error>([&] { gpt.generate(randint(0, 13, {1, 2}), 3, 0.0); }, {"generate", "temperature"});
-  expect_error<Error>([&] { gpt.generate(randint(0, 13, {1, 2}), 3, 1.0, 14); }, {"generate", "top_k"});
+  expect_error<Error>([&] { gpt->generate(randint(0, 13, {1, 2}), 3, 0.0); }, {"generate", "temperature"});
+  expect_error<Error>([&] { gpt->generate(randint(0, 13, {1, 2}), 3, 1.0, 14); }, {"generate", "top_k"});
 }
 
 Tensor lm_loss(nn::GPT& gpt, const Tensor& tokens, const Tensor& targets) {
-  const int64_t v = gpt.config.vocab;
-  return F::cross_entropy(gpt.forward(tokens).reshape({-1, v}), targets.reshape({-1}));
+  const int64_t v = gpt->config.vocab;
+  return F::cross_entropy(gpt->forward(tokens).reshape({-1, v}), targets.reshape({-1}));
 }
 
 TEST(GPT, TrainingStepLowersTheLoss) {
@@ -106,7 +106,7 @@ TEST(GPT, TrainingStepLowersTheLoss) {
   Generator g(12);
   const Tensor tokens = randint(0, 13, {4, 8}, DType::I64, &g),
                targets = randint(0, 13, {4, 8}, DType::I64, &g);
-  optim::Adam opt(gpt.parameters(), optim::AdamOptions(3e-3));
+  optim::Adam opt(gpt->parameters(), optim::AdamOptions(3e-3));
   const Tensor before = lm_loss(gpt, tokens, targets);
   before.backward();
   opt.step();
@@ -129,13 +129,13 @@ TEST(GPT, GoldenLossesMatchPyTorch) {
                             .n_layers = c["n_layers"],
                             .n_heads = c["n_heads"],
                             .context = c["context"]});
-  fill_gpt_hashed(gpt, golden["params"].get<std::vector<std::string>>());
+  fill_gpt_hashed(*gpt, golden["params"].get<std::vector<std::string>>());
   if (HasFatalFailure()) return;
   const int64_t b = c["batch"], t = c["context"], v = c["vocab"];
   std::vector<int64_t> tok(size_t(b * t)), tgt(size_t(b * t));
   for (int64_t i = 0; i < b * t; ++i) tok[size_t(i)] = (i * 7 + 3) % v, tgt[size_t(i)] = (i * 5 + 1) % v;
   const Tensor tokens = tensor(tok, {b, t}), targets = tensor(tgt, {b, t});
-  optim::AdamW opt(gpt.parameters(), optim::AdamWOptions(1e-3));
+  optim::AdamW opt(gpt->parameters(), optim::AdamWOptions(1e-3));
   const auto expected = golden["losses"].get<std::vector<double>>();
   for (size_t step = 0; step < expected.size(); ++step) {
     opt.zero_grad();
@@ -157,13 +157,13 @@ TEST(GPT, RecomputeGivesBitIdenticalGradients) {
   std::vector<std::vector<double>> grads[2];
   double losses[2];
   for (int run = 0; run < 2; ++run) {
-    gpt.recompute(run == 1);
-    gpt.zero_grad();
+    gpt->recompute(run == 1);
+    gpt->zero_grad();
     manual_seed(15);
     const Tensor loss = lm_loss(gpt, tokens, targets);
     loss.backward();
     losses[run] = loss.item<double>();
-    for (const Tensor& p : gpt.parameters()) grads[run].push_back(p.grad().to_vector<double>());
+    for (const Tensor& p : gpt->parameters()) grads[run].push_back(p.grad().to_vector<double>());
   }
   EXPECT_EQ(losses[0], losses[1]);
   ASSERT_EQ(grads[0].size(), grads[1].size());
@@ -175,9 +175,9 @@ TEST(GPT, GenerateCropsTheContextAndIsReproducible) {
   nn::GPT gpt(tiny());
   const Tensor prompt = randint(0, 13, {2, 3});
   Generator g1(21), g2(21), g3(22);
-  const Tensor a = gpt.generate(prompt, 20, 0.9, 5, &g1);  // 23 > context 8: the window is cropped
-  const Tensor b = gpt.generate(prompt, 20, 0.9, 5, &g2);
-  const Tensor c = gpt.generate(prompt, 20, 0.9, 5, &g3);
+  const Tensor a = gpt->generate(prompt, 20, 0.9, 5, &g1);  // 23 > context 8: the window is cropped
+  const Tensor b = gpt->generate(prompt, 20, 0.9, 5, &g2);
+  const Tensor c = gpt->generate(prompt, 20, 0.9, 5, &g3);
   ASSERT_EQ(a.shape(), (Shape{2, 23}));
   EXPECT_EQ(a.dtype(), DType::I64);
   EXPECT_EQ(a.to_vector<int64_t>(), b.to_vector<int64_t>());
@@ -187,17 +187,17 @@ TEST(GPT, GenerateCropsTheContextAndIsReproducible) {
     EXPECT_GE(tok, 0);
     EXPECT_LT(tok, 13);
   }
-  EXPECT_TRUE(gpt.is_training());  // restored after sampling in eval mode
+  EXPECT_TRUE(gpt->is_training());  // restored after sampling in eval mode
 }
 
 TEST(GPT, GenerateWithTopKOneIsGreedy) {
   manual_seed(19);
   nn::GPT gpt(tiny());
   const Tensor prompt = randint(0, 13, {5});
-  const Tensor out = gpt.generate(prompt, 1, 1.0, 1);
+  const Tensor out = gpt->generate(prompt, 1, 1.0, 1);
   ASSERT_EQ(out.shape(), (Shape{6}));
   NoGradGuard no_grad;
-  const Tensor last = gpt.forward(prompt.unsqueeze(0)).select(1, 4).squeeze(0);
+  const Tensor last = gpt->forward(prompt.unsqueeze(0)).select(1, 4).squeeze(0);
   EXPECT_EQ(out.to_vector<int64_t>()[5], argmax(last).item<int64_t>());
 }
 

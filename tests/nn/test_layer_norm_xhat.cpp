@@ -198,18 +198,18 @@ TEST(LayerNormXhat, RecomputeSegmentsBitIdenticalUnderAutocast) {
     auto grads = [&](bool segments) {
       manual_seed(3);
       nn::GPT gpt(nn::GPTConfig{.vocab = 13, .d_model = 32, .n_layers = 3, .n_heads = 2, .context = 16});
-      gpt.recompute(segments);
+      gpt->recompute(segments);
       Generator g(4);
       const Tensor tokens = randint(0, 13, {4, 16}, DType::I64, &g);
       const Tensor targets = randint(0, 13, {4, 16}, DType::I64, &g);
       Tensor loss;
       {
         amp::Autocast guard(low);
-        loss = F::cross_entropy(gpt.forward(tokens).view({-1, 13}), targets.view({-1}));
+        loss = F::cross_entropy(gpt->forward(tokens).view({-1, 13}), targets.view({-1}));
       }
       loss.backward();
       std::vector<std::vector<float>> out{loss.to_vector<float>()};
-      for (const Tensor& p : gpt.parameters()) out.push_back(p.grad().to_vector<float>());
+      for (const Tensor& p : gpt->parameters()) out.push_back(p.grad().to_vector<float>());
       return out;
     };
     EXPECT_EQ(grads(true), grads(false)) << dtype_name(low);

@@ -20,12 +20,13 @@ constexpr testing::Tol kF64{1e-12, 1e-10};
 
 TEST(Layers, LinearMatchesNaiveLoop) {
   nn::Linear fc(5, 3);
-  EXPECT_EQ(fc.weight.shape(), (Shape{3, 5}));
-  EXPECT_EQ(fc.bias.shape(), (Shape{3}));
+  EXPECT_EQ(fc->weight.shape(), (Shape{3, 5}));
+  EXPECT_EQ(fc->bias.shape(), (Shape{3}));
   const Tensor x = uniform({2, 4, 5}, -1, 1, DType::F32, 2);  // leading dims fold into one GEMM
   const Tensor y = fc(x);
   ASSERT_EQ(y.shape(), (Shape{2, 4, 3}));
-  const auto xv = x.to_vector<double>(), wv = fc.weight.to_vector<double>(), bv = fc.bias.to_vector<double>();
+  const auto xv = x.to_vector<double>(), wv = fc->weight.to_vector<double>(),
+             bv = fc->bias.to_vector<double>();
   std::vector<double> ref;
   for (int r = 0; r < 8; ++r)
     for (int o = 0; o < 3; ++o) {
@@ -35,20 +36,20 @@ TEST(Layers, LinearMatchesNaiveLoop) {
     }
   expect_close(y, ref, testing::tol_for(DType::F32), "linear");
   nn::Linear nb(nn::LinearOptions(5, 3).bias(false));
-  EXPECT_FALSE(nb.bias.defined());
-  EXPECT_EQ(nb.named_parameters().size(), 1u);
+  EXPECT_FALSE(nb->bias.defined());
+  EXPECT_EQ(nb->named_parameters().size(), 1u);
 }
 
 TEST(Layers, LinearInitialisationBounds) {
   manual_seed(3);
   nn::Linear fc(400, 300);
   const double bound = 1.0 / std::sqrt(400.0);
-  for (const Tensor& p : {fc.weight, fc.bias}) {
+  for (const Tensor& p : {fc->weight, fc->bias}) {
     EXPECT_LE(max(abs(p)).item<double>(), bound);
     EXPECT_GT(max(abs(p)).item<double>(), 0.95 * bound);  // it spans the whole range
   }
   // U(-b, b) has std b / sqrt(3).
-  EXPECT_NEAR(std::sqrt(var(fc.weight).item<double>()), bound / std::sqrt(3.0), 0.01 * bound);
+  EXPECT_NEAR(std::sqrt(var(fc->weight).item<double>()), bound / std::sqrt(3.0), 0.01 * bound);
 }
 
 TEST(Layers, LinearGradcheck) {
@@ -62,12 +63,12 @@ TEST(Layers, LinearGradcheck) {
 TEST(Layers, EmbeddingRowsPaddingAndDenseGradient) {
   manual_seed(4);
   nn::Embedding emb(nn::EmbeddingOptions(6, 3).padding_idx(-1));  // row 5
-  EXPECT_EQ(*emb.options.padding_idx(), 5);
-  EXPECT_EQ(sum(abs(emb.weight.select(0, 5))).item<double>(), 0.0);
+  EXPECT_EQ(*emb->options.padding_idx(), 5);
+  EXPECT_EQ(sum(abs(emb->weight.select(0, 5))).item<double>(), 0.0);
   const Tensor idx = tensor(std::vector<int64_t>{1, 5, 1, 0, 2, 5}, {2, 3});
   const Tensor y = emb(idx);
   ASSERT_EQ(y.shape(), (Shape{2, 3, 3}));
-  const auto w = emb.weight.to_vector<double>();
+  const auto w = emb->weight.to_vector<double>();
   std::vector<double> ref;
   for (int64_t i : idx.to_vector<int64_t>())
     for (int j = 0; j < 3; ++j) ref.push_back(w[size_t(i * 3 + j)]);
@@ -77,12 +78,12 @@ TEST(Layers, EmbeddingRowsPaddingAndDenseGradient) {
   std::vector<double> counts{1, 2, 1, 0, 0, 0};
   std::vector<double> expected;
   for (double c : counts) expected.insert(expected.end(), 3, c);
-  expect_close(emb.weight.grad(), expected, {0, 0}, "embedding grad");
-  EXPECT_EQ(emb.weight.grad().dtype(), DType::F32);
+  expect_close(emb->weight.grad(), expected, {0, 0}, "embedding grad");
+  EXPECT_EQ(emb->weight.grad().dtype(), DType::F32);
   // N(0, 1) initialisation.
   nn::Embedding big(1000, 100);
-  EXPECT_NEAR(mean(big.weight).item<double>(), 0.0, 0.02);
-  EXPECT_NEAR(var(big.weight).item<double>(), 1.0, 0.03);
+  EXPECT_NEAR(mean(big->weight).item<double>(), 0.0, 0.02);
+  EXPECT_NEAR(var(big->weight).item<double>(), 1.0, 0.03);
 }
 
 TEST(Layers, EmbeddingDropoutFlattenGradcheck) {
@@ -114,13 +115,13 @@ TEST(Layers, DropoutStatisticsEvalAndRecompute) {
   // Kept elements are scaled by 1 / (1 - p).
   const Tensor kept = where(eq(y, 0.0), x / 0.7, y);
   expect_close(kept, (x / 0.7).to_vector<double>(), testing::tol_for(DType::F32), "dropout scale");
-  drop.eval();
+  drop->eval();
   EXPECT_TRUE(drop(x).is_same(x));
   EXPECT_TRUE(F::dropout(x, 0.0, true).is_same(x));
   EXPECT_EQ(sum(abs(F::dropout(x, 1.0, true))).item<double>(), 0.0);
 
   // Under recompute the segment's second run draws the same mask: the gradient is the mask of the first run.
-  drop.train();
+  drop->train();
   const Tensor w = uniform({64, 32}, -1, 1, DType::F32, 7).requires_grad_();
   manual_seed(9);
   Tensor plain = drop(w * 2.0);
@@ -145,15 +146,15 @@ TEST(Layers, FlattenShapes) {
 
 TEST(Layers, LayerNormMatchesNaiveLoop) {
   nn::LayerNorm ln(nn::LayerNormOptions({3, 4}).eps(1e-3));
-  EXPECT_EQ(ln.weight.to_vector<double>(), std::vector<double>(12, 1.0));
-  EXPECT_EQ(ln.bias.to_vector<double>(), std::vector<double>(12, 0.0));
+  EXPECT_EQ(ln->weight.to_vector<double>(), std::vector<double>(12, 1.0));
+  EXPECT_EQ(ln->bias.to_vector<double>(), std::vector<double>(12, 0.0));
   {
     NoGradGuard g;
-    ln.weight.copy_(uniform({3, 4}, 0.5, 1.5, DType::F32, 8));
-    ln.bias.copy_(uniform({3, 4}, -1, 1, DType::F32, 9));
+    ln->weight.copy_(uniform({3, 4}, 0.5, 1.5, DType::F32, 8));
+    ln->bias.copy_(uniform({3, 4}, -1, 1, DType::F32, 9));
   }
   const Tensor x = uniform({2, 3, 4}, -2, 3, DType::F32, 10);
-  const auto xv = x.to_vector<double>(), w = ln.weight.to_vector<double>(), b = ln.bias.to_vector<double>();
+  const auto xv = x.to_vector<double>(), w = ln->weight.to_vector<double>(), b = ln->bias.to_vector<double>();
   std::vector<double> ref;
   for (int r = 0; r < 2; ++r) {
     double m = 0, v = 0;
@@ -168,7 +169,7 @@ TEST(Layers, LayerNormMatchesNaiveLoop) {
   EXPECT_EQ(yb.dtype(), DType::BF16);
   expect_close(yb, ref, {0.05, 0.02}, "layer_norm bf16");
   nn::LayerNorm plain(nn::LayerNormOptions({4}).elementwise_affine(false));
-  EXPECT_EQ(plain.num_parameters(), 0);
+  EXPECT_EQ(plain->num_parameters(), 0);
 }
 
 TEST(Layers, LayerNormGradcheck) {
@@ -209,15 +210,15 @@ void channel_stats(const std::vector<double>& x, const Shape& s, bool unbiased, 
 
 TEST(Layers, BatchNorm2dTrainingEvalAndRunningStats) {
   nn::BatchNorm2d bn(nn::BatchNorm2dOptions(3).momentum(0.2));
-  EXPECT_EQ(bn.named_buffers().size(), 3u);
+  EXPECT_EQ(bn->named_buffers().size(), 3u);
   {
     NoGradGuard g;
-    bn.weight.copy_(uniform({3}, 0.5, 1.5, DType::F32, 14));
-    bn.bias.copy_(uniform({3}, -1, 1, DType::F32, 15));
+    bn->weight.copy_(uniform({3}, 0.5, 1.5, DType::F32, 14));
+    bn->bias.copy_(uniform({3}, -1, 1, DType::F32, 15));
   }
   const Shape s{4, 3, 2, 5};
   std::vector<double> rm(3, 0.0), rv(3, 1.0);
-  const auto w = bn.weight.to_vector<double>(), b = bn.bias.to_vector<double>();
+  const auto w = bn->weight.to_vector<double>(), b = bn->bias.to_vector<double>();
   for (int step = 0; step < 3; ++step) {
     const Tensor x = uniform(s, -1 + step, 2 + 2 * step, DType::F32, 16 + uint64_t(step));
     const auto xv = x.to_vector<double>();
@@ -231,13 +232,13 @@ TEST(Layers, BatchNorm2dTrainingEvalAndRunningStats) {
       rv[c] = 0.8 * rv[c] + 0.2 * vu[c];
     }
   }
-  expect_close(bn.running_mean, rm, {1e-6, 1e-5}, "running_mean");
-  expect_close(bn.running_var, rv, {1e-6, 1e-5}, "running_var");
-  EXPECT_EQ(bn.num_batches_tracked.item<int64_t>(), 3);
-  bn.eval();
+  expect_close(bn->running_mean, rm, {1e-6, 1e-5}, "running_mean");
+  expect_close(bn->running_var, rv, {1e-6, 1e-5}, "running_var");
+  EXPECT_EQ(bn->num_batches_tracked.item<int64_t>(), 3);
+  bn->eval();
   const Tensor x = uniform(s, -1, 1, DType::F32, 30);
   expect_close(bn(x), naive_bn(x.to_vector<double>(), s, rm, rv, w, b, 1e-5), {2e-5, 2e-5}, "bn eval");
-  EXPECT_EQ(bn.num_batches_tracked.item<int64_t>(), 3);  // eval does not count
+  EXPECT_EQ(bn->num_batches_tracked.item<int64_t>(), 3);  // eval does not count
 
   // momentum nullopt: the cumulative average of the batch means.
   nn::BatchNorm2d cma(nn::BatchNorm2dOptions(3).momentum(std::nullopt));
@@ -249,7 +250,7 @@ TEST(Layers, BatchNorm2dTrainingEvalAndRunningStats) {
     for (size_t c = 0; c < 3; ++c) avg[c] += m[c] / 2;
     cma(xs);
   }
-  expect_close(cma.running_mean, avg, {1e-6, 1e-5}, "cumulative running_mean");
+  expect_close(cma->running_mean, avg, {1e-6, 1e-5}, "cumulative running_mean");
 }
 
 TEST(Layers, BatchNormGradcheck) {
@@ -277,13 +278,13 @@ TEST(Layers, ActivationsMatchFormulasAndGradcheck) {
     double (*f)(double);
   };
   const std::vector<Case> cases = {
-      {std::make_shared<nn::ReLU>(), [](double v) { return v > 0 ? v : 0.0; }},
-      {std::make_shared<nn::GELU>(), [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }},
-      {std::make_shared<nn::GELU>(nn::GELUOptions().approximate("tanh")),
+      {nn::ReLU(), [](double v) { return v > 0 ? v : 0.0; }},
+      {nn::GELU(), [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }},
+      {nn::GELU(nn::GELUOptions().approximate("tanh")),
        [](double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))); }},
-      {std::make_shared<nn::SiLU>(), [](double v) { return v / (1 + std::exp(-v)); }},
-      {std::make_shared<nn::Tanh>(), [](double v) { return std::tanh(v); }},
-      {std::make_shared<nn::Sigmoid>(), [](double v) { return 1 / (1 + std::exp(-v)); }},
+      {nn::SiLU(), [](double v) { return v / (1 + std::exp(-v)); }},
+      {nn::Tanh(), [](double v) { return std::tanh(v); }},
+      {nn::Sigmoid(), [](double v) { return 1 / (1 + std::exp(-v)); }},
   };
   for (const auto& c : cases) {
     std::vector<double> ref;

@@ -140,23 +140,23 @@ TEST(LinearRelu, Gradcheck) {
 
 // Sequential runs a Linear, ReLU pair as one op (not a ReLU of another class, nor a pair split by a recompute
 // segment), with the values of the modules run one by one; recompute segments change no gradient bit.
-struct OtherReLU : nn::ReLU {};
+struct OtherReLU : nn::ReLUImpl {};
 
-std::shared_ptr<nn::Sequential> make_net(bool other_relu) {
+nn::Sequential make_net(bool other_relu) {
   manual_seed(3);
-  auto net = std::make_shared<nn::Sequential>();
+  nn::Sequential net;
   for (int i = 0; i < 4; ++i) {
-    net->push_back(std::make_shared<nn::Linear>(24, 24));
+    net->push_back(nn::Linear(24, 24));
     if (other_relu)
       net->push_back(std::make_shared<OtherReLU>());
     else
-      net->push_back(std::make_shared<nn::ReLU>());
+      net->push_back(nn::ReLU());
   }
-  net->push_back(std::make_shared<nn::Linear>(24, 5));
+  net->push_back(nn::Linear(24, 5));
   return net;
 }
 
-std::vector<Tensor> grads_of(nn::Sequential& net, const Tensor& x, Tensor* y_out = nullptr) {
+std::vector<Tensor> grads_of(nn::SequentialImpl& net, const Tensor& x, Tensor* y_out = nullptr) {
   net.zero_grad();
   const Tensor y = net.forward(x);
   if (y_out) *y_out = y.detach();
@@ -169,10 +169,10 @@ std::vector<Tensor> grads_of(nn::Sequential& net, const Tensor& x, Tensor* y_out
 TEST(LinearRelu, SequentialFusesLinearReluPairs) {
   const Tensor x = uniform({16, 24}, -1, 1, DType::F32, 30);
   auto fused = make_net(false), plain = make_net(true);
-  nn::Sequential pair{std::make_shared<nn::Linear>(24, 24), std::make_shared<nn::ReLU>()};
-  EXPECT_EQ(std::string(pair.forward(x).grad_fn_name()), "linear_relu");
-  nn::Sequential other{std::make_shared<nn::Linear>(24, 24), std::make_shared<OtherReLU>()};
-  EXPECT_EQ(std::string(other.forward(x).grad_fn_name()), "relu");
+  nn::Sequential pair{nn::Linear(24, 24), nn::ReLU()};
+  EXPECT_EQ(std::string(pair->forward(x).grad_fn_name()), "linear_relu");
+  nn::Sequential other{nn::Linear(24, 24), std::make_shared<OtherReLU>()};
+  EXPECT_EQ(std::string(other->forward(x).grad_fn_name()), "relu");
   Tensor y_fused, y_plain;
   const auto g_fused = grads_of(*fused, x, &y_fused), g_plain = grads_of(*plain, x, &y_plain);
   expect_close(y_fused, y_plain.to_vector<double>(), testing::Tol{1e-5, 1e-5}, "Sequential output");

@@ -12,30 +12,30 @@ using testing::expect_error;
 using testing::uniform;
 
 struct Block : nn::Module {
-  std::shared_ptr<nn::Linear> fc;
-  std::shared_ptr<nn::LayerNorm> ln;
-  std::shared_ptr<nn::Dropout> drop;
+  nn::Linear fc{nullptr};
+  nn::LayerNorm ln{nullptr};
+  nn::Dropout drop{nullptr};
   Block()
       : Module("Block"),
-        fc(register_module("fc", std::make_shared<nn::Linear>(4, 4))),
-        ln(register_module("ln", std::make_shared<nn::LayerNorm>(Shape{4}))),
-        drop(register_module("drop", std::make_shared<nn::Dropout>(0.1))) {}
+        fc(register_module("fc", nn::Linear(4, 4))),
+        ln(register_module("ln", nn::LayerNorm(Shape{4}))),
+        drop(register_module("drop", nn::Dropout(0.1))) {}
   Tensor forward(const Tensor& x) override { return drop->forward(ln->forward(relu(fc->forward(x)))); }
 };
 
 struct Net : nn::Module {
   std::shared_ptr<Block> block;
-  std::shared_ptr<nn::BatchNorm2d> bn;
-  std::shared_ptr<nn::Linear> head;
+  nn::BatchNorm2d bn{nullptr};
+  nn::Linear head{nullptr};
   Net()
       : Module("Net"),
         block(register_module("block", std::make_shared<Block>())),
-        bn(register_module("bn", std::make_shared<nn::BatchNorm2d>(2))),
-        head(register_module("head", std::make_shared<nn::Linear>(nn::LinearOptions(4, 2).bias(false)))) {}
+        bn(register_module("bn", nn::BatchNorm2d(2))),
+        head(register_module("head", nn::Linear(nn::LinearOptions(4, 2).bias(false)))) {}
   Tensor forward(const Tensor& x) override { return head->forward(block->forward(x)); }
 };
 
-std::vector<std::string> names(const std::vector<std::pair<std::string, Tensor>>& v) {
+std::vector<std::string> names(const OrderedDict<std::string, Tensor>& v) {
   std::vector<std::string> out;
   for (const auto& [n, t] : v) out.push_back(n);
   return out;

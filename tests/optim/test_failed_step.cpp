@@ -18,13 +18,13 @@ namespace {
 namespace F = nn::functional;
 using testing::expect_error;
 
-std::shared_ptr<nn::Sequential> make_mlp() {
-  auto net = std::make_shared<nn::Sequential>();
-  net->push_back(std::make_shared<nn::Linear>(784, 256));
-  net->push_back(std::make_shared<nn::ReLU>());
-  net->push_back(std::make_shared<nn::Linear>(256, 256));
-  net->push_back(std::make_shared<nn::ReLU>());
-  net->push_back(std::make_shared<nn::Linear>(256, 10));
+nn::Sequential make_mlp() {
+  nn::Sequential net;
+  net->push_back(nn::Linear(784, 256));
+  net->push_back(nn::ReLU());
+  net->push_back(nn::Linear(256, 256));
+  net->push_back(nn::ReLU());
+  net->push_back(nn::Linear(256, 10));
   return net;
 }
 
@@ -53,7 +53,7 @@ Snapshot snapshot(const nn::Module& model, const optim::Optimizer& opt) {
 }
 
 struct Trainer {
-  std::shared_ptr<nn::Sequential> model;
+  nn::Sequential model{nullptr};
   std::unique_ptr<optim::Adam> opt;
 };
 // A fresh model and optimizer after `steps` clean steps.

@@ -391,30 +391,30 @@ TEST(GradScaler, RefusesF16GradientsWithoutMasterWeights) {
 
 TEST(GradScaler, SparseGradientsOfSparseAdam) {
   nn::Embedding emb(nn::EmbeddingOptions(10, 4).sparse(true));
-  optim::SparseAdam opt(emb.parameters(), optim::SparseAdamOptions(0.1));
+  optim::SparseAdam opt(emb->parameters(), optim::SparseAdamOptions(0.1));
   amp::GradScaler scaler(amp::GradScalerOptions().init_scale(1024));
   const Tensor idx = tensor<int64_t>({2, 5, 5});
-  scaler.scale(sum(emb.forward(idx))).backward();
+  scaler.scale(sum(emb->forward(idx))).backward();
   scaler.unscale_(opt);
   // The sparse values are unscaled in place: row 5 was used twice.
-  EXPECT_EQ(autograd::sparse_grad(emb.weight).values.to_vector<float>(),
+  EXPECT_EQ(autograd::sparse_grad(emb->weight).values.to_vector<float>(),
             std::vector<float>({1, 1, 1, 1, 2, 2, 2, 2}));
-  const auto before = emb.weight.to_vector<float>();
+  const auto before = emb->weight.to_vector<float>();
   EXPECT_TRUE(scaler.step(opt));
   scaler.update();
-  EXPECT_NE(emb.weight.to_vector<float>(), before);
+  EXPECT_NE(emb->weight.to_vector<float>(), before);
   // An inf in a sparse gradient skips the step.
   opt.zero_grad();
-  scaler.scale(sum(emb.forward(idx))).backward();
+  scaler.scale(sum(emb->forward(idx))).backward();
   {
     NoGradGuard no_grad;
-    Tensor v = autograd::sparse_grad(emb.weight).values;
+    Tensor v = autograd::sparse_grad(emb->weight).values;
     v.data<float>()[3] = INFINITY;
   }
-  const auto kept = emb.weight.to_vector<float>();
+  const auto kept = emb->weight.to_vector<float>();
   EXPECT_FALSE(scaler.step(opt));
   scaler.update();
-  EXPECT_EQ(emb.weight.to_vector<float>(), kept);
+  EXPECT_EQ(emb->weight.to_vector<float>(), kept);
   EXPECT_EQ(scaler.get_scale(), 512.0);
 }
 

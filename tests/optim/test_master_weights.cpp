@@ -159,8 +159,8 @@ TEST(MasterWeights, StateDictResumesBitForBit) {
 
 TEST(MasterWeights, SparseAdam) {
   nn::Embedding emb(nn::EmbeddingOptions(10, 4).sparse(true));
-  emb.to(DType::BF16);
-  Tensor w = emb.weight;
+  emb->to(DType::BF16);
+  Tensor w = emb->weight;
   {
     NoGradGuard no_grad;
     w.fill_(1.0);
@@ -168,21 +168,21 @@ TEST(MasterWeights, SparseAdam) {
   nn::Embedding ref(nn::EmbeddingOptions(10, 4).sparse(true));
   {
     NoGradGuard no_grad;
-    ref.weight.fill_(1.0);
+    ref->weight.fill_(1.0);
   }
-  optim::SparseAdam opt(emb.parameters(), optim::SparseAdamOptions(1e-3).master_weights(true));
-  optim::SparseAdam opt_ref(ref.parameters(), optim::SparseAdamOptions(1e-3));
+  optim::SparseAdam opt(emb->parameters(), optim::SparseAdamOptions(1e-3).master_weights(true));
+  optim::SparseAdam opt_ref(ref->parameters(), optim::SparseAdamOptions(1e-3));
   const Tensor idx = tensor<int64_t>({1, 3, 3, 7});
   for (int i = 0; i < 50; ++i) {
     opt.zero_grad();
     opt_ref.zero_grad();
-    sum(emb.forward(idx)).backward();
-    sum(ref.forward(idx)).backward();
+    sum(emb->forward(idx)).backward();
+    sum(ref->forward(idx)).backward();
     opt.step();
     opt_ref.step();
   }
   EXPECT_EQ(w.dtype(), DType::BF16);
-  const auto got = w.to(DType::F32).to_vector<float>(), want = ref.weight.to_vector<float>();
+  const auto got = w.to(DType::F32).to_vector<float>(), want = ref->weight.to_vector<float>();
   EXPECT_LE(max_diff(got, want), 4e-3);
   EXPECT_NEAR(want[4], 1.0 - 0.05, 1e-3);  // row 1 moved by about 50 lr
   EXPECT_EQ(got[0], 1.0f);                 // row 0 never did

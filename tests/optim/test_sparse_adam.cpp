@@ -45,20 +45,20 @@ Tensor loss_weight(int t, int64_t n, DType dtype) {
 void run_case(const nlohmann::json& c, DType dtype, testing::Tol tol) {
   const auto& ref = reference();
   nn::Embedding emb(nn::EmbeddingOptions(kRows, kDim).sparse(true));
-  emb.to(dtype);
+  emb->to(dtype);
   {
     NoGradGuard no_grad;
     std::vector<double> w0;
     for (int64_t i = 0; i < kRows; ++i)
       for (int64_t j = 0; j < kDim; ++j) w0.push_back(std::sin(0.37 * double(kDim * i + j) + 0.2));
     expect_close(w0, ref["initial"].get<std::vector<double>>(), {1e-15, 1e-14}, "initial weight formula");
-    emb.weight.copy_(tensor(w0, {kRows, kDim}));
+    emb->weight.copy_(tensor(w0, {kRows, kDim}));
   }
   const auto& o = c["options"];
   auto opts = optim::SparseAdamOptions(o["lr"].get<double>());
   if (o.contains("betas")) opts.betas({o["betas"][0].get<double>(), o["betas"][1].get<double>()});
   if (o.contains("eps")) opts.eps(o["eps"].get<double>());
-  optim::SparseAdam opt(emb.parameters(), opts);
+  optim::SparseAdam opt(emb->parameters(), opts);
   for (int t = 1; t <= int(ref["steps"]); ++t) {
     ASSERT_EQ(step_indices(t), ref["indices"][size_t(t - 1)].get<std::vector<int64_t>>());
     opt.zero_grad();
@@ -67,7 +67,7 @@ void run_case(const nlohmann::json& c, DType dtype, testing::Tol tol) {
       sum(mul(emb(idx), loss_weight(t, idx.numel(), dtype))).backward();
     }
     opt.step();
-    expect_close(emb.weight, c["weights"][size_t(t - 1)].get<std::vector<double>>(), tol,
+    expect_close(emb->weight, c["weights"][size_t(t - 1)].get<std::vector<double>>(), tol,
                  c["name"].get<std::string>() + " " + dtype_name(dtype) + " step " + std::to_string(t));
     if (::testing::Test::HasFailure()) return;
   }
@@ -86,11 +86,11 @@ TEST(SparseAdam, MatchesPyTorch) {
 // on the first step (with a gradient that is dense on those rows, the two agree up to where eps is applied).
 TEST(SparseAdam, OnlyTouchedRowsMove) {
   nn::Embedding emb(nn::EmbeddingOptions(20, 3).sparse(true));
-  const Tensor before = emb.weight.detach().clone();
-  optim::SparseAdam opt(emb.parameters(), optim::SparseAdamOptions(0.1));
+  const Tensor before = emb->weight.detach().clone();
+  optim::SparseAdam opt(emb->parameters(), optim::SparseAdamOptions(0.1));
   sum(emb(tensor<int64_t>({2, 7, 7}))).backward();
   opt.step();
-  const auto b = before.to_vector<double>(), a = emb.weight.to_vector<double>();
+  const auto b = before.to_vector<double>(), a = emb->weight.to_vector<double>();
   for (int64_t i = 0; i < 20; ++i)
     for (int64_t j = 0; j < 3; ++j) {
       const size_t k = size_t(i * 3 + j);
@@ -108,10 +108,10 @@ TEST(SparseAdam, StateDictRoundTrip) {
   nn::Embedding a(nn::EmbeddingOptions(6, 2).sparse(true)), b(nn::EmbeddingOptions(6, 2).sparse(true));
   {
     NoGradGuard no_grad;
-    b.weight.copy_(a.weight);
+    b->weight.copy_(a->weight);
   }
-  optim::SparseAdam opt_a(a.parameters(), optim::SparseAdamOptions(0.05));
-  optim::SparseAdam opt_b(b.parameters(), optim::SparseAdamOptions(0.05));
+  optim::SparseAdam opt_a(a->parameters(), optim::SparseAdamOptions(0.05));
+  optim::SparseAdam opt_b(b->parameters(), optim::SparseAdamOptions(0.05));
   auto step = [](nn::Embedding& e, optim::SparseAdam& o, std::vector<int64_t> idx) {
     o.zero_grad();
     sum(e(tensor(idx))).backward();
@@ -121,11 +121,11 @@ TEST(SparseAdam, StateDictRoundTrip) {
   opt_b.load_state_dict(opt_a.state_dict());
   {
     NoGradGuard no_grad;
-    b.weight.copy_(a.weight);
+    b->weight.copy_(a->weight);
   }
   step(a, opt_a, {3, 4});
   step(b, opt_b, {3, 4});
-  EXPECT_EQ(a.weight.to_vector<double>(), b.weight.to_vector<double>());
+  EXPECT_EQ(a->weight.to_vector<double>(), b->weight.to_vector<double>());
 }
 
 TEST(SparseAdam, Errors) {
@@ -136,9 +136,9 @@ TEST(SparseAdam, Errors) {
 
   nn::Embedding emb(nn::EmbeddingOptions(5, 2).sparse(true));
   sum(emb(tensor<int64_t>({1}))).backward();
-  optim::Adam adam(emb.parameters(), optim::AdamOptions(0.1));
+  optim::Adam adam(emb->parameters(), optim::AdamOptions(0.1));
   expect_error<Error>([&] { adam.step(); }, {"Adam.step", "sparse gradient", "optim::SparseAdam"});
-  optim::SGD sgd(emb.parameters(), optim::SGDOptions(0.1));
+  optim::SGD sgd(emb->parameters(), optim::SGDOptions(0.1));
   expect_error<Error>([&] { sgd.step(); }, {"SGD.step", "SparseAdam"});
 
   expect_error<Error>([] { optim::SparseAdamOptions(-1).validate(); },
