@@ -18,26 +18,9 @@ namespace frugal {
 // autograd/grad_elementwise.cpp). The in-place forms are not recorded: they throw while grad mode is on and
 // `self` requires grad (use them on data, under NoGradGuard, e.g. in optimizers). Comparisons are not
 // differentiable (bool results): they are core's.
-#define FRUGAL_DIFF_UNARY(name, F, dtypes, autocast, method, inplace) \
-  Tensor name(const Tensor& x);                                       \
-  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self);)
-#define FRUGAL_DIFF_UNARY_PARAM(name, F, dtypes, autocast, method, inplace, p1, d1, p2, d2, ...) \
-  Tensor name(const Tensor& x, Scalar p1 d1, Scalar p2 d2);                                      \
-  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, Scalar p1 d1, Scalar p2 d2);)
-#define FRUGAL_DIFF_BINARY(name, F, dtypes, autocast, method, inplace)    \
-  Tensor name(const Tensor& a, const Tensor& b);                          \
-  Tensor name(const Tensor& a, Scalar b);                                 \
-  Tensor name(Scalar a, const Tensor& b);                                 \
-  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, const Tensor& other); \
-                      Tensor & name##_(Tensor & self, Scalar other);)
+FRUGAL_DECLARE_ELEMENTWISE_OPS()
 #define FRUGAL_DIFF_COMPARE(name, F) using ops::name;
-FRUGAL_UNARY_OP_LIST(FRUGAL_DIFF_UNARY)
-FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_DIFF_UNARY_PARAM)
-FRUGAL_BINARY_OP_LIST(FRUGAL_DIFF_BINARY)
 FRUGAL_COMPARE_OP_LIST(FRUGAL_DIFF_COMPARE)
-#undef FRUGAL_DIFF_UNARY
-#undef FRUGAL_DIFF_UNARY_PARAM
-#undef FRUGAL_DIFF_BINARY
 #undef FRUGAL_DIFF_COMPARE
 
 // Hand-written (core/op_list.h says why).

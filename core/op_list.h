@@ -80,6 +80,25 @@
 #define FRUGAL_COMPARE_OP_LIST(X) X(eq, Eq) X(ne, Ne) X(lt, Lt) X(le, Le) X(gt, Gt) X(ge, Ge)
 // clang-format on
 
+// The declarations of the ops of one-input, parameter and two-input lists, for the namespace that expands
+// them (frugal::ops in core/ops.h, frugal in autograd/functions.h: the same signatures in both).
+#define FRUGAL_DECLARE_UNARY_OP(name, F, dtypes, autocast_class, method, inplace) \
+  Tensor name(const Tensor& x);                                                   \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self);)
+#define FRUGAL_DECLARE_UNARY_PARAM_OP(name, F, dtypes, autocast_class, method, inplace, p1, d1, p2, d2, ...) \
+  Tensor name(const Tensor& x, Scalar p1 d1, Scalar p2 d2);                                                  \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, Scalar p1 d1, Scalar p2 d2);)
+#define FRUGAL_DECLARE_BINARY_OP(name, F, dtypes, autocast_class, method, inplace) \
+  Tensor name(const Tensor& a, const Tensor& b);                                   \
+  Tensor name(const Tensor& a, Scalar b);                                          \
+  Tensor name(Scalar a, const Tensor& b);                                          \
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, const Tensor& other);          \
+                      Tensor & name##_(Tensor & self, Scalar other);)
+#define FRUGAL_DECLARE_ELEMENTWISE_OPS()                    \
+  FRUGAL_UNARY_OP_LIST(FRUGAL_DECLARE_UNARY_OP)             \
+  FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_DECLARE_UNARY_PARAM_OP) \
+  FRUGAL_BINARY_OP_LIST(FRUGAL_DECLARE_BINARY_OP)
+
 // Conditional expansion on the method and inplace columns: FRUGAL_IF_##inplace(declaration).
 #define FRUGAL_IF_method(...) __VA_ARGS__
 #define FRUGAL_IF_no_method(...)

@@ -26,28 +26,11 @@ namespace frugal::ops {
 // shape) converted to its dtype, bumping the storage's version counter:
 //   Tensor& relu_(Tensor& self);  Tensor& add_(Tensor& self, const Tensor& other);  add_(self, Scalar)
 // Ops of a floating class refuse other dtypes with a message; div (true division) computes integers in f32.
-#define FRUGAL_OPS_UNARY(name, F, dtypes, autocast, method, inplace) \
-  Tensor name(const Tensor& x);                                      \
-  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self);)
-#define FRUGAL_OPS_UNARY_PARAM(name, F, dtypes, autocast, method, inplace, p1, d1, p2, d2, ...) \
-  Tensor name(const Tensor& x, Scalar p1 d1, Scalar p2 d2);                                     \
-  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, Scalar p1 d1, Scalar p2 d2);)
-#define FRUGAL_OPS_BINARY(name, F, dtypes, autocast, method, inplace)     \
-  Tensor name(const Tensor& a, const Tensor& b);                          \
-  Tensor name(const Tensor& a, Scalar b);                                 \
-  Tensor name(Scalar a, const Tensor& b);                                 \
-  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, const Tensor& other); \
-                      Tensor & name##_(Tensor & self, Scalar other);)
+FRUGAL_DECLARE_ELEMENTWISE_OPS()
 #define FRUGAL_OPS_COMPARE(name, F)              \
   Tensor name(const Tensor& a, const Tensor& b); \
   Tensor name(const Tensor& a, Scalar b);
-FRUGAL_UNARY_OP_LIST(FRUGAL_OPS_UNARY)
-FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_OPS_UNARY_PARAM)
-FRUGAL_BINARY_OP_LIST(FRUGAL_OPS_BINARY)
 FRUGAL_COMPARE_OP_LIST(FRUGAL_OPS_COMPARE)
-#undef FRUGAL_OPS_UNARY
-#undef FRUGAL_OPS_UNARY_PARAM
-#undef FRUGAL_OPS_BINARY
 #undef FRUGAL_OPS_COMPARE
 
 // Hand-written elementwise ops (core/op_list.h says why).
