@@ -216,11 +216,11 @@ void gpt_step(bool bf16) {
   const Tensor tokens = tensor(ids, {kBatch, kContext + 1});
   auto make = [&](Device d) {
     manual_seed(0);
-    auto model = std::make_shared<nn::GPT>(nn::GPTConfig{.vocab = kVocab});
+    auto model = std::make_shared<nn::GPTImpl>(nn::GPTConfig{.vocab = kVocab});
     model->to(d);
     return model;
   };
-  auto step = [&](nn::GPT& model, optim::Optimizer& opt, const Tensor& input, const Tensor& target) {
+  auto step = [&](nn::GPTImpl& model, optim::Optimizer& opt, const Tensor& input, const Tensor& target) {
     opt.zero_grad();
     Tensor loss;
     {
