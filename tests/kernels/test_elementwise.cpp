@@ -211,18 +211,13 @@ TEST(Binary, IntegerArithmeticAndPromotion) {
 TEST(Binary, ScalarForms) {
   const Tensor x = uniform({100}, 0.5, 2);
   const auto v = x.to_vector<double>();
-  auto each = [&](auto f) {
-    std::vector<double> r;
-    for (double e : v) r.push_back(f(e));
-    return r;
-  };
   const testing::Tol t = tol_for(DType::F32);
-  expect_close(x + 2.0, each([](double e) { return e + 2; }), t, "x + 2");
-  expect_close(2.0 - x, each([](double e) { return 2 - e; }), t, "2 - x");
-  expect_close(x * 3.0, each([](double e) { return e * 3; }), t, "x * 3");
-  expect_close(1.0 / x, each([](double e) { return 1 / e; }), t, "1 / x");
-  expect_close(pow(x, 2.0), each([](double e) { return e * e; }), t, "x^2");
-  expect_close(-x, each([](double e) { return -e; }), t, "-x");
+  expect_close(x + 2.0, map_values(v, [](double e) { return e + 2; }), t, "x + 2");
+  expect_close(2.0 - x, map_values(v, [](double e) { return 2 - e; }), t, "2 - x");
+  expect_close(x * 3.0, map_values(v, [](double e) { return e * 3; }), t, "x * 3");
+  expect_close(1.0 / x, map_values(v, [](double e) { return 1 / e; }), t, "1 / x");
+  expect_close(pow(x, 2.0), map_values(v, [](double e) { return e * e; }), t, "x^2");
+  expect_close(-x, map_values(v, [](double e) { return -e; }), t, "-x");
 }
 
 TEST(Compare, EveryOpAndWhere) {
@@ -369,18 +364,13 @@ TEST(Binary, BoolAddMulAndSub) {
 TEST(Binary, ScalarFirstForms) {
   const Tensor x = uniform({100}, 0.5, 2);
   const auto v = x.to_vector<double>();
-  auto each = [&](auto f) {
-    std::vector<double> r;
-    for (double e : v) r.push_back(f(e));
-    return r;
-  };
   const testing::Tol t = tol_for(DType::F32);
-  expect_close(div(2.0, x), each([](double e) { return 2 / e; }), t, "div(2, x)");
-  expect_close(sub(1.0, x), each([](double e) { return 1 - e; }), t, "sub(1, x)");
-  expect_close(pow(2.0, x), each([](double e) { return std::pow(2, e); }), t, "pow(2, x)");
-  expect_close(add(1.0, x), each([](double e) { return 1 + e; }), t, "add(1, x)");
-  expect_close(mul(2.0, x), each([](double e) { return 2 * e; }), t, "mul(2, x)");
-  expect_close(maximum(1.0, x), each([](double e) { return std::max(1.0, e); }), t, "maximum(1, x)");
+  expect_close(div(2.0, x), map_values(v, [](double e) { return 2 / e; }), t, "div(2, x)");
+  expect_close(sub(1.0, x), map_values(v, [](double e) { return 1 - e; }), t, "sub(1, x)");
+  expect_close(pow(2.0, x), map_values(v, [](double e) { return std::pow(2, e); }), t, "pow(2, x)");
+  expect_close(add(1.0, x), map_values(v, [](double e) { return 1 + e; }), t, "add(1, x)");
+  expect_close(mul(2.0, x), map_values(v, [](double e) { return 2 * e; }), t, "mul(2, x)");
+  expect_close(maximum(1.0, x), map_values(v, [](double e) { return std::max(1.0, e); }), t, "maximum(1, x)");
   EXPECT_EQ(div(2.0, x).dtype(), DType::F32);
   EXPECT_EQ(sub(1.0, arange(3)).to_vector<int64_t>(), (std::vector<int64_t>{1, 0, -1}));
 }
