@@ -60,6 +60,22 @@ FRUGAL_HOST_DEVICE constexpr C highest_() {
     return std::numeric_limits<C>::max();
 }
 
+// A float converted to an integer type as every cast does (Note [float to integer casts] in
+// kernels/cpu/elementwise.cpp): truncation toward zero, NaN to 0, saturation beyond i32 / i64, and to u8
+// through i64 modulo 256.
+template <typename I, typename F>
+FRUGAL_HOST_DEVICE I float_to_int(F v) {
+  if constexpr (std::is_same_v<I, uint8_t>) {
+    return uint8_t(uint64_t(float_to_int<int64_t>(v)));
+  } else {
+    constexpr F lowest = F(std::numeric_limits<I>::lowest());  // -2^31 or -2^63: exact in float and double
+    if (v != v) return 0;
+    if (v <= lowest) return std::numeric_limits<I>::lowest();
+    if (v >= -lowest) return std::numeric_limits<I>::max();
+    return I(v);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The elementwise ops of core/op_list.h, one functor each (the list names it). NaN propagates through relu,
 // clamp, maximum and minimum, as in PyTorch.

@@ -135,27 +135,14 @@ void where_cpu(const Loop& loop, const OpArgs&) {
 // Note [float to integer casts]
 // C++ leaves a float converted to an integer type that cannot hold its truncated value undefined (UBSan
 // flags -1.0f to u8), and machines differ: x86 gives the "integer indefinite" INT_MIN, CUDA and ARM saturate.
-// frugal defines every case, alike in the CPU kernels (convert below, used by cast and fill) and in the CUDA
-// math (math::convert in kernels/cuda/math.h, checked against these by tests/cuda/test_math.cpp):
+// frugal defines every case, once, in math::float_to_int (kernels/math.h), which the CPU's convert below
+// (used by cast and fill) and the CUDA math (math::convert in kernels/cuda/math.h) both call:
 // - to i64 and i32: truncation toward zero; NaN gives 0, and values beyond the type saturate to its lowest or
 //   highest value (as CUDA's and ARM's conversions, and Rust's `as`, do);
 // - to u8: to i64 as above, then modulo 256. PyTorch's CPU converts float -> int64 -> uint8, so -1.0
 //   gives 255 and 300.0 gives 44 as there; where PyTorch is undefined (NaN, infinities, beyond int64) this
 //   follows the i64 rule: NaN gives 0, +inf 255, -inf 0;
 // - to bool: != 0.
-template <typename I, typename F>
-inline I float_to_int(F v) {
-  if constexpr (std::is_same_v<I, uint8_t>) {
-    return uint8_t(uint64_t(float_to_int<int64_t>(v)));  // modulo 256
-  } else {
-    constexpr F lowest = F(std::numeric_limits<I>::lowest());  // -2^31 or -2^63: exact in float and double
-    if (v != v) return 0;
-    if (v <= lowest) return std::numeric_limits<I>::lowest();
-    if (v >= -lowest) return std::numeric_limits<I>::max();
-    return I(v);
-  }
-}
-
 // One value converted between element types: through the source's compute type; to bool means != 0; floats
 // to integers as Note [float to integer casts] says.
 template <typename To, typename From>
@@ -168,7 +155,7 @@ inline To convert(From v) {
   } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
     return To(float(C(v)));
   } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<C>) {
-    return float_to_int<To>(C(v));
+    return math::float_to_int<To>(C(v));
   } else {
     return To(C(v));
   }
