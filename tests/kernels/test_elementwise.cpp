@@ -294,6 +294,9 @@ TEST(Elementwise, EmptyTensors) {
 TEST(Elementwise, BadInputs) {
   expect_error<ShapeError>([] { add(ones({2, 3}), ones({4})); }, {"add", "[2, 3]", "[4]", "broadcast"});
   expect_error<DTypeError>([] { exp(arange(3)); }, {"exp", "i64", "floating"});
+  expect_error<DTypeError>([] { sin(arange(3)); }, {"sin", "i64", "floating"});
+  expect_error<DTypeError>([] { cos(tensor<bool>({true})); }, {"cos", "bool", "floating"});
+  expect_error<Error>([] { sin(Tensor()); }, {"undefined"});
   expect_error<DTypeError>([] { neg(tensor<bool>({true})); }, {"neg", "bool", "cpu", "supports"});
   expect_error<DTypeError>([] { where(ones({2}), ones({2}), ones({2})); }, {"where", "bool", "f32"});
   expect_error<ShapeError>(
