@@ -41,55 +41,21 @@ Tensor operator-(Scalar a, const Tensor& b);
 Tensor operator*(Scalar a, const Tensor& b);
 Tensor operator/(Scalar a, const Tensor& b);
 
-// Reductions.
-Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
-Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
-Tensor max(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
-Tensor min(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
-Tensor var(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
-using ops::argmax;  // integer results: not differentiable
-using ops::argmin;
-// Along one dim with the indices (core/ops.h; max(x, {1}) stays the Shape form above). The gradient goes to
+// The ops of core/op_list.h's FRUGAL_TENSOR_OP_LIST (views, copies, reductions, softmax, matmul, cast,
+// indexing): the recorded ones differentiable, with the same signatures as in core/ops.h (rules in
+// autograd/grad_views.cpp, grad_reduce.cpp, grad_softmax.cpp, grad_linalg.cpp, grad_index.cpp; cast's in
+// grad_elementwise.cpp); the others (argmax, argmin, one_hot: integer results) are core's.
+#define FRUGAL_DIFF_TENSOR_OP(name, params, args, grad, method) \
+  FRUGAL_IF_##grad(Tensor name FRUGAL_WITH_X params;) FRUGAL_UNLESS_##grad(using ops::name;)
+FRUGAL_TENSOR_OP_LIST(FRUGAL_DIFF_TENSOR_OP)
+#undef FRUGAL_DIFF_TENSOR_OP
+// Along one dim with the indices (core/op_list.h; max(x, {1}) stays the Shape form). The gradient goes to
 // the returned index only, PyTorch's rule for max(x, dim); the Shape forms split it among ties.
 using ops::ValuesIndices;
-ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim = false);
-ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim = false);
-template <std::integral I>
-requires(!std::same_as<I, bool>) ValuesIndices max(const Tensor& x, I dim, bool keepdim = false) {
-  return max_dim(x, int64_t(dim), keepdim);
-}
-template <std::integral I>
-requires(!std::same_as<I, bool>) ValuesIndices min(const Tensor& x, I dim, bool keepdim = false) {
-  return min_dim(x, int64_t(dim), keepdim);
-}
+FRUGAL_DECLARE_DIM_EXTREMES()
 
-Tensor matmul(const Tensor& a, const Tensor& b);
-Tensor softmax(const Tensor& x, int64_t dim);
-Tensor log_softmax(const Tensor& x, int64_t dim);
-Tensor cast(const Tensor& x, DType dtype);
-
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
-Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
-using ops::one_hot;
-
-// Views (the methods of Tensor call these).
-Tensor view(const Tensor& x, const Shape& shape);
-Tensor reshape(const Tensor& x, const Shape& shape);
-Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
-Tensor permute(const Tensor& x, const Shape& dims);
-Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
-Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
-Tensor select(const Tensor& x, int64_t dim, int64_t index);
-Tensor expand(const Tensor& x, const Shape& shape);
-Tensor squeeze(const Tensor& x);
-Tensor squeeze(const Tensor& x, int64_t dim);
-Tensor unsqueeze(const Tensor& x, int64_t dim);
-Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
-Tensor contiguous(const Tensor& x);
-Tensor clone(const Tensor& x);
 Tensor to(const Tensor& x, Device device);
 
 // Convolution and pooling (PyTorch semantics; see core/ops.h). Gradients are first order only.

@@ -172,62 +172,44 @@ using autograd::check_inplace;
 
 // The ops of core/op_list.h: core's forward (which records nothing) and the rule above. A Scalar operand is
 // a 0-d tensor that needs no gradient. The in-place forms check that self is not tracked, then run core's.
-#define FRUGAL_DIFF_UNARY(name, F, dtypes, autocast_class, method, inplace)                            \
-  Tensor name(const Tensor& x_in) {                                                                    \
-    const Tensor x = amp::autocast(#name, x_in)[0];                                                    \
-    return unary(#name, x, ops::name(x), rule_##name);                                                 \
-  }                                                                                                    \
-  FRUGAL_IF_##method(Tensor Tensor::name() const { return frugal::name(*this); }) FRUGAL_IF_##inplace( \
-      Tensor& name##_(Tensor& self) {                                                                  \
-        return check_inplace(self, #name "_"), ops::name##_(self);                                     \
-      } Tensor& Tensor::name##_() { return frugal::name##_(*this); })
+#define FRUGAL_DIFF_UNARY(name, F, dtypes, autocast_class, method, inplace) \
+  Tensor name(const Tensor& x_in) {                                         \
+    const Tensor x = amp::autocast(#name, x_in)[0];                         \
+    return unary(#name, x, ops::name(x), rule_##name);                      \
+  }                                                                         \
+  FRUGAL_IF_##inplace(                                                      \
+      Tensor& name##_(Tensor& self) { return check_inplace(self, #name "_"), ops::name##_(self); })
 #define FRUGAL_DIFF_UNARY_PARAM(name, F, dtypes, autocast_class, method, inplace, p1, d1, p2, d2, ...) \
   Tensor name(const Tensor& x_in, Scalar p1, Scalar p2) {                                              \
     const Tensor x = amp::autocast(#name, x_in)[0];                                                    \
     return unary(#name, x, ops::name(x, p1, p2), rule_##name, p1, p2);                                 \
   }                                                                                                    \
-  FRUGAL_IF_##method(Tensor Tensor::name(Scalar p1, Scalar p2)                                         \
-                         const { return frugal::name(*this, p1, p2); })                                \
-      FRUGAL_IF_##inplace(                                                                             \
-          Tensor& name##_(Tensor& self, Scalar p1, Scalar p2) {                                        \
-            return check_inplace(self, #name "_"), ops::name##_(self, p1, p2);                         \
-          } Tensor& Tensor::name##_(Scalar p1, Scalar p2) { return frugal::name##_(*this, p1, p2); })
-#define FRUGAL_DIFF_BINARY(name, F, dtypes, autocast_class, method, inplace)            \
-  Tensor name(const Tensor& a_in, const Tensor& b_in) {                                 \
-    const auto ab = amp::autocast(#name, a_in, b_in);                                   \
-    const Tensor &a = ab[0], &b = ab[1];                                                \
-    return binary(#name, a, b, ops::name(a, b), rule_##name);                           \
-  }                                                                                     \
-  Tensor name(const Tensor& a, Scalar b) { return name(a, ops::wrap_scalar(a, b)); }    \
-  Tensor name(Scalar a, const Tensor& b) { return name(ops::wrap_scalar(b, a), b); }    \
-  FRUGAL_IF_##method(                                                                   \
-      Tensor Tensor::name(const Tensor& other) const {                                  \
-        return frugal::name(*this, other);                                              \
-      } Tensor Tensor::name(Scalar other) const { return frugal::name(*this, other); }) \
-      FRUGAL_IF_##inplace(                                                              \
-          Tensor& name##_(Tensor& self, const Tensor& other) {                          \
-            return check_inplace(self, #name "_"), ops::name##_(self, other);           \
-          } Tensor& name##_(Tensor& self, Scalar other) {                               \
-            return check_inplace(self, #name "_"), ops::name##_(self, other);           \
-          } Tensor& Tensor::name##_(const Tensor& other) {                              \
-            return frugal::name##_(*this, other);                                       \
-          } Tensor& Tensor::name##_(Scalar other) { return frugal::name##_(*this, other); })
-#define FRUGAL_DIFF_COMPARE(name, F)                                                 \
-  Tensor Tensor::name(const Tensor& other) const { return ops::name(*this, other); } \
-  Tensor Tensor::name(Scalar other) const { return ops::name(*this, other); }
+  FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, Scalar p1, Scalar p2) {                            \
+    return check_inplace(self, #name "_"), ops::name##_(self, p1, p2);                                 \
+  })
+#define FRUGAL_DIFF_BINARY(name, F, dtypes, autocast_class, method, inplace)         \
+  Tensor name(const Tensor& a_in, const Tensor& b_in) {                              \
+    const auto ab = amp::autocast(#name, a_in, b_in);                                \
+    const Tensor &a = ab[0], &b = ab[1];                                             \
+    return binary(#name, a, b, ops::name(a, b), rule_##name);                        \
+  }                                                                                  \
+  Tensor name(const Tensor& a, Scalar b) { return name(a, ops::wrap_scalar(a, b)); } \
+  Tensor name(Scalar a, const Tensor& b) { return name(ops::wrap_scalar(b, a), b); } \
+  FRUGAL_IF_##inplace(                                                               \
+      Tensor& name##_(Tensor& self, const Tensor& other) {                           \
+        return check_inplace(self, #name "_"), ops::name##_(self, other);            \
+      } Tensor& name##_(Tensor& self, Scalar other) {                                \
+        return check_inplace(self, #name "_"), ops::name##_(self, other);            \
+      })
 FRUGAL_UNARY_OP_LIST(FRUGAL_DIFF_UNARY)
 FRUGAL_UNARY_PARAM_OP_LIST(FRUGAL_DIFF_UNARY_PARAM)
 FRUGAL_BINARY_OP_LIST(FRUGAL_DIFF_BINARY)
-FRUGAL_COMPARE_OP_LIST(FRUGAL_DIFF_COMPARE)
 #undef FRUGAL_DIFF_UNARY
 #undef FRUGAL_DIFF_UNARY_PARAM
 #undef FRUGAL_DIFF_BINARY
-#undef FRUGAL_DIFF_COMPARE
 
 Tensor clamp_min(const Tensor& x, Scalar min) { return clamp(x, min, INFINITY); }
 Tensor clamp_max(const Tensor& x, Scalar max) { return clamp(x, -INFINITY, max); }
-Tensor Tensor::clamp_min(Scalar min) const { return frugal::clamp_min(*this, min); }
-Tensor Tensor::clamp_max(Scalar max) const { return frugal::clamp_max(*this, max); }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor y = ops::where(cond, a, b);
@@ -240,9 +222,6 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
     };
   }
   return y;
-}
-Tensor Tensor::where(const Tensor& cond, const Tensor& other) const {
-  return frugal::where(cond, *this, other);
 }
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

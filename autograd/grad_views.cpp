@@ -100,47 +100,4 @@ Tensor to(const Tensor& x, Device device) {
   return shaped("to", x, ops::to(x, device), [from](const Tensor& g) { return g.to(from); });
 }
 
-// The Tensor methods: thin calls into the functions above (one hop of dispatch).
-Tensor Tensor::view(const Shape& shape) const { return frugal::view(*this, shape); }
-Tensor Tensor::reshape(const Shape& shape) const { return frugal::reshape(*this, shape); }
-Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
-  return frugal::flatten(*this, start_dim, end_dim);
-}
-Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const { return frugal::transpose(*this, dim0, dim1); }
-Tensor Tensor::t() const {
-  FRUGAL_CHECK_SHAPE(dim() <= 2, "t: expected a tensor of at most 2 dims, got shape ", shape(),
-                     "; use transpose(dim0, dim1)");
-  return dim() < 2 ? *this : transpose(0, 1);
-}
-Tensor Tensor::permute(const Shape& dims) const { return frugal::permute(*this, dims); }
-Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
-  return frugal::narrow(*this, dim, start, length);
-}
-Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
-  return frugal::slice(*this, dim, start, end, step);
-}
-Tensor Tensor::select(int64_t dim, int64_t index) const { return frugal::select(*this, dim, index); }
-Tensor Tensor::expand(const Shape& shape) const { return frugal::expand(*this, shape); }
-Tensor Tensor::squeeze() const { return frugal::squeeze(*this); }
-Tensor Tensor::squeeze(int64_t dim) const { return frugal::squeeze(*this, dim); }
-Tensor Tensor::unsqueeze(int64_t dim) const { return frugal::unsqueeze(*this, dim); }
-Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, int64_t element_offset) const {
-  const auto& m = autograd_meta();
-  FRUGAL_CHECK(!(autograd::grad_mode_enabled() && m && (m->requires_grad || m->grad_fn)),
-               "as_strided: not differentiable; the tensor (shape ", this->shape(),
-               ") requires grad: use view, reshape, slice or expand, or detach() first");
-  return ops::as_strided(*this, shape, strides, element_offset);
-}
-Tensor Tensor::contiguous() const { return frugal::contiguous(*this); }
-Tensor Tensor::clone() const { return frugal::clone(*this); }
-Tensor Tensor::to(DType t) const { return t == dtype() ? *this : cast(*this, t); }
-Tensor Tensor::to(Device d) const { return frugal::to(*this, d); }
-
-Tensor Tensor::operator-() const { return frugal::neg(*this); }
-Tensor Tensor::sum() const { return frugal::sum(*this); }
-Tensor Tensor::mean() const { return frugal::mean(*this); }
-Tensor Tensor::sum(const Shape& dims, bool keepdim) const { return frugal::sum(*this, dims, keepdim); }
-Tensor Tensor::mean(const Shape& dims, bool keepdim) const { return frugal::mean(*this, dims, keepdim); }
-Tensor Tensor::matmul(const Tensor& other) const { return frugal::matmul(*this, other); }
-
 }  // namespace frugal

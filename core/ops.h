@@ -51,83 +51,31 @@ Tensor& fill_(Tensor& self, Scalar value);
 // value is not a whole number (then f32), or like is bool (then i64).
 Tensor wrap_scalar(const Tensor& like, Scalar value);
 
-// Views: share storage with x, no copy (see the Tensor methods of the same names).
-Tensor view(const Tensor& x, const Shape& shape);
-Tensor reshape(const Tensor& x, const Shape& shape);  // a copy when no view fits
-Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
-Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
-Tensor permute(const Tensor& x, const Shape& dims);
-Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
-Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
-Tensor select(const Tensor& x, int64_t dim, int64_t index);
-Tensor expand(const Tensor& x, const Shape& shape);
-Tensor squeeze(const Tensor& x);
-Tensor squeeze(const Tensor& x, int64_t dim);
-Tensor unsqueeze(const Tensor& x, int64_t dim);
+// The ops of core/op_list.h's FRUGAL_TENSOR_OP_LIST, generated from it (what each does is written there):
+//   views (view, reshape, flatten, transpose, permute, narrow, slice, select, expand, squeeze, unsqueeze),
+//   copies (contiguous, clone), reductions (sum, mean, max, min, var, argmax, argmin), softmax,
+//   log_softmax, matmul, cast and indexing (index_select, gather, scatter_add, one_hot):
+//   Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+FRUGAL_TENSOR_OP_LIST(FRUGAL_DECLARE_TENSOR_OP)
+
+// A view with the given shape, strides (in elements) and element offset from x's start; every element it
+// reaches must lie inside x's storage. Elements may overlap, as in PyTorch.
 Tensor as_strided(const Tensor& x, const Shape& shape, const Shape& strides, int64_t element_offset);
-// Copies.
-Tensor contiguous(const Tensor& x);  // x itself when already contiguous
-Tensor clone(const Tensor& x);
 Tensor to(const Tensor& x, DType dtype);    // x itself when the dtype already matches
 Tensor to(const Tensor& x, Device device);  // x itself when already there
 
-// Reductions over `dims` (empty = all dims); keepdim keeps them as size 1.
-// sum of integers or bools gives i64; mean and var need a floating dtype; var divides by n - correction.
-Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
-Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
-Tensor max(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
-Tensor min(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
-Tensor var(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
-// Index of the largest (smallest) element along dim, as i64; without a dim, of the flattened tensor. Ties
-// give the first index.
-Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
-Tensor argmax(const Tensor& x);
-Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
-Tensor argmin(const Tensor& x);
 // What max / min along a dim return: both members, or unpacked, auto [values, indices] = max(x, 1);
 struct ValuesIndices {
   Tensor values;   // the extreme elements, x's dtype
   Tensor indices;  // their positions along the dim, i64
 };
-// The largest (smallest) elements along one dim and where they are (i64; ties give the first index, as
-// argmax), libtorch's max(x, dim, keepdim): auto [values, indices] = max(x, 1);. The dim is a template
-// parameter so that a braced dim, max(x, {1}), cannot deduce it and stays the Shape reduction above (values
-// only), as it always was.
-ValuesIndices max_dim(const Tensor& x, int64_t dim, bool keepdim = false);
-ValuesIndices min_dim(const Tensor& x, int64_t dim, bool keepdim = false);
-template <std::integral I>
-requires(!std::same_as<I, bool>) ValuesIndices max(const Tensor& x, I dim, bool keepdim = false) {
-  return max_dim(x, int64_t(dim), keepdim);
-}
-template <std::integral I>
-requires(!std::same_as<I, bool>) ValuesIndices min(const Tensor& x, I dim, bool keepdim = false) {
-  return min_dim(x, int64_t(dim), keepdim);
-}
+FRUGAL_DECLARE_DIM_EXTREMES()
 
-// Matrix product with NumPy/PyTorch semantics: 1-D and 2-D operands, and batch dims that broadcast.
-// f16/bf16 accumulate in f32.
-Tensor matmul(const Tensor& a, const Tensor& b);
-
-// Numerically stable softmax and log-softmax along dim (floating dtypes; f16/bf16 computed in f32).
-Tensor softmax(const Tensor& x, int64_t dim);
-Tensor log_softmax(const Tensor& x, int64_t dim);
-
-// A copy converted to dtype (floats to integers truncate toward zero; to bool is x != 0).
-Tensor cast(const Tensor& x, DType dtype);
-
-// Indexing. index is i64 (or i32); every value must be in [-size, size) along dim (negative counts from the
-// end).
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
-// A copy of x with src's elements added at the positions index names along dim (duplicates accumulate).
-Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 // A copy of x with src's slices added at the positions a 1-d index names along dim (duplicates accumulate):
 // out.select(dim, index[i]) += src.select(dim, i). index_select's gradient.
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 // Joins tensors along an existing dim; shapes must match elsewhere, dtypes promote.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
-// i64 tensor of shape index.shape + [num_classes] with a 1 at each index; num_classes < 0 infers max + 1.
-Tensor one_hot(const Tensor& index, int64_t num_classes = -1);
 // {min, max} of a non-empty integer tensor, on the host, for bounds checks of indices: on a GPU one reduction
 // and one copy, so one wait for the device (Note [index bounds on a GPU] in core/ops_index.cpp).
 std::pair<int64_t, int64_t> integer_range(const Tensor& x);

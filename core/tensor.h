@@ -93,31 +93,22 @@ class Tensor {
   T item() const;
   std::string str() const;  // as operator<< prints it
 
-  // Views: share storage, no copy.
-  Tensor view(const Shape& shape) const;     // needs compatible strides; one dim may be -1
-  Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
-  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
-  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  // Views (share storage, no copy), copies, reductions, softmax, matmul: the methods of core/op_list.h's
+  // FRUGAL_TENSOR_OP_LIST, each its free function of autograd/functions.h (what each does is written in the
+  // list): x.view({2, -1}), x.transpose(0, 1), x.sum({0}, true), x.argmax(1), x.softmax(-1), x.matmul(w), ...
+#define FRUGAL_METHOD_TENSOR_OP(name, params, args, grad, method) \
+  FRUGAL_IF_##method(Tensor name params const;)
+  FRUGAL_TENSOR_OP_LIST(FRUGAL_METHOD_TENSOR_OP)
+#undef FRUGAL_METHOD_TENSOR_OP
   Tensor t() const;  // transpose of a 2-D tensor
-  Tensor permute(const Shape& dims) const;
-  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
-  Tensor slice(int64_t dim, int64_t start, int64_t end,
-               int64_t step = 1) const;             // Python's x[start:end:step]
-  Tensor select(int64_t dim, int64_t index) const;  // removes the dim
-  Tensor expand(const Shape& shape) const;          // -1 keeps a size; new leading dims allowed
   Tensor expand_as(const Tensor& other) const { return expand(other.shape()); }
-  Tensor squeeze() const;
-  Tensor squeeze(int64_t dim) const;
-  Tensor unsqueeze(int64_t dim) const;
   Tensor as_strided(const Shape& shape, const Shape& strides, int64_t element_offset) const;
 
   // Points this tensor (and every handle to it) at src's data, shape and dtype, keeping its autograd
   // identity: how a module converts its parameters in place. Not recorded by autograd.
   void set_data(const Tensor& src) const;
 
-  // Copies.
-  Tensor contiguous() const;  // this tensor itself when already contiguous
-  Tensor clone() const;
+  // Conversions and writes.
   Tensor to(DType dtype) const;      // this tensor itself when the dtype already matches
   Tensor to(Device device) const;    // this tensor itself when already there
   Tensor& copy_(const Tensor& src);  // broadcasts and converts src into this tensor, from any device
@@ -126,7 +117,7 @@ class Tensor {
 
   // Math as methods, recorded by autograd as the free functions of autograd/functions.h (defined in
   // autograd/): x.exp(), x.pow(2), x.add(y), x.clamp(-1, 1), x.relu_(), x.softmax(-1), x.argmax(1), ...
-  // The elementwise ones come from core/op_list.h (Scalar forms included), the others are listed below.
+  // They come from core/op_list.h's elementwise lists (Scalar forms included).
 #define FRUGAL_METHOD_UNARY(name, F, dtypes, autocast, method, inplace) \
   FRUGAL_IF_##method(Tensor name() const;) FRUGAL_IF_##inplace(Tensor& name##_();)
 #define FRUGAL_METHOD_UNARY_PARAM(name, F, dtypes, autocast, method, inplace, p1, d1, p2, d2, ...) \
@@ -149,22 +140,6 @@ class Tensor {
   Tensor operator-() const;
   Tensor clamp_min(Scalar min) const;
   Tensor clamp_max(Scalar max) const;
-  Tensor sum() const;
-  Tensor mean() const;
-  Tensor sum(const Shape& dims, bool keepdim = false) const;
-  Tensor mean(const Shape& dims, bool keepdim = false) const;
-  Tensor max() const;  // of every element; max(dims) of some dims
-  Tensor min() const;
-  Tensor max(const Shape& dims, bool keepdim = false) const;
-  Tensor min(const Shape& dims, bool keepdim = false) const;
-  Tensor var(const Shape& dims = {}, int64_t correction = 1, bool keepdim = false) const;
-  Tensor argmax() const;  // of the flattened tensor, as i64
-  Tensor argmin() const;
-  Tensor argmax(int64_t dim, bool keepdim = false) const;
-  Tensor argmin(int64_t dim, bool keepdim = false) const;
-  Tensor softmax(int64_t dim) const;
-  Tensor log_softmax(int64_t dim) const;
-  Tensor matmul(const Tensor& other) const;
   Tensor where(const Tensor& cond, const Tensor& other) const;  // cond ? this : other
 
   // Autograd (defined in autograd/; see autograd/graph.h).
