@@ -102,6 +102,8 @@ void detail::set_grad_mode_query(bool (*query)()) { g_grad_mode_query.store(quer
 
 namespace detail {
 
+static_assert(sizeof(HistoryEvent) <= 80, "Note [history bounds] gives 80 bytes an event");
+
 void HistoryLog::start(size_t max_events, int64_t allocated, int64_t reserved,
                        const std::vector<Block*>& live) {
   on_ = true;
@@ -109,7 +111,9 @@ void HistoryLog::start(size_t max_events, int64_t allocated, int64_t reserved,
   count_ = 0;
   dropped_ = 0;
   truncated_ = false;
-  chunks_.clear();
+  // The chunks of the last record are reused, up to what the new bound needs: a program that records
+  // step after step pays for fresh pages once.
+  chunks_.resize(std::min(chunks_.size(), (max_events + kChunk - 1) / kChunk));
   start_allocated_ = allocated;
   start_reserved_ = reserved;
   start_ = std::chrono::steady_clock::now();

@@ -90,8 +90,9 @@ struct HistoryRecord {
 };
 
 // Note [history bounds]
-// A history keeps at most max_events events (each about 96 bytes; the default bound is about 100 MiB) in
-// chunks of plain heap memory, never from the allocator it measures. When full it stops recording, keeps what
+// A history keeps at most max_events events (80 bytes each; the default bound is 80 MiB) in
+// chunks of plain heap memory, never from the allocator it measures (kept for the next record, so that
+// recording step after step touches fresh pages once). When full it stops recording, keeps what
 // it has (so the start of the run stays exact) and counts what it drops; the trace and the SVG say so. A ring
 // that overwrote the oldest events would lose where the live blocks came from.
 inline constexpr size_t kDefaultMaxEvents = size_t(1) << 20;

@@ -405,8 +405,9 @@ TEST_F(MemoryHistory, SvgIsWellFormedAndNamesThePeakAndTheLargestBlocks) {
 }
 
 // The picture renders (rsvg-convert, Debian's librsvg2-bin) to something other than its background: the PNG
-// differs from that of an SVG of the same size holding the background alone (PNG is lossless, so equal files
-// would mean equal pixels).
+// differs from that of an SVG of the same size holding the background alone, and from that of the same SVG
+// without its stacked area (PNG is lossless and rsvg-convert deterministic, so equal files would mean equal
+// pixels).
 TEST_F(MemoryHistory, SvgRendersToANonBlankPicture) {
   if (std::system("command -v rsvg-convert > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "rsvg-convert is not installed (Debian package librsvg2-bin)";
@@ -422,7 +423,10 @@ TEST_F(MemoryHistory, SvgRendersToANonBlankPicture) {
   std::ofstream(path("blank.svg")) << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << size[1]
                                    << "\" height=\"" << size[2]
                                    << "\"><rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/></svg>\n";
-  for (const char* name : {"step", "blank"}) {
+  // And the stacked area itself draws: without its polygons the picture renders differently.
+  std::ofstream(path("no_area.svg")) << std::regex_replace(svg, std::regex("<polygon[^>]*>.*?</polygon>"),
+                                                           "");
+  for (const char* name : {"step", "blank", "no_area"}) {
     const std::string cmd = "rsvg-convert -o '" + path(std::string(name) + ".png") + "' '" +
                             path(std::string(name) + ".svg") + "'";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
@@ -431,6 +435,8 @@ TEST_F(MemoryHistory, SvgRendersToANonBlankPicture) {
   ASSERT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
   ASSERT_EQ(blank.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
   EXPECT_NE(png, blank) << "the picture renders as its background alone";
+  EXPECT_NE(read_file(path("no_area.svg")), svg) << "the SVG has no polygons to remove";
+  EXPECT_NE(png, read_file(path("no_area.png"))) << "the stacked area draws nothing";
 }
 
 // Note [out-of-memory dump]: with history on, the error names the trace and the snapshot written at the
