@@ -118,6 +118,8 @@ void write_trace(const std::string& path, const HistoryRecord& r) {
     }
     if (text.size() > (1 << 16)) out.write(std::exchange(text, std::string()));
   }
+  // Op slices go here once a profiler records them: "ph":"X" events on pid 1, tid 2 (named "ops" by a
+  // thread_name record), so that Perfetto shows each op above the counters it moved.
   // The last event ends without a comma: a closing metadata record keeps every line above alike.
   text +=
       "{\"ph\":\"M\",\"pid\":1,\"tid\":1,\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":1}}\n]}\n";

@@ -16,7 +16,6 @@
 #include <string>
 #include <utility>
 
-#include <frugal/core/memory_history.h>
 #include <frugal/frugal.h>
 
 namespace examples {
