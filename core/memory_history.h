@@ -23,10 +23,10 @@ namespace frugal::memory {
 // Note [memory phases]
 // What the program was doing when it allocated. A thread-local set by PhaseScope where the library knows:
 // autograd's backward (autograd/engine.cpp), a recompute segment run again in backward
-// (autograd/recompute.cpp), an optimizer's step (optim/optimizer.cpp) and the data loader (data/). Outside
-// any scope the phase is Forward while grad mode is on (the tape may record what is allocated) and Other
-// while it is off (evaluation, NoGradGuard, InferenceMode). Scopes nest; the innermost wins (recompute inside
-// backward reads Recompute).
+// (autograd/recompute.cpp), an optimizer's step (optim/optimizer.cpp) and data (data/: the loader, the
+// datasets' reading and batching). Outside any scope the phase is Forward while grad mode is on (the tape may
+// record what is allocated) and Other while it is off (evaluation, NoGradGuard, InferenceMode). Scopes nest;
+// the innermost wins (recompute inside backward reads Recompute).
 enum class Phase : uint8_t { Forward, Backward, Recompute, Optimizer, Data, Other };
 inline constexpr int kNumPhases = 6;
 const char* phase_name(Phase phase);  // "forward", "backward", ...
