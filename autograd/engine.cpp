@@ -6,6 +6,7 @@
 #include "amp/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/graph.h"
+#include "core/memory_history.h"
 
 namespace frugal::autograd {
 
@@ -44,6 +45,7 @@ struct Newest {
 
 void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
   FRUGAL_CHECK(root.defined(), "backward: the tensor is undefined");
+  memory::PhaseScope phase(memory::Phase::Backward);  // Note [memory phases]
   const auto& meta = root.autograd_meta();
   FRUGAL_CHECK(
       meta && (meta->requires_grad || meta->grad_fn), "backward: the tensor (shape ", root.shape(),
@@ -104,7 +106,11 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
 
     saved.clear();
     for (const auto& s : node->saved) saved.push_back(s.unpack(node->name));
-    Grads grads = node->backward(saved, g);
+    Grads grads;
+    {
+      memory::OpScope op(node->name);  // Note [op names in the history]: the rule's bytes are the node's
+      grads = node->backward(saved, g);
+    }
     saved.clear();
     if (!retain_graph) node->release();  // its saved activations go back to the arena now
     FRUGAL_ASSERT(grads.size() == node->inputs.size(), node->name, " returned ", grads.size(),

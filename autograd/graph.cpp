@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "autograd/functions.h"
+#include "core/memory_history.h"
 
 namespace frugal::autograd {
 
@@ -24,6 +25,9 @@ Tensor data_alias(const Tensor& t) {
 }  // namespace
 
 bool grad_mode_enabled() { return t_grad_mode; }
+// Note [memory phases] (core/memory_history.h): outside a phase scope, grad mode decides forward or other.
+[[maybe_unused]] const bool g_phase_query_set =
+    (memory::detail::set_grad_mode_query(&grad_mode_enabled), true);
 void set_grad_mode(bool enabled) { t_grad_mode = enabled && !t_inference; }
 bool inference_mode_enabled() { return t_inference; }
 

@@ -6,6 +6,7 @@
 #include "amp/autocast.h"
 #include "autograd/graph.h"
 #include "core/memory.h"
+#include "core/memory_history.h"
 #include "core/rng.h"
 
 namespace frugal::autograd {
@@ -41,6 +42,7 @@ class Segment {
       // Backward runs without autocast; the segment must cast as it did when it first ran.
       amp::Autocast autocast(autocast_);
       memory::Tag tag("recompute");
+      memory::PhaseScope phase(memory::Phase::Recompute);  // Note [memory phases]
       SavedTensorHooks collect(
           [this](const Tensor& t) -> std::any {
             saved_.push_back(t);

@@ -7,9 +7,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "error.h"
+#include "history_log.h"
 #include "memory.h"
 
 namespace frugal::memory {
@@ -27,6 +29,7 @@ struct Block {
   Block* next = nullptr;
   uint32_t tag = 0;
   bool allocated = false;
+  int8_t category = -1;        // a memory::Category, stamped while a history records (core/history_log.h)
   Stream stream = 0;           // the segment's: blocks are reused only on it (Note [streams and the arena])
   int pending_events = 0;      // freed, waiting for other streams' work: in no pool, merges with nothing
   std::vector<Stream> uses{};  // other streams that use the live block (record_stream)
@@ -74,6 +77,9 @@ class AllocatorBase : public Allocator {
 
   Stats stats() const override {
     std::lock_guard lock(mu_);
+    return stats_locked();
+  }
+  Stats stats_locked() const {
     Stats s = stats_;
     s.largest_free_block = largest_free_locked();
     s.free_bytes = s.reserved.current - s.allocated.current;
@@ -110,9 +116,34 @@ class AllocatorBase : public Allocator {
     FRUGAL_ASSERT(b != nullptr && b->allocated, "retag: the block is not live");
     if (tag >= tags_.size()) tags_.resize(tag + 1);
     add(tags_[b->tag].allocated, -b->size);
-    b->tag = tag;
+    const uint32_t old_tag = std::exchange(b->tag, tag);
     tags_[tag].seen = true;
     add(tags_[tag].allocated, b->size);
+    if (history_.on()) [[unlikely]]
+      history_.retag(*b, old_tag, stats_.allocated.current, stats_.reserved.current);
+  }
+
+  // The history (core/memory_history.h). Starting one stamps the blocks live now as its first events.
+  // The history of core/memory_history.h. start_history starts a fresh one unless one records, and returns
+  // its number (0: one was recording already). stop_history stops the recording if it is number
+  // `generation` (0: whichever records).
+  uint64_t start_history(size_t max_events) {
+    std::lock_guard lock(mu_);
+    if (history_.on()) return 0;
+    history_.start(max_events, stats_.allocated.current, stats_.reserved.current, live_blocks_locked());
+    return ++history_generation_;
+  }
+  void stop_history(uint64_t generation) {
+    std::lock_guard lock(mu_);
+    if (generation == 0 || generation == history_generation_) history_.stop();
+  }
+  bool history_on() const {
+    std::lock_guard lock(mu_);
+    return history_.on();
+  }
+  HistoryRecord history() const {
+    std::lock_guard lock(mu_);
+    return history_.record(device_);
   }
 
  protected:
@@ -122,6 +153,30 @@ class AllocatorBase : public Allocator {
   };
 
   virtual int64_t largest_free_locked() const = 0;
+  virtual std::vector<Block*> live_blocks_locked() const = 0;
+  virtual std::vector<BlockInfo> snapshot_locked() const = 0;
+
+  // Records an event in the history, if one records: the one check on the fast path while none does. Called
+  // just after the statistics changed, so that every event carries them as they are then.
+  void note_block_locked(EventKind kind, Block* b) {
+    if (history_.on()) [[unlikely]]
+      history_.block(kind, *b, stats_.allocated.current, stats_.reserved.current);
+  }
+  void note_segment_locked(EventKind kind, const Segment& s) {
+    if (history_.on()) [[unlikely]]
+      history_.segment(kind, s, stats_.allocated.current, stats_.reserved.current);
+  }
+  void note_cache_flush_locked() {
+    if (history_.on()) [[unlikely]]
+      history_.instant(EventKind::CacheFlush, 0, stats_.allocated.current, stats_.reserved.current);
+  }
+  // Note [out-of-memory dump]: records the OOM and writes the files; what the message adds ("" when no
+  // history records).
+  std::string oom_dump_locked(int64_t nbytes) {
+    if (!history_.on()) return "";
+    history_.instant(EventKind::Oom, nbytes, stats_.allocated.current, stats_.reserved.current);
+    return write_oom_dump(history_.record(device_), snapshot_locked(), stats_locked());
+  }
 
   bool fits_locked(int64_t segment_bytes) const {
     return limit_ <= 0 || stats_.reserved.current + segment_bytes <= limit_;
@@ -146,8 +201,10 @@ class AllocatorBase : public Allocator {
   void count_allocation_locked(int64_t nbytes) {
     try {
       detail::count_allocation(device_, kind(), nbytes);
-    } catch (const OutOfMemoryError&) {
+    } catch (const OutOfMemoryError& e) {
       ++stats_.num_ooms;
+      if (history_.on()) [[unlikely]]
+        throw OutOfMemoryError(e.what() + oom_dump_locked(nbytes));
       throw;
     }
   }
@@ -166,7 +223,7 @@ class AllocatorBase : public Allocator {
             : std::string(),
         system_refused ? "; the system has no memory left" : "", "; limit ", limit, ", reserved ",
         format_bytes(reserved), ", allocated ", format_bytes(allocated), ", free in cache ",
-        format_bytes(reserved - allocated), ". To fit: ", kAdvice));
+        format_bytes(reserved - allocated), ". To fit: ", kAdvice, oom_dump_locked(nbytes)));
   }
 
   BlockInfo info(const Block* b) const {
@@ -207,7 +264,12 @@ class AllocatorBase : public Allocator {
   Stats stats_;
   std::vector<TagStat> tags_;  // by tag id
   int64_t next_segment_id_ = 0;
+  HistoryLog history_;
+  uint64_t history_generation_ = 0;  // of the latest history started
 };
+
+// The allocator of `device` as the base both allocators share (for the history, which lives there).
+AllocatorBase& allocator_base(Device device);
 
 }  // namespace detail
 }  // namespace frugal::memory

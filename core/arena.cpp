@@ -110,6 +110,7 @@ class Arena final : public AllocatorBase {
     block->requested = nbytes;
     block->tag = tag;
     count_block_locked(block, +1);
+    note_block_locked(EventKind::Alloc, block);
     return {block->ptr, block->size, block};
   }
 
@@ -119,6 +120,7 @@ class Arena final : public AllocatorBase {
     std::lock_guard lock(mu_);
     FRUGAL_ASSERT(block->allocated, "deallocate of a block that is not live (freed twice?)");
     count_block_locked(block, -1);
+    note_block_locked(EventKind::Free, block);
     block->allocated = false;
     block->requested = 0;
     block->tag = 0;
@@ -149,10 +151,7 @@ class Arena final : public AllocatorBase {
 
   std::vector<BlockInfo> snapshot() const override {
     std::lock_guard lock(mu_);
-    std::vector<BlockInfo> out;
-    for (const auto& [id, segment] : segments_)
-      for (const Block* b = segment->head; b; b = b->next) out.push_back(info(b));
-    return out;
+    return snapshot_locked();
   }
 
   void check_invariants() const override {
@@ -319,14 +318,17 @@ class Arena final : public AllocatorBase {
                                                      .stream = stream});
     *segment->head = Block{.ptr = base, .size = bytes, .segment = segment.get(), .stream = stream};
     Block* head = segment->head;
+    const Segment& made = *segment;
     segments_.emplace(segment->id, std::move(segment));
     count_segment_locked(bytes, +1);
+    note_segment_locked(EventKind::SegmentAlloc, made);
     return head;
   }
 
   // Returns every segment that is one free block to the backing. Counts as a cache flush.
   void release_free_segments_locked() {
     ++stats_.num_cache_flushes;
+    note_cache_flush_locked();
     for (auto it = segments_.begin(); it != segments_.end();) {
       Segment* s = it->second.get();
       if (!is_free(s->head) || s->head->next) {
@@ -337,8 +339,23 @@ class Arena final : public AllocatorBase {
       spare_blocks_.push_back(s->head);
       backing_->free(s->base, s->size);
       count_segment_locked(s->size, -1);
+      note_segment_locked(EventKind::SegmentFree, *s);
       it = segments_.erase(it);
     }
+  }
+
+  std::vector<BlockInfo> snapshot_locked() const override {
+    std::vector<BlockInfo> out;
+    for (const auto& [id, segment] : segments_)
+      for (const Block* b = segment->head; b; b = b->next) out.push_back(info(b));
+    return out;
+  }
+  std::vector<Block*> live_blocks_locked() const override {
+    std::vector<Block*> out;
+    for (const auto& [id, segment] : segments_)
+      for (Block* b = segment->head; b; b = b->next)
+        if (b->allocated) out.push_back(b);
+    return out;
   }
 
   int64_t largest_free_locked() const override {

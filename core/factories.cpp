@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/memory_history.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -9,12 +10,14 @@
 namespace frugal {
 
 Tensor empty(const Shape& shape, TensorOptions opts) {
+  memory::OpScope op_scope("empty");  // Note [op names in the history]
   const int64_t nbytes = checked_nbytes(shape, dtype_size(opts.dtype_), "empty");  // Note [checked sizes]
   auto storage = std::make_shared<Storage>(nbytes, opts.device_);
   return Tensor(std::move(storage), 0, shape, contiguous_strides(shape), opts.dtype_);
 }
 
 Tensor full(const Shape& shape, Scalar value, TensorOptions opts) {
+  memory::OpScope op_scope("full");  // Note [op names in the history]
   Tensor t = empty(shape, opts);
   ops::fill_(t, value);
   return t;
@@ -45,6 +48,7 @@ Tensor from_function(int64_t n, TensorOptions opts, F value) {
 Tensor arange(Scalar end, TensorOptions opts) { return arange(0, end, 1, opts); }
 
 Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
+  memory::OpScope op_scope("arange");  // Note [op names in the history]
   FRUGAL_CHECK(step != 0 && std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
                "arange: start, end and step must be finite and step non-zero; got start=", start,
                " end=", end, " step=", step);
@@ -57,6 +61,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
 }
 
 Tensor linspace(Scalar start, Scalar end, int64_t steps, TensorOptions opts) {
+  memory::OpScope op_scope("linspace");  // Note [op names in the history]
   FRUGAL_CHECK(steps >= 0, "linspace: steps must be non-negative, got ", steps);
   const double step = steps > 1 ? (end - start) / double(steps - 1) : 0;
   // Fill from both ends so that the last value is exactly `end`, as PyTorch does (one step gives `start`).
@@ -100,6 +105,7 @@ void check_float(TensorOptions opts, const char* op) {
 }  // namespace
 
 Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
+  memory::OpScope op_scope("rand");  // Note [op names in the history]
   check_float(opts, "rand");
   if (opts.dtype_ == DType::F64) {
     Tensor t = draw<double, 2>(shape, gen, [](const uint32_t* w, double* v) {
@@ -119,6 +125,7 @@ Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
 }
 
 Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
+  memory::OpScope op_scope("randn");  // Note [op names in the history]
   check_float(opts, "randn");
   // Box-Muller: two uniforms give two normals; 1 - u keeps the logarithm's argument in (0, 1].
   auto box_muller = [](double u1, double u2, auto* v) {
@@ -138,6 +145,7 @@ Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {
+  memory::OpScope op_scope("randint");  // Note [op names in the history]
   FRUGAL_CHECK(low < high, "randint: expected low < high, got low=", low, " high=", high);
   const uint64_t range = uint64_t(high - low);
   Tensor t = draw<int64_t, 2>(shape, gen, [&](const uint32_t* w, int64_t* v) {
@@ -149,6 +157,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts
 }
 
 Tensor from_buffer(const void* data, const Shape& shape, DType dtype) {
+  memory::OpScope op_scope("from_buffer");  // Note [op names in the history]
   Tensor t = empty(shape, dtype);
   if (t.nbytes() > 0) std::memcpy(t.raw_data(), data, size_t(t.nbytes()));
   return t;
@@ -156,6 +165,7 @@ Tensor from_buffer(const void* data, const Shape& shape, DType dtype) {
 
 template <typename T>
 Tensor tensor(const std::vector<T>& values, const Shape& shape) {
+  memory::OpScope op_scope("tensor");  // Note [op names in the history]
   FRUGAL_CHECK_SHAPE(int64_t(values.size()) == shape.numel(), "tensor: ", values.size(),
                      " values do not fill shape ", shape, " (", shape.numel(), " elements)");
   if constexpr (std::is_same_v<T, bool>) {  // std::vector<bool> packs bits: copy one by one

@@ -55,9 +55,12 @@ class SystemAllocator final : public AllocatorBase {
                               .tag = tag,
                               .allocated = true};
     Block* block = segment->head;
+    const Segment& made = *segment;
     live_.emplace(segment->id, std::move(segment));
     count_segment_locked(size, +1);
+    note_segment_locked(EventKind::SegmentAlloc, made);
     count_block_locked(block, +1);
+    note_block_locked(EventKind::Alloc, block);
     return {base, size, block};
   }
 
@@ -67,7 +70,9 @@ class SystemAllocator final : public AllocatorBase {
     auto it = live_.find(block->segment->id);
     FRUGAL_ASSERT(it != live_.end() && it->second->head == block, "deallocate of a block that is not live");
     count_block_locked(block, -1);
+    note_block_locked(EventKind::Free, block);
     count_segment_locked(block->size, -1);
+    note_segment_locked(EventKind::SegmentFree, *block->segment);
     backing_->free(block->ptr, block->size);
     delete block;
     live_.erase(it);
@@ -80,9 +85,7 @@ class SystemAllocator final : public AllocatorBase {
 
   std::vector<BlockInfo> snapshot() const override {
     std::lock_guard lock(mu_);
-    std::vector<BlockInfo> out;
-    for (const auto& [id, segment] : live_) out.push_back(info(segment->head));
-    return out;
+    return snapshot_locked();
   }
 
   void check_invariants() const override {
@@ -107,6 +110,16 @@ class SystemAllocator final : public AllocatorBase {
 
  private:
   int64_t largest_free_locked() const override { return 0; }
+  std::vector<BlockInfo> snapshot_locked() const override {
+    std::vector<BlockInfo> out;
+    for (const auto& [id, segment] : live_) out.push_back(info(segment->head));
+    return out;
+  }
+  std::vector<Block*> live_blocks_locked() const override {
+    std::vector<Block*> out;
+    for (const auto& [id, segment] : live_) out.push_back(segment->head);
+    return out;
+  }
 
   std::map<int64_t, std::unique_ptr<Segment>> live_;  // one segment per live block, by id
 };

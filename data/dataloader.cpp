@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/memory.h"
+#include "core/memory_history.h"
 #include "core/rng.h"
 
 namespace frugal::data {
@@ -72,6 +73,7 @@ void DataLoader::begin_epoch(int64_t epoch) {
 void DataLoader::run_worker(int64_t num_batches) {
   // Tags are per thread: the batches this thread allocates count under "data" in memory::tag_stats().
   memory::Tag tag("data");
+  memory::PhaseScope phase(memory::Phase::Data);  // Note [memory phases]
   for (int64_t b = 0; b < num_batches; ++b) {
     {
       std::unique_lock lock(mutex_);
@@ -99,6 +101,7 @@ std::optional<Batch> DataLoader::next() {
   if (delivered_ >= num_batches()) return std::nullopt;
   if (options_.prefetch_ == 0) {
     memory::Tag tag("data");
+    memory::PhaseScope phase(memory::Phase::Data);
     const int64_t b = delivered_;
     delivered_ = num_batches();  // an exception below ends the epoch, as it does with the worker
     Batch batch = make_batch(b);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "core/memory_history.h"
 
 namespace frugal::data {
 
@@ -64,6 +65,7 @@ const char* idx_type_name(uint8_t t) {
 }  // namespace
 
 Tensor read_idx(const std::string& path) {
+  memory::PhaseScope phase(memory::Phase::Data);  // Note [memory phases]
   std::error_code ec;
   const auto file_size = std::filesystem::file_size(path, ec);
   FRUGAL_CHECK(!ec, "read_idx: cannot open '", path, "': ", ec.message());
@@ -144,6 +146,7 @@ std::array<T, 256> scale_table(double mean, double std) {
 }  // namespace
 
 FashionMNIST::FashionMNIST(const std::string& root, Split split, bool flatten) : flatten_(flatten) {
+  memory::PhaseScope phase(memory::Phase::Data);  // Note [memory phases]
   const std::string prefix = split == Split::Train ? "train" : "t10k";
   const std::string images_path = find_file(root, prefix + "-images-idx3-ubyte");
   const std::string labels_path = find_file(root, prefix + "-labels-idx1-ubyte");
@@ -162,6 +165,7 @@ FashionMNIST::FashionMNIST(const std::string& root, Split split, bool flatten) :
 }
 
 Batch FashionMNIST::get_batch(std::span<const int64_t> indices, DType dtype) const {
+  memory::PhaseScope phase(memory::Phase::Data);  // Note [memory phases]
   FRUGAL_CHECK_DTYPE(is_floating(dtype),
                      "FashionMNIST::get_batch: inputs are scaled to [0, 1], so dtype must be ",
                      "floating (f32, f64, f16, bf16), got ", dtype_name(dtype));
@@ -193,6 +197,7 @@ Batch FashionMNIST::get_batch(std::span<const int64_t> indices, DType dtype) con
 }
 
 void FashionMNIST::normalize(double mean, double std) {
+  memory::PhaseScope phase(memory::Phase::Data);  // Note [memory phases]
   FRUGAL_CHECK(std::isfinite(mean) && std::isfinite(std) && std > 0,
                "FashionMNIST::normalize: std must be positive and both finite, got mean ", mean, ", std ",
                std);

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/memory_history.h"
 #include "core/ops.h"
 
 namespace frugal::data {
@@ -33,6 +34,7 @@ std::vector<std::string> text_corpus_files(const std::string& root) {
 }
 
 TextDataset::TextDataset(const TextDatasetOptions& options) : options_(options) {
+  memory::PhaseScope phase(memory::Phase::Data);  // Note [memory phases]
   FRUGAL_CHECK(options.val_fraction_ >= 0 && options.val_fraction_ < 1,
                "TextDataset: val_fraction must lie in [0, 1), got ", options.val_fraction_);
   FRUGAL_CHECK(options.context_ > 0, "TextDataset: context must be positive, got ", options.context_);
@@ -74,6 +76,7 @@ Tensor TextDataset::split_tokens() const {
 int64_t TextDataset::size() const { return split_tokens().numel() - options_.context_; }
 
 Batch TextDataset::get_batch(std::span<const int64_t> indices, DType) const {
+  memory::PhaseScope phase(memory::Phase::Data);  // Note [memory phases]
   const int64_t b = int64_t(indices.size()), c = options_.context_, n = size();
   const Tensor part = split_tokens();
   const uint8_t* tok = part.data<uint8_t>();
@@ -91,6 +94,7 @@ Batch TextDataset::get_batch(std::span<const int64_t> indices, DType) const {
 }
 
 Batch TextDataset::sample_batch(int64_t batch, Generator& gen) const {
+  memory::PhaseScope phase(memory::Phase::Data);  // Note [memory phases]
   FRUGAL_CHECK(batch > 0, "TextDataset.sample_batch: batch must be positive, got ", batch);
   const std::vector<int64_t> starts = randint(0, size(), {batch}, DType::I64, &gen).to_vector<int64_t>();
   return get_batch(starts);

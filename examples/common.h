@@ -12,7 +12,9 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include <frugal/frugal.h>
 
@@ -93,6 +95,52 @@ inline int report_out_of_memory(const OutOfMemoryError& e, const char* program, 
                memory::memory_summary(kCPU).c_str());
   return 2;
 }
+
+// --memory-trace PATH: the memory history (core/memory_history.h) of steps kFirstStep to kLastStep of this
+// run, written after step kLastStep as a Chrome trace at PATH and an SVG picture beside it (svg_path: PATH
+// with its extension replaced by .svg). after_step(n) is called once each step's work is done (n counts from
+// 1); finish() writes what was recorded when the run ended before step kLastStep (nothing, if before
+// kFirstStep). Both files are checked for writability before any training.
+class MemoryTrace {
+ public:
+  static constexpr int64_t kFirstStep = 3, kLastStep = 5;
+
+  explicit MemoryTrace(std::string path) : path_(std::move(path)) {
+    if (path_.empty()) return;
+    FRUGAL_CHECK(std::filesystem::path(path_).extension() != ".svg", "--memory-trace ", path_,
+                 ": this is the path of the Chrome trace (JSON); the SVG is written beside it with the "
+                 "extension .svg. Give e.g. memory.json");
+    check_can_write("--memory-trace", path_);
+    check_can_write("--memory-trace", svg_path(path_));
+  }
+  static std::string svg_path(const std::string& path) {
+    return std::filesystem::path(path).replace_extension(".svg").string();
+  }
+  void after_step(int64_t step) {
+    if (path_.empty() || written_) return;
+    if (step == kFirstStep - 1) history_ = std::make_unique<memory::History>(kCPU);
+    if (step >= kLastStep) write(step);
+  }
+  void finish(int64_t steps) {
+    if (!path_.empty() && !written_) write(steps);
+  }
+
+ private:
+  void write(int64_t last) {
+    history_.reset();  // stops the recording
+    written_ = true;
+    const memory::HistoryRecord record = memory::history(kCPU);
+    memory::write_trace(path_, record);
+    memory::write_svg(svg_path(path_), record);
+    std::printf("memory trace of steps %lld-%lld (%zu events): %s and %s\n",
+                static_cast<long long>(kFirstStep), static_cast<long long>(std::max(last, kFirstStep - 1)),
+                record.events.size(), path_.c_str(), svg_path(path_).c_str());
+  }
+
+  std::string path_;
+  std::unique_ptr<memory::History> history_;
+  bool written_ = false;
+};
 
 // Peak and current bytes per category, from the arena's tags: parameters, gradients (the leaves' .grad),
 // optimizer state, activations (what the forward keeps for backward, and its recomputation), data (the

@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   int64_t eval_every = 100, sample_bytes = 200, top_k = 20;
   int threads = 0;
   double temperature = 0.8;
-  std::string memory_limit, save, resume, data_dir = data::kFortunesRoot, amp_name = "f32";
+  std::string memory_limit, save, resume, memory_trace, data_dir = data::kFortunesRoot, amp_name = "f32";
   const CLI::Validator byte_count(examples::check_byte_count, "BYTES");
   const CLI::Validator finite_positive(examples::check_finite_positive, "POSITIVE");
   const CLI::Validator positive(examples::integer_in(1, INT32_MAX), "INT >= 1");
@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", temperature, "sampling temperature (finite, > 0)")->check(finite_positive);
   app.add_option("--top-k", top_k, "sample among the k likeliest bytes (0, or more than the vocabulary: all)")
       ->check(CLI::Validator(examples::integer_in(0, INT64_MAX), "INT >= 0"));
+  app.add_option("--memory-trace", memory_trace,
+                 "write the memory history of steps 3-5 as a Chrome trace here (ui.perfetto.dev) and an SVG "
+                 "picture beside it (the extension replaced by .svg)");
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
 
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
     if (threads > 0) set_num_threads(threads);
     if (!memory_limit.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_limit));
     if (!save.empty()) examples::check_can_write("--save", save);
+    examples::MemoryTrace trace(memory_trace);
     if (amp_name == "bf16") o.autocast = DType::BF16;
     if (amp_name == "f16") o.autocast = DType::F16;
     std::unique_ptr<data::TextDataset> train, val;
@@ -117,7 +121,9 @@ int main(int argc, char** argv) {
         std::printf("%sstep %lld: train loss %.4f, validation loss %.4f, %.0f tokens/s\n", tty ? "\r" : "",
                     static_cast<long long>(step + 1), loss_avg, v, tok_s);
       }
+      trace.after_step(step - start + 1);
     }
+    trace.finish(o.steps - start);
     if (!step_ms.empty()) {
       std::vector<double> sorted(step_ms.begin() + std::min<size_t>(5, step_ms.size() - 1), step_ms.end());
       std::sort(sorted.begin(), sorted.end());

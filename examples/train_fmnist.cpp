@@ -53,7 +53,7 @@ class Progress {
 
 int main(int argc, char** argv) {
   CLI::App app{"Train workload W1 (mlp) or W2 (cnn) on Fashion-MNIST with frugal"};
-  std::string model_name = "mlp", optimizer = "adam", memory_limit, save, resume,
+  std::string model_name = "mlp", optimizer = "adam", memory_limit, save, resume, memory_trace,
               data_dir = data::kFashionMNISTRoot;
   int epochs = 5, accum = 1, threads = 0;
   int64_t batch = 0, max_steps = 0;
@@ -96,6 +96,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", max_steps,
                  "stop each epoch after this many steps (for quick runs: 0, no limit)")
       ->check(CLI::Validator(examples::integer_in(0, INT64_MAX), "INT >= 0"));
+  app.add_option("--memory-trace", memory_trace,
+                 "write the memory history of steps 3-5 as a Chrome trace here (ui.perfetto.dev) and an SVG "
+                 "picture beside it (the extension replaced by .svg)");
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
 
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
     if (threads > 0) set_num_threads(threads);
     if (!memory_limit.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_limit));
     if (!save.empty()) examples::check_can_write("--save", save);
+    examples::MemoryTrace trace(memory_trace);
     if (batch == 0) batch = model_name == "mlp" ? 128 : 64;
     manual_seed(seed);
 
@@ -160,6 +164,7 @@ int main(int argc, char** argv) {
 
     const bool tty = isatty(STDOUT_FILENO);
     double accuracy = 0;
+    int64_t run_steps = 0;  // of this run, for --memory-trace
     for (int64_t epoch = st.epoch; epoch < epochs; ++epoch) {
       const int64_t steps = steps_per_epoch;
       Progress bar(int(epoch + 1), epochs, steps, tty);
@@ -177,6 +182,7 @@ int main(int argc, char** argv) {
             if (sched) sched->step();
             const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             bar.update(step, loss_sum / double(step), double(correct) / double(seen), double(seen) / secs);
+            trace.after_step(++run_steps);
           },
           &precision);
       const int64_t step = int64_t(losses.size());
@@ -190,6 +196,7 @@ int main(int argc, char** argv) {
       st.rng = default_generator().state();
       if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, info, &precision.scaler);
     }
+    trace.finish(run_steps);
     std::printf("\n%s", fmnist::memory_report().c_str());
     std::printf("test_accuracy=%.4f\n", accuracy);
     return 0;

@@ -7,6 +7,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/sparse.h"
+#include "core/memory_history.h"
 #include "core/op_table_optim.h"
 
 namespace frugal::amp {
@@ -112,6 +113,7 @@ bool GradScaler::found_inf(PerOptimizer& st) {
 }
 
 bool GradScaler::step(optim::Optimizer& opt) {
+  memory::PhaseScope phase(memory::Phase::Optimizer);  // unscaling is part of the step (Note [memory phases])
   if (!enabled()) {
     opt.step();
     return true;

@@ -6,6 +6,7 @@
 #include "autograd/graph.h"
 #include "autograd/sparse.h"
 #include "core/memory.h"
+#include "core/memory_history.h"
 #include "core/ops.h"
 
 namespace frugal::optim {
@@ -86,6 +87,7 @@ bool Optimizer::uses_master(const OptimizerOptions& options, const Tensor& param
 // tensor the updates need; phase 2 runs the updates, which allocate nothing.
 void Optimizer::step() {
   NoGradGuard no_grad;
+  memory::PhaseScope phase(memory::Phase::Optimizer);  // Note [memory phases]
   struct Planned {
     Tensor p;
     const OptimizerOptions* options = nullptr;

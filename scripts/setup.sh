@@ -12,6 +12,7 @@ packages=(
   librandom123-dev
   dataset-fashion-mnist fortunes
   clang-format
+  librsvg2-bin  # rsvg-convert: tests/core/test_memory_history.cpp renders the memory SVG with it
 )
 
 log="$(mktemp)"

@@ -10,7 +10,10 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
 #include <string>
@@ -232,6 +235,66 @@ TEST(TrainerFlags, NonFiniteLossStopsTheRunButSkippedF16StepsDoNot) {
     const Outcome h = run(f16, 120);
     ASSERT_TRUE(h.finished && !h.signaled) << h.output;
     EXPECT_EQ(h.status, 0) << h.output;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// --memory-trace PATH: the history of steps 3-5 as a Chrome trace at PATH (JSON, with the allocated counter
+// and a track per category) and an SVG beside it (the extension replaced by .svg); a path that cannot be
+// written fails before training.
+TEST(TrainerFlags, MemoryTraceWritesTheTraceAndThePicture) {
+  for (const std::string program : {"fmnist", "chargpt"}) {
+    const std::string exe = binary(program);
+    if (exe.empty()) GTEST_SKIP() << "the examples are not built";
+    if (program == "fmnist" &&
+        !std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+      continue;
+    if (program == "chargpt" && !std::filesystem::exists("/usr/share/games/fortunes")) continue;
+    SCOPED_TRACE(program);
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      ("frugal_memory_trace_" + std::to_string(getpid()) + "_" + program);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    const std::string trace = (dir / "memory.json").string(), svg = (dir / "memory.svg").string();
+    std::vector<std::string> argv{exe};
+    for (const auto& [flag, v] : kBase.at(program))
+      if (flag != "--max-steps" && flag != "--steps") argv.insert(argv.end(), {flag, v});
+    argv.insert(argv.end(), {program == "fmnist" ? "--max-steps" : "--steps", "6", "--memory-trace", trace});
+    const Outcome o = run(argv, 300);
+    ASSERT_TRUE(o.finished && !o.signaled) << o.output;
+    ASSERT_EQ(o.status, 0) << o.output;
+    EXPECT_NE(o.output.find("memory trace of steps 3-5"), std::string::npos) << o.output;
+
+    std::ifstream in(trace);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    int allocated = 0, categories = 0, frees = 0;
+    for (const auto& e : j.at("traceEvents")) {
+      if (e.at("ph") == "C" && e.at("name") == "allocated") ++allocated;
+      if (e.at("ph") == "C" && e.at("name") == "activations") ++categories;
+      if (e.at("ph") == "i" && e.at("name").get<std::string>().rfind("free ", 0) == 0) ++frees;
+    }
+    EXPECT_GT(allocated, 10) << "three steps allocate and free many blocks";
+    EXPECT_GT(categories, 1);
+    EXPECT_GT(frees, 0);
+    std::ifstream svg_in(svg);
+    const std::string picture((std::istreambuf_iterator<char>(svg_in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(picture.find("<svg"), std::string::npos);
+    EXPECT_NE(picture.find("</svg>"), std::string::npos);
+    EXPECT_NE(picture.find("peak "), std::string::npos);
+    EXPECT_NE(picture.find("parameters"), std::string::npos);
+
+    // An unwritable path is refused before the first step.
+    std::vector<std::string> bad = argv;
+    bad.back() = "/nonexistent-folder/memory.json";
+    const Outcome b = run(bad, 120);
+    ASSERT_TRUE(b.finished && !b.signaled) << b.output;
+    EXPECT_NE(b.status, 0) << b.output;
+    EXPECT_NE(b.output.find("--memory-trace /nonexistent-folder/memory.json"), std::string::npos) << b.output;
+    EXPECT_EQ(b.output.find("step 1"), std::string::npos) << "it trained before failing:\n" << b.output;
+    std::filesystem::remove_all(dir);
   }
 }
 

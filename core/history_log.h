@@ -1,0 +1,83 @@
+// The event buffer behind memory::History (core/memory_history.h): one per allocator, written under the
+// allocator's mutex so that the events come in the order the statistics change. Private to the library and
+// its tests.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "error.h"
+#include "memory.h"
+#include "memory_history.h"
+
+namespace frugal::memory {
+
+struct Block;
+struct Segment;
+
+namespace detail {
+
+// Every call is made with the owning allocator's mutex held; on() is the one check on the allocation path
+// while no history records.
+class HistoryLog {
+ public:
+  bool on() const { return on_; }
+  // A fresh record; `live` are the blocks live now, recorded as Live events (their category from their tag).
+  void start(size_t max_events, int64_t allocated, int64_t reserved, const std::vector<Block*>& live);
+  void stop() { on_ = false; }
+
+  // Each records one event with the statistics just after it (allocated, reserved). A block event also
+  // stamps the block with its category, so its free counts where its allocation did.
+  void block(EventKind kind, Block& b, int64_t allocated, int64_t reserved);
+  void retag(Block& b, uint32_t old_tag, int64_t allocated, int64_t reserved);
+  void segment(EventKind kind, const Segment& s, int64_t allocated, int64_t reserved);
+  void instant(EventKind kind, int64_t requested, int64_t allocated, int64_t reserved);
+
+  HistoryRecord record(Device device) const;
+
+ private:
+  static constexpr size_t kChunk = 4096;  // events per chunk
+
+  HistoryEvent* next_slot();  // null once full (then counts the drop)
+  HistoryEvent* stamp(EventKind kind, int64_t allocated, int64_t reserved);
+  Category category_for(uint32_t tag, Phase phase);  // Note [memory categories], the tag's part cached
+
+  bool on_ = false;
+  size_t max_events_ = kDefaultMaxEvents;
+  size_t count_ = 0;
+  int64_t dropped_ = 0;
+  bool truncated_ = false;
+  int64_t start_allocated_ = 0, start_reserved_ = 0;
+  std::chrono::steady_clock::time_point start_{};
+  std::vector<std::unique_ptr<HistoryEvent[]>> chunks_;
+  std::vector<int8_t> tag_category_;  // by tag id: -1 not looked up, -2 the tag does not decide
+};
+
+// A JSON string literal (quoted, escaped) for a name.
+std::string json_string(std::string_view s);
+// A file to write, or Error naming the path and the reason.
+struct OutputFile {
+  explicit OutputFile(const std::string& path, const char* what);
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  void write(std::string_view s);
+  void close();  // flushes; Error when the data did not reach the file
+
+  std::FILE* f = nullptr;
+  std::string path;
+  const char* what;
+};
+// Note [out-of-memory dump]: writes the trace and the snapshot, returns what the error's message adds.
+std::string write_oom_dump(const HistoryRecord& record, const std::vector<BlockInfo>& blocks,
+                           const Stats& stats);
+void write_snapshot(const std::string& path, Device device, const std::vector<BlockInfo>& blocks,
+                    const Stats& stats);
+
+}  // namespace detail
+}  // namespace frugal::memory
