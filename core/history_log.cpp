@@ -10,6 +10,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <nlohmann/json.hpp>
+
 #include "core/allocator_base.h"
 
 namespace frugal::memory {
@@ -231,32 +233,8 @@ HistoryRecord HistoryLog::record(Device device) const {
 // ---- files ----
 
 std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+  // Bytes that are not UTF-8 (a tag is any string) become U+FFFD rather than an exception.
+  return nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 OutputFile::OutputFile(const std::string& p, const char* w) : path(p), what(w) {
