@@ -75,6 +75,10 @@ class AllocatorBase : public Allocator {
     FRUGAL_CHECK(backing_ != nullptr, "memory: the allocator of ", device, " needs a backing, got nullptr");
   }
 
+  std::vector<BlockInfo> snapshot() const final {
+    std::lock_guard lock(mu_);
+    return snapshot_locked();
+  }
   Stats stats() const override {
     std::lock_guard lock(mu_);
     return stats_locked();

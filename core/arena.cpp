@@ -149,11 +149,6 @@ class Arena final : public AllocatorBase {
     release_free_segments_locked();
   }
 
-  std::vector<BlockInfo> snapshot() const override {
-    std::lock_guard lock(mu_);
-    return snapshot_locked();
-  }
-
   void check_invariants() const override {
     std::lock_guard lock(mu_);
     int64_t requested = 0, allocated = 0, reserved = 0, active = 0, free_blocks = 0;

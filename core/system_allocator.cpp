@@ -83,11 +83,6 @@ class SystemAllocator final : public AllocatorBase {
 
   void empty_cache() override {}  // nothing is cached
 
-  std::vector<BlockInfo> snapshot() const override {
-    std::lock_guard lock(mu_);
-    return snapshot_locked();
-  }
-
   void check_invariants() const override {
     std::lock_guard lock(mu_);
     int64_t requested = 0, allocated = 0;
