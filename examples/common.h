@@ -99,8 +99,8 @@ inline int report_out_of_memory(const OutOfMemoryError& e, const char* program, 
 // --memory-trace PATH: the memory history (core/memory_history.h) of steps kFirstStep to kLastStep of this
 // run, written after step kLastStep as a Chrome trace at PATH and an SVG picture beside it (svg_path: PATH
 // with its extension replaced by .svg). after_step(n) is called once each step's work is done (n counts from
-// 1); finish() writes what was recorded when the run ended before step kLastStep (nothing, if before
-// kFirstStep). Both files are checked for writability before any training.
+// 1); finish() writes what was recorded when the run ended before step kLastStep (nothing, and no files,
+// if it ended before recording began). Both files are checked for writability before any training.
 class MemoryTrace {
  public:
   static constexpr int64_t kFirstStep = 3, kLastStep = 5;
@@ -122,7 +122,12 @@ class MemoryTrace {
     if (step >= kLastStep) write(step);
   }
   void finish(int64_t steps) {
-    if (!path_.empty() && !written_) write(steps);
+    if (path_.empty() || written_) return;
+    if (history_)
+      write(steps);
+    else
+      std::printf("memory trace: the run ended after %lld steps, before step %lld; nothing written to %s\n",
+                  static_cast<long long>(steps), static_cast<long long>(kFirstStep), path_.c_str());
   }
 
  private:
