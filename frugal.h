@@ -19,6 +19,7 @@
 #include "core/memory.h"
 #include "core/memory_history.h"
 #include "core/parallel.h"
+#include "core/profiler.h"
 #include "core/rng.h"
 #include "core/shape.h"
 #include "core/tensor.h"

@@ -108,7 +108,8 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
     for (const auto& s : node->saved) saved.push_back(s.unpack(node->name));
     Grads grads;
     {
-      memory::OpScope op(node->name);  // Note [op names in the history]: the rule's bytes are the node's
+      // Note [op names in the history]: the rule's bytes and time are the node's; its input, the gradient.
+      memory::OpScope op(node->name, g);
       grads = node->backward(saved, g);
     }
     saved.clear();

@@ -1,8 +1,10 @@
 // The reference workloads of shared/WORKLOADS.md in frugal, one JSON line each:
 //   build/bench/workloads W1 W4 W4r      (none named: all that are built in)
 // Figures: median step ms, peak arena bytes (exact, from the arena's statistics) and the process's peak RSS,
-// plus each workload's quality figure. bench/peers/torch_workloads.py prints the same lines for PyTorch;
-// bench/compare.sh runs both alternately and tabulates the ratios.
+// plus each workload's quality figure. FRUGAL_BENCH_PROFILE=1 runs each workload under the profiler
+// (core/profiler.h), FRUGAL_BENCH_HISTORY=1 under the memory history (core/memory_history.h), to measure what
+// they cost beside a run without (what they recorded goes to stderr). bench/peers/torch_workloads.py prints
+// the same lines for PyTorch; bench/compare.sh runs both alternately and tabulates the ratios.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -233,8 +235,14 @@ void gemm() {
 int main(int argc, char** argv) {
   std::vector<std::string> names(argv + 1, argv + argc);
   if (names.empty()) names = {"W1", "W2", "W3", "W4", "W4r", "W5", "W6"};
+  const bool profile = std::getenv("FRUGAL_BENCH_PROFILE") != nullptr,
+             history = std::getenv("FRUGAL_BENCH_HISTORY") != nullptr;
   try {
     for (const std::string& n : names) {
+      std::unique_ptr<profiler::Profile> p;
+      std::unique_ptr<memory::History> h;
+      if (profile) p = std::make_unique<profiler::Profile>();
+      if (history) h = std::make_unique<memory::History>(kCPU);
       if (n == "W1")
         fashion("W1", false);
       else if (n == "W2")
@@ -255,6 +263,19 @@ int main(int argc, char** argv) {
         return 1;
       }
       std::fflush(stdout);
+      if (p) {
+        p.reset();
+        int64_t calls = 0;
+        for (const profiler::OpStats& o : profiler::op_stats()) calls += o.calls;
+        std::fprintf(stderr, "%s: profiled %lld op calls (%zu records kept)\n", n.c_str(),
+                     static_cast<long long>(calls), profiler::records().size());
+      }
+      if (h) {
+        h.reset();
+        const memory::HistoryRecord r = memory::history(kCPU);
+        std::fprintf(stderr, "%s: memory history of %zu events%s\n", n.c_str(), r.events.size(),
+                     r.truncated ? " (full: recording stopped there)" : "");
+      }
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "workloads: %s\n", e.what());

@@ -22,29 +22,24 @@ std::atomic<bool (*)()> g_grad_mode_query{nullptr};
 std::atomic<uint32_t> g_next_thread{0};
 thread_local uint32_t t_thread = 0;  // 0: not numbered yet
 
-uint32_t thread_number() {
-  if (t_thread == 0) t_thread = g_next_thread.fetch_add(1, std::memory_order_relaxed) + 1;
-  return t_thread;
-}
-
 // The category a tag decides by itself (Note [memory categories]), or -2 when the phase must.
 int8_t tag_category(std::string_view tag) {
-  if (tag == "gradients") return int8_t(Category::Gradients);
-  if (tag == "optimizer") return int8_t(Category::OptimizerState);
   int8_t found = -2;
   size_t begin = 0;
   while (begin <= tag.size()) {
     const size_t end = std::min(tag.find('/', begin), tag.size());
     const std::string_view part = tag.substr(begin, end - begin);
-    // The first component that names a category wins: "parameters/data" is parameters.
-    if (found == -2) {
-      if (part == "parameters")
-        found = int8_t(Category::Parameters);
-      else if (part == "data" || part == "dataset")
-        found = int8_t(Category::Data);
-      else if (part == "activations" || part == "recompute")
-        found = int8_t(Category::Activations);
-    }
+    // The innermost component that names a category wins: "backward/recompute" is activations.
+    if (part == "parameters")
+      found = int8_t(Category::Parameters);
+    else if (part == "gradients" || part == "backward")
+      found = int8_t(Category::Gradients);
+    else if (part == "optimizer")
+      found = int8_t(Category::OptimizerState);
+    else if (part == "activations" || part == "recompute" || part == "evaluation" || part == "inference")
+      found = int8_t(Category::Activations);
+    else if (part == "data" || part == "dataset")
+      found = int8_t(Category::Data);
     begin = end + 1;
   }
   return found;
@@ -55,6 +50,10 @@ Category phase_category(Phase phase) {
     case Phase::Forward:
     case Phase::Recompute:
       return Category::Activations;
+    case Phase::Backward:
+      return Category::Gradients;
+    case Phase::Optimizer:
+      return Category::OptimizerState;
     case Phase::Data:
       return Category::Data;
     default:
@@ -103,6 +102,11 @@ void detail::set_grad_mode_query(bool (*query)()) { g_grad_mode_query.store(quer
 // ---- the buffer ----
 
 namespace detail {
+
+uint32_t thread_number() {
+  if (t_thread == 0) t_thread = g_next_thread.fetch_add(1, std::memory_order_relaxed) + 1;
+  return t_thread;
+}
 
 static_assert(sizeof(HistoryEvent) <= 80, "Note [history bounds] gives 80 bytes an event");
 
@@ -224,6 +228,11 @@ HistoryRecord HistoryLog::record(Device device) const {
   for (uint32_t id = 0; id <= max_tag; ++id) r.tags.push_back(tag_name(id));
   r.start_allocated = start_allocated_;
   r.start_reserved = start_reserved_;
+  const auto ns = [](std::chrono::steady_clock::time_point t) {
+    return int64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+  };
+  r.start_ns = ns(start_);
+  r.end_ns = ns(on_ ? std::chrono::steady_clock::now() : stop_);
   r.max_events = max_events_;
   r.truncated = truncated_;
   r.dropped = dropped_;

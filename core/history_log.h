@@ -14,6 +14,7 @@
 #include "error.h"
 #include "memory.h"
 #include "memory_history.h"
+#include "profiler.h"
 
 namespace frugal::memory {
 
@@ -29,7 +30,10 @@ class HistoryLog {
   bool on() const { return on_; }
   // A fresh record; `live` are the blocks live now, recorded as Live events (their category from their tag).
   void start(size_t max_events, int64_t allocated, int64_t reserved, const std::vector<Block*>& live);
-  void stop() { on_ = false; }
+  void stop() {
+    on_ = false;
+    stop_ = std::chrono::steady_clock::now();
+  }
 
   // Each records one event with the statistics just after it (allocated, reserved). A block event also
   // stamps the block with its category, so its free counts where its allocation did.
@@ -53,11 +57,14 @@ class HistoryLog {
   int64_t dropped_ = 0;
   bool truncated_ = false;
   int64_t start_allocated_ = 0, start_reserved_ = 0;
-  std::chrono::steady_clock::time_point start_{};
+  std::chrono::steady_clock::time_point start_{}, stop_{};
   std::vector<std::unique_ptr<HistoryEvent[]>> chunks_;
   std::vector<int8_t> tag_category_;  // by tag id: -1 not looked up, -2 the tag does not decide
 };
 
+// A small number for the calling thread (1, 2, ...), in the order threads first ask: the events' and the
+// profiler's thread.
+uint32_t thread_number();
 // A JSON string literal (quoted, escaped) for a name.
 std::string json_string(std::string_view s);
 // A file to write, or Error naming the path and the reason.
@@ -73,6 +80,10 @@ struct OutputFile {
   std::string path;
   const char* what;
 };
+// A Chrome trace (Note [memory trace format]) of a history (or none) and op slices, times since zero_ns
+// (steady clock); `what` names the caller in errors.
+void write_chrome_trace(const std::string& path, const char* what, const HistoryRecord* history,
+                        const std::vector<profiler::OpRecord>& ops, int64_t zero_ns, int64_t dropped_ops);
 // Note [out-of-memory dump]: writes the trace and the snapshot, returns what the error's message adds.
 std::string write_oom_dump(const HistoryRecord& record, const std::vector<BlockInfo>& blocks,
                            const Stats& stats);

@@ -10,13 +10,26 @@
 //   memory::dump_svg("step.svg");     // live bytes by category, the peak and the largest blocks at it
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "device.h"
+
+namespace frugal {
+class Tensor;
+}
+namespace frugal::profiler::detail {
+// The profiler's side of OpScope (core/profiler.cpp): on while a profile records; begin_op returns whether
+// it started timing the op (end_op then closes it).
+extern std::atomic<bool> g_recording;
+bool begin_op(const char* name, const Tensor* const* inputs, int count);
+void end_op();
+}  // namespace frugal::profiler::detail
 
 namespace frugal::memory {
 
@@ -33,13 +46,16 @@ const char* phase_name(Phase phase);  // "forward", "backward", ...
 
 // Note [memory categories]
 // What a block holds, from the tag it carries and the phase it was allocated in, decided when the event is
-// recorded (and again when a block is retagged, as a gradient buffer becoming a .grad is). The library's own
-// tags decide first: "gradients" (a leaf's .grad, autograd/engine.cpp) and "optimizer" (optimizer state,
-// optim/optimizer.cpp). Then the components of the tag's path ('/'-joined scopes): "parameters" makes
-// parameters, "data" or "dataset" data, "activations" or "recompute" activations; the trainers tag their
-// parts so (examples/). Otherwise the phase decides: Forward and Recompute allocate activations, Data data,
-// everything else (backward temporaries, optimizer temporaries, evaluation) is Other. The mapping is fixed
-// and computed once per tag name, so recording stays cheap; a program that wants exact categories tags its
+// recorded (and again when a block is retagged, as a gradient buffer becoming a .grad is). The tag decides
+// first: the library's own tags "gradients" (a leaf's .grad, autograd/engine.cpp) and "optimizer"
+// (optimizer state, optim/optimizer.cpp), then the components of the tag's path ('/'-joined scopes), the
+// innermost that names a category winning ("backward/recompute" is activations): "parameters" makes
+// parameters; "gradients" or "backward" gradients; "optimizer" optimizer state; "activations", "recompute",
+// "evaluation" or "inference" activations; "data" or "dataset" data. The trainers tag their parts so
+// (examples/). Otherwise the phase decides: Forward and Recompute allocate activations, Backward gradients
+// (what flows between the nodes and the rules' temporaries that make it), Optimizer optimizer state (with
+// the step's temporaries), Data data; Other (no grad mode and no tag) is other. The mapping is fixed and
+// computed once per tag name, so recording stays cheap; a program that wants exact categories tags its
 // parameters and data.
 enum class Category : uint8_t { Parameters, Gradients, OptimizerState, Activations, Data, Other };
 inline constexpr int kNumCategories = 6;
@@ -84,6 +100,10 @@ struct HistoryRecord {
   std::vector<std::string> tags;  // tags[id] = name, for every tag id the events use
   int64_t start_allocated = 0;    // the statistics when the history started
   int64_t start_reserved = 0;
+  // When the history started and stopped (or was copied, while it records): steady-clock nanoseconds since
+  // the clock's epoch, the time base the profiler's op slices share (core/profiler.h).
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
   size_t max_events = 0;
   bool truncated = false;  // the buffer filled up: recording stopped there (Note [history bounds])
   int64_t dropped = 0;     // events not recorded since
@@ -158,15 +178,28 @@ Phase current_phase();
 
 // Note [op names in the history]
 // The op layer names itself: each op function of core/ (and each backward rule the engine runs) opens an
-// OpScope with its name, a string that lives for the whole program (a literal or an op table's name). The
-// outermost scope wins, so the cast an add makes of its operand counts as the add's, and what a backward rule
-// allocates counts as that node's ("relu" in phase backward). Two thread-local stores per op; nothing else.
+// OpScope with its name, a string that lives for the whole program (a literal or an op table's name), and
+// its tensor inputs. The outermost scope wins, so the cast an add makes of its operand counts as the add's,
+// and what a backward rule allocates counts as that node's ("relu" in phase backward). Two thread-local
+// stores per op and one relaxed load of the profiler's flag; the inputs are looked at only while a profile
+// records (core/profiler.h), which times the outermost scopes.
 class OpScope {
  public:
-  explicit OpScope(const char* name) : previous_(current_op_slot()) {
-    if (!previous_) current_op_slot() = name;
+  template <class... Inputs>
+  explicit OpScope(const char* name, const Inputs&... inputs) : previous_(current_op_slot()) {
+    static_assert((std::is_same_v<Inputs, Tensor> && ...), "OpScope's inputs are Tensors");
+    if (previous_) return;
+    current_op_slot() = name;
+    if (profiler::detail::g_recording.load(std::memory_order_relaxed)) [[unlikely]] {
+      const Tensor* in[] = {&inputs..., nullptr};
+      profiled_ = profiler::detail::begin_op(name, in, int(sizeof...(Inputs)));
+    }
   }
-  ~OpScope() { current_op_slot() = previous_; }
+  ~OpScope() {
+    if (profiled_) [[unlikely]]
+      profiler::detail::end_op();
+    current_op_slot() = previous_;
+  }
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
 
@@ -177,6 +210,7 @@ class OpScope {
 
  private:
   const char* previous_;
+  bool profiled_ = false;
 };
 inline const char* current_op() {
   const char* op = OpScope::current_op_slot();

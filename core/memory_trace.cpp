@@ -7,16 +7,20 @@
 //   - "allocated": the allocator's allocated bytes, exact: at every alloc and free its value is
 //     Stats::allocated.current just after that event (the events are recorded under the allocator's mutex);
 //   - "reserved": the bytes held from the system, at every segment taken or returned.
-// All of them start at ts 0 with the values when the history started (blocks already live count in their
+// All of them start when the history started with the values it found (blocks already live count in their
 // category). Instant events: global ("s":"g") for an OOM, a cache flush, a segment taken or returned; on
 // thread 1 ("blocks"), one per alloc, free or retag with the block's tag, op, phase, category, requested and
-// rounded bytes, address and segment. Times are microseconds since the history started. Thread 2 is kept for
-// op slices ("ph":"X"), which a profiler will add; nothing writes it yet. "otherData" holds the record's
-// bounds (truncated, dropped: Note [history bounds]).
+// rounded bytes, address and segment. Threads 2 and up ("ops, thread N", tid N + 1): the profiler's op slices
+// ("ph":"X", core/profiler.h) of the ops that ran while the history recorded, with their phase, input
+// shapes, dtype and bytes. Times are microseconds since the history started (a profiler's trace starts
+// where the earlier of the profile and the history did). "otherData" holds the record's bounds (truncated,
+// dropped: Note [history bounds]) and the profile's (ops, dropped_ops: Note [profile bounds]).
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 
 #include "core/history_log.h"
+#include "core/profiler.h"
 
 namespace frugal::memory {
 
@@ -41,32 +45,27 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
-}  // namespace
+// Flushes the text to the file now and then, so that a long record is never one string.
+void spill(std::string& text, detail::OutputFile& out) {
+  if (text.size() > (1 << 16)) out.write(std::exchange(text, std::string()));
+}
 
-void write_trace(const std::string& path, const HistoryRecord& r) {
-  detail::OutputFile out(path, "dump_trace");
+// The history's counters and events, its times moved by `shift` nanoseconds.
+void history_events(const HistoryRecord& r, int64_t shift, std::string& text, detail::OutputFile& out) {
   auto tag = [&](uint32_t id) -> std::string_view {
     return id < r.tags.size() ? std::string_view(r.tags[id]) : std::string_view("?");
   };
-  std::string text = frugal::detail::str_cat(
-      "{\"displayTimeUnit\":\"ns\",\n\"otherData\":{\"producer\":\"frugal memory history\",\"device\":",
-      json_string(r.device.str()), ",\"events\":", r.events.size(), ",\"max_events\":", r.max_events,
-      ",\"truncated\":", r.truncated ? "true" : "false", ",\"dropped\":", r.dropped,
-      ",\"start_allocated\":", r.start_allocated, ",\"start_reserved\":", r.start_reserved,
-      "},\n\"traceEvents\":[\n",
-      "{\"ph\":\"M\",\"pid\":1,\"tid\":0,\"name\":\"process_name\",\"args\":{\"name\":",
-      json_string("frugal memory (" + r.device.str() + ")"), "}},\n",
-      "{\"ph\":\"M\",\"pid\":1,\"tid\":1,\"name\":\"thread_name\",\"args\":{\"name\":\"blocks\"}},\n");
-
+  text += "{\"ph\":\"M\",\"pid\":1,\"tid\":1,\"name\":\"thread_name\",\"args\":{\"name\":\"blocks\"}},\n";
   // The starting values: the blocks live when the history started, by category.
   int64_t live[kNumCategories] = {};
   for (const HistoryEvent& e : r.events)
     if (e.kind == EventKind::Live) live[int(e.category)] += e.size;
-  for (int c = 0; c < kNumCategories; ++c) text += counter(category_name(Category(c)), 0, live[c]);
-  text += counter("allocated", 0, r.start_allocated);
-  text += counter("reserved", 0, r.start_reserved);
+  for (int c = 0; c < kNumCategories; ++c) text += counter(category_name(Category(c)), shift, live[c]);
+  text += counter("allocated", shift, r.start_allocated);
+  text += counter("reserved", shift, r.start_reserved);
 
   for (const HistoryEvent& e : r.events) {
+    const int64_t t = e.time_ns + shift;
     switch (e.kind) {
       case EventKind::Live:
         break;
@@ -77,19 +76,19 @@ void write_trace(const std::string& path, const HistoryRecord& r) {
           if (e.category != e.old_category) {
             live[int(e.old_category)] -= e.size;
             live[int(e.category)] += e.size;
-            text += counter(category_name(e.old_category), e.time_ns, live[int(e.old_category)]);
-            text += counter(category_name(e.category), e.time_ns, live[int(e.category)]);
+            text += counter(category_name(e.old_category), t, live[int(e.old_category)]);
+            text += counter(category_name(e.category), t, live[int(e.category)]);
           }
         } else {
           live[int(e.category)] += e.kind == EventKind::Alloc ? e.size : -e.size;
-          text += counter(category_name(e.category), e.time_ns, live[int(e.category)]);
-          text += counter("allocated", e.time_ns, e.allocated);
+          text += counter(category_name(e.category), t, live[int(e.category)]);
+          text += counter("allocated", t, e.allocated);
         }
         text += frugal::detail::str_cat(
             "{\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":1,\"name\":",
             json_string(std::string(event_kind_name(e.kind)) + " " +
                         (*e.op ? e.op : std::string(tag(e.tag)))),
-            ",\"ts\":", ts(e.time_ns), ",\"args\":{\"bytes\":", e.size, ",\"requested\":", e.requested,
+            ",\"ts\":", ts(t), ",\"args\":{\"bytes\":", e.size, ",\"requested\":", e.requested,
             ",\"tag\":", json_string(tag(e.tag)), ",\"op\":", json_string(e.op),
             ",\"phase\":", json_string(phase_name(e.phase)),
             ",\"category\":", json_string(category_name(e.category)),
@@ -100,31 +99,83 @@ void write_trace(const std::string& path, const HistoryRecord& r) {
       }
       case EventKind::SegmentAlloc:
       case EventKind::SegmentFree:
-        text += counter("reserved", e.time_ns, e.reserved);
+        text += counter("reserved", t, e.reserved);
         text += frugal::detail::str_cat(
             "{\"ph\":\"i\",\"s\":\"g\",\"pid\":1,\"tid\":0,\"name\":", json_string(event_kind_name(e.kind)),
-            ",\"ts\":", ts(e.time_ns), ",\"args\":{\"bytes\":", e.size, ",\"segment\":", e.segment,
+            ",\"ts\":", ts(t), ",\"args\":{\"bytes\":", e.size, ",\"segment\":", e.segment,
             ",\"address\":", json_string(hex(e.address)), ",\"reserved\":", e.reserved, "}},\n");
         break;
       case EventKind::CacheFlush:
       case EventKind::Oom:
         text += frugal::detail::str_cat(
             "{\"ph\":\"i\",\"s\":\"g\",\"pid\":1,\"tid\":0,\"name\":",
-            json_string(e.kind == EventKind::Oom ? "out of memory" : "cache flush"),
-            ",\"ts\":", ts(e.time_ns), ",\"args\":{\"requested\":", e.requested,
-            ",\"allocated\":", e.allocated, ",\"reserved\":", e.reserved, ",\"op\":", json_string(e.op),
+            json_string(e.kind == EventKind::Oom ? "out of memory" : "cache flush"), ",\"ts\":", ts(t),
+            ",\"args\":{\"requested\":", e.requested, ",\"allocated\":", e.allocated,
+            ",\"reserved\":", e.reserved, ",\"op\":", json_string(e.op),
             ",\"phase\":", json_string(phase_name(e.phase)), "}},\n");
         break;
     }
-    if (text.size() > (1 << 16)) out.write(std::exchange(text, std::string()));
+    spill(text, out);
   }
-  // Op slices go here once a profiler records them: "ph":"X" events on pid 1, tid 2 (named "ops" by a
-  // thread_name record), so that Perfetto shows each op above the counters it moved.
+}
+
+// The profiler's op slices, one track per thread (tid: the thread's number + 1), times since zero_ns.
+void op_slices(const std::vector<profiler::OpRecord>& ops, int64_t zero_ns, std::string& text,
+               detail::OutputFile& out) {
+  std::vector<uint32_t> threads;
+  for (const profiler::OpRecord& o : ops)
+    if (std::find(threads.begin(), threads.end(), o.thread) == threads.end()) threads.push_back(o.thread);
+  for (uint32_t t : threads)
+    text +=
+        frugal::detail::str_cat("{\"ph\":\"M\",\"pid\":1,\"tid\":", t + 1,
+                                ",\"name\":\"thread_name\",\"args\":{\"name\":\"ops, thread ", t, "\"}},\n");
+  for (const profiler::OpRecord& o : ops) {
+    if (o.start_ns < zero_ns) continue;
+    text += frugal::detail::str_cat(
+        "{\"ph\":\"X\",\"pid\":1,\"tid\":", o.thread + 1, ",\"name\":", json_string(o.name),
+        ",\"ts\":", ts(o.start_ns - zero_ns), ",\"dur\":", ts(o.duration_ns),
+        ",\"args\":{\"phase\":", json_string(phase_name(o.phase)), ",\"shapes\":", json_string(o.shapes()),
+        ",\"dtype\":", json_string(dtype_name(o.dtype)), ",\"bytes\":", o.bytes, "}},\n");
+    spill(text, out);
+  }
+}
+
+}  // namespace
+
+void detail::write_chrome_trace(const std::string& path, const char* what, const HistoryRecord* history,
+                                const std::vector<profiler::OpRecord>& ops, int64_t zero_ns,
+                                int64_t dropped_ops) {
+  detail::OutputFile out(path, what);
+  const HistoryRecord empty;
+  const HistoryRecord& r = history ? *history : empty;
+  // Where the history's own times (since its start) fall in this trace's.
+  const int64_t shift = history ? r.start_ns - zero_ns : 0;
+  std::string text = frugal::detail::str_cat(
+      "{\"displayTimeUnit\":\"ns\",\n\"otherData\":{\"producer\":",
+      history ? "\"frugal memory history\"" : "\"frugal profiler\"",
+      ",\"device\":", json_string(r.device.str()), ",\"events\":", r.events.size(),
+      ",\"max_events\":", r.max_events, ",\"truncated\":", r.truncated ? "true" : "false",
+      ",\"dropped\":", r.dropped, ",\"start_allocated\":", r.start_allocated,
+      ",\"start_reserved\":", r.start_reserved, ",\"ops\":", ops.size(), ",\"dropped_ops\":", dropped_ops,
+      "},\n\"traceEvents\":[\n",
+      "{\"ph\":\"M\",\"pid\":1,\"tid\":0,\"name\":\"process_name\",\"args\":{\"name\":",
+      json_string(history ? "frugal memory (" + r.device.str() + ")" : std::string("frugal")), "}},\n");
+  if (history) history_events(r, shift, text, out);
+  op_slices(ops, zero_ns, text, out);
   // The last event ends without a comma: a closing metadata record keeps every line above alike.
   text +=
       "{\"ph\":\"M\",\"pid\":1,\"tid\":1,\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":1}}\n]}\n";
   out.write(text);
   out.close();
+}
+
+void write_trace(const std::string& path, const HistoryRecord& r) {
+  // The profiler's op slices of the same time span, when a profile recorded then.
+  std::vector<profiler::OpRecord> ops = profiler::records();
+  std::erase_if(
+      ops, [&](const profiler::OpRecord& o) { return o.start_ns < r.start_ns || o.start_ns > r.end_ns; });
+  detail::write_chrome_trace(path, "dump_trace", &r, ops, r.start_ns,
+                             ops.empty() ? 0 : profiler::dropped_records());
 }
 
 }  // namespace frugal::memory

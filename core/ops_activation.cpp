@@ -10,7 +10,7 @@ namespace frugal::ops {
 namespace {
 
 Tensor activation_backward(OpTable<ElementwiseKernel>& table, const Tensor& grad_out, const Tensor& x) {
-  memory::OpScope op_scope(table.name());  // Note [op names in the history]
+  memory::OpScope op_scope(table.name(), grad_out, x);  // Note [op names in the history]
   const char* op = table.name();
   FRUGAL_CHECK(x.defined() && grad_out.defined(), op, ": the input or the gradient is undefined");
   FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), op, ": expected a floating input (f32, f64, f16, bf16), got ",

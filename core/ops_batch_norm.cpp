@@ -56,7 +56,7 @@ bool via_f32(const OpTable<BatchNormKernel>& table, const Tensor& x) {
 
 BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                            const Tensor& running_mean, const Tensor& running_var, bool training, double eps) {
-  memory::OpScope op_scope("batch_norm");  // Note [op names in the history]
+  memory::OpScope op_scope("batch_norm", x, weight);  // Note [op names in the history]
   const char* op = "batch_norm";
   check_input(op, x);
   check_per_channel(op, "weight", weight, x);
@@ -103,7 +103,7 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
 BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                                    const Tensor& mean, const Tensor& invstd, bool training, double eps,
                                    bool need_dx, bool need_dweight, bool need_dbias) {
-  memory::OpScope op_scope("batch_norm_backward");  // Note [op names in the history]
+  memory::OpScope op_scope("batch_norm_backward", grad_out, x);  // Note [op names in the history]
   const char* op = "batch_norm_backward";
   check_input(op, x);
   FRUGAL_CHECK(grad_out.defined(), op, ": the output gradient is undefined");

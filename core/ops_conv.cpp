@@ -90,7 +90,7 @@ Tensor to_dtype(const Tensor& t, DType dt) { return t.defined() ? ops::to(t, dt)
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
               Size2 dilation, int64_t groups) {
-  memory::OpScope op_scope("conv2d");  // Note [op names in the history]
+  memory::OpScope op_scope("conv2d", x, weight);  // Note [op names in the history]
   FRUGAL_CHECK(weight.defined(), "conv2d: the weight is undefined");
   check_conv_tensor("conv2d", "the input", x, weight);
   check_conv_tensor("conv2d", "the weight", weight, weight);
@@ -121,7 +121,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 s
 
 Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const Shape& x_shape, Size2 stride,
                             Size2 padding, Size2 dilation, int64_t groups) {
-  memory::OpScope op_scope("conv2d_backward_data");  // Note [op names in the history]
+  memory::OpScope op_scope("conv2d_backward_data", grad_out, weight);  // Note [op names in the history]
   const char* op = "conv2d_backward_data";
   FRUGAL_CHECK(weight.defined(), op, ": the weight is undefined");
   check_conv_tensor(op, "the output gradient", grad_out, weight);
@@ -146,7 +146,7 @@ Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const 
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& grad_out, const Tensor& x,
                                                  const Shape& weight_shape, Size2 stride, Size2 padding,
                                                  Size2 dilation, int64_t groups, bool with_bias) {
-  memory::OpScope op_scope("conv2d_backward_weight");  // Note [op names in the history]
+  memory::OpScope op_scope("conv2d_backward_weight", grad_out, x);  // Note [op names in the history]
   const char* op = "conv2d_backward_weight";
   FRUGAL_CHECK(x.defined(), op, ": the input is undefined");
   check_conv_tensor(op, "the output gradient", grad_out, x);
@@ -223,7 +223,7 @@ void check_pool_input(const char* op, const Tensor& x) {
 
 std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Size2 kernel, std::optional<Size2> stride,
                                                   Size2 padding, Size2 dilation) {
-  memory::OpScope op_scope("max_pool2d");  // Note [op names in the history]
+  memory::OpScope op_scope("max_pool2d", x);  // Note [op names in the history]
   check_pool_input("max_pool2d", x);
   Shape y_shape;
   PoolArgs a = pool_geometry("max_pool2d", x.shape(), kernel, stride.value_or(kernel), padding, dilation,
@@ -244,7 +244,7 @@ Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Si
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape) {
-  memory::OpScope op_scope("max_pool2d_backward");  // Note [op names in the history]
+  memory::OpScope op_scope("max_pool2d_backward", grad_out);  // Note [op names in the history]
   const char* op = "max_pool2d_backward";
   check_pool_input(op, grad_out);
   FRUGAL_CHECK(indices.defined() && indices.dtype() == DType::I64, op, ": expected i64 indices");
@@ -278,7 +278,7 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
 
 Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Size2 padding,
                   bool count_include_pad) {
-  memory::OpScope op_scope("avg_pool2d");  // Note [op names in the history]
+  memory::OpScope op_scope("avg_pool2d", x);  // Note [op names in the history]
   check_pool_input("avg_pool2d", x);
   Shape y_shape;
   PoolArgs a =
@@ -295,7 +295,7 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Si
 
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, Size2 kernel, Size2 stride,
                            Size2 padding, bool count_include_pad) {
-  memory::OpScope op_scope("avg_pool2d_backward");  // Note [op names in the history]
+  memory::OpScope op_scope("avg_pool2d_backward", grad_out);  // Note [op names in the history]
   const char* op = "avg_pool2d_backward";
   check_pool_input(op, grad_out);
   Shape y_shape;

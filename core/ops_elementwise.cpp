@@ -39,7 +39,7 @@ DType scalar_dtype(DType t, Scalar v) {
 Tensor to_dtype(const Tensor& x, DType t) { return x.dtype() == t ? x : cast(x, t); }
 
 Tensor unary(OpTable<ElementwiseKernel>& table, const Tensor& x, bool floating_only, OpArgs args = {}) {
-  memory::OpScope op_scope(table.name());  // Note [op names in the history]
+  memory::OpScope op_scope(table.name(), x);  // Note [op names in the history]
   check_defined(x, table.name(), "input");
   if (floating_only) check_floating(table.name(), x);
   Tensor out = empty(x.shape(), x.options());
@@ -62,7 +62,7 @@ Shape prepare_binary(const char* op, const Tensor& a, const Tensor& b, DType com
 // true_division: integers and bools compute in f32 (div); takes_bool: the op has bool kernels (add, mul).
 Tensor binary(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor& b, bool true_division,
               bool takes_bool) {
-  memory::OpScope op_scope(table.name());  // Note [op names in the history]
+  memory::OpScope op_scope(table.name(), a, b);  // Note [op names in the history]
   check_defined(a, table.name(), "first");
   check_defined(b, table.name(), "second");
   DType t = promote_types(a.dtype(), b.dtype());
@@ -79,7 +79,7 @@ Tensor binary(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor& 
 }
 
 Tensor compare(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor& b) {
-  memory::OpScope op_scope(table.name());  // Note [op names in the history]
+  memory::OpScope op_scope(table.name(), a, b);  // Note [op names in the history]
   check_defined(a, table.name(), "first");
   check_defined(b, table.name(), "second");
   const DType t = promote_types(a.dtype(), b.dtype());
@@ -92,7 +92,7 @@ Tensor compare(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor&
 
 // self = op(self, other), computed in self's dtype; other must broadcast to self's shape.
 Tensor& inplace(OpTable<ElementwiseKernel>& table, Tensor& self, const Tensor& other) {
-  memory::OpScope op_scope(table.name());  // Note [op names in the history]
+  memory::OpScope op_scope(table.name(), self, other);  // Note [op names in the history]
   check_defined(self, table.name(), "first");
   check_defined(other, table.name(), "second");
   check_same_device(table.name(), self, other);
@@ -197,7 +197,7 @@ Tensor clamp_min(const Tensor& x, Scalar min) { return clamp(x, min, INFINITY); 
 Tensor clamp_max(const Tensor& x, Scalar max) { return clamp(x, -INFINITY, max); }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
-  memory::OpScope op_scope("where");  // Note [op names in the history]
+  memory::OpScope op_scope("where", cond, a, b);  // Note [op names in the history]
   check_defined(cond, "where", "condition");
   FRUGAL_CHECK_DTYPE(cond.dtype() == DType::Bool, "where: the condition must be bool, got ",
                      dtype_name(cond.dtype()), " (shape ", cond.shape(), "); compare first, e.g. gt(x, 0)");
@@ -214,7 +214,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }
 
 Tensor cast(const Tensor& x, DType dtype) {
-  memory::OpScope op_scope("cast");  // Note [op names in the history]
+  memory::OpScope op_scope("cast", x);  // Note [op names in the history]
   check_defined(x, "cast", "input");
   Tensor out = empty(x.shape(), x.options().dtype(dtype));
   op_cast.get(x.device(), dtype)(make_loop({&out, &x}), {double(int(x.dtype()))});
@@ -234,7 +234,7 @@ bool is_transposed_matrix_copy(const Tensor& self, const Tensor& src) {
 }  // namespace
 
 Tensor& copy_(Tensor& self, const Tensor& src) {
-  memory::OpScope op_scope("copy_");  // Note [op names in the history]
+  memory::OpScope op_scope("copy_", self, src);  // Note [op names in the history]
   check_defined(src, "copy_", "source");
   const Shape shape = broadcast_shapes(self.shape(), src.shape(), "copy_");
   FRUGAL_CHECK_SHAPE(shape == self.shape(), "copy_: a source of shape ", src.shape(),

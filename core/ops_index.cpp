@@ -85,7 +85,7 @@ std::pair<int64_t, int64_t> integer_range(const Tensor& x) {
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  memory::OpScope op_scope("index_select");  // Note [op names in the history]
+  memory::OpScope op_scope("index_select", x, index);  // Note [op names in the history]
   FRUGAL_CHECK(x.defined(), "index_select: the input tensor is undefined");
   const int d = wrap_dim(dim, x.dim(), "index_select");
   FRUGAL_CHECK_SHAPE(index.defined() && index.dim() <= 1,
@@ -109,7 +109,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-  memory::OpScope op_scope("gather");  // Note [op names in the history]
+  memory::OpScope op_scope("gather", x, index);  // Note [op names in the history]
   FRUGAL_CHECK(x.defined() && index.defined(), "gather: an input tensor is undefined");
   const int d = wrap_dim(dim, x.dim(), "gather");
   FRUGAL_CHECK_SHAPE(index.dim() == x.dim(), "gather: the index (shape ", index.shape(),
@@ -137,7 +137,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
-  memory::OpScope op_scope("scatter_add");  // Note [op names in the history]
+  memory::OpScope op_scope("scatter_add", x, index, src);  // Note [op names in the history]
   check_src("scatter_add", x, index, src);
   const int d = wrap_dim(dim, x.dim(), "scatter_add");
   FRUGAL_CHECK_SHAPE(index.dim() == x.dim() && src.dim() == x.dim(), "scatter_add: input (shape ", x.shape(),
@@ -157,7 +157,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 }
 
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
-  memory::OpScope op_scope("index_add");  // Note [op names in the history]
+  memory::OpScope op_scope("index_add", x, index, src);  // Note [op names in the history]
   check_src("index_add", x, index, src);
   const int d = x.dim() ? wrap_dim(dim, x.dim(), "index_add") : 0;
   FRUGAL_CHECK_SHAPE(index.dim() <= 1, "index_add: the index must be 0-d or 1-d, got shape ", index.shape());
@@ -211,7 +211,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor one_hot(const Tensor& index, int64_t num_classes) {
-  memory::OpScope op_scope("one_hot");  // Note [op names in the history]
+  memory::OpScope op_scope("one_hot", index);  // Note [op names in the history]
   FRUGAL_CHECK(index.defined(), "one_hot: the index tensor is undefined");
   FRUGAL_CHECK_DTYPE(is_integral(index.dtype()), "one_hot: the index must be an integer tensor, got ",
                      dtype_name(index.dtype()));

@@ -41,7 +41,7 @@ bool batch_stride(const Tensor& t, int64_t& stride) {
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
-  memory::OpScope op_scope("matmul");  // Note [op names in the history]
+  memory::OpScope op_scope("matmul", a_in, b_in);  // Note [op names in the history]
   FRUGAL_CHECK(a_in.defined() && b_in.defined(), "matmul: an input tensor is undefined");
   FRUGAL_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1, "matmul: both operands need at least 1 dim, got shapes ",
                a_in.shape(), " and ", b_in.shape());
@@ -112,7 +112,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
 namespace {
 Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
-  memory::OpScope op_scope(log ? "log_softmax" : "softmax");  // Note [op names in the history]
+  memory::OpScope op_scope(log ? "log_softmax" : "softmax", x);  // Note [op names in the history]
   const char* op = log ? "log_softmax" : "softmax";
   FRUGAL_CHECK(x.defined(), op, ": the input tensor is undefined");
   FRUGAL_CHECK_DTYPE(is_floating(x.dtype()), op, ": expected a floating dtype (f32, f64, f16, bf16), got ",

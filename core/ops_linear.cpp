@@ -54,7 +54,7 @@ void gemm(const void* a, int64_t a_row, int64_t a_col, const void* b, int64_t b_
 }  // namespace
 
 Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
-  memory::OpScope op_scope("linear");  // Note [op names in the history]
+  memory::OpScope op_scope("linear", x_in, weight, bias);  // Note [op names in the history]
   check_linear("linear", x_in, weight, bias);
   const Tensor x = contiguous(x_in);
   const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
@@ -104,7 +104,7 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x_in, const Te
 }
 
 Tensor linear_relu(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
-  memory::OpScope op_scope("linear_relu");  // Note [op names in the history]
+  memory::OpScope op_scope("linear_relu", x_in, weight, bias);  // Note [op names in the history]
   check_linear("linear_relu", x_in, weight, bias);
   const int64_t m = x_in.size(0), in = x_in.size(1), out = weight.size(0);
   if (!op_linear_relu.has(x_in.device(), x_in.dtype()) || m == 0 || in == 0 || out == 0) {

@@ -94,7 +94,7 @@ bool has_layer_norm_xhat(Device device, DType dtype) {
 
 LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                            const Tensor& bias, double eps, std::optional<DType> xhat_dtype) {
-  memory::OpScope op_scope("layer_norm");  // Note [op names in the history]
+  memory::OpScope op_scope("layer_norm", x, weight);  // Note [op names in the history]
   const char* op = "layer_norm";
   const int64_t rows = check_layer_norm(op, x, normalized_shape, weight, bias);
   if (xhat_dtype) {
@@ -131,7 +131,7 @@ LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Shape& normalized_shape,
                                    const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool need_dx,
                                    bool need_dweight, bool need_dbias) {
-  memory::OpScope op_scope("layer_norm_backward");  // Note [op names in the history]
+  memory::OpScope op_scope("layer_norm_backward", grad_out, x);  // Note [op names in the history]
   const char* op = "layer_norm_backward";
   const int64_t rows = check_layer_norm(op, x, normalized_shape, weight, {});
   FRUGAL_CHECK(grad_out.defined() && grad_out.shape() == x.shape(), op, ": the gradient's shape ",
@@ -157,7 +157,7 @@ LayerNormGrads layer_norm_backward_xhat(const Tensor& grad_out, const Tensor& xh
                                         const Shape& normalized_shape, const Tensor& weight,
                                         const Tensor& rstd, bool need_dx, bool need_dweight,
                                         bool need_dbias) {
-  memory::OpScope op_scope("layer_norm_backward");  // Note [op names in the history]
+  memory::OpScope op_scope("layer_norm_backward", grad_out, xhat);  // Note [op names in the history]
   const char* op = "layer_norm_backward_xhat";
   const int64_t rows = check_layer_norm(op, xhat, normalized_shape, weight, {});
   FRUGAL_CHECK_DTYPE(is_floating(x_dtype), op, ": expected the floating dtype of layer_norm's input, got ",

@@ -40,7 +40,7 @@ void push_dim(int& n, int64_t* sizes, int64_t* strides, int64_t size, int64_t st
 
 Tensor reduce(OpTable<ReduceKernel>& table, const Tensor& x, const Shape& dims, bool keepdim, DType out_dtype,
               double correction = 0) {
-  memory::OpScope op_scope(table.name());  // Note [op names in the history]
+  memory::OpScope op_scope(table.name(), x);  // Note [op names in the history]
   const char* op = table.name();
   FRUGAL_CHECK(x.defined(), op, ": the input tensor is undefined");
   const auto mask = reduced_mask(x, dims, op);
@@ -78,7 +78,7 @@ void check_floating(const Tensor& x, const char* op) {
 }
 
 Tensor arg_reduce(OpTable<ReduceKernel>& table, const Tensor& x, int64_t dim, bool keepdim) {
-  memory::OpScope op_scope(table.name());  // Note [op names in the history]
+  memory::OpScope op_scope(table.name(), x);  // Note [op names in the history]
   FRUGAL_CHECK(x.defined(), table.name(), ": the input tensor is undefined");
   return reduce(table, x, {int64_t(wrap_dim(dim, x.dim(), table.name()))}, keepdim, DType::I64);
 }
@@ -91,7 +91,7 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
-  memory::OpScope op_scope("mean");  // Note [op names in the history]
+  memory::OpScope op_scope("mean", x);  // Note [op names in the history]
   check_floating(x, "mean");
   Tensor s = reduce(op_sum, x, dims, keepdim, x.dtype());
   const int64_t n = s.numel() ? x.numel() / s.numel() : 0;
@@ -109,7 +109,7 @@ Tensor min(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
-  memory::OpScope op_scope("var");  // Note [op names in the history]
+  memory::OpScope op_scope("var", x);  // Note [op names in the history]
   check_floating(x, "var");
   FRUGAL_CHECK(correction >= 0, "var: correction must be non-negative, got ", correction);
   return reduce(op_var, x, dims, keepdim, x.dtype(), double(correction));

@@ -309,7 +309,7 @@ Tensor unsqueeze(const Tensor& x, int64_t dim_) {
 Tensor contiguous(const Tensor& x) { return x.is_contiguous() ? x : clone(x); }
 
 Tensor clone(const Tensor& x) {
-  memory::OpScope op_scope("clone");  // Note [op names in the history]
+  memory::OpScope op_scope("clone", x);  // Note [op names in the history]
   Tensor out = empty(x.shape(), x.options());
   copy_(out, x);
   return out;
@@ -318,7 +318,7 @@ Tensor clone(const Tensor& x) {
 Tensor to(const Tensor& x, DType t) { return t == x.dtype() ? x : cast(x, t); }
 
 Tensor to(const Tensor& x, Device d) {
-  memory::OpScope op_scope("to");  // Note [op names in the history]
+  memory::OpScope op_scope("to", x);  // Note [op names in the history]
   if (d == x.device()) return x;
   Tensor out = empty(x.shape(), x.options().device(d));  // throws DeviceError when that device has no backend
   copy_(out, x);

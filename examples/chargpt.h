@@ -113,7 +113,7 @@ class Trainer {
       loss_sum += loss.item<double>();
     }
     {
-      memory::Tag tag("optimizer step");
+      memory::Tag tag("optimizer/step");
       if (opts_.clip > 0) {
         scaler.unscale_(*adamw);  // clip the true gradients, not the scaled ones
         optim::clip_grad_norm_(adamw->param_groups()[0].params, opts_.clip);

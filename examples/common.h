@@ -147,10 +147,33 @@ class MemoryTrace {
   bool written_ = false;
 };
 
-// Peak and current bytes per category, from the arena's tags: parameters, gradients (the leaves' .grad),
-// optimizer state, activations (what the forward keeps for backward, and its recomputation), data (the
-// dataset held in memory and the batches made from it), and other (backward temporaries, evaluation,
-// untagged). A category's peak adds up the peaks of its tags, an upper bound when it spans several tags.
+// --profile: the profiler (core/profiler.h) times every op of the run; finish() prints its table (ops by
+// total time, forward and backward apart). With --memory-trace as well, the trace shows the ops of its
+// steps above the memory counters.
+class RunProfile {
+ public:
+  explicit RunProfile(bool on) {
+    if (on) profile_ = std::make_unique<profiler::Profile>();
+  }
+  void finish() {
+    if (!profile_) return;
+    profile_.reset();
+    std::printf("\nprofile of the run (ops by total time; --profile):\n%s", profiler::summary(25).c_str());
+    if (profiler::dropped_records() > 0)
+      std::printf("(the trace kept the first %zu op records; the table counts them all)\n",
+                  profiler::records().size());
+  }
+
+ private:
+  std::unique_ptr<profiler::Profile> profile_;
+};
+
+// Peak and current bytes per category, from the arena's tags, each tag's category as the memory history
+// decides it from the tag alone (Note [memory categories] in core/memory_history.h): parameters, gradients
+// (the leaves' .grad and what backward allocates), optimizer state (and the step's temporaries), activations
+// (what the forward keeps for backward, its recomputation, and evaluation), data (the dataset held in memory
+// and the batches made from it), and other (untagged). A category's peak adds up the peaks of its tags, an
+// upper bound when it spans several tags.
 inline std::string memory_report() {
   struct Row {
     int64_t current = 0, peak = 0;
@@ -159,19 +182,9 @@ inline std::string memory_report() {
   const char* order[] = {"parameters", "gradients", "optimizer state", "activations", "data", "other"};
   for (const char* c : order) rows[c];
   for (const auto& t : memory::tag_stats()) {
-    std::string cat = "other";
-    if (t.tag == "parameters")
-      cat = "parameters";
-    else if (t.tag == "gradients")
-      cat = "gradients";
-    else if (t.tag == "optimizer")
-      cat = "optimizer state";
-    else if (t.tag.rfind("activations", 0) == 0 || t.tag.find("recompute") != std::string::npos)
-      cat = "activations";
-    else if (t.tag == "data" || t.tag == "dataset")
-      cat = "data";
-    rows[cat].current += t.allocated.current;
-    rows[cat].peak += t.allocated.peak;
+    Row& row = rows[memory::category_name(memory::category_of(t.tag, memory::Phase::Other))];
+    row.current += t.allocated.current;
+    row.peak += t.allocated.peak;
   }
   std::string out = "memory by category (arena tags)          current            peak\n";
   char line[160];

@@ -125,7 +125,7 @@ inline std::vector<double> train_epoch(
       samples += b->target.numel();
     }
     if (micro < accum) break;  // the epoch ended inside a step: drop the partial step, as drop_last does
-    memory::Tag tag("optimizer step");
+    memory::Tag tag("optimizer/step");
     if (precision) {
       precision->scaler.step(opt);  // skipped when an f16 gradient overflowed
       precision->scaler.update();

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   chargpt::Options o;
   int64_t eval_every = 100, sample_bytes = 200, top_k = 20;
   int threads = 0;
+  bool profile = false;
   double temperature = 0.8;
   std::string memory_limit, save, resume, memory_trace, data_dir = data::kFortunesRoot, amp_name = "f32";
   const CLI::Validator byte_count(examples::check_byte_count, "BYTES");
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   app.add_option("--memory-trace", memory_trace,
                  "write the memory history of steps 3-5 as a Chrome trace here (ui.perfetto.dev) and an SVG "
                  "picture beside it (the extension replaced by .svg)");
+  app.add_flag("--profile", profile, "time every op (forward and backward) and print the table at the end");
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
 
@@ -70,6 +72,7 @@ int main(int argc, char** argv) {
     if (!memory_limit.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_limit));
     if (!save.empty()) examples::check_can_write("--save", save);
     examples::MemoryTrace trace(memory_trace);
+    examples::RunProfile run_profile(profile);
     if (amp_name == "bf16") o.autocast = DType::BF16;
     if (amp_name == "f16") o.autocast = DType::F16;
     std::unique_ptr<data::TextDataset> train, val;
@@ -138,6 +141,7 @@ int main(int argc, char** argv) {
           model.generate(prompt, sample_bytes, temperature, std::min(top_k, train->vocab_size()), &gen);
       std::printf("\nsample:\n%s\n", train->decode(out.narrow(-1, 1, sample_bytes)).c_str());
     }
+    run_profile.finish();
     std::printf("\n%s", examples::memory_report().c_str());
     return 0;
   } catch (const OutOfMemoryError& e) {

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   int64_t batch = 0, max_steps = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
-  bool recompute = false, normalize = true;
+  bool recompute = false, normalize = true, profile = false;
   std::string schedule = "cosine", amp_name = "f32";
   app.add_option("--model", model_name, "mlp (W1) or cnn (W2)")->check(CLI::IsMember({"mlp", "cnn"}));
   const CLI::Validator byte_count(examples::check_byte_count, "BYTES");
@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
   app.add_option("--memory-trace", memory_trace,
                  "write the memory history of steps 3-5 as a Chrome trace here (ui.perfetto.dev) and an SVG "
                  "picture beside it (the extension replaced by .svg)");
+  app.add_flag("--profile", profile, "time every op (forward and backward) and print the table at the end");
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
 
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
     if (!memory_limit.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_limit));
     if (!save.empty()) examples::check_can_write("--save", save);
     examples::MemoryTrace trace(memory_trace);
+    examples::RunProfile run_profile(profile);
     if (batch == 0) batch = model_name == "mlp" ? 128 : 64;
     manual_seed(seed);
 
@@ -197,6 +199,7 @@ int main(int argc, char** argv) {
       if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, info, &precision.scaler);
     }
     trace.finish(run_steps);
+    run_profile.finish();
     std::printf("\n%s", fmnist::memory_report().c_str());
     std::printf("test_accuracy=%.4f\n", accuracy);
     return 0;

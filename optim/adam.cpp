@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/memory_history.h"
 #include "core/op_table_optim.h"
 
 namespace frugal::optim {
@@ -82,6 +83,7 @@ std::vector<std::string> Adam::state_names(const OptimizerOptions& options) cons
 }
 
 void Adam::update(const OptimizerOptions& options, Tensor& param, const Tensor& grad, ParamState& state) {
+  memory::OpScope op("adam", param);  // Note [op names in the history]: its state is made inside
   state.initialized = true;
   adam_update(static_cast<const AdamOptions&>(options), false, param, grad, state.tensors, state.step,
               &Optimizer::new_state);
@@ -97,6 +99,7 @@ std::vector<std::string> AdamW::state_names(const OptimizerOptions& options) con
 }
 
 void AdamW::update(const OptimizerOptions& options, Tensor& param, const Tensor& grad, ParamState& state) {
+  memory::OpScope op("adamw", param);  // Note [op names in the history]
   state.initialized = true;
   adam_update(static_cast<const AdamWOptions&>(options), true, param, grad, state.tensors, state.step,
               &Optimizer::new_state);

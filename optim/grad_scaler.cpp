@@ -73,6 +73,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
   st.found_inf_flags.clear();
   st.found_inf.reset();
   for (Tensor& g : grads) {
+    memory::OpScope op("unscale", g);  // Note [op names in the history]
     Tensor work = g.is_contiguous() ? g : ops::contiguous(g);
     a.grad = work.raw_data();
     a.n = work.numel();

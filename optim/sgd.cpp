@@ -1,6 +1,7 @@
 // optim::SGD: option checks and the per-parameter update through the fused kernel (op_sgd_step).
 #include "optim/sgd.h"
 
+#include "core/memory_history.h"
 #include "core/op_table_optim.h"
 
 namespace frugal::optim {
@@ -33,6 +34,7 @@ std::vector<std::string> SGD::state_names(const OptimizerOptions& options) const
 }
 
 void SGD::update(const OptimizerOptions& options, Tensor& param, const Tensor& grad, ParamState& state) {
+  memory::OpScope op("sgd", param);  // Note [op names in the history]
   const auto& o = static_cast<const SGDOptions&>(options);
   SgdStepArgs a;
   a.param = param.raw_data();

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "autograd/graph.h"
+#include "core/memory_history.h"
 #include "core/op_table_sparse.h"
 
 namespace frugal::optim {
@@ -37,6 +38,7 @@ void SparseAdam::update(const OptimizerOptions&, Tensor&, const Tensor&, ParamSt
 
 void SparseAdam::update_sparse(const OptimizerOptions& options, Tensor& param, const SparseGrad& grad,
                                ParamState& state) {
+  memory::OpScope op("sparse_adam", param);  // Note [op names in the history]
   const auto& o = static_cast<const SparseAdamOptions&>(options);
   state.initialized = true;
   ++state.step;  // every step the parameter has a gradient, even one with no rows (as PyTorch)

@@ -215,18 +215,29 @@ TEST_F(MemoryHistory, RecordsPhasesOpsAndCategories) {
 TEST(MemoryCategories, FollowTheTagThenThePhase) {
   EXPECT_EQ(memory::category_of("gradients", Phase::Backward), Category::Gradients);
   EXPECT_EQ(memory::category_of("optimizer", Phase::Optimizer), Category::OptimizerState);
-  EXPECT_EQ(memory::category_of("optimizer step", Phase::Optimizer), Category::Other);
+  EXPECT_EQ(memory::category_of("optimizer/step", Phase::Other), Category::OptimizerState);
+  EXPECT_EQ(memory::category_of("optimizer step", Phase::Other), Category::Other);  // components, not words
   EXPECT_EQ(memory::category_of("parameters", Phase::Other), Category::Parameters);
   EXPECT_EQ(memory::category_of("model/parameters/fc1", Phase::Forward), Category::Parameters);
   EXPECT_EQ(memory::category_of("dataset", Phase::Other), Category::Data);
   EXPECT_EQ(memory::category_of("data", Phase::Forward), Category::Data);
   EXPECT_EQ(memory::category_of("activations/block3", Phase::Forward), Category::Activations);
+  // The innermost component that names a category wins, whatever the phase.
   EXPECT_EQ(memory::category_of("backward/recompute", Phase::Recompute), Category::Activations);
+  EXPECT_EQ(memory::category_of("backward/recompute", Phase::Other), Category::Activations);
+  EXPECT_EQ(memory::category_of("recompute/backward", Phase::Recompute), Category::Gradients);
+  EXPECT_EQ(memory::category_of("parameters/data", Phase::Other), Category::Data);
+  EXPECT_EQ(memory::category_of("backward", Phase::Other), Category::Gradients);
+  EXPECT_EQ(memory::category_of("evaluation", Phase::Other), Category::Activations);
+  EXPECT_EQ(memory::category_of("model/inference", Phase::Other), Category::Activations);
+  // A tag that names none: the phase decides.
   EXPECT_EQ(memory::category_of("", Phase::Forward), Category::Activations);
   EXPECT_EQ(memory::category_of("", Phase::Recompute), Category::Activations);
-  EXPECT_EQ(memory::category_of("backward", Phase::Backward), Category::Other);
+  EXPECT_EQ(memory::category_of("", Phase::Backward), Category::Gradients);
+  EXPECT_EQ(memory::category_of("step 3", Phase::Optimizer), Category::OptimizerState);
   EXPECT_EQ(memory::category_of("", Phase::Data), Category::Data);
-  EXPECT_EQ(memory::category_of("evaluation", Phase::Other), Category::Other);
+  EXPECT_EQ(memory::category_of("", Phase::Other), Category::Other);
+  EXPECT_EQ(memory::category_of("backwards", Phase::Other), Category::Other);
 }
 
 TEST_F(MemoryHistory, OffRecordsNothing) {

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -294,6 +295,68 @@ TEST(TrainerFlags, MemoryTraceWritesTheTraceAndThePicture) {
     EXPECT_NE(b.status, 0) << b.output;
     EXPECT_NE(b.output.find("--memory-trace /nonexistent-folder/memory.json"), std::string::npos) << b.output;
     EXPECT_EQ(b.output.find("step 1"), std::string::npos) << "it trained before failing:\n" << b.output;
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// A size as memory::format_bytes writes it ("512 B", "1.50 MiB"), in bytes.
+double parse_size(const std::string& text) {
+  std::istringstream in(text);
+  double v = 0;
+  std::string unit;
+  in >> v >> unit;
+  const std::map<std::string, double> scale{
+      {"B", 1}, {"KiB", 1024.0}, {"MiB", 1024.0 * 1024}, {"GiB", 1024.0 * 1024 * 1024}};
+  return v * scale.at(unit);
+}
+
+// The peak column of one line of the trainers' memory report ("  other   0 B   32.00 KiB").
+double report_peak(const std::string& output, const std::string& row) {
+  const size_t at = output.find("\n  " + row + " ");
+  if (at == std::string::npos) return -1;
+  const size_t begin = at + 3 + row.size(), end = output.find('\n', begin);
+  // Two sizes, each a number and a unit: the second is the peak.
+  std::istringstream in(output.substr(begin, end - begin));
+  std::string v1, u1, v2, u2;
+  in >> v1 >> u1 >> v2 >> u2;
+  return parse_size(v2 + " " + u2);
+}
+
+// --profile prints the op table at the end; with --memory-trace the trace holds the op slices of its steps.
+// The memory report leaves at most 1% of the peak unexplained ("other").
+TEST(TrainerFlags, ProfilePrintsTheTableAndOtherIsAtMostOnePercent) {
+  for (const std::string program : {"fmnist", "chargpt"}) {
+    const std::string exe = binary(program);
+    if (exe.empty()) GTEST_SKIP() << "the examples are not built";
+    if (program == "fmnist" &&
+        !std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+      continue;
+    if (program == "chargpt" && !std::filesystem::exists("/usr/share/games/fortunes")) continue;
+    SCOPED_TRACE(program);
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      ("frugal_profile_" + std::to_string(getpid()) + "_" + program);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    const std::string trace = (dir / "memory.json").string();
+    std::vector<std::string> argv{exe};
+    for (const auto& [flag, v] : kBase.at(program))
+      if (flag != "--max-steps" && flag != "--steps") argv.insert(argv.end(), {flag, v});
+    argv.insert(argv.end(),
+                {program == "fmnist" ? "--max-steps" : "--steps", "6", "--memory-trace", trace, "--profile"});
+    const Outcome o = run(argv, 300);
+    ASSERT_TRUE(o.finished && !o.signaled) << o.output;
+    ASSERT_EQ(o.status, 0) << o.output;
+    for (const char* part : {"profile of the run", "total ms", "linear", "backward", "optimizer", "all ops"})
+      EXPECT_NE(o.output.find(part), std::string::npos) << part << "\n" << o.output;
+    std::ifstream in(trace);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    int slices = 0;
+    for (const auto& e : j.at("traceEvents")) slices += e.at("ph") == "X";
+    EXPECT_GT(slices, 10) << "three steps run many ops";
+    const double other = report_peak(o.output, "other"), all = report_peak(o.output, "all allocated (exact)");
+    ASSERT_GE(other, 0) << o.output;
+    ASSERT_GT(all, 0) << o.output;
+    EXPECT_LE(other, 0.01 * all) << o.output;
     std::filesystem::remove_all(dir);
   }
 }
