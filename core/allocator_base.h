@@ -30,6 +30,8 @@ struct Block {
   uint32_t tag = 0;
   bool allocated = false;
   int8_t category = -1;        // a memory::Category, stamped while a history records (core/history_log.h)
+  Phase phase = Phase::Other;  // the allocating thread's, and the op that allocated it: what an
+  const char* op = "";         // out-of-memory message says of the live blocks (core/out_of_memory.cpp)
   Stream stream = 0;           // the segment's: blocks are reused only on it (Note [streams and the arena])
   int pending_events = 0;      // freed, waiting for other streams' work: in no pool, merges with nothing
   std::vector<Stream> uses{};  // other streams that use the live block (record_stream)
@@ -52,12 +54,10 @@ inline constexpr int64_t kHostAlign = 64;  // a cache line, and enough for AVX-5
 // Beyond any memory; keeps the rounding from overflowing.
 inline constexpr int64_t kMaxRequest = int64_t(1) << 56;
 
-// The library's own calls; a program adds its flags for them where it catches the error (examples/).
-inline constexpr const char* kAdvice =
-    "free tensors you no longer need, lower the batch size, accumulate gradients over smaller micro-batches "
-    "(backward() on each, then one optimizer step), recompute activations in backward (autograd::recompute, "
-    "nn::Sequential::recompute_every), run in mixed precision (amp::Autocast), or raise the limit with "
-    "memory::set_memory_limit";
+// Note [an out-of-memory message that explains itself]: what holds the bytes and what each technique would
+// free, computed from the live blocks and the statistics at the failing moment (core/out_of_memory.cpp).
+// It names library calls; a program adds its own flags where it catches the error (examples/).
+std::string explain_out_of_memory(const std::vector<Block*>& live, const Stats& stats);
 
 inline int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -227,7 +227,8 @@ class AllocatorBase : public Allocator {
             : std::string(),
         system_refused ? "; the system has no memory left" : "", "; limit ", limit, ", reserved ",
         format_bytes(reserved), ", allocated ", format_bytes(allocated), ", free in cache ",
-        format_bytes(reserved - allocated), ". To fit: ", kAdvice, oom_dump_locked(nbytes)));
+        format_bytes(reserved - allocated), ".", explain_out_of_memory(live_blocks_locked(), stats_locked()),
+        oom_dump_locked(nbytes)));
   }
 
   BlockInfo info(const Block* b) const {

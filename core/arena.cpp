@@ -55,6 +55,8 @@ class Arena final : public AllocatorBase {
     FRUGAL_CHECK(nbytes >= 0, "memory: cannot allocate a negative number of bytes (", nbytes, ") on ",
                  device_);
     const uint32_t tag = current_tag();
+    const char* op = current_op();
+    const Phase phase = current_phase();
     const Stream stream = backing_->current_stream();
     std::lock_guard lock(mu_);
     count_allocation_locked(nbytes);
@@ -109,6 +111,8 @@ class Arena final : public AllocatorBase {
     block->allocated = true;
     block->requested = nbytes;
     block->tag = tag;
+    block->phase = phase;
+    block->op = op;
     count_block_locked(block, +1);
     note_block_locked(EventKind::Alloc, block);
     return {block->ptr, block->size, block};

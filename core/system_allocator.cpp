@@ -40,6 +40,8 @@ class SystemAllocator final : public AllocatorBase {
     FRUGAL_CHECK(nbytes >= 0, "memory: cannot allocate a negative number of bytes (", nbytes, ") on ",
                  device_);
     const uint32_t tag = current_tag();
+    const char* op = current_op();
+    const Phase phase = current_phase();
     std::lock_guard lock(mu_);
     count_allocation_locked(nbytes);
     if (nbytes > kMaxRequest) throw_oom_locked(nbytes, 0, false);
@@ -53,7 +55,9 @@ class SystemAllocator final : public AllocatorBase {
                               .requested = nbytes,
                               .segment = segment.get(),
                               .tag = tag,
-                              .allocated = true};
+                              .allocated = true,
+                              .phase = phase,
+                              .op = op};
     Block* block = segment->head;
     const Segment& made = *segment;
     live_.emplace(segment->id, std::move(segment));
