@@ -204,7 +204,9 @@ std::vector<OpStats> op_stats() {
   {
     State& s = state();
     std::lock_guard lock(s.mu);
-    for (const auto& [key, t] : s.totals) {
+    for (const auto& entry : s.totals) {
+      const Key& key = entry.first;  // not a structured binding: a lambda below captures it (clang 14)
+      const Totals& t = entry.second;
       auto same = std::find_if(out.begin(), out.end(),
                                [&](const OpStats& o) { return o.phase == key.phase && o.name == key.name; });
       if (same == out.end()) {

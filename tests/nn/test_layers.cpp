@@ -16,8 +16,6 @@ using testing::expect_grads_ok;
 using testing::Layout;
 using testing::uniform;
 
-constexpr testing::Tol kF64{1e-12, 1e-10};
-
 TEST(Layers, LinearMatchesNaiveLoop) {
   nn::Linear fc(5, 3);
   EXPECT_EQ(fc->weight.shape(), (Shape{3, 5}));
