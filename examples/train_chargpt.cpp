@@ -1,6 +1,7 @@
 // train_chargpt: trains workload W3 of shared/WORKLOADS.md, a character-level GPT, on the English fortunes
 // (Debian's `fortunes`), with a progress line, a validation loss on the held-out tail of the corpus, a sample
-// of generated text at the end, and where the memory went.
+// of generated text at the end, and where the memory went; its last lines are `peak_allocated_bytes=N` (the
+// arena's exact peak) and `validation_loss=X.XXXX` (the last validation loss).
 //
 //   build/examples/train_chargpt --steps 2000
 //   build/examples/train_chargpt --steps 200 --recompute --sparse-embeddings
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
     const int64_t start = trainer.step();
     std::vector<double> step_ms;
     double loss_avg = 0;
+    double validation = NAN;  // the latest validation loss, the run's last line
     for (int64_t step = start; step < o.steps; ++step) {
       const auto ts = std::chrono::steady_clock::now();
       const double loss = trainer.train_step(*train);
@@ -120,7 +122,7 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
       if ((step + 1) % eval_every == 0 || step + 1 == o.steps) {
-        const double v = chargpt::validation_loss(model, *val, o.batch, 8, o.autocast);
+        const double v = validation = chargpt::validation_loss(model, *val, o.batch, 8, o.autocast);
         std::printf("%sstep %lld: train loss %.4f, validation loss %.4f, %.0f tokens/s\n", tty ? "\r" : "",
                     static_cast<long long>(step + 1), loss_avg, v, tok_s);
       }
@@ -143,6 +145,8 @@ int main(int argc, char** argv) {
     }
     run_profile.finish();
     std::printf("\n%s", examples::memory_report().c_str());
+    std::printf("peak_allocated_bytes=%lld\n", static_cast<long long>(memory::stats().allocated.peak));
+    if (!std::isnan(validation)) std::printf("validation_loss=%.4f\n", validation);
     return 0;
   } catch (const OutOfMemoryError& e) {
     return examples::report_out_of_memory(

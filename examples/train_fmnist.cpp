@@ -1,5 +1,6 @@
 // train_fmnist: trains workload W1 (MLP) or W2 (CNN) of shared/WORKLOADS.md on Fashion-MNIST, shows progress,
-// the test accuracy per epoch and where the memory went, and ends with the line `test_accuracy=0.XXXX`.
+// the test accuracy per epoch and where the memory went, and ends with the lines `peak_allocated_bytes=N`
+// (the arena's exact peak) and `test_accuracy=0.XXXX`.
 //
 //   build/examples/train_fmnist --model mlp --epochs 5
 //   build/examples/train_fmnist --batch 4096 --memory-limit 96M --accum 8   # fits where --accum 1 does not
@@ -201,6 +202,7 @@ int main(int argc, char** argv) {
     trace.finish(run_steps);
     run_profile.finish();
     std::printf("\n%s", fmnist::memory_report().c_str());
+    std::printf("peak_allocated_bytes=%lld\n", static_cast<long long>(memory::stats().allocated.peak));
     std::printf("test_accuracy=%.4f\n", accuracy);
     return 0;
   } catch (const OutOfMemoryError& e) {
