@@ -66,7 +66,7 @@ inline std::vector<Technique> techniques_for(const std::string& model) {
                  .recompute = true});
   all.push_back({.key = "bf16_autocast",
                  .name = "bf16 autocast",
-                 .when = "bf16 matmuls where the CPU/GPU has them; halves the kept GEMM activations",
+                 .when = "bf16 matmuls where the hardware has them; the GEMM outputs kept for backward halve",
                  .autocast = DType::BF16});
   all.push_back({.key = "f16_autocast_grad_scaler",
                  .name = "f16 autocast + GradScaler",
@@ -74,7 +74,8 @@ inline std::vector<Technique> techniques_for(const std::string& model) {
                  .autocast = DType::F16});
   all.push_back({.key = "grad_accumulation",
                  .name = "gradient accumulation (batch/4 x 4)",
-                 .when = "the batch's activations do not fit: same gradient, a quarter of them at a time",
+                 .when = "the batch's activations do not fit: a quarter at a time, same gradient; .grad "
+                         "stays live all step",
                  .accum = 4});
   all.push_back({.key = "bf16_parameters_master_weights",
                  .name = "bf16 parameters, f32 master weights",
@@ -436,10 +437,34 @@ inline std::string markdown_table(const std::vector<Row>& rows) {
   return s;
 }
 
-// The same figures for machines: exact bytes, unrounded times and losses.
-inline nlohmann::json to_json(const std::vector<Row>& rows, const Config& cfg) {
+// Note [timing drift]
+// The techniques run one after another, so a change in the machine's load between two runs (another program
+// starting) moves their time ratios. The program runs the baseline once more after the others: when its
+// median step differs from the first run's by more than kTimingDrift, the report says that the time ratios
+// are unreliable. Its bytes must be the same (each run starts fresh); the note says so if not.
+inline constexpr double kTimingDrift = 0.2;
+inline std::string timing_note(const Row& first, const Row& again) {
+  std::string note;
+  if (again.peak != first.peak)
+    note += "the baseline's peak was " + std::to_string(first.peak) + " bytes first and " +
+            std::to_string(again.peak) + " bytes again: a run did not start fresh (a bug). ";
+  const double drift = first.median_step_ms > 0 ? again.median_step_ms / first.median_step_ms - 1 : 0;
+  if (drift > kTimingDrift || drift < -kTimingDrift)
+    note += "the baseline's median step was " + fixed(first.median_step_ms, 1) + " ms first and " +
+            fixed(again.median_step_ms, 1) +
+            " ms again, after the others: the machine's load changed, and the time ratios are unreliable.";
+  return note;
+}
+
+// The same figures for machines: exact bytes, unrounded times and losses; with `again` (the baseline run
+// once more, Note [timing drift]), its figures and the note.
+inline nlohmann::json to_json(const std::vector<Row>& rows, const Config& cfg, const Row* again = nullptr) {
   const Row& base = baseline_of(rows);
   nlohmann::json out = {{"model", cfg.model}, {"steps", cfg.steps}, {"batch", cfg.batch}, {"seed", cfg.seed}};
+  if (again)
+    out["baseline_again"] = {{"peak_bytes", again->peak},
+                             {"median_step_ms", again->median_step_ms},
+                             {"note", timing_note(base, *again)}};
   out["techniques"] = nlohmann::json::array();
   for (const Row& r : rows) {
     nlohmann::json cats = nlohmann::json::object(), own = nlohmann::json::object();

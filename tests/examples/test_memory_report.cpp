@@ -181,6 +181,20 @@ TEST(MemoryReport, TechniquesThatMustSaveMemoryDo) {
   EXPECT_EQ(recompute.losses, base.losses);
 }
 
+TEST(MemoryReport, TimingNoteSaysWhenTheBaselineDrifted) {
+  techniques::Row first, again;
+  first.peak = again.peak = 1000;
+  first.median_step_ms = 10;
+  again.median_step_ms = 11.5;  // within kTimingDrift
+  EXPECT_EQ(techniques::timing_note(first, again), "");
+  again.median_step_ms = 13;
+  EXPECT_NE(techniques::timing_note(first, again).find("10.0 ms first and 13.0 ms again"), std::string::npos);
+  EXPECT_NE(techniques::timing_note(first, again).find("the time ratios are unreliable"), std::string::npos);
+  again.median_step_ms = 10;
+  again.peak = 1001;
+  EXPECT_NE(techniques::timing_note(first, again).find("did not start fresh"), std::string::npos);
+}
+
 TEST(MemoryReport, SparseAdamIsForTheGptOnly) {
   const auto has = [](const std::string& model, const std::string& key) {
     for (const techniques::Technique& t : techniques::techniques_for(model))
@@ -260,6 +274,7 @@ TEST(MemoryReport, SvgDirGetsOneTimelinePerTechnique) {
       << out;
   const nlohmann::json j = nlohmann::json::parse(out);  // stdout is the JSON alone
   ASSERT_EQ(j["techniques"].size(), techniques::techniques_for("mlp").size());
+  EXPECT_EQ(j["baseline_again"]["peak_bytes"], j["techniques"][0]["peak_bytes"]);  // a fresh state each run
   for (const auto& t : j["techniques"]) {
     const std::filesystem::path svg = dir / ("mlp-" + t["key"].get<std::string>() + ".svg");
     EXPECT_TRUE(std::filesystem::exists(svg)) << svg;
