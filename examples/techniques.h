@@ -171,7 +171,7 @@ struct Row {
   int64_t peak = 0;  // memory::stats().allocated.peak after the run (exact bytes)
   std::array<int64_t, memory::kNumCategories> at_peak{};         // by category at that peak; adds up to it
   std::array<int64_t, memory::kNumCategories> category_peaks{};  // each category's own peak
-  double median_step_ms = 0;  // over the steps after the first (the first itself when there is one)
+  double median_step_ms = 0;  // over the steps after the first (the first when it is the only one)
   double loss = 0;            // of the last step
   std::vector<double> losses;
 };
