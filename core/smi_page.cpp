@@ -173,7 +173,8 @@ std::string page_name(int64_t pid) {
 }
 
 void SlotWriter::write_top_tags(const std::vector<std::pair<uint32_t, TagBytes>>& top) {
-  const uint64_t seq = begin();
+  slot_->seq.store(++seq_, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
   changes_ = 0;
   num_top_ = int(std::min<size_t>(top.size(), kTopTags));
   for (int i = 0; i < num_top_; ++i) {
@@ -183,7 +184,7 @@ void SlotWriter::write_top_tags(const std::vector<std::pair<uint32_t, TagBytes>>
     store(slot_->tags[i].bytes, top[size_t(i)].second.bytes);
   }
   store(slot_->num_tags, num_top_);
-  end(seq);
+  slot_->seq.store(++seq_, std::memory_order_release);
 }
 
 SlotWriter claim_slot(const std::string& device, const std::string& kind) {

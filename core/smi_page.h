@@ -116,27 +116,26 @@ class SlotWriter {
   // The figures after a change, and the live bytes of the tag that changed (kNoTag: none), in one update.
   // Returns true when the tags are due to be ranked again (write_top_tags).
   bool write(const Figures& f, uint32_t tag, int64_t tag_bytes) {
-    const uint64_t seq = begin();
-    store(slot_->allocated, f.allocated);
-    store(slot_->peak, f.peak);
-    store(slot_->reserved, f.reserved);
-    store(slot_->reserved_peak, f.reserved_peak);
-    store(slot_->limit, f.limit);
-    bool listed = false;
-    int64_t least = INT64_MAX;
-    for (int i = 0; i < num_top_; ++i) {
-      if (top_ids_[i] == tag) {
-        store(slot_->tags[i].bytes, tag_bytes);
-        top_bytes_[i] = tag_bytes;
-        listed = true;
-      }
-      least = std::min(least, top_bytes_[i]);
+    SlotWords& s = *slot_;  // held in a register: an atomic store could otherwise change slot_, for all the
+                            // compiler knows, and it would load it again after each
+    s.seq.store(++seq_, std::memory_order_relaxed);       // odd
+    std::atomic_thread_fence(std::memory_order_release);  // before any field
+    store(s.allocated, f.allocated);
+    store(s.peak, f.peak);
+    store(s.reserved, f.reserved);
+    store(s.reserved_peak, f.reserved_peak);
+    store(s.limit, f.limit);
+    int listed = -1;
+    for (int i = 0; i < num_top_; ++i)
+      if (top_ids_[i] == tag) listed = i;
+    if (listed >= 0) {
+      store(s.tags[listed].bytes, tag_bytes);
+      top_bytes_[listed] = tag_bytes;
     }
-    end(seq);
-    ++changes_;
-    const bool outgrown =
-        !listed && tag != kNoTag && tag_bytes > 0 && (num_top_ < kTopTags || tag_bytes > least);
-    return changes_ >= kTopTagsEvery || (outgrown && (num_top_ == 0 || changes_ >= kTopTagsSoonest));
+    s.seq.store(++seq_, std::memory_order_release);  // even
+    if (++changes_ >= kTopTagsEvery) return true;
+    if (listed >= 0 || tag == kNoTag || tag_bytes <= 0) return false;
+    return (num_top_ == 0 || changes_ >= kTopTagsSoonest) && outgrows_list(tag_bytes);
   }
   // The tags with the most live bytes (at most kTopTags, most first), by id and name.
   void write_top_tags(const std::vector<std::pair<uint32_t, TagBytes>>& top);
@@ -145,19 +144,18 @@ class SlotWriter {
 
  private:
   static void store(Word& w, int64_t v) { w.store(uint64_t(v), std::memory_order_relaxed); }
-  uint64_t begin() {
-    const uint64_t seq = slot_->seq.load(std::memory_order_relaxed);
-    slot_->seq.store(seq + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);  // the odd sequence before any field
-    return seq + 2;
+  // Whether a tag not listed, now holding `bytes`, belongs in the list.
+  bool outgrows_list(int64_t bytes) const {
+    if (num_top_ < kTopTags) return true;
+    return bytes > *std::min_element(top_bytes_, top_bytes_ + num_top_);
   }
-  void end(uint64_t seq) { slot_->seq.store(seq, std::memory_order_release); }
 
   SlotWords* slot_ = nullptr;
   uint32_t top_ids_[kTopTags] = {};
   int64_t top_bytes_[kTopTags] = {};
   int num_top_ = 0;
   uint32_t changes_ = 0;
+  uint64_t seq_ = 0;  // the slot's sequence: this is its only writer
 };
 
 // A slot of this process's page for an allocator of `device` ("cpu", "cuda:0") of kind "arena" or "system",
