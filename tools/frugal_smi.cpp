@@ -48,10 +48,10 @@ std::string format_uptime(double seconds) {
   return buf;
 }
 
-nlohmann::json to_json(const smi::Process& p) {
-  nlohmann::json devices = nlohmann::json::array();
+nlohmann::ordered_json to_json(const smi::Process& p) {
+  nlohmann::ordered_json devices = nlohmann::ordered_json::array();
   for (const smi::DeviceFigures& d : p.devices) {
-    nlohmann::json tags = nlohmann::json::array();
+    nlohmann::ordered_json tags = nlohmann::ordered_json::array();
     for (const smi::TagBytes& t : d.top_tags) tags.push_back({{"tag", t.tag}, {"bytes", t.bytes}});
     devices.push_back({{"device", d.device},
                        {"allocator", d.allocator},
@@ -77,7 +77,7 @@ void print_table(const smi::Scan& scan) {
               scan.processes.size() == 1 ? "" : "es", unsigned(getuid()));
   if (scan.processes.empty()) return;
   std::printf("%8s  %-16s %10s  %-9s %-6s %11s %11s %11s %11s  %s\n", "PID", "PROGRAM", "UPTIME", "DEVICE",
-              "ALLOC", "ALLOCATED", "PEAK", "RESERVED", "LIMIT", "TOP TAGS (live bytes)");
+              "KIND", "ALLOCATED", "PEAK", "RESERVED", "LIMIT", "TOP TAGS (live bytes)");
   for (const smi::Process& p : scan.processes) {
     bool first = true;
     auto lead = [&] {
