@@ -79,6 +79,18 @@ uint64_t pid_namespace(const std::string& pid) {
   return ::stat(("/proc/" + pid + "/ns/pid").c_str(), &st) == 0 ? uint64_t(st.st_ino) : 0;
 }
 
+// Whether process `pid` still maps its page `name`: one that has exec'd another program (the same pid, the
+// same start time) does not. True when its maps cannot be read (another user's, or a hardened /proc).
+bool still_maps(const std::string& pid, const std::string& name) {
+  std::ifstream maps("/proc/" + pid + "/maps");
+  if (!maps) return true;
+  const std::string tail = "/" + name;
+  for (std::string line; std::getline(maps, line);)
+    if (line.size() >= tail.size() && line.compare(line.size() - tail.size(), tail.size(), tail) == 0)
+      return true;
+  return false;
+}
+
 // argv[0]'s last component (from /proc/self/cmdline), else /proc/self/comm.
 std::string program_name() {
   std::string name = read_file("/proc/self/cmdline");
@@ -308,7 +320,7 @@ Scan scan(const std::string& dir) {
       continue;
     }
     if (!alive || page->pid.load(std::memory_order_relaxed) != std::strtoull(pid.c_str(), nullptr, 10) ||
-        page->start_ticks.load(std::memory_order_relaxed) != start_ticks) {
+        page->start_ticks.load(std::memory_order_relaxed) != start_ticks || !still_maps(pid, name)) {
       remove_stale();
       continue;
     }

@@ -49,11 +49,11 @@ namespace frugal::smi {
 //   over the page: the child's writes then go nowhere, and the child publishes nothing (after an exec it is
 //   a new process and publishes its own page). Its exit does not remove the parent's page.
 // - Stale pages: a process killed, or crashed, leaves its page behind. frugal-smi (scan) removes a page of
-//   the same user whose pid is dead (or a zombie) or whose pid now belongs to a process started at another
-//   time, and does not list it. A page with a wrong magic, version or size is skipped with a note (and
-//   removed only if its pid is dead); one whose magic is still 0 is being made and is skipped silently; one
-//   from another pid namespace (a container sharing /dev/shm) is skipped with a note, since its pids cannot
-//   be checked from here.
+//   the same user whose pid is dead (or a zombie), whose pid now belongs to a process started at another
+//   time, or whose process no longer maps it (it has exec'd another program), and does not list it. A page
+//   with a wrong magic, version or size is skipped with a note (and removed only if its pid is dead); one
+//   whose magic is still 0 is being made and is skipped silently; one from another pid namespace (a container
+//   sharing /dev/shm) is skipped with a note, since its pids cannot be checked from here.
 
 inline constexpr uint64_t kMagic = 0x31494d5347555246;  // "FRUGSMI1", little-endian
 inline constexpr uint32_t kLayoutVersion = 1;

@@ -1,6 +1,6 @@
 // frugal-smi and the page each process publishes (Note [frugal-smi page] in core/smi_page.h): the figures of
-// a child process, read by the real frugal-smi, exactly; stale pages (a killed process, a reused pid)
-// removed; bad pages skipped; FRUGAL_SMI=0; a forked child that leaves its parent's page alone; and the
+// a child process, read by the real frugal-smi, exactly; stale pages (a killed process, a reused pid, an
+// exec) removed; bad pages skipped; FRUGAL_SMI=0; a forked child that leaves its parent's page alone; and the
 // seqlock, which never hands out a torn slot.
 //
 // The processes measured are this test program run again (fork, then exec of /proc/self/exe with
@@ -196,6 +196,10 @@ void child_allocate(int to_parent, int from_parent, const std::string& mode) {
                                .dump() +
                            "\n";
   ASSERT_EQ(write(to_parent, line.data(), line.size()), ssize_t(line.size()));
+  if (mode == "exec") {  // the same process, another program: its page is left behind
+    execl("/bin/sleep", "sleep", "600", static_cast<char*>(nullptr));
+    FAIL() << "exec of /bin/sleep: " << std::strerror(errno);
+  }
   char c;
   while (read(from_parent, &c, 1) > 0) {
   }
@@ -280,6 +284,15 @@ TEST(Smi, AKilledProcessesPageIsRemovedAndNotListed) {
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_EQ(find_pid(run, pid), nullptr) << "a dead process is listed";
   EXPECT_FALSE(std::filesystem::exists(page_path(pid))) << "the stale page was not removed";
+}
+
+TEST(Smi, APageLeftByAnExecIsRemoved) {
+  Child child("exec");
+  ASSERT_FALSE(child.said.is_null());
+  const SmiRun run = run_smi("--json");
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(find_pid(run, child.pid), nullptr) << "a process that now runs /bin/sleep is listed";
+  EXPECT_FALSE(std::filesystem::exists(page_path(child.pid)));
 }
 
 TEST(Smi, APageWhosePidWasReusedIsRemoved) {
