@@ -272,6 +272,12 @@ Scan scan(const std::string& dir) {
   const std::string prefix = "frugal-" + std::to_string(getuid()) + "-";
   const uint64_t my_namespace = pid_namespace("self");
   const double now = seconds_since_boot();
+  // Without /proc (a chroot) no pid can be checked: then nothing is removed, and what is read is listed.
+  char my_state = '?';
+  uint64_t my_start = 0;
+  const bool can_check = read_proc_stat("self", my_state, my_start);
+  if (!can_check)
+    result.notes.push_back("no /proc here: stale pages cannot be told from live ones, none removed");
   const long ticks_per_s = sysconf(_SC_CLK_TCK);
   std::vector<std::string> names;
   while (dirent* e = readdir(d)) {
@@ -289,7 +295,7 @@ Scan scan(const std::string& dir) {
     uint64_t start_ticks = 0;
     const bool alive = read_proc_stat(pid, state, start_ticks) && state != 'Z' && state != 'X';
     auto remove_stale = [&] {
-      if (unlink(path.c_str()) == 0) ++result.removed;
+      if (can_check && unlink(path.c_str()) == 0) ++result.removed;
     };
 
     const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
@@ -319,8 +325,9 @@ Scan scan(const std::string& dir) {
       result.notes.push_back(name + ": skipped, from another pid namespace (its pid cannot be checked here)");
       continue;
     }
-    if (!alive || page->pid.load(std::memory_order_relaxed) != std::strtoull(pid.c_str(), nullptr, 10) ||
-        page->start_ticks.load(std::memory_order_relaxed) != start_ticks || !still_maps(pid, name)) {
+    if (can_check &&
+        (!alive || page->pid.load(std::memory_order_relaxed) != std::strtoull(pid.c_str(), nullptr, 10) ||
+         page->start_ticks.load(std::memory_order_relaxed) != start_ticks || !still_maps(pid, name))) {
       remove_stale();
       continue;
     }
