@@ -1,4 +1,6 @@
-// One allocate/free pair (4 KiB, 1 MiB) through the caching arena, the system allocator and std::malloc.
+// One allocate/free pair (4 KiB, 1 MiB) through the caching arena, the system allocator and std::malloc, and
+// through the CPU's own arena (memory::allocator(kCPU)), the one a program uses, which also publishes its
+// statistics for frugal-smi.
 // Each benchmark first checks what it times: a non-null, writable block (64-byte aligned from frugal).
 #include <benchmark/benchmark.h>
 
@@ -45,6 +47,8 @@ void BM_ArenaPair(benchmark::State& state) {
   run_allocator(state, *arena);
 }
 
+void BM_DeviceArenaPair(benchmark::State& state) { run_allocator(state, memory::allocator(kCPU)); }
+
 void BM_SystemAllocatorPair(benchmark::State& state) {
   auto sys = memory::make_system_allocator(kCPU, memory::make_host_backing());
   run_allocator(state, *sys);
@@ -66,6 +70,7 @@ void BM_MallocPair(benchmark::State& state) {
 }
 
 BENCHMARK(BM_ArenaPair)->Arg(4 << 10)->Arg(1 << 20);
+BENCHMARK(BM_DeviceArenaPair)->Arg(4 << 10)->Arg(1 << 20);
 BENCHMARK(BM_SystemAllocatorPair)->Arg(4 << 10)->Arg(1 << 20);
 BENCHMARK(BM_MallocPair)->Arg(4 << 10)->Arg(1 << 20);
 

@@ -9,6 +9,9 @@ install(TARGETS frugal EXPORT frugalTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET frugal-smi)
+  install(TARGETS frugal-smi RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 
 # Headers keep their folders under include/frugal/ (include/frugal/core/tensor.h), included as
 # <frugal/core/tensor.h>. A folder is installed when it exists at configure time (git keeps no empty folders).

@@ -13,6 +13,7 @@
 #include "error.h"
 #include "history_log.h"
 #include "memory.h"
+#include "smi_page.h"
 
 namespace frugal::memory {
 
@@ -95,10 +96,12 @@ class AllocatorBase : public Allocator {
     for (Stat* s :
          {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks, &stats_.segments})
       s->peak = s->current;
+    publish_locked(smi::SlotWriter::kNoTag, true);
   }
   void set_limit(int64_t bytes) override {
     std::lock_guard lock(mu_);
     limit_ = std::max<int64_t>(bytes, 0);
+    publish_locked(smi::SlotWriter::kNoTag, true);
   }
   int64_t limit() const override {
     std::lock_guard lock(mu_);
@@ -123,8 +126,17 @@ class AllocatorBase : public Allocator {
     const uint32_t old_tag = std::exchange(b->tag, tag);
     tags_[tag].seen = true;
     add(tags_[tag].allocated, b->size);
+    publish_locked(old_tag);
+    publish_locked(tag);
     if (history_.on()) [[unlikely]]
       history_.retag(*b, old_tag, stats_.allocated.current, stats_.reserved.current);
+  }
+  // Publishes this allocator's figures in the process's frugal-smi page from now on (Note [frugal-smi page]
+  // in core/smi_page.h); the device registry does, for the allocators it makes.
+  void publish_to(smi::SlotWriter writer) {
+    std::lock_guard lock(mu_);
+    smi_ = writer;
+    publish_locked(smi::SlotWriter::kNoTag, true);
   }
 
   // The history (core/memory_history.h). Starting one stamps the blocks live now as its first events.
@@ -189,6 +201,7 @@ class AllocatorBase : public Allocator {
     add(stats_.reserved, sign * bytes);
     add(stats_.segments, sign);
     ++(sign > 0 ? stats_.num_segment_allocs : stats_.num_segment_frees);
+    publish_locked(smi::SlotWriter::kNoTag);
   }
   // Accounts a block that has just become live (sign +1) or free (sign -1).
   void count_block_locked(const Block* b, int sign) {
@@ -199,6 +212,34 @@ class AllocatorBase : public Allocator {
     if (b->tag >= tags_.size()) tags_.resize(b->tag + 1);
     tags_[b->tag].seen = true;
     add(tags_[b->tag].allocated, sign * b->size);
+    publish_locked(b->tag);
+  }
+
+  // The figures to the frugal-smi page, if this allocator publishes: after every change, so that the page
+  // says what stats() would. The tags are ranked only now and then (Note [frugal-smi page]).
+  void publish_locked(uint32_t changed_tag, bool rank_tags = false) {
+    if (!smi_.on()) return;
+    const int64_t tag_bytes = changed_tag < tags_.size() ? tags_[changed_tag].allocated.current : 0;
+    const bool due = smi_.write({stats_.allocated.current, stats_.allocated.peak, stats_.reserved.current,
+                                 stats_.reserved.peak, limit_},
+                                changed_tag, tag_bytes);
+    if (due || rank_tags) publish_top_tags_locked();
+  }
+  // Never throws: it runs where the arena must not fail any more (a tag list that could not be made just
+  // stays as it was).
+  void publish_top_tags_locked() noexcept {
+    try {
+      std::vector<std::pair<uint32_t, smi::TagBytes>> top;
+      for (size_t id = 0; id < tags_.size(); ++id)
+        if (tags_[id].allocated.current > 0) top.push_back({uint32_t(id), {"", tags_[id].allocated.current}});
+      const size_t n = std::min<size_t>(top.size(), smi::kTopTags);
+      std::partial_sort(top.begin(), top.begin() + n, top.end(),
+                        [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
+      top.resize(n);
+      for (auto& [id, t] : top) t.tag = id == 0 ? "(untagged)" : tag_name(id);
+      smi_.write_top_tags(top);
+    } catch (...) {
+    }
   }
 
   // Note [failing an allocation]: throws before anything is touched when this allocation is to fail.
@@ -271,6 +312,7 @@ class AllocatorBase : public Allocator {
   int64_t next_segment_id_ = 0;
   HistoryLog history_;
   uint64_t history_generation_ = 0;  // of the latest history started
+  smi::SlotWriter smi_;              // off unless publish_to was called
 };
 
 // The allocator of `device` as the base both allocators share (for the history, which lives there).

@@ -13,8 +13,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/allocator_base.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/smi_page.h"
 
 namespace frugal {
 
@@ -190,6 +192,9 @@ Allocator& allocator(Device device) {
   Allocator* a =
       (system ? make_system_allocator(device, std::move(backing)) : make_arena(device, std::move(backing)))
           .release();
+  // Note [frugal-smi page]: the device's allocator shows in frugal-smi (the first one makes the page).
+  if (auto* base = dynamic_cast<detail::AllocatorBase*>(a))
+    base->publish_to(smi::claim_slot(device.str(), a->kind()));
   r.in_use[type] = true;
   slot.store(a, std::memory_order_release);
   return *a;

@@ -2,6 +2,7 @@
 # project (tests/install/consumer) that finds it with find_package(frugal). Run by ctest as install_consumer:
 #   cmake -DBUILD_DIR=<frugal build> -DSRC=<consumer source> -DWORK=<scratch dir> [-DGENERATOR=..]
 #         [-DCXX=..] [-DBUILD_TYPE=..] [-DSANITIZE=address,undefined] [-DEXPECT_CUDA_BACKEND=ON]
+#         [-DEXPECT_SMI=ON]
 #         -P run_consumer.cmake
 cmake_minimum_required(VERSION 3.22)
 foreach(var BUILD_DIR SRC WORK)
@@ -38,6 +39,14 @@ foreach(private Eigen3:: Random123:: DNNL:: CUDA::)
                         "dependency:\n${targets}")
   endif()
 endforeach()
+
+# frugal-smi is installed beside the library and runs from there (it needs no library of its own).
+if(EXPECT_SMI)
+  if(NOT EXISTS ${prefix}/bin/frugal-smi)
+    message(FATAL_ERROR "install_consumer: frugal-smi is not installed in ${prefix}/bin")
+  endif()
+  run_step("running the installed frugal-smi" ${prefix}/bin/frugal-smi --json)
+endif()
 
 set(configure_args -S ${SRC} -B ${WORK}/build -DCMAKE_PREFIX_PATH=${prefix}
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
