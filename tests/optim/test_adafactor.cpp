@@ -214,6 +214,44 @@ TEST(Adafactor, BadOptionsAndParametersAreClearErrors) {
   expect_error<Error>([&] { opt.step(); }, {"Adafactor.step", "sparse gradient", "optim::SparseAdam"});
 }
 
+// Note [a failed step changes nothing]: the first step's every allocation (its state) made to fail in turn;
+// each failure leaves parameters and state as they were, and the step run again gives the clean result.
+// An update that allocated would fail half done here.
+TEST(Adafactor, AFailedStepChangesNothing) {
+  auto values = [](const std::vector<Tensor>& params) {
+    std::vector<std::vector<float>> v;
+    for (const Tensor& p : params) v.push_back(p.to_vector<float>());
+    return v;
+  };
+  std::vector<Tensor> clean = initial_params(DType::F32);
+  optim::Adafactor clean_opt(clean);
+  set_grads(clean, 1);
+  clean_opt.step();
+  int64_t failures = 0;
+  for (int64_t n = 1;; ++n) {
+    std::vector<Tensor> params = initial_params(DType::F32);
+    optim::Adafactor opt(params);
+    set_grads(params, 1);
+    const auto before = values(params);
+    bool failed = false;
+    memory::detail::fail_allocation_at(n);
+    try {
+      opt.step();
+    } catch (const OutOfMemoryError&) {
+      failed = true;
+    }
+    memory::detail::fail_allocation_at(0);
+    if (!failed) break;
+    ++failures;
+    EXPECT_EQ(values(params), before) << "allocation " << n;
+    EXPECT_EQ(opt.num_state_bytes(), 0) << "allocation " << n;
+    EXPECT_EQ(opt.state_dict().count("state.0.step"), 0u) << "allocation " << n;
+    opt.step();
+    EXPECT_EQ(values(params), values(clean)) << "allocation " << n;
+  }
+  EXPECT_EQ(failures, 5);  // row_var and col_var of two matrices, the vector's variance
+}
+
 // Note [master weights]: bf16 parameters updated through f32 copies follow, in the copies, exactly the f32
 // run from the same (bf16-rounded) values and gradients.
 TEST(Adafactor, MasterWeightsFollowTheF32Run) {
