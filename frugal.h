@@ -41,6 +41,7 @@
 #include "nn/module.h"
 #include "nn/module_holder.h"
 #include "nn/ordered_dict.h"
+#include "optim/adafactor.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"

@@ -78,7 +78,7 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& options)
 Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults)
     : Optimizer("Adam", std::move(groups), defaults.clone()) {}
 
-std::vector<std::string> Adam::state_names(const OptimizerOptions& options) const {
+std::vector<std::string> Adam::state_names(const OptimizerOptions& options, const Tensor&) const {
   return adam_state_names(static_cast<const AdamOptions&>(options).amsgrad());
 }
 
@@ -94,7 +94,7 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults)
     : Optimizer("AdamW", std::move(groups), defaults.clone()) {}
 
-std::vector<std::string> AdamW::state_names(const OptimizerOptions& options) const {
+std::vector<std::string> AdamW::state_names(const OptimizerOptions& options, const Tensor&) const {
   return adam_state_names(static_cast<const AdamWOptions&>(options).amsgrad());
 }
 

@@ -69,7 +69,7 @@ class Adam : public Optimizer {
 
  protected:
   void update(const OptimizerOptions& options, Tensor& param, const Tensor& grad, ParamState& state) override;
-  std::vector<std::string> state_names(const OptimizerOptions& options) const override;
+  std::vector<std::string> state_names(const OptimizerOptions& options, const Tensor& param) const override;
 };
 
 class AdamW : public Optimizer {
@@ -79,7 +79,7 @@ class AdamW : public Optimizer {
 
  protected:
   void update(const OptimizerOptions& options, Tensor& param, const Tensor& grad, ParamState& state) override;
-  std::vector<std::string> state_names(const OptimizerOptions& options) const override;
+  std::vector<std::string> state_names(const OptimizerOptions& options, const Tensor& param) const override;
 };
 
 }  // namespace frugal::optim

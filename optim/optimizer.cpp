@@ -1,6 +1,7 @@
 // optim::Optimizer: parameter groups, the step loop with its gradient checks, zero_grad, state dicts.
 #include "optim/optimizer.h"
 
+#include <cmath>
 #include <set>
 
 #include "autograd/graph.h"
@@ -70,14 +71,20 @@ DType Optimizer::state_dtype(DType param_dtype) {
   return param_dtype == DType::F16 || param_dtype == DType::BF16 ? DType::F32 : param_dtype;
 }
 
-Tensor Optimizer::new_state(const Tensor& param) {
-  Tensor s = zeros(param.shape(), TensorOptions(state_dtype(param.dtype())).device(param.device()));
+Tensor Optimizer::new_state(const Tensor& param) { return new_state(param, param.shape()); }
+
+Tensor Optimizer::new_state(const Tensor& param, const Shape& shape) {
+  Tensor s = zeros(shape, TensorOptions(state_dtype(param.dtype())).device(param.device()));
   // Retagged rather than allocated under a memory::Tag scope, so the bytes show under exactly "optimizer"
   // whatever tag the caller's step() runs under.
   static const uint32_t kOptimizerTag = memory::intern_tag("optimizer");
   s.storage()->retag(kOptimizerTag);
   return s;
 }
+
+Shape Optimizer::state_shape(const std::string&, const Tensor& param) const { return param.shape(); }
+
+void Optimizer::check_param(const Tensor&, int64_t) const {}
 
 bool Optimizer::uses_master(const OptimizerOptions& options, const Tensor& param) {
   return options.get_master_weights() && (param.dtype() == DType::F16 || param.dtype() == DType::BF16);
@@ -132,9 +139,10 @@ void Optimizer::step() {
                            "; convert the gradient or zero_grad() after changing dtypes");
         FRUGAL_CHECK_T(DeviceError, grad.device() == p.device(), name_, ".step: the gradient of parameter ",
                        index, " is on ", grad.device(), " but the parameter is on ", p.device());
+        check_param(p, index);
         ParamState& st = state_[g][i];
         for (const auto& [key, t] : st.tensors)
-          FRUGAL_CHECK(t.shape() == p.shape() && t.dtype() == state_dtype(p.dtype()), name_,
+          FRUGAL_CHECK(t.shape() == state_shape(key, p) && t.dtype() == state_dtype(p.dtype()), name_,
                        ".step: the state '", key, "' of parameter ", index, " is ", dtype_name(t.dtype()),
                        " ", t.shape(), " but the parameter is now ", dtype_name(p.dtype()), " ", p.shape(),
                        "; create the optimizer after converting the model");
@@ -145,11 +153,11 @@ void Optimizer::step() {
         u.state = &st;
         u.master = uses_master(options, p);
         // The state the update reads, made now (zeroed; the master copy from p) so that it allocates nothing.
-        std::vector<std::string> names = state_names(options);
+        std::vector<std::string> names = state_names(options, p);
         if (u.master) names.push_back("master");
         for (const std::string& name : names) {
           if (auto it = st.tensors.find(name); it != st.tensors.end() && it->second.defined()) continue;
-          Tensor t = new_state(p);
+          Tensor t = new_state(p, state_shape(name, p));
           if (name == "master") ops::copy_(t, p);
           st.tensors[name] = t;
           made.emplace_back(&st, name);
@@ -250,8 +258,10 @@ StateDict Optimizer::state_dict() const {
     }
     dict[group_key(g, "params")] = tensor(ids);
     for (const HyperParam& h : groups_[g].options_->hyperparams())
-      dict[group_key(g, h.name)] =
-          h.number ? scalar_tensor(*h.number, DType::F64) : scalar_tensor(*h.flag ? 1 : 0, DType::I64);
+      dict[group_key(g, h.name)] = h.number ? scalar_tensor(*h.number, DType::F64)
+                                   : h.maybe_number
+                                       ? scalar_tensor(h.maybe_number->value_or(std::nan("")), DType::F64)
+                                       : scalar_tensor(*h.flag ? 1 : 0, DType::I64);
     if (groups_[g].initial_lr)
       dict[group_key(g, "initial_lr")] = scalar_tensor(*groups_[g].initial_lr, DType::F64);
   }
@@ -281,6 +291,8 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       const double v = scalar_of(find_key(dict, key, name_), key, name_);
       if (h.number)
         *h.number = v;
+      else if (h.maybe_number)
+        *h.maybe_number = std::isnan(v) ? std::nullopt : std::optional<double>(v);
       else
         *h.flag = v != 0;
       used.insert(key);
@@ -302,18 +314,19 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       ParamState& st = group_state[i];
       st.initialized = true;
       st.step = int64_t(scalar_of(it->second, step_key, name_));
-      std::vector<std::string> names = state_names(*opts);
+      std::vector<std::string> names = state_names(*opts, p);
       if (uses_master(*opts, p)) names.push_back("master");
       for (const std::string& name : names) {
         const std::string key = state_key(index, name);
         const Tensor& t = find_key(dict, key, name_);
         used.insert(key);
-        FRUGAL_CHECK_SHAPE(t.shape() == p.shape(), name_, ".load_state_dict: '", key, "' has shape ",
-                           t.shape(), " but parameter ", index, " has shape ", p.shape());
+        const Shape shape = state_shape(name, p);
+        FRUGAL_CHECK_SHAPE(t.shape() == shape, name_, ".load_state_dict: '", key, "' has shape ", t.shape(),
+                           " but parameter ", index, " (shape ", p.shape(), ") keeps it as ", shape);
         FRUGAL_CHECK_DTYPE(t.dtype() == state_dtype(p.dtype()), name_, ".load_state_dict: '", key, "' is ",
                            dtype_name(t.dtype()), " but the state of a ", dtype_name(p.dtype()),
                            " parameter is ", dtype_name(state_dtype(p.dtype())));
-        Tensor s = new_state(p);
+        Tensor s = new_state(p, shape);
         ops::copy_(s, t.to(p.device()));
         st.tensors[name] = s;
       }

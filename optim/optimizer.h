@@ -35,11 +35,13 @@ struct SparseGrad;  // autograd/graph.h
 
 namespace frugal::optim {
 
-// One hyperparameter by name, for state dicts: a number (saved as 0-d f64) or a flag (0-d i64).
+// One hyperparameter by name, for state dicts: a number (saved as 0-d f64), a flag (0-d i64), or a number
+// that may be unset (0-d f64, nan when unset: Adafactor's eps1).
 struct HyperParam {
   std::string name;
   double* number = nullptr;
   bool* flag = nullptr;
+  std::optional<double>* maybe_number = nullptr;
 };
 
 // The options of one optimizer (SGDOptions, AdamOptions, ...); each parameter group holds its own copy.
@@ -136,12 +138,20 @@ class Optimizer {
   // Applies one update from a coalesced sparse gradient (Note [sparse gradients], autograd/sparse.h).
   virtual void update_sparse(const OptimizerOptions& options, Tensor& param, const SparseGrad& grad,
                              ParamState& state);
-  // The state tensors a parameter has under these options (what load_state_dict expects).
-  virtual std::vector<std::string> state_names(const OptimizerOptions& options) const = 0;
+  // The state tensors param has under these options (what load_state_dict expects). Most optimizers name the
+  // same ones for every parameter; Adafactor's depend on its rank.
+  virtual std::vector<std::string> state_names(const OptimizerOptions& options,
+                                               const Tensor& param) const = 0;
+  // The shape of param's state tensor `name`: param's own by default (Adafactor's factors are smaller).
+  virtual Shape state_shape(const std::string& name, const Tensor& param) const;
+  // Throws Error if this optimizer cannot update param (step() asks before it changes anything; Adafactor
+  // runs on the CPU only).
+  virtual void check_param(const Tensor& param, int64_t index) const;
 
-  // A zeroed state tensor for param: its shape, f32 for f16/bf16 parameters (else its dtype), counted under
-  // the memory tag "optimizer".
+  // A zeroed state tensor for param: its shape (or `shape`), f32 for f16/bf16 parameters (else its dtype),
+  // counted under the memory tag "optimizer".
   static Tensor new_state(const Tensor& param);
+  static Tensor new_state(const Tensor& param, const Shape& shape);
   static DType state_dtype(DType param_dtype);
   // True when param is updated through an f32 master copy (Note [master weights]).
   static bool uses_master(const OptimizerOptions& options, const Tensor& param);

@@ -28,7 +28,7 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
 SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults)
     : Optimizer("SGD", std::move(groups), defaults.clone()) {}
 
-std::vector<std::string> SGD::state_names(const OptimizerOptions& options) const {
+std::vector<std::string> SGD::state_names(const OptimizerOptions& options, const Tensor&) const {
   if (static_cast<const SGDOptions&>(options).momentum() == 0) return {};
   return {"momentum_buffer"};
 }

@@ -40,7 +40,7 @@ class SGD : public Optimizer {
 
  protected:
   void update(const OptimizerOptions& options, Tensor& param, const Tensor& grad, ParamState& state) override;
-  std::vector<std::string> state_names(const OptimizerOptions& options) const override;
+  std::vector<std::string> state_names(const OptimizerOptions& options, const Tensor& param) const override;
 };
 
 }  // namespace frugal::optim

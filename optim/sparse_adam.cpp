@@ -28,7 +28,7 @@ SparseAdam::SparseAdam(std::vector<Tensor> params, const SparseAdamOptions& opti
 SparseAdam::SparseAdam(std::vector<ParamGroup> groups, const SparseAdamOptions& defaults)
     : Optimizer("SparseAdam", std::move(groups), defaults.clone()) {}
 
-std::vector<std::string> SparseAdam::state_names(const OptimizerOptions&) const {
+std::vector<std::string> SparseAdam::state_names(const OptimizerOptions&, const Tensor&) const {
   return {"exp_avg", "exp_avg_sq"};
 }
 

@@ -41,7 +41,7 @@ class SparseAdam : public Optimizer {
   void update(const OptimizerOptions& options, Tensor& param, const Tensor& grad, ParamState& state) override;
   void update_sparse(const OptimizerOptions& options, Tensor& param, const SparseGrad& grad,
                      ParamState& state) override;
-  std::vector<std::string> state_names(const OptimizerOptions& options) const override;
+  std::vector<std::string> state_names(const OptimizerOptions& options, const Tensor& param) const override;
 };
 
 }  // namespace frugal::optim
