@@ -319,6 +319,62 @@ std::string write_oom_dump(const HistoryRecord& record, const std::vector<BlockI
 
 }  // namespace detail
 
+// ---- the peak ----
+
+PeakBreakdown peak_by_category(const HistoryRecord& r) {
+  FRUGAL_CHECK(!r.truncated, "memory::peak_by_category: the record is truncated (", r.dropped,
+               " events dropped after ", r.max_events, "): record a shorter span or raise max_events");
+  int64_t live[kNumCategories] = {};
+  auto sum = [&] {
+    int64_t n = 0;
+    for (int64_t b : live) n += b;
+    return n;
+  };
+  PeakBreakdown peak;
+  bool started = false;
+  auto take = [&](PeakBreakdown& p, bool peaks) {
+    for (int c = 0; c < kNumCategories; ++c) {
+      p.by_category[c] = live[c];
+      if (peaks) p.category_peaks[c] = live[c];
+    }
+  };
+  for (const HistoryEvent& e : r.events) {
+    if (e.kind == EventKind::Live) {
+      live[int(e.category)] += e.size;
+      continue;
+    }
+    if (!started) {
+      FRUGAL_CHECK(sum() == r.start_allocated, "memory::peak_by_category: the blocks live at the start hold ",
+                   sum(), " bytes, the allocator had ", r.start_allocated, " allocated");
+      peak.total = r.start_allocated;
+      take(peak, true);
+      started = true;
+    }
+    if (e.kind == EventKind::Alloc || e.kind == EventKind::Free) {
+      live[int(e.category)] += e.kind == EventKind::Alloc ? e.size : -e.size;
+    } else if (e.kind == EventKind::Retag) {
+      live[int(e.old_category)] -= e.size;
+      live[int(e.category)] += e.size;
+    } else {
+      continue;
+    }
+    FRUGAL_CHECK(sum() == e.allocated, "memory::peak_by_category: after a ", event_kind_name(e.kind),
+                 " the categories hold ", sum(), " bytes, the allocator ", e.allocated);
+    for (int c = 0; c < kNumCategories; ++c)
+      peak.category_peaks[c] = std::max(peak.category_peaks[c], live[c]);
+    if (e.allocated > peak.total) {
+      peak.total = e.allocated;
+      peak.time_ns = e.time_ns;
+      take(peak, false);
+    }
+  }
+  if (!started) {
+    peak.total = r.start_allocated;
+    take(peak, true);
+  }
+  return peak;
+}
+
 // ---- the public calls ----
 
 detail::AllocatorBase& detail::allocator_base(Device device) {

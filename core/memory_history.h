@@ -10,6 +10,7 @@
 //   memory::dump_svg("step.svg");     // live bytes by category, the peak and the largest blocks at it
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -141,6 +142,19 @@ void record_history(Device device, bool enabled, size_t max_events = kDefaultMax
 bool history_enabled(Device device = kCPU);
 // A copy of the record (while recording, what has been recorded so far).
 HistoryRecord history(Device device = kCPU);
+
+// The bytes live at a record's peak, by category: the first event at which the allocated bytes are highest
+// (the start, when nothing allocated beyond it), as the SVG marks it, and each category's own highest bytes
+// over the record (at different moments: together more than the peak). The events are replayed and, after
+// each, the categories must add up to the allocated bytes the allocator recorded with it: Error otherwise (a
+// truncated record, Note [history bounds], is refused: its breakdown would be wrong).
+struct PeakBreakdown {
+  int64_t total = 0;                                  // allocated bytes at the peak
+  int64_t time_ns = 0;                                // when (since the record's start)
+  std::array<int64_t, kNumCategories> by_category{};  // by Category; adds up to total
+  std::array<int64_t, kNumCategories> category_peaks{};
+};
+PeakBreakdown peak_by_category(const HistoryRecord& record);
 
 // The record as Chrome-trace JSON (Note [memory trace format] in core/memory_trace.cpp) and as an SVG
 // picture (core/memory_svg.cpp). Throw Error naming the path when it cannot be written.

@@ -32,7 +32,8 @@ using namespace frugal;
 // One way to train (or run) a model. key names it in the JSON and the SVG file names; name in the table.
 struct Technique {
   std::string key, name, when;
-  bool sgd = false;  // SGD with momentum 0.9 (lr x 10) instead of Adam (AdamW for gpt)
+  bool sgd = false;        // SGD with momentum 0.9 (lr x 10) instead of Adam (AdamW for gpt)
+  bool adafactor = false;  // Adafactor (torch's defaults: lr 1e-2, a relative step) instead of Adam
   bool recompute = false;
   std::optional<DType> autocast = std::nullopt;  // f16 also brings a GradScaler
   int accum = 1;                                 // micro-batches per step, each batch / accum
@@ -60,6 +61,11 @@ inline std::vector<Technique> techniques_for(const std::string& model) {
                  .name = "SGD with momentum",
                  .when = "one state tensor per parameter instead of Adam's two; needs its own lr (here 10x)",
                  .sgd = true});
+  all.push_back({.key = "adafactor",
+                 .name = "Adafactor",
+                 .when = "optimizer state O(rows + columns) a matrix instead of Adam's two full moments; "
+                         "relative step sizes",
+                 .adafactor = true});
   all.push_back({.key = "recompute",
                  .name = "recompute segments",
                  .when = "activations dominate: keeps segment inputs only, pays a second forward in backward",
@@ -103,65 +109,6 @@ inline std::vector<Technique> techniques_for(const std::string& model) {
                  .autocast = DType::BF16,
                  .accum = 4});
   return all;
-}
-
-// Bytes live at the peak of a history, by category (memory::Category order): the first event at which the
-// allocated bytes are highest (the start, when nothing allocated beyond it), as memory::write_svg finds it.
-struct PeakBytes {
-  int64_t total = 0;
-  std::array<int64_t, memory::kNumCategories> by_category{};
-  // Each category's own highest bytes over the run (at different moments: they add up to more than total).
-  std::array<int64_t, memory::kNumCategories> category_peaks{};
-};
-// Replays the record's events; the live bytes after each event must add up to the allocated bytes the
-// allocator recorded with it (they do unless the record is truncated or a bug breaks them): an Error
-// otherwise, since a breakdown that does not add up would be a wrong answer.
-inline PeakBytes peak_by_category(const memory::HistoryRecord& r) {
-  FRUGAL_CHECK(!r.truncated, "peak_by_category: the history is truncated (", r.dropped,
-               " events dropped after ", r.max_events, "); run fewer --steps");
-  std::array<int64_t, memory::kNumCategories> live{};
-  auto sum = [](const std::array<int64_t, memory::kNumCategories>& a) {
-    int64_t s = 0;
-    for (int64_t b : a) s += b;
-    return s;
-  };
-  PeakBytes peak;
-  bool started = false;
-  for (const memory::HistoryEvent& e : r.events) {
-    using memory::EventKind;
-    if (e.kind == EventKind::Live) {
-      live[size_t(e.category)] += e.size;
-      continue;
-    }
-    if (!started) {
-      FRUGAL_CHECK(sum(live) == r.start_allocated, "peak_by_category: the live blocks at the start hold ",
-                   sum(live), " bytes, the allocator had ", r.start_allocated, " allocated");
-      peak.total = r.start_allocated;
-      peak.by_category = peak.category_peaks = live;
-      started = true;
-    }
-    if (e.kind == EventKind::Alloc || e.kind == EventKind::Free) {
-      live[size_t(e.category)] += e.kind == EventKind::Alloc ? e.size : -e.size;
-    } else if (e.kind == EventKind::Retag) {
-      live[size_t(e.old_category)] -= e.size;
-      live[size_t(e.category)] += e.size;
-    } else {
-      continue;
-    }
-    FRUGAL_CHECK(sum(live) == e.allocated, "peak_by_category: after a ", memory::event_kind_name(e.kind),
-                 " the categories hold ", sum(live), " bytes, the allocator ", e.allocated);
-    for (size_t c = 0; c < live.size(); ++c)
-      peak.category_peaks[c] = std::max(peak.category_peaks[c], live[c]);
-    if (e.allocated > peak.total) {
-      peak.total = e.allocated;
-      peak.by_category = live;
-    }
-  }
-  if (!started) {
-    peak.total = r.start_allocated;
-    peak.by_category = peak.category_peaks = live;
-  }
-  return peak;
 }
 
 // A technique's figures, all from its own run.
@@ -234,7 +181,7 @@ class Workload {
         run_fmnist(t, row.losses, step_ms);
     }
     const memory::HistoryRecord r = memory::history(kCPU);
-    const PeakBytes peak = peak_by_category(r);
+    const memory::PeakBreakdown peak = memory::peak_by_category(r);
     row.steps = int64_t(row.losses.size());
     row.peak = memory::stats().allocated.peak;
     FRUGAL_CHECK(peak.total == row.peak, "techniques: the history's peak (", peak.total,
@@ -299,6 +246,8 @@ class Workload {
     std::unique_ptr<optim::Optimizer> opt;
     if (t.sgd)
       opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions(cfg_.lr * 10).momentum(0.9));
+    else if (t.adafactor)
+      opt = std::make_unique<optim::Adafactor>(model->parameters(), optim::AdafactorOptions());
     else
       opt = std::make_unique<optim::Adam>(model->parameters(),
                                           optim::AdamOptions(cfg_.lr).master_weights(t.bf16_parameters));
@@ -349,6 +298,8 @@ class Workload {
     std::unique_ptr<optim::Optimizer> opt, sparse_opt;
     if (t.sgd)
       opt = std::make_unique<optim::SGD>(dense, optim::SGDOptions(cfg_.lr * 10).momentum(0.9));
+    else if (t.adafactor)
+      opt = std::make_unique<optim::Adafactor>(dense, optim::AdafactorOptions());
     else
       opt = std::make_unique<optim::AdamW>(dense,
                                            optim::AdamWOptions(cfg_.lr).master_weights(t.bf16_parameters));

@@ -212,6 +212,45 @@ TEST_F(MemoryHistory, RecordsPhasesOpsAndCategories) {
   EXPECT_FALSE(events_of(EventKind::Live).empty());
 }
 
+// The breakdown at the peak adds up to it, each category's own peak is at least its share there, and a
+// truncated record is refused.
+TEST_F(MemoryHistory, PeakByCategoryAddsUpToThePeak) {
+  Tensor params;
+  {
+    memory::Tag t("parameters");
+    params = empty({1000});
+  }
+  memory::HistoryRecord record;
+  int64_t peak = 0;
+  {
+    memory::History h(kCPU);
+    memory::reset_peak();
+    {
+      memory::Tag t("activations");
+      Tensor a = empty({50000}), b = empty({70000});
+      peak = memory::stats().allocated.peak;
+    }
+    memory::Tag t("data");
+    Tensor c = empty({20000});
+    record = memory::history(kCPU);
+  }
+  const memory::PeakBreakdown p = memory::peak_by_category(record);
+  EXPECT_EQ(p.total, peak);
+  int64_t sum = 0;
+  for (int c = 0; c < memory::kNumCategories; ++c) {
+    sum += p.by_category[c];
+    EXPECT_GE(p.category_peaks[c], p.by_category[c]);
+  }
+  EXPECT_EQ(sum, p.total);
+  EXPECT_EQ(p.by_category[int(Category::Parameters)], 4096);  // 4000 bytes, rounded to 512
+  EXPECT_EQ(p.by_category[int(Category::Data)], 0);           // c came after the peak
+  EXPECT_GT(p.category_peaks[int(Category::Data)], 0);
+  EXPECT_GT(p.time_ns, 0);
+  memory::HistoryRecord truncated = record;
+  truncated.truncated = true;
+  expect_error<Error>([&] { memory::peak_by_category(truncated); }, {"truncated"});
+}
+
 TEST(MemoryCategories, FollowTheTagThenThePhase) {
   EXPECT_EQ(memory::category_of("gradients", Phase::Backward), Category::Gradients);
   EXPECT_EQ(memory::category_of("optimizer", Phase::Optimizer), Category::OptimizerState);

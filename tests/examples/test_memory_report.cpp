@@ -61,7 +61,7 @@ TEST(MemoryReport, RowPeakIsTheAllocatorsAndItsCategoriesAddUpToIt) {
     EXPECT_EQ(sum(row.at_peak), row.peak) << key;
     EXPECT_EQ(row.steps, 2) << key;
     // The categories are those of the record handed out, at its highest allocated bytes.
-    const techniques::PeakBytes p = techniques::peak_by_category(record);
+    const memory::PeakBreakdown p = memory::peak_by_category(record);
     EXPECT_EQ(p.total, row.peak) << key;
     EXPECT_EQ(p.by_category, row.at_peak) << key;
     int64_t highest = record.start_allocated;
@@ -166,6 +166,7 @@ TEST(MemoryReport, TechniquesThatMustSaveMemoryDo) {
   const techniques::Row accum = w.run(by_key("gpt", "grad_accumulation"));
   const techniques::Row sgd = w.run(by_key("gpt", "sgd_momentum"));
   const techniques::Row inference = w.run(by_key("gpt", "inference"));
+  const techniques::Row adafactor = w.run(by_key("gpt", "adafactor"));
   using C = memory::Category;
   EXPECT_LT(category(recompute.category_peaks, C::Activations),
             category(base.category_peaks, C::Activations));
@@ -174,6 +175,9 @@ TEST(MemoryReport, TechniquesThatMustSaveMemoryDo) {
   // SGD keeps one tensor per parameter, Adam two: exactly half.
   EXPECT_EQ(2 * category(sgd.category_peaks, C::OptimizerState),
             category(base.category_peaks, C::OptimizerState));
+  // Adafactor keeps one factored moment: less than SGD's one full buffer a parameter.
+  EXPECT_LT(category(adafactor.category_peaks, C::OptimizerState),
+            category(sgd.category_peaks, C::OptimizerState));
   EXPECT_LT(inference.peak, base.peak);
   EXPECT_EQ(category(inference.category_peaks, C::Gradients), 0);
   EXPECT_EQ(category(inference.category_peaks, C::OptimizerState), 0);
