@@ -26,8 +26,9 @@ struct Options {
   int accum = 1;  // micro-batches per step
   double lr = 1e-3;
   uint64_t seed = 0;
-  bool recompute = false;          // each block a recompute segment
-  bool sparse_embeddings = false;  // SparseAdam for the token embedding, AdamW for the rest
+  bool recompute = false;           // each block a recompute segment
+  bool sparse_embeddings = false;   // SparseAdam for the token embedding, the optimizer below for the rest
+  std::string optimizer = "adamw";  // for the dense parameters: adamw or adafactor
   // Mixed precision: autocast to this dtype around the forward and the loss, and for f16 a loss scaler.
   std::optional<DType> autocast;
   double clip = 0;  // clip the dense gradients' norm to this (0: off)
@@ -38,8 +39,8 @@ inline Tensor lm_loss(const Tensor& logits, const Tensor& target) {
   return nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
 }
 
-// The model, AdamW for every parameter (or SparseAdam for the token embedding), cosine schedules over
-// opts.steps down to lr / 10, and the generator the training windows are drawn from. Not copyable: the
+// The model, AdamW or Adafactor for every parameter (or SparseAdam for the token embedding), cosine schedules
+// over opts.steps down to lr / 10, and the generator the training windows are drawn from. Not copyable: the
 // schedules refer to the optimizers.
 class Trainer {
  public:
@@ -75,8 +76,13 @@ class Trainer {
     std::vector<Tensor> dense, sparse;
     for (auto& [name, p] : model->named_parameters())
       (opts.sparse_embeddings && name == "tok_emb.weight" ? sparse : dense).push_back(p);
-    adamw = std::make_unique<optim::AdamW>(dense, optim::AdamWOptions(opts.lr));
-    schedules_.push_back(std::make_unique<optim::CosineAnnealingLR>(*adamw, opts.steps, opts.lr * 0.1));
+    if (opts.optimizer == "adamw")
+      optimizer = std::make_unique<optim::AdamW>(dense, optim::AdamWOptions(opts.lr));
+    else if (opts.optimizer == "adafactor")
+      optimizer = std::make_unique<optim::Adafactor>(dense, optim::AdafactorOptions(opts.lr));
+    else
+      throw Error("unknown optimizer '" + opts.optimizer + "'; valid: adamw, adafactor");
+    schedules_.push_back(std::make_unique<optim::CosineAnnealingLR>(*optimizer, opts.steps, opts.lr * 0.1));
     if (!sparse.empty()) {
       sparse_adam = std::make_unique<optim::SparseAdam>(sparse, optim::SparseAdamOptions(opts.lr));
       schedules_.push_back(
@@ -98,7 +104,7 @@ class Trainer {
   // One optimizer step over the given micro-batches (the gradient is their mean). Returns the mean loss.
   double train_step(const std::vector<data::Batch>& micro) {
     FRUGAL_CHECK(!micro.empty(), "train_step: no micro-batches");
-    adamw->zero_grad();
+    optimizer->zero_grad();
     if (sparse_adam) sparse_adam->zero_grad();
     double loss_sum = 0;
     for (const data::Batch& b : micro) {
@@ -115,11 +121,11 @@ class Trainer {
     {
       memory::Tag tag("optimizer/step");
       if (opts_.clip > 0) {
-        scaler.unscale_(*adamw);  // clip the true gradients, not the scaled ones
-        optim::clip_grad_norm_(adamw->param_groups()[0].params, opts_.clip);
+        scaler.unscale_(*optimizer);  // clip the true gradients, not the scaled ones
+        optim::clip_grad_norm_(optimizer->param_groups()[0].params, opts_.clip);
       }
       // A step whose f16 gradients overflowed is skipped (and the scale backs off).
-      scaler.step(*adamw);
+      scaler.step(*optimizer);
       if (sparse_adam) scaler.step(*sparse_adam);
       scaler.update();
     }
@@ -142,7 +148,8 @@ class Trainer {
     std::string bytes = "[";
     for (uint8_t b : vocabulary) bytes += (bytes.size() > 1 ? ", " : "") + std::to_string(int(b));
     StateDict st;
-    for (auto& [k, t] : adamw->state_dict()) st["adamw." + k] = t;
+    // Under the optimizer's name ("adamw." as before Adafactor existed, so older checkpoints still resume).
+    for (auto& [k, t] : optimizer->state_dict()) st[opts_.optimizer + "." + k] = t;
     if (sparse_adam)
       for (auto& [k, t] : sparse_adam->state_dict()) st["sparse_adam." + k] = t;
     for (auto& [k, t] : scaler.state_dict()) st["scaler." + k] = t;  // nothing when disabled
@@ -167,11 +174,14 @@ class Trainer {
     const io::Checkpoint ckpt = io::load_checkpoint(path);
     const std::string state_path = io::checkpoint_state_path(path);
     StateDict a, s, sc;
+    const std::string prefix = opts_.optimizer + ".";
     for (auto& [k, t] : ckpt.state.tensors) {
-      if (k.rfind("adamw.", 0) == 0) a[k.substr(6)] = t;
+      if (k.rfind(prefix, 0) == 0) a[k.substr(prefix.size())] = t;
       if (k.rfind("sparse_adam.", 0) == 0) s[k.substr(12)] = t;
       if (k.rfind("scaler.", 0) == 0) sc[k.substr(7)] = t;
     }
+    FRUGAL_CHECK(!a.empty(), "resume: '", state_path, "' has no ", opts_.optimizer,
+                 " state; was it saved with another --optimizer?");
     FRUGAL_CHECK(!sparse_adam || !s.empty(), "resume: '", state_path,
                  "' has no SparseAdam state; was it saved without --sparse-embeddings?");
     FRUGAL_CHECK(!scaler.is_enabled() || !sc.empty(), "resume: '", state_path,
@@ -185,7 +195,7 @@ class Trainer {
     const Generator::State batches{uint64_t(get("trainer.batch_seed")),
                                    uint64_t(get("trainer.batch_offset"))};
     model->load_state_dict(ckpt.weights.tensors);
-    adamw->load_state_dict(a);
+    optimizer->load_state_dict(a);
     if (sparse_adam) sparse_adam->load_state_dict(s);
     scaler.load_state_dict(sc);  // a no-op when disabled
     step_ = step;
@@ -194,7 +204,7 @@ class Trainer {
   }
 
   nn::GPT model{nullptr};
-  std::unique_ptr<optim::AdamW> adamw;
+  std::unique_ptr<optim::Optimizer> optimizer;  // AdamW or Adafactor, for the dense parameters
   std::unique_ptr<optim::SparseAdam> sparse_adam;
   amp::GradScaler scaler;  // enabled for f16 autocast only
 

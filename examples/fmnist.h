@@ -52,7 +52,8 @@ inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& kind,
   if (kind == "sgd") return std::make_unique<optim::SGD>(params, optim::SGDOptions(lr).momentum(0.9));
   if (kind == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions(lr));
   if (kind == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(lr));
-  throw Error("unknown optimizer '" + kind + "'; valid: sgd, adam, adamw");
+  if (kind == "adafactor") return std::make_unique<optim::Adafactor>(params, optim::AdafactorOptions(lr));
+  throw Error("unknown optimizer '" + kind + "'; valid: sgd, adam, adamw, adafactor");
 }
 
 // Mixed precision of a run (--amp): autocast to `autocast` around the forward and the loss (none: f32), and

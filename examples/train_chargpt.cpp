@@ -35,7 +35,11 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "windows per step")->check(positive);
   app.add_option("--steps", o.steps, "optimizer steps")
       ->check(CLI::Validator(examples::integer_in(1, 1000000000), "[1, 10^9]"));
-  app.add_option("--lr", o.lr, "AdamW learning rate (finite, > 0)")->check(finite_positive);
+  app.add_option("--lr", o.lr, "learning rate (finite, > 0; Adafactor's largest relative step)")
+      ->check(finite_positive);
+  app.add_option("--optimizer", o.optimizer,
+                 "adamw, or adafactor (factored second moment: O(rows + columns) state a matrix)")
+      ->check(CLI::IsMember({"adamw", "adafactor"}));
   app.add_option("--accum", o.accum, "micro-batches per step (gradient accumulation)")->check(positive);
   app.add_flag("--recompute", o.recompute, "run each block as a recompute segment (less activation memory)");
   app.add_flag("--sparse-embeddings", o.sparse_embeddings,
@@ -92,11 +96,11 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "frugal: training a GPT (%lld layers, width %lld, %lld heads, context %lld, vocab %lld; %lld "
-        "parameters, %s), batch %lld, accum %d%s%s, %s%s, %d threads\n",
+        "parameters, %s), %s, batch %lld, accum %d%s%s, %s%s, %d threads\n",
         static_cast<long long>(o.layers), static_cast<long long>(o.width), static_cast<long long>(o.heads),
         static_cast<long long>(o.context), static_cast<long long>(train->vocab_size()),
         static_cast<long long>(model.num_parameters()), memory::format_bytes(model.parameter_bytes()).c_str(),
-        static_cast<long long>(o.batch), o.accum, o.recompute ? ", recompute" : "",
+        o.optimizer.c_str(), static_cast<long long>(o.batch), o.accum, o.recompute ? ", recompute" : "",
         o.sparse_embeddings ? ", sparse embeddings" : "", o.autocast ? "autocast " : "",
         o.autocast ? dtype_name(*o.autocast) : "f32", num_threads());
 

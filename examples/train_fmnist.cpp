@@ -71,8 +71,10 @@ int main(int argc, char** argv) {
                  "batch size, at most the 60000 training images (default, or 0: 128 for mlp, 64 for cnn)")
       ->check(CLI::Validator(examples::integer_in(0, 60000), "[0, 60000]"));
   app.add_option("--lr", lr, "learning rate (finite, > 0)")->check(finite_positive);
-  app.add_option("--optimizer", optimizer, "sgd (momentum 0.9), adam or adamw")
-      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  app.add_option(
+         "--optimizer", optimizer,
+         "sgd (momentum 0.9), adam, adamw or adafactor (factored second moment; --lr is its largest step)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw", "adafactor"}));
   app.add_option("--schedule", schedule, "learning rate over the run: cosine (decays to 0 per step) or none")
       ->check(CLI::IsMember({"cosine", "none"}));
   app.add_option("--accum", accum, "micro-batches per step (gradient accumulation; it divides --batch)")

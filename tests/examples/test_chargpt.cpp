@@ -180,7 +180,7 @@ TEST_F(CharGPTResume, WeightsAndStateOfDifferentSavesAreRefused) {
   expect_error<Error>([&] { t.load(path("ckpt.safetensors")); }, {path("ckpt.safetensors"), "another save"});
   EXPECT_EQ(t.step(), 0);
   for (const auto& [name, w] : t.model->state_dict()) EXPECT_EQ(w.to_vector<double>(), before[name]) << name;
-  EXPECT_TRUE(t.adamw->state_dict().count("state.0.step") == 0);  // the optimizer never took a step
+  EXPECT_TRUE(t.optimizer->state_dict().count("state.0.step") == 0);  // the optimizer never took a step
 }
 
 }  // namespace
