@@ -25,10 +25,12 @@ Tensor data_alias(const Tensor& t) {
 }  // namespace
 
 bool grad_mode_enabled() { return t_grad_mode; }
-// Note [memory phases] (core/memory_history.h): outside a phase scope, grad mode decides forward or other.
-[[maybe_unused]] const bool g_phase_query_set =
-    (memory::detail::set_grad_mode_query(&grad_mode_enabled), true);
-void set_grad_mode(bool enabled) { t_grad_mode = enabled && !t_inference; }
+// Note [memory phases] (core/memory_history.h): outside a phase scope, grad mode decides forward or other;
+// core keeps a mirror of it, told at every change.
+void set_grad_mode(bool enabled) {
+  t_grad_mode = enabled && !t_inference;
+  memory::detail::set_thread_grad_mode(t_grad_mode);
+}
 bool inference_mode_enabled() { return t_inference; }
 
 SavedTensorHooks::SavedTensorHooks(Pack pack, Unpack unpack) {
@@ -192,9 +194,11 @@ namespace frugal {
 InferenceMode::InferenceMode() : prev_grad_(autograd::t_grad_mode), prev_inference_(autograd::t_inference) {
   autograd::t_inference = true;
   autograd::t_grad_mode = false;
+  memory::detail::set_thread_grad_mode(false);
 }
 InferenceMode::~InferenceMode() {
   autograd::t_inference = prev_inference_;
   autograd::t_grad_mode = prev_grad_;
+  memory::detail::set_thread_grad_mode(prev_grad_);
 }
 }  // namespace frugal

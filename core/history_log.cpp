@@ -17,8 +17,9 @@
 namespace frugal::memory {
 
 namespace {
-thread_local int t_phase = -1;  // a Phase, or -1: none set (Note [memory phases])
-std::atomic<bool (*)()> g_grad_mode_query{nullptr};
+// Note [thread-locals on the allocation path] (core/history_log.h).
+FRUGAL_STATIC_TLS thread_local int t_phase = -1;         // a Phase, or -1: none set (Note [memory phases])
+FRUGAL_STATIC_TLS thread_local bool t_grad_mode = true;  // autograd's (memory::detail::set_thread_grad_mode)
 std::atomic<uint32_t> g_next_thread{0};
 thread_local uint32_t t_thread = 0;  // 0: not numbered yet
 
@@ -93,11 +94,10 @@ PhaseScope::~PhaseScope() { t_phase = previous_; }
 
 Phase current_phase() {
   if (t_phase >= 0) return Phase(t_phase);
-  bool (*query)() = g_grad_mode_query.load(std::memory_order_relaxed);
-  return query && query() ? Phase::Forward : Phase::Other;
+  return t_grad_mode ? Phase::Forward : Phase::Other;
 }
 
-void detail::set_grad_mode_query(bool (*query)()) { g_grad_mode_query.store(query); }
+void detail::set_thread_grad_mode(bool enabled) { t_grad_mode = enabled; }
 
 // ---- the buffer ----
 

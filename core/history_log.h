@@ -16,6 +16,12 @@
 #include "memory_history.h"
 #include "profiler.h"
 
+// Note [thread-locals on the allocation path]
+// The library is linked by the programs that use it, not dlopened (the CUDA backend is, and defines none of
+// these), so the thread-locals every allocation reads (the tag, the phase, grad mode's mirror) can live in
+// the static TLS block: one load each instead of a __tls_get_addr call.
+#define FRUGAL_STATIC_TLS __attribute__((tls_model("initial-exec")))
+
 namespace frugal::memory {
 
 struct Block;

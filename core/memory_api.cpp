@@ -140,7 +140,7 @@ TagTable& tag_table() {
   return *t;
 }
 
-thread_local uint32_t t_current_tag = 0;
+FRUGAL_STATIC_TLS thread_local uint32_t t_current_tag = 0;  // Note [thread-locals on the allocation path]
 
 // printf into a std::string; the summary is a fixed-width table and printf widths say that most plainly.
 __attribute__((format(printf, 2, 3))) void appendf(std::string& out, const char* fmt, ...) {

@@ -234,6 +234,8 @@ inline const char* current_op() {
 }  // namespace frugal::memory
 
 namespace frugal::memory::detail {
-// Autograd tells core whether grad mode is on, for the default phase (core cannot include autograd).
-void set_grad_mode_query(bool (*query)());
+// Autograd tells core whenever this thread's grad mode changes, for the default phase (core cannot include
+// autograd): a mirror core reads with the phase scope's, so that current_phase() is two thread-local loads
+// (every allocation stamps it on its block for the out-of-memory message).
+void set_thread_grad_mode(bool enabled);
 }  // namespace frugal::memory::detail
