@@ -243,6 +243,22 @@ TEST(TrainerFlags, NonFiniteLossStopsTheRunButSkippedF16StepsDoNot) {
 
 namespace {
 
+// Whether the data `program` trains on is installed: a trainer test skips the program without it.
+bool has_data(const std::string& program) {
+  if (program == "fmnist")
+    return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  return std::filesystem::exists("/usr/share/games/fortunes");
+}
+
+// An empty folder of this process for one test's files.
+std::filesystem::path fresh_dir(const std::string& name, const std::string& program) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("frugal_" + name + "_" + std::to_string(getpid()) + "_" + program);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
 // --memory-trace PATH: the history of steps 3-5 as a Chrome trace at PATH (JSON, with the allocated counter
 // and a track per category) and an SVG beside it (the extension replaced by .svg); a path that cannot be
 // written fails before training.
@@ -250,15 +266,9 @@ TEST(TrainerFlags, MemoryTraceWritesTheTraceAndThePicture) {
   for (const std::string program : {"fmnist", "chargpt"}) {
     const std::string exe = binary(program);
     if (exe.empty()) GTEST_SKIP() << "the examples are not built";
-    if (program == "fmnist" &&
-        !std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
-      continue;
-    if (program == "chargpt" && !std::filesystem::exists("/usr/share/games/fortunes")) continue;
+    if (!has_data(program)) continue;
     SCOPED_TRACE(program);
-    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                      ("frugal_memory_trace_" + std::to_string(getpid()) + "_" + program);
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
+    const std::filesystem::path dir = fresh_dir("memory_trace", program);
     const std::string trace = (dir / "memory.json").string(), svg = (dir / "memory.svg").string();
     std::vector<std::string> argv{exe};
     for (const auto& [flag, v] : kBase.at(program))
@@ -328,15 +338,9 @@ TEST(TrainerFlags, ProfilePrintsTheTableAndOtherIsAtMostOnePercent) {
   for (const std::string program : {"fmnist", "chargpt"}) {
     const std::string exe = binary(program);
     if (exe.empty()) GTEST_SKIP() << "the examples are not built";
-    if (program == "fmnist" &&
-        !std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
-      continue;
-    if (program == "chargpt" && !std::filesystem::exists("/usr/share/games/fortunes")) continue;
+    if (!has_data(program)) continue;
     SCOPED_TRACE(program);
-    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                      ("frugal_profile_" + std::to_string(getpid()) + "_" + program);
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
+    const std::filesystem::path dir = fresh_dir("profile", program);
     const std::string trace = (dir / "memory.json").string();
     std::vector<std::string> argv{exe};
     for (const auto& [flag, v] : kBase.at(program))
