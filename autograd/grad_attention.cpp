@@ -3,6 +3,7 @@
 // nn::functional::attention_scores_softmax and self_attention check the arguments and call them; their
 // composite references stay in nn/attention.cpp.
 #include "autograd/nn_ops.h"
+#include "core/memory_history.h"
 #include "core/op_table_attention.h"
 #include "core/parallel.h"
 
@@ -10,6 +11,7 @@ namespace frugal::autograd {
 
 Tensor attention_scores_softmax(const Tensor& scores, double scale, bool causal) {
   const char* op = "attention_scores_softmax";
+  memory::OpScope op_scope(op, scores);  // Note [op names in the history]
   const Tensor x = ops::contiguous(scores.detach());
   Tensor y = empty(x.shape(), x.options());
   AttentionSoftmaxArgs a;
@@ -43,6 +45,7 @@ Tensor attention_scores_softmax(const Tensor& scores, double scale, bool causal)
 
 Tensor self_attention(const Tensor& qkv, int64_t n_heads, int64_t hd, double scale, bool causal) {
   const char* op = "self_attention";
+  memory::OpScope op_scope(op, qkv);  // Note [op names in the history]
   const DType dt = qkv.dtype();
   const TensorOptions compute = qkv.options().dtype(dt == DType::F16 || dt == DType::BF16 ? DType::F32 : dt);
   const Tensor x = ops::contiguous(qkv.detach());

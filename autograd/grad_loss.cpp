@@ -1,12 +1,14 @@
 // The differentiable fused softmax + cross-entropy (kernels: kernels/cpu/cross_entropy.cpp), beside its
 // backward rule. nn::functional::cross_entropy_rows checks the arguments and calls it.
 #include "autograd/nn_ops.h"
+#include "core/memory_history.h"
 #include "core/op_table_softmax.h"
 
 namespace frugal::autograd {
 
 Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                           double label_smoothing) {
+  memory::OpScope op_scope("cross_entropy", logits, target);  // Note [op names in the history]
   const DType acc = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
   const Tensor x = ops::contiguous(logits), t = ops::contiguous(target);
   Tensor loss = empty({logits.size(0)}, TensorOptions(acc).device(logits.device()));
