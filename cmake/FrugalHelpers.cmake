@@ -37,16 +37,17 @@ function(frugal_test_flags target)
   endif()
 endfunction()
 
-# frugal_add_test(name SOURCES a.cpp b.cpp [LABELS ...]): a GoogleTest executable registered with ctest.
+# frugal_add_test(name SOURCES a.cpp b.cpp [LABELS ...] [PROPERTIES ...]): a GoogleTest executable registered
+# with ctest, each case a test with those labels and properties.
 function(frugal_add_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;LABELS;PROPERTIES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   frugal_test_flags(${name})
   # A header precompiled at -O1 brings -O1 with it (gcc restores the optimisation options saved in it).
   if(TARGET frugal_tests_pch AND NOT name IN_LIST FRUGAL_TESTS_AT_BUILD_LEVEL)
     target_precompile_headers(${name} REUSE_FROM frugal_tests_pch)
   endif()
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}")
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}" ${ARG_PROPERTIES})
 endfunction()
 
 # frugal_add_bench(name SOURCES ...): a Google Benchmark program (not run by ctest).
