@@ -36,9 +36,9 @@ class HistoryLog {
   bool on() const { return on_; }
   // A fresh record; `live` are the blocks live now, recorded as Live events (their category from their tag).
   void start(size_t max_events, int64_t allocated, int64_t reserved, const std::vector<Block*>& live);
-  void stop() {
+  void stop() {  // a second stop keeps the first one's time: the record's end_ns is when it really ended
+    if (on_) stop_ = std::chrono::steady_clock::now();
     on_ = false;
-    stop_ = std::chrono::steady_clock::now();
   }
 
   // Each records one event with the statistics just after it (allocated, reserved). A block event also

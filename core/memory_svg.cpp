@@ -223,15 +223,9 @@ void write_svg(const std::string& path, const HistoryRecord& r) {
   s += text_at(std::min(px + 6, kRight - 300.0), std::max(py - 8, kTop + 12), peak_label,
                " fill=\"#c00000\" font-weight=\"bold\"");
 
-  // The legend, in two rows: each category's bytes at the peak. A truncated record has no exact breakdown
-  // (peak_by_category refuses it): the blocks found live at its peak then.
+  // The legend, in two rows: each category's bytes at the peak.
   int64_t at_peak[kNumCategories] = {};
-  if (!r.truncated) {
-    const PeakBreakdown breakdown = peak_by_category(r);
-    std::copy(breakdown.by_category.begin(), breakdown.by_category.end(), at_peak);
-  } else {
-    for (const auto& [address, b] : live) at_peak[int(b.category)] += b.size;
-  }
+  for (const auto& [address, b] : live) at_peak[int(b.category)] += b.size;
   for (int c = 0; c < kNumCategories; ++c) {
     const double x = kLeft + (c % 3) * 290.0, y = kBottom + 40 + (c / 3) * 18;
     s += frugal::detail::str_cat("<rect x=\"", num(x), "\" y=\"", num(y - 10),
