@@ -16,6 +16,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/estimate.h"
 #include "core/memory.h"
 #include "core/memory_history.h"
 #include "core/parallel.h"

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "autograd/functions.h"
 #include "core/error.h"
@@ -25,6 +26,15 @@ struct CacheEntry {
 // Keyed by the leaf's autograd metadata (a leaf that requires grad always has one, shared by all its
 // handles).
 thread_local std::map<std::pair<const void*, DType>, CacheEntry> t_cache;
+// The keys in the order the entries were made: the cache is emptied in that order, not in the map's (which
+// follows heap addresses), so that a run frees the casts in the same order every time and a dry run
+// (core/estimate.h) repeats it event for event.
+thread_local std::vector<std::pair<const void*, DType>> t_cache_order;
+
+void clear_cache() {
+  for (const auto& key : t_cache_order) t_cache.erase(key);
+  t_cache_order.clear();
+}
 
 // The lists of Note [autocast policy], by the name of each op's differentiable function.
 struct PolicyRow {
@@ -67,7 +77,10 @@ constexpr PolicyRow kPolicy[] = {
 // activations are cast once anyway, and casts up are cheap to redo.
 Tensor cast_to(const Tensor& x, DType dtype) {
   if (!(x.is_leaf() && x.requires_grad()) || dtype == DType::F32) return cast(x, dtype);
-  CacheEntry& e = t_cache[{x.autograd_meta().get(), dtype}];
+  const std::pair<const void*, DType> key{x.autograd_meta().get(), dtype};
+  auto [it, inserted] = t_cache.try_emplace(key);
+  if (inserted) t_cache_order.push_back(key);
+  CacheEntry& e = it->second;
   const bool recording = autograd::grad_mode_enabled();
   bool usable = e.cast.defined() && e.storage == x.storage().get() && e.version == x.storage()->version();
   if (usable && recording) {
@@ -99,7 +112,7 @@ Autocast::Autocast(DType dtype, bool enabled) : prev_(t_state), counted_(enabled
 }
 
 Autocast::~Autocast() {
-  if (counted_ && --t_enabled_guards == 0) t_cache.clear();
+  if (counted_ && --t_enabled_guards == 0) clear_cache();
   t_state = prev_;
 }
 

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/estimate.h"
 #include "core/memory.h"
 #include "core/op_table_sparse.h"
 #include "core/ops.h"
@@ -25,6 +26,16 @@ SparseGrad coalesce(const Tensor& indices, const Tensor& values, int64_t rows) {
   FRUGAL_CHECK_SHAPE(indices.dim() == 1 && values.dim() == 2 && values.size(0) == indices.size(0),
                      "coalesce: expected indices [n] and values [n, dim], got shapes ", indices.shape(),
                      " and ", values.shape());
+  if (indices.device().is_meta()) {  // Note [data-dependent sizes in a dry run]: every row distinct
+    memory::detail::read_allocations(indices, DType::I64);  // to_vector's, below
+    const int64_t distinct = std::min(indices.size(0), rows);
+    const Tensor src = values.contiguous();
+    SparseGrad out;
+    out.rows = rows;
+    out.indices = empty({distinct}, TensorOptions(DType::I64).device(values.device()));
+    out.values = empty({distinct, values.size(1)}, values.options());
+    return out;
+  }
   const std::vector<int64_t> idx = indices.to_vector<int64_t>();
   for (int64_t i : idx)
     FRUGAL_CHECK_INDEX(i >= 0 && i < rows, "coalesce: index ", i, " is out of range for ", rows,
@@ -111,11 +122,17 @@ Tensor embedding_sparse(const Tensor& flat, const Tensor& weight, int64_t pad) {
     n->backward = [target, rows, pad](const Grads& s, const Tensor& g) -> Grads {
       Tensor index = s[0], values = g;
       if (pad >= 0) {  // the padding row gets no gradient: its entries are left out (as PyTorch does)
-        std::vector<int64_t> keep;
-        const std::vector<int64_t> idx = index.to_vector<int64_t>();
-        for (size_t i = 0; i < idx.size(); ++i)
-          if (idx[i] != pad) keep.push_back(int64_t(i));
-        const Tensor kept = tensor(keep).to(g.device());
+        Tensor kept;
+        if (index.device().is_meta()) {  // Note [data-dependent sizes in a dry run]: no padding, all kept
+          memory::detail::read_allocations(index, DType::I64);
+          kept = empty({index.numel()}, TensorOptions(DType::I64).device(g.device()));
+        } else {
+          std::vector<int64_t> keep;
+          const std::vector<int64_t> idx = index.to_vector<int64_t>();
+          for (size_t i = 0; i < idx.size(); ++i)
+            if (idx[i] != pad) keep.push_back(int64_t(i));
+          kept = tensor(keep).to(g.device());
+        }
         index = ops::index_select(index, 0, kept);
         values = ops::index_select(values, 0, kept);
       }

@@ -55,6 +55,20 @@ inline constexpr int64_t kHostAlign = 64;  // a cache line, and enough for AVX-5
 // Beyond any memory; keeps the rounding from overflowing.
 inline constexpr int64_t kMaxRequest = int64_t(1) << 56;
 
+// Note [a simulated arena]
+// The meta device's allocator (core/estimate.cpp): the caching arena over a backing of virtual addresses,
+// whose allocations are not real (Note [failing an allocation] does not count them). With a source arena it
+// starts as a copy of that arena's state: the same segments, free blocks and statistics, its live blocks held
+// until it dies (`resident`: their bytes), so that a dry run continues from where the real device is.
+std::unique_ptr<Allocator> make_simulated_arena(Device device, std::unique_ptr<Backing> backing,
+                                                const Allocator* source, int64_t* resident);
+// Virtual addresses that no access can reach (non-canonical on x86-64 and AArch64: a stray read faults at
+// once rather than touching memory), handed out in order and never reused.
+std::unique_ptr<Backing> make_meta_backing();
+// Installs the meta device's allocator and returns the one before (core/estimate.cpp destroys it once no
+// tensor uses it). One dry run at a time: no other thread may use meta tensors meanwhile.
+std::unique_ptr<Allocator> swap_meta_allocator(std::unique_ptr<Allocator> next);
+
 // Note [an out-of-memory message that explains itself]: what holds the bytes and what each technique would
 // free, computed from the live blocks and the statistics at the failing moment (core/out_of_memory.cpp).
 // It names library calls; a program adds its own flags where it catches the error (examples/).
@@ -189,7 +203,7 @@ class AllocatorBase : public Allocator {
   // Note [out-of-memory dump]: records the OOM and writes the files; what the message adds ("" when no
   // history records).
   std::string oom_dump_locked(int64_t nbytes) {
-    if (!history_.on()) return "";
+    if (!history_.on() || simulated_) return "";  // a dry run's failure is an answer, not an incident
     history_.instant(EventKind::Oom, nbytes, stats_.allocated.current, stats_.reserved.current);
     return write_oom_dump(history_.record(device_), snapshot_locked(), stats_locked());
   }
@@ -313,6 +327,7 @@ class AllocatorBase : public Allocator {
   HistoryLog history_;
   uint64_t history_generation_ = 0;  // of the latest history started
   smi::SlotWriter smi_;              // off unless publish_to was called
+  bool simulated_ = false;           // Note [a simulated arena]: its allocations are not real ones
 };
 
 // The allocator of `device` as the base both allocators share (for the history, which lives there).

@@ -59,7 +59,7 @@ class Arena final : public AllocatorBase {
     const Phase phase = current_phase();
     const Stream stream = backing_->current_stream();
     std::lock_guard lock(mu_);
-    count_allocation_locked(nbytes);
+    if (!simulated_) count_allocation_locked(nbytes);  // Note [failing an allocation]: real ones only
     if (nbytes > kMaxRequest) throw_oom_locked(nbytes, 0, false);
     // A new segment and a split need a Block record each: get them now, so that nothing below can fail once
     // the free set or the backing has been touched.
@@ -204,15 +204,72 @@ class Arena final : public AllocatorBase {
 
   const char* kind() const override { return "arena"; }
 
+  // Note [a simulated arena]: this arena becomes the copy of `source`'s segments, blocks, free pools,
+  // statistics and tags (over its own backing's addresses), its live blocks held by nobody: they stay live
+  // until this arena dies. The peaks start at the current values; returns the bytes of those live blocks.
+  int64_t copy_layout_from(const Arena& source) {
+    std::scoped_lock lock(mu_, source.mu_);
+    FRUGAL_ASSERT(segments_.empty(), "copy_layout_from: the arena is not empty");
+    simulated_ = true;
+    for (const auto& [id, from] : source.segments_) {
+      char* base = static_cast<char*>(backing_->alloc(from->size));
+      FRUGAL_ASSERT(base != nullptr, "copy_layout_from: the simulated backing refused ", from->size,
+                    " bytes");
+      auto segment = std::make_unique<Segment>(*from);
+      segment->base = base;
+      Block* prev = nullptr;
+      for (const Block* b = from->head; b; b = b->next) {
+        Block* copy = new Block(*b);
+        copy->ptr = base + (b->ptr - from->base);
+        copy->segment = segment.get();
+        copy->prev = prev;
+        copy->next = nullptr;
+        copy->uses.clear();
+        copy->pending_events = 0;  // a block waiting for another stream counts as free here
+        (prev ? prev->next : segment->head) = copy;
+        prev = copy;
+      }
+      Segment* s = segment.get();
+      segments_.emplace(id, std::move(segment));
+      for (Block* b = s->head; b; b = b->next)
+        if (!b->allocated && (!b->prev || b->prev->allocated)) {
+          while (b->next && !b->next->allocated) {  // merge what waited for events with its free neighbours
+            Block* next = b->next;
+            b->size += next->size;
+            b->next = next->next;
+            if (next->next) next->next->prev = b;
+            delete next;
+          }
+          pool_of(s).insert(b);
+        }
+    }
+    next_segment_id_ = source.next_segment_id_;
+    limit_ = source.limit_;
+    stats_ = source.stats_;
+    for (Stat* st :
+         {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks, &stats_.segments})
+      st->peak = st->current;
+    tags_ = source.tags_;
+    for (TagStat& t : tags_) t.allocated.peak = t.allocated.current;
+    return stats_.allocated.current;
+  }
+  void mark_simulated() { simulated_ = true; }
+
  private:
-  // Free pools are ordered by stream, then size, then address: a lookup finds the best fit on one stream.
-  struct ByStreamSizeAddress {
+  // Free pools are ordered by stream, then size, then segment (oldest first) and address within it: a lookup
+  // finds the best fit on one stream. Note [the arena's choices do not depend on addresses]: among equals
+  // the order is that of the segments' ids, not of the addresses the backing returned, so the arena makes
+  // the same choices for the same requests whatever the system hands out, and a simulation over virtual
+  // addresses (the meta device's, core/estimate.cpp) reproduces it exactly.
+  struct ByStreamSizeSegment {
     bool operator()(const Block* a, const Block* b) const {
       if (a->stream != b->stream) return a->stream < b->stream;
-      return a->size != b->size ? a->size < b->size : std::less<const char*>()(a->ptr, b->ptr);
+      if (a->size != b->size) return a->size < b->size;
+      if (a->segment != b->segment) return a->segment->id < b->segment->id;
+      return std::less<const char*>()(a->ptr, b->ptr);
     }
   };
-  using FreeSet = std::set<Block*, ByStreamSizeAddress>;
+  using FreeSet = std::set<Block*, ByStreamSizeSegment>;
   struct PendingFree {
     Event event;
     Block* block;
@@ -223,12 +280,14 @@ class Arena final : public AllocatorBase {
     if (std::find(b->uses.begin(), b->uses.end(), s) == b->uses.end()) b->uses.push_back(s);
   }
 
-  // Best fit on `stream`: the smallest free block that is big enough, the lowest address among equals; null
+  // Best fit on `stream`: the smallest free block that is big enough, the oldest segment's among equals; null
   // when there is none. The block's set node is moved into `node`.
   Block* take_free_locked(FreeSet& pool, int64_t size, Stream stream, FreeSet::node_type& node) {
+    static const Segment kFirst{.id = -1};  // before every segment: the key sorts first among its size
     Block key;
     key.size = size;
     key.stream = stream;
+    key.segment = const_cast<Segment*>(&kFirst);
     auto it = pool.lower_bound(&key);
     if (it == pool.end() || (*it)->stream != stream) return nullptr;
     node = pool.extract(it);
@@ -374,6 +433,23 @@ class Arena final : public AllocatorBase {
 
 std::unique_ptr<Allocator> make_arena(Device device, std::unique_ptr<Backing> backing) {
   return std::make_unique<Arena>(device, std::move(backing));
+}
+
+std::unique_ptr<Allocator> detail::make_simulated_arena(Device device, std::unique_ptr<Backing> backing,
+                                                        const Allocator* source, int64_t* resident) {
+  auto arena = std::make_unique<Arena>(device, std::move(backing));
+  arena->mark_simulated();
+  int64_t held = 0;
+  if (source) {
+    const auto* from = dynamic_cast<const Arena*>(source);
+    FRUGAL_CHECK(from != nullptr,
+                 "memory::estimate: the dry run starts from a caching arena's state, and the "
+                 "source device's allocator is the ",
+                 source->kind(), " allocator (FRUGAL_ALLOCATOR=system)");
+    held = arena->copy_layout_from(*from);
+  }
+  if (resident) *resident = held;
+  return arena;
 }
 
 }  // namespace frugal::memory

@@ -10,6 +10,7 @@ namespace frugal {
 
 Device Device::parse(std::string_view s) {
   if (s == "cpu") return kCPU;
+  if (s == "meta") return kMeta;
   if (s.substr(0, 4) == "cuda") {
     if (s.size() == 4) return cuda(0);
     int idx = -1;
@@ -18,10 +19,13 @@ Device Device::parse(std::string_view s) {
     if (s[4] == ':' && ec == std::errc() && p == rest.data() + rest.size() && idx >= 0 && idx < 1024)
       return cuda(idx);
   }
-  throw DeviceError(detail::str_cat("unknown device '", s, "'; expected 'cpu', 'cuda' or 'cuda:N'"));
+  throw DeviceError(detail::str_cat("unknown device '", s, "'; expected 'cpu', 'cuda', 'cuda:N' or 'meta'"));
 }
 
-std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+std::string Device::str() const {
+  if (is_meta()) return "meta";
+  return is_cpu() ? "cpu" : "cuda:" + std::to_string(index);
+}
 
 std::ostream& operator<<(std::ostream& os, Device d) { return os << d.str(); }
 
@@ -32,7 +36,7 @@ constinit std::atomic<CountFn> g_device_count[kNumDeviceTypes] = {};
 }  // namespace
 
 int device_count(DeviceType type) {
-  if (type == DeviceType::CPU) return 1;
+  if (type == DeviceType::CPU || type == DeviceType::Meta) return 1;
   if (!g_device_count[int(type)].load(std::memory_order_acquire)) load_backend(type);
   const CountFn count = g_device_count[int(type)].load(std::memory_order_acquire);
   return count ? count() : 0;

@@ -1,4 +1,5 @@
-// Device: where a tensor's bytes live (cpu, or cuda:N).
+// Device: where a tensor's bytes live (cpu, or cuda:N), or meta: tensors with a shape and no bytes, for
+// the dry run of core/estimate.h.
 //
 //   Device d = Device::parse("cuda:1");  // {DeviceType::CUDA, 1}
 #pragma once
@@ -10,8 +11,8 @@
 
 namespace frugal {
 
-enum class DeviceType : uint8_t { CPU, CUDA };
-inline constexpr int kNumDeviceTypes = 2;
+enum class DeviceType : uint8_t { CPU, CUDA, Meta };
+inline constexpr int kNumDeviceTypes = 3;
 
 struct Device {
   DeviceType type = DeviceType::CPU;
@@ -19,14 +20,23 @@ struct Device {
 
   constexpr Device() = default;
   constexpr Device(DeviceType t, int i = 0) : type(t), index(int16_t(i)) {}  // NOLINT: Device d = kCPU
-  static Device parse(std::string_view s);  // "cpu", "cuda", "cuda:1"; throws DeviceError
+  static Device parse(std::string_view s);  // "cpu", "cuda", "cuda:1", "meta"; throws DeviceError
   bool is_cpu() const { return type == DeviceType::CPU; }
   bool is_cuda() const { return type == DeviceType::CUDA; }
+  bool is_meta() const { return type == DeviceType::Meta; }
   std::string str() const;
   friend bool operator==(Device a, Device b) { return a.type == b.type && a.index == b.index; }
 };
 
 inline constexpr Device kCPU{DeviceType::CPU, 0};
+// Note [the meta device]
+// A meta tensor has a shape, dtype and strides, and storage whose address points nowhere: its allocator is a
+// caching arena running the real algorithm over virtual addresses (core/estimate.cpp), and every op table
+// row of the meta device runs no arithmetic (core/op_table.h). An op on meta tensors therefore checks its
+// inputs and allocates its outputs exactly as it does on the cpu (the meta device follows the cpu's op
+// paths), which is what makes the dry run's peak the real one. Reading a meta tensor's values (item,
+// to_vector, a copy to another device, printing its values) is an error.
+inline constexpr Device kMeta{DeviceType::Meta, 0};
 inline Device cuda(int index = 0) { return Device(DeviceType::CUDA, index); }
 
 std::ostream& operator<<(std::ostream& os, Device d);

@@ -35,7 +35,9 @@ namespace {
 // device.
 template <typename F>
 Tensor from_function(int64_t n, TensorOptions opts, F value) {
-  Tensor t = empty({n}, opts.dtype_);
+  if (opts.device_.is_meta())
+    return empty({n}, opts);  // the one tensor the cpu makes (Note [the meta device])
+  Tensor t = empty({n}, TensorOptions(opts.dtype_).device(kCPU));
   visit_dtype(opts.dtype_, [&](auto tag) {
     using T = decltype(tag);
     T* p = t.data<T>();
@@ -80,9 +82,11 @@ inline double u01(uint32_t hi, uint32_t lo) {  // 53 random bits in [0, 1)
 // Draws n values of T on the cpu with `per_block(words, out)` turning one Philox block of four 32-bit words
 // into kPerBlock values (four 32-bit or two 64-bit ones); elements depend only on (seed, offset, index).
 template <typename T, int kPerBlock, typename F>
-Tensor draw(const Shape& shape, Generator* gen, F per_block) {
+Tensor draw(const Shape& shape, Device device, Generator* gen, F per_block) {
+  // On the meta device: the tensor the cpu draws into, and no values (Note [the meta device]).
+  if (device.is_meta()) return empty(shape, TensorOptions(dtype_v<T>).device(kMeta));
   Generator& g = gen ? *gen : default_generator();
-  Tensor t = empty(shape, dtype_v<T>);
+  Tensor t = empty(shape, TensorOptions(dtype_v<T>).device(kCPU));
   const int64_t n = t.numel(), blocks = (n + kPerBlock - 1) / kPerBlock;
   const uint64_t seed = g.seed(), base = g.reserve(uint64_t(blocks));
   T* p = t.data<T>();
@@ -108,7 +112,7 @@ Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
   memory::OpScope op_scope("rand");  // Note [op names in the history]
   check_float(opts, "rand");
   if (opts.dtype_ == DType::F64) {
-    Tensor t = draw<double, 2>(shape, gen, [](const uint32_t* w, double* v) {
+    Tensor t = draw<double, 2>(shape, opts.device_, gen, [](const uint32_t* w, double* v) {
       v[0] = u01(w[0], w[1]);
       v[1] = u01(w[2], w[3]);
     });
@@ -118,7 +122,7 @@ Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
   // rounding never reaches 1.0 (f32 values near 1 would round up to 1 in f16 / bf16). PyTorch does the same.
   const int bits = opts.dtype_ == DType::F16 ? 11 : opts.dtype_ == DType::BF16 ? 8 : 24;
   const float scale = std::ldexp(1.0f, -bits);
-  Tensor t = draw<float, 4>(shape, gen, [&](const uint32_t* w, float* v) {
+  Tensor t = draw<float, 4>(shape, opts.device_, gen, [&](const uint32_t* w, float* v) {
     for (int k = 0; k < 4; ++k) v[k] = float(w[k] >> (32 - bits)) * scale;
   });
   return ops::to(ops::to(t, opts.dtype_), opts.device_);
@@ -133,14 +137,14 @@ Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
     v[0] = std::remove_reference_t<decltype(*v)>(r * std::cos(kTwoPi * u2));
     v[1] = std::remove_reference_t<decltype(*v)>(r * std::sin(kTwoPi * u2));
   };
-  Tensor t = opts.dtype_ == DType::F64 ? draw<double, 2>(shape, gen,
-                                                         [&](const uint32_t* w, double* v) {
-                                                           box_muller(u01(w[0], w[1]), u01(w[2], w[3]), v);
-                                                         })
-                                       : draw<float, 4>(shape, gen, [&](const uint32_t* w, float* v) {
-                                           box_muller(w[0] * 0x1.0p-32, w[1] * 0x1.0p-32, v);
-                                           box_muller(w[2] * 0x1.0p-32, w[3] * 0x1.0p-32, v + 2);
-                                         });
+  Tensor t = opts.dtype_ == DType::F64
+                 ? draw<double, 2>(
+                       shape, opts.device_, gen,
+                       [&](const uint32_t* w, double* v) { box_muller(u01(w[0], w[1]), u01(w[2], w[3]), v); })
+                 : draw<float, 4>(shape, opts.device_, gen, [&](const uint32_t* w, float* v) {
+                     box_muller(w[0] * 0x1.0p-32, w[1] * 0x1.0p-32, v);
+                     box_muller(w[2] * 0x1.0p-32, w[3] * 0x1.0p-32, v + 2);
+                   });
   return ops::to(ops::to(t, opts.dtype_), opts.device_);
 }
 
@@ -148,7 +152,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts
   memory::OpScope op_scope("randint");  // Note [op names in the history]
   FRUGAL_CHECK(low < high, "randint: expected low < high, got low=", low, " high=", high);
   const uint64_t range = uint64_t(high - low);
-  Tensor t = draw<int64_t, 2>(shape, gen, [&](const uint32_t* w, int64_t* v) {
+  Tensor t = draw<int64_t, 2>(shape, opts.device_, gen, [&](const uint32_t* w, int64_t* v) {
     // 64 random bits per pair of words: the modulo bias is below 2^-32 for any range under 2^32.
     v[0] = low + int64_t(((uint64_t(w[0]) << 32) | w[1]) % range);
     v[1] = low + int64_t(((uint64_t(w[2]) << 32) | w[3]) % range);
@@ -158,7 +162,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts
 
 Tensor from_buffer(const void* data, const Shape& shape, DType dtype) {
   memory::OpScope op_scope("from_buffer");  // Note [op names in the history]
-  Tensor t = empty(shape, dtype);
+  Tensor t = empty(shape, TensorOptions(dtype).device(kCPU));
   if (t.nbytes() > 0) std::memcpy(t.raw_data(), data, size_t(t.nbytes()));
   return t;
 }
@@ -169,7 +173,7 @@ Tensor tensor(const std::vector<T>& values, const Shape& shape) {
   FRUGAL_CHECK_SHAPE(int64_t(values.size()) == shape.numel(), "tensor: ", values.size(),
                      " values do not fill shape ", shape, " (", shape.numel(), " elements)");
   if constexpr (std::is_same_v<T, bool>) {  // std::vector<bool> packs bits: copy one by one
-    Tensor t = empty(shape, DType::Bool);
+    Tensor t = empty(shape, TensorOptions(DType::Bool).device(kCPU));
     for (size_t i = 0; i < values.size(); ++i) t.data<bool>()[i] = values[i];
     return t;
   } else {

@@ -73,7 +73,9 @@ constexpr int kMaxDeviceIndex = 1024;  // Device::parse accepts cuda:0 .. cuda:1
 
 using BackingFactory = std::unique_ptr<Backing> (*)(int index);
 
-const char* type_name(DeviceType type) { return type == DeviceType::CPU ? "cpu" : "cuda"; }
+const char* type_name(DeviceType type) {
+  return type == DeviceType::CPU ? "cpu" : type == DeviceType::CUDA ? "cuda" : "meta";
+}
 
 struct Registry {
   std::mutex mu;
@@ -165,7 +167,11 @@ Allocator& allocator(Device device) {
 
   // The CUDA backend registers its backing while it loads, from its static initialisers, which take r.mu:
   // load it before taking the lock, unless a backing is there already (a test's stand-in GPU).
-  if (!device.is_cpu()) {
+  FRUGAL_CHECK_T(DeviceError, !device.is_meta() || device.index == 0,
+                 "memory::allocator: there is one meta "
+                 "device, 'meta' (index 0), not index ",
+                 device.index);
+  if (device.is_cuda()) {
     bool registered = false;
     {
       std::lock_guard lock(r.mu);
@@ -175,6 +181,13 @@ Allocator& allocator(Device device) {
   }
   std::lock_guard lock(r.mu);
   if (Allocator* a = slot.load(std::memory_order_relaxed)) return *a;
+  if (device.is_meta()) {  // Note [a simulated arena]; not published in frugal-smi: it holds no real bytes
+    Allocator* a =
+        detail::make_simulated_arena(device, detail::make_meta_backing(), nullptr, nullptr).release();
+    r.in_use[type] = true;
+    slot.store(a, std::memory_order_release);
+    return *a;
+  }
   std::unique_ptr<Backing> backing;
   if (r.factories[type]) {
     backing = r.factories[type](device.index);
@@ -198,6 +211,14 @@ Allocator& allocator(Device device) {
   r.in_use[type] = true;
   slot.store(a, std::memory_order_release);
   return *a;
+}
+
+std::unique_ptr<Allocator> detail::swap_meta_allocator(std::unique_ptr<Allocator> next) {
+  Registry& r = registry();
+  allocator(kMeta);  // the slot holds one from now on
+  std::lock_guard lock(r.mu);
+  std::atomic<Allocator*>& slot = r.allocators[size_t(DeviceType::Meta)][0];
+  return std::unique_ptr<Allocator>(slot.exchange(next.release(), std::memory_order_acq_rel));
 }
 
 void register_backing(DeviceType type, std::unique_ptr<Backing> (*make)(int index)) {

@@ -46,6 +46,16 @@ struct OpTableRef {
 std::vector<OpTableRef> op_tables();
 void note_op_table(const OpTableRef& ref);
 
+// The meta device's kernel of every table (Note [the meta device], core/device.h): no arithmetic. A table
+// whose cpu kernel takes working memory from the arena (kernels/cpu/workspace.h) sets a meta kernel of its
+// own that takes the same bytes, so that the dry run sees them too.
+template <typename Fn>
+struct MetaKernel;
+template <typename... Args>
+struct MetaKernel<void(Args...)> {
+  static void run(Args...) {}
+};
+
 template <typename Fn>
 class OpTable {
  public:
@@ -68,6 +78,9 @@ class OpTable {
       noted_ = true;
     }
     table_[int(device)][int(dtype)] = fn;
+    // Every dtype the cpu has a kernel for is one the meta device takes, unless a meta kernel was set.
+    if (device == DeviceType::CPU && !table_[int(DeviceType::Meta)][int(dtype)])
+      table_[int(DeviceType::Meta)][int(dtype)] = &MetaKernel<Fn>::run;
   }
   bool has(Device device, DType dtype) const { return table_[int(device.type)][int(dtype)] != nullptr; }
   Fn* get(Device device, DType dtype) const {

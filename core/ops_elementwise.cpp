@@ -109,6 +109,14 @@ Tensor& inplace(OpTable<ElementwiseKernel>& table, Tensor& self, const Tensor& o
 // the conversion happens on the cpu side, so a device needs no kernel for a dtype merely to hold it. Between
 // two GPUs the bytes go through the host.
 Tensor& copy_between_devices(Tensor& self, const Tensor& src) {
+  // Note [the meta device]: nothing to move into a meta tensor, nothing to read out of one.
+  FRUGAL_CHECK_T(DeviceError, !src.device().is_meta(), "copy_: a meta tensor (shape ", src.shape(),
+                 ") has no values to copy to ", self.device(),
+                 "; the meta device is for dry runs (core/estimate.h)");
+  if (self.device().is_meta()) {
+    self.storage()->bump_version();
+    return self;
+  }
   if (!self.device().is_cpu() && !src.device().is_cpu()) {
     Tensor host = empty(src.shape(), src.options().device(kCPU));
     copy_(host, src);

@@ -77,7 +77,15 @@ std::pair<int64_t, int64_t> integer_range(const Tensor& x) {
   FRUGAL_CHECK(x.defined() && x.numel() > 0, "integer_range: expected a non-empty tensor");
   FRUGAL_CHECK_DTYPE(is_integral(x.dtype()), "integer_range: expected an integer tensor, got ",
                      dtype_name(x.dtype()));
-  if (x.device().type == DeviceType::CPU) return {min(x).item<int64_t>(), max(x).item<int64_t>()};
+  if (x.device().is_cpu()) return {min(x).item<int64_t>(), max(x).item<int64_t>()};
+  if (x.device().is_meta()) {  // the cpu's line above, allocation for allocation (item() casts), with the
+    const Tensor lo =
+        min(x);  // indices in range (Note [data-dependent sizes in a dry run], core/estimate.cpp)
+    (void)contiguous(cast(lo, DType::I64));
+    const Tensor hi = max(x);
+    (void)contiguous(cast(hi, DType::I64));
+    return {0, 0};
+  }
   const Tensor flat = ops::reshape(ops::to(x, DType::I64), {1, x.numel()});
   const Tensor ends = ops::to(max(cat({sub(full({1, 1}, -1, flat.options()), flat), flat}, 0), {1}), kCPU);
   const int64_t* e = ends.data<int64_t>();

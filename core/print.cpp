@@ -108,6 +108,12 @@ struct Printer {
 
 std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
+  if (device().is_meta()) {  // as PyTorch prints one: no values to show (Note [the meta device])
+    std::string size;
+    for (int d = 0; d < dim(); ++d) size += (d ? ", " : "") + std::to_string(shape()[d]);
+    return detail::str_cat("tensor(..., device='meta', size=(", size, dim() == 1 ? ",)" : ")",
+                           dtype() == DType::F32 ? "" : detail::str_cat(", dtype=", dtype()), ")");
+  }
   const Tensor host = ops::to(*this, kCPU);
   const std::vector<double> values =
       dtype() == DType::Bool ? ops::to(host, DType::U8).to_vector<double>() : host.to_vector<double>();

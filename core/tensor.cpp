@@ -9,6 +9,8 @@
 
 namespace frugal {
 
+thread_local Device detail::t_default_device __attribute__((tls_model("initial-exec"))) = kCPU;
+
 Tensor::Tensor(std::shared_ptr<Storage> storage, int64_t byte_offset, const Shape& shape,
                const Shape& strides, DType dtype)
     : impl_(std::make_shared<Impl>()) {
@@ -329,6 +331,8 @@ Tensor to(const Tensor& x, Device d) {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
+  FRUGAL_CHECK_T(DeviceError, !device().is_meta(), "to_vector/item: a meta tensor (shape ", shape(),
+                 ") has no values; the meta device is for dry runs (Note [the meta device], core/device.h)");
   const Tensor host = device().is_cpu() ? *this : ops::to(*this, kCPU);
   const Tensor c = ops::contiguous(ops::cast(host, dtype_v<T>));
   const T* p = static_cast<const T*>(c.raw_data());

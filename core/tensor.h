@@ -27,11 +27,34 @@ namespace frugal {
 
 struct AutogradMeta;  // defined by autograd/; a tensor without one does not take part in autograd
 
+namespace detail {
+// DefaultDeviceGuard's; in the static TLS block like the allocation path's (Note [thread-locals on the
+// allocation path], core/history_log.h): every TensorOptions made without a device reads it.
+extern thread_local Device t_default_device __attribute__((tls_model("initial-exec")));
+}  // namespace detail
+// The device a new tensor goes to when its options name none: the cpu, unless a DefaultDeviceGuard on this
+// thread says otherwise (as PyTorch's `with torch.device("meta"):`). memory::estimate sets the meta device
+// so, and a model built inside its step gets meta parameters without any change to the model's code.
+//   { DefaultDeviceGuard g(kMeta); nn::Linear big(65536, 65536); }  // 16 GiB of parameters, no bytes
+inline Device default_device() { return detail::t_default_device; }
+class DefaultDeviceGuard {
+ public:
+  explicit DefaultDeviceGuard(Device d) : previous_(detail::t_default_device) {
+    detail::t_default_device = d;
+  }
+  ~DefaultDeviceGuard() { detail::t_default_device = previous_; }
+  DefaultDeviceGuard(const DefaultDeviceGuard&) = delete;
+  DefaultDeviceGuard& operator=(const DefaultDeviceGuard&) = delete;
+
+ private:
+  Device previous_;
+};
+
 // Where and how a new tensor is made: TensorOptions().dtype(DType::F64).device(kCPU). A DType or Device
-// converts implicitly, so zeros({2, 3}, DType::BF16) works.
+// converts implicitly, so zeros({2, 3}, DType::BF16) works; without a device, default_device().
 struct TensorOptions {
   DType dtype_ = DType::F32;
-  Device device_ = kCPU;
+  Device device_ = default_device();
 
   TensorOptions() = default;
   TensorOptions(DType t) : dtype_(t) {}    // NOLINT: implicit by design

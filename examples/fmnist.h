@@ -72,6 +72,31 @@ inline std::optional<DType> parse_amp(const std::string& s) {
   throw Error("--amp: unknown precision '" + s + "'; valid: bf16, f16, f32 (off)");
 }
 
+// A number the host needs from a tensor; 0 in a dry run (--estimate), whose meta tensors hold none.
+template <typename T>
+T host_value(const Tensor& t) {
+  return memory::item_or(t, T(0));
+}
+
+// The dry run's stand-in for a Fashion-MNIST split (--estimate): batches of the shapes and dtypes the real
+// one gives, made on the meta device in the same order (input, then target), without reading a pixel.
+class DryImages : public data::Dataset {
+ public:
+  explicit DryImages(int64_t size) : size_(size) {}
+  int64_t size() const override { return size_; }
+  data::Batch get_batch(std::span<const int64_t> indices, DType dtype) const override {
+    memory::PhaseScope phase(memory::Phase::Data);
+    const auto b = int64_t(indices.size());
+    data::Batch batch;
+    batch.input = empty({b, 1, 28, 28}, TensorOptions(dtype).device(kMeta));
+    batch.target = empty({b}, TensorOptions(DType::I64).device(kMeta));
+    return batch;
+  }
+
+ private:
+  int64_t size_;
+};
+
 // Forward and backward of one micro-batch, its loss scaled by `scale` (1 / micro-batches per step, so that
 // the accumulated gradient is the mean over the whole batch). Returns the scaled loss and the correct
 // predictions.
@@ -89,14 +114,14 @@ inline StepResult forward_backward(nn::Module& model, const data::Batch& batch, 
     amp::Autocast autocast(on ? *precision->autocast : DType::BF16, on);
     const Tensor logits = model.forward(batch.input);
     loss = nn::functional::cross_entropy(logits, batch.target) * scale;
-    r.correct = ops::sum(ops::eq(ops::argmax(logits.detach(), 1), batch.target)).item<int64_t>();
+    r.correct = host_value<int64_t>(ops::sum(ops::eq(ops::argmax(logits.detach(), 1), batch.target)));
   }
   memory::Tag tag("backward");
   if (precision)
     precision->scaler.scale(loss).backward();
   else
     loss.backward();
-  r.loss = loss.item<double>();
+  r.loss = host_value<double>(loss);
   return r;
 }
 
@@ -149,7 +174,7 @@ inline double evaluate(nn::Module& model, data::DataLoader& loader, std::optiona
   model.eval();
   int64_t correct = 0, total = 0;
   for (data::Batch& b : loader.epoch(0)) {
-    correct += ops::sum(ops::eq(ops::argmax(model.forward(b.input), 1), b.target)).item<int64_t>();
+    correct += host_value<int64_t>(ops::sum(ops::eq(ops::argmax(model.forward(b.input), 1), b.target)));
     total += b.target.numel();
   }
   model.train(was_training);

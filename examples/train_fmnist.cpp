@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   int64_t batch = 0, max_steps = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
-  bool recompute = false, normalize = true, profile = false;
+  bool recompute = false, normalize = true, profile = false, estimate = false;
   std::string schedule = "cosine", amp_name = "f32";
   app.add_option("--model", model_name, "mlp (W1) or cnn (W2)")->check(CLI::IsMember({"mlp", "cnn"}));
   const CLI::Validator byte_count(examples::check_byte_count, "BYTES");
@@ -103,6 +103,9 @@ int main(int argc, char** argv) {
                  "write the memory history of steps 3-5 as a Chrome trace here (ui.perfetto.dev) and an SVG "
                  "picture beside it (the extension replaced by .svg)");
   app.add_flag("--profile", profile, "time every op (forward and backward) and print the table at the end");
+  app.add_flag("--estimate", estimate,
+               "predict the run's peak memory with a dry run on the meta device (no training, no model in "
+               "memory): print it by category and a last line estimated_peak_bytes=N, then exit");
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
 
@@ -136,12 +139,34 @@ int main(int argc, char** argv) {
         data::DataLoaderOptions().batch_size(batch / accum).shuffle(true).seed(seed).drop_last(true));
     data::DataLoader test(test_set, data::DataLoaderOptions().batch_size(250));
 
-    nn::Sequential model{nullptr};
-    {
+    auto make_model = [&] {
+      nn::Sequential m{nullptr};
       memory::Tag tag("parameters");
-      model = model_name == "mlp" ? fmnist::make_mlp() : fmnist::make_cnn();
+      m = model_name == "mlp" ? fmnist::make_mlp() : fmnist::make_cnn();
+      if (recompute) m->recompute_every(2);
+      return m;
+    };
+    if (estimate) {
+      // One epoch and one evaluation as the run makes them, on the meta device, from the arena as it is with
+      // the dataset loaded (core/estimate.h): the later epochs repeat the first one's peak.
+      const memory::Estimate e = memory::estimate(
+          [&](Device) {
+            nn::Sequential m = make_model();
+            auto o = fmnist::make_optimizer(optimizer, m->parameters(), lr);
+            fmnist::Precision p(fmnist::parse_amp(amp_name));
+            data::DataLoader dry_train(std::make_shared<fmnist::DryImages>(train_set->size()),
+                                       train.options());
+            data::DataLoader dry_test(std::make_shared<fmnist::DryImages>(test_set->size()), test.options());
+            fmnist::train_epoch(*m, *o, dry_train, 0, max_steps, accum, {}, &p);
+            fmnist::evaluate(*m, dry_test, p.autocast);
+          },
+          memory::EstimateOptions().from(kCPU));
+      std::printf("%s", e.summary().c_str());
+      std::printf("estimated_peak_bytes=%lld\n",
+                  static_cast<long long>(std::max(e.source_peak, e.peak_allocated)));
+      return e.fits() ? 0 : 1;
     }
-    if (recompute) model->recompute_every(2);
+    nn::Sequential model = make_model();
     auto opt = fmnist::make_optimizer(optimizer, model->parameters(), lr);
     fmnist::Precision precision(fmnist::parse_amp(amp_name));
     std::printf(

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/estimate.h"
 #include "nn/init.h"
 
 namespace frugal::nn {
@@ -123,7 +124,9 @@ Tensor BatchNorm2dImpl::forward(const Tensor& x) {
   if (is_training() && running_mean.defined()) {
     NoGradGuard no_grad;
     ops::add_(num_batches_tracked, 1.0);
-    factor = options.momentum() ? *options.momentum() : 1.0 / double(num_batches_tracked.item<int64_t>());
+    // A dry run has no batch count to read: 1 (core/estimate.cpp).
+    factor = options.momentum() ? *options.momentum()
+                                : 1.0 / double(memory::item_or(num_batches_tracked, int64_t(1)));
   }
   // Batch statistics in training, or in eval when there are no running ones (as PyTorch).
   const bool batch_stats = is_training() || !running_mean.defined();

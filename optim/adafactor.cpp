@@ -172,8 +172,8 @@ Shape Adafactor::state_shape(const std::string& name, const Tensor& param) const
 }
 
 void Adafactor::check_param(const Tensor& param, int64_t index) const {
-  FRUGAL_CHECK_T(DeviceError, param.device().is_cpu(), "Adafactor.step: parameter ", index, " (shape ",
-                 param.shape(), ") is on ", param.device(),
+  FRUGAL_CHECK_T(DeviceError, param.device().is_cpu() || param.device().is_meta(),
+                 "Adafactor.step: parameter ", index, " (shape ", param.shape(), ") is on ", param.device(),
                  "; Adafactor runs on the CPU only for now: keep the parameters there or use optim::Adam");
 }
 
@@ -200,7 +200,7 @@ void Adafactor::update(const OptimizerOptions& options, Tensor& param, const Ten
   a.eps1 = o.eps1().value_or(machine_epsilon(param.dtype()));
   a.eps2 = o.eps2();
   a.d = o.d();
-  if (a.numel == 0) return;
+  if (a.numel == 0 || param.device().is_meta()) return;  // a dry run: no arithmetic (core/estimate.h)
   // step() has made the state (Note [a failed step changes nothing]).
   auto state_data = [&](const char* name) { return state.tensors.at(name).raw_data(); };
   auto run = [&](auto* p, auto* s) {

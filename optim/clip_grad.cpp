@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "autograd/graph.h"
+#include "core/estimate.h"
 #include "core/ops.h"
 
 namespace frugal::optim {
@@ -13,10 +14,13 @@ namespace {
 // ||g||_p of one gradient; 16-bit gradients are summed in f32 so that squares cannot overflow.
 double grad_norm(const Tensor& grad, double p) {
   const Tensor g = grad.dtype() == DType::F16 || grad.dtype() == DType::BF16 ? grad.to(DType::F32) : grad;
-  if (std::isinf(p)) return ops::max(ops::abs(g)).item<double>();
-  if (p == 1) return ops::sum(ops::abs(g)).item<double>();
-  if (p == 2) return std::sqrt(ops::sum(ops::mul(g, g)).item<double>());
-  return std::pow(ops::sum(ops::pow(ops::abs(g), p)).item<double>(), 1 / p);
+  // A dry run makes the same reductions and takes the norm as large, so that the gradients are clipped: the
+  // case that allocates more (Note [data-dependent sizes in a dry run], core/estimate.cpp).
+  auto value = [](const Tensor& t) { return memory::item_or(t, 1e30); };
+  if (std::isinf(p)) return value(ops::max(ops::abs(g)));
+  if (p == 1) return value(ops::sum(ops::abs(g)));
+  if (p == 2) return std::sqrt(value(ops::sum(ops::mul(g, g))));
+  return std::pow(value(ops::sum(ops::pow(ops::abs(g), p))), 1 / p);
 }
 
 }  // namespace

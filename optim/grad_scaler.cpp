@@ -7,6 +7,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/sparse.h"
+#include "core/estimate.h"
 #include "core/memory_history.h"
 #include "core/op_table_optim.h"
 
@@ -106,7 +107,8 @@ Tensor& GradScaler::flag_for(PerOptimizer& st, Device device) {
 bool GradScaler::found_inf(PerOptimizer& st) {
   if (!st.found_inf) {
     bool found = false;
-    for (const Tensor& f : st.found_inf_flags) found = found || f.item<float>() != 0.0f;
+    for (const Tensor& f : st.found_inf_flags)  // a dry run's gradients are finite (core/estimate.cpp)
+      found = found || memory::item_or(f, 0.0f) != 0.0f;
     st.found_inf = found;
     st.found_inf_flags.clear();
   }

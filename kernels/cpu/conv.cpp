@@ -127,12 +127,20 @@ void for_each_image(const ConvArgs& a, int nt, int64_t col_size, const Tensor& b
   }
 }
 
+// The working memory of each direction's im2col path: column buffers per thread (and the weight gradient's
+// partial sums), in elements of T.
+int64_t im2col_elements(const ConvArgs& a, Direction dir) {
+  const GroupDims d(a);
+  const int64_t col_size = a.c * a.kh * a.kw * d.ohw;
+  return im2col_threads(a) * (col_size + (dir == Direction::BackwardWeight ? a.o * d.k : 0));
+}
+
 template <typename T>
 void conv2d_forward_im2col(const ConvArgs& a) {
   const GroupDims d(a);
   const int nt = im2col_threads(a);
   const int64_t col_size = a.c * a.kh * a.kw * d.ohw;
-  Tensor col_buf = workspace(nt * col_size * int64_t(sizeof(T)));
+  Tensor col_buf = workspace(im2col_elements(a, Direction::Forward) * int64_t(sizeof(T)));
   GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
   for_each_image<T>(a, nt, col_size, col_buf, [&](int64_t n, T* col, int) {
     im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
@@ -165,7 +173,7 @@ void conv2d_backward_data_im2col(const ConvArgs& a) {
   const GroupDims d(a);
   const int nt = im2col_threads(a);
   const int64_t col_size = a.c * a.kh * a.kw * d.ohw;
-  Tensor col_buf = workspace(nt * col_size * int64_t(sizeof(T)));
+  Tensor col_buf = workspace(im2col_elements(a, Direction::BackwardData) * int64_t(sizeof(T)));
   GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
   for_each_image<T>(a, nt, col_size, col_buf, [&](int64_t n, T* col, int) {
     GemmArgs g;  // col_g = weight_g^T @ dy_g
@@ -196,7 +204,7 @@ void conv2d_backward_weight_im2col(const ConvArgs& a) {
   const GroupDims d(a);
   const int nt = im2col_threads(a);
   const int64_t col_size = a.c * a.kh * a.kw * d.ohw, dw_size = a.o * d.k;
-  Tensor buf = workspace(nt * (col_size + dw_size) * int64_t(sizeof(T)));
+  Tensor buf = workspace(im2col_elements(a, Direction::BackwardWeight) * int64_t(sizeof(T)));
   T* partials = static_cast<T*>(buf.raw_data()) + nt * col_size;
   GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
   std::fill_n(partials, nt * dw_size, T(0));
@@ -242,6 +250,15 @@ void conv2d_backward_weight_im2col(const ConvArgs& a) {
 
 // ---- 16-bit floats around the f32 kernels -----------------------------------------------------------------
 
+// The f32 copies conv2d_widened makes of a direction's operands.
+int64_t widened_floats(const ConvArgs& a, Direction dir) {
+  const int64_t nx = a.n * a.c * a.h * a.w, nw = a.o * (a.c / a.groups) * a.kh * a.kw,
+                ny = a.n * a.o * a.oh * a.ow;
+  if (dir == Direction::Forward) return nx + nw + (a.bias ? a.o : 0) + ny;
+  if (dir == Direction::BackwardData) return ny + nw + nx;
+  return nx + ny + nw + (a.dbias ? a.o : 0);
+}
+
 // Widens the inputs the direction reads to f32 (one arena buffer), runs the registered f32 kernel, and rounds
 // its outputs once into the 16-bit tensors.
 template <typename T, Direction dir>
@@ -249,10 +266,7 @@ void conv2d_widened(const ConvArgs& a) {
   const int64_t nx = a.n * a.c * a.h * a.w, nw = a.o * (a.c / a.groups) * a.kh * a.kw,
                 ny = a.n * a.o * a.oh * a.ow;
   const bool fwd = dir == Direction::Forward, data = dir == Direction::BackwardData;
-  const int64_t floats = (fwd    ? nx + nw + (a.bias ? a.o : 0) + ny
-                          : data ? ny + nw + nx
-                                 : nx + ny + nw + (a.dbias ? a.o : 0));
-  Tensor buf = workspace(floats * int64_t(sizeof(float)));
+  Tensor buf = workspace(widened_floats(a, dir) * int64_t(sizeof(float)));
   float* next = static_cast<float*>(buf.raw_data());
   auto widen = [&](const void* src, int64_t count) -> const void* {
     if (!src) return nullptr;
@@ -492,7 +506,54 @@ void conv2d_bf16(const ConvArgs& a) {
 }
 #endif  // FRUGAL_HAVE_ONEDNN
 
+// ---- the meta kernels (core/op_table.h): the working memory each path above takes, on the meta device ----
+
+#ifdef FRUGAL_HAVE_ONEDNN
+// run_onednn's buffers, held together; false when oneDNN declined the shape (the fallback then runs).
+bool onednn_meta(const ConvArgs& a, Direction dir, DataType type) {
+  const auto plan = plan_for(a, dir, type);
+  if (!plan) return false;
+  std::vector<Tensor> buffers;
+  for (const Operand& op : plan->operands)
+    if (op.reorder) buffers.push_back(cpu::meta_workspace(int64_t(op.compute.get_size())));
+  if (const size_t bytes = plan->scratchpad.get_size())
+    buffers.push_back(cpu::meta_workspace(int64_t(bytes)));
+  return true;
+}
+#endif
+
+template <Direction dir>
+void conv2d_f32_meta(const ConvArgs& a) {
+#ifdef FRUGAL_HAVE_ONEDNN
+  if (onednn_meta(a, dir, DataType::f32)) return;
+#endif
+  const Tensor buf = cpu::meta_workspace(im2col_elements(a, dir) * int64_t(sizeof(float)));
+}
+
+template <Direction dir>
+void conv2d_widened_meta(const ConvArgs& a) {
+  const Tensor buf = cpu::meta_workspace(widened_floats(a, dir) * int64_t(sizeof(float)));
+  conv2d_f32_meta<dir>(a);
+}
+
+template <Direction dir>
+void conv2d_bf16_meta(const ConvArgs& a) {
+#ifdef FRUGAL_HAVE_ONEDNN
+  if (onednn_meta(a, dir, DataType::bf16)) return;
+#endif
+  conv2d_widened_meta<dir>(a);
+}
+
 const bool kRegistered = [] {
+  op_conv2d.set(DeviceType::Meta, DType::F32, conv2d_f32_meta<Direction::Forward>);
+  op_conv2d_backward_data.set(DeviceType::Meta, DType::F32, conv2d_f32_meta<Direction::BackwardData>);
+  op_conv2d_backward_weight.set(DeviceType::Meta, DType::F32, conv2d_f32_meta<Direction::BackwardWeight>);
+  op_conv2d.set(DeviceType::Meta, DType::BF16, conv2d_bf16_meta<Direction::Forward>);
+  op_conv2d_backward_data.set(DeviceType::Meta, DType::BF16, conv2d_bf16_meta<Direction::BackwardData>);
+  op_conv2d_backward_weight.set(DeviceType::Meta, DType::BF16, conv2d_bf16_meta<Direction::BackwardWeight>);
+  op_conv2d.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::Forward>);
+  op_conv2d_backward_data.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::BackwardData>);
+  op_conv2d_backward_weight.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::BackwardWeight>);
 #ifdef FRUGAL_HAVE_ONEDNN
   op_conv2d.set(DeviceType::CPU, DType::F32, conv2d_forward_f32);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F32, conv2d_backward_data_f32);

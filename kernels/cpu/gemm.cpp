@@ -137,6 +137,14 @@ void gemm_widened_tile(const GemmArgs& g, GemmKernel* gemm_f32, const Tiles& til
   }
 }
 
+// The f32 tiles gemm_widened works in: one set per thread when the tasks run in parallel.
+int64_t widened_bytes(const GemmArgs& g) {
+  const int64_t tasks = g.batch * ((g.m + kTileM - 1) / kTileM) * ((g.n + kTileN - 1) / kTileN);
+  const int max_threads = omp_in_parallel() ? 1 : detail::pool_threads();
+  const int64_t sets = max_threads > 1 && tasks >= max_threads ? max_threads : 1;
+  return sets * Tiles(g).floats() * int64_t(sizeof(float));
+}
+
 template <typename T>
 void gemm_widened(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
@@ -152,7 +160,7 @@ void gemm_widened(const GemmArgs& g) {
   // runs inside a parallel region); with fewer, one after another with the f32 GEMM's own threads.
   const int max_threads = omp_in_parallel() ? 1 : detail::pool_threads();
   if (max_threads > 1 && tasks >= max_threads) {
-    Tensor buf = cpu::workspace(max_threads * tiles.floats() * int64_t(sizeof(float)));
+    Tensor buf = cpu::workspace(widened_bytes(g));
 #pragma omp parallel num_threads(max_threads)
     {
       float* tile = static_cast<float*>(buf.raw_data()) + omp_get_thread_num() * tiles.floats();
@@ -160,7 +168,7 @@ void gemm_widened(const GemmArgs& g) {
       for (int64_t task = 0; task < tasks; ++task) run(task, tile);
     }
   } else {
-    Tensor buf = cpu::workspace(tiles.floats() * int64_t(sizeof(float)));
+    Tensor buf = cpu::workspace(widened_bytes(g));
     for (int64_t task = 0; task < tasks; ++task) run(task, static_cast<float*>(buf.raw_data()));
   }
 }
@@ -248,7 +256,28 @@ void gemm_bf16_onednn(const GemmArgs& g) {
 }
 #endif  // FRUGAL_HAVE_ONEDNN
 
+// The meta kernels (core/op_table.h): the working memory the 16-bit paths above take, on the meta device.
+void gemm_widened_meta(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+  const Tensor buf = cpu::meta_workspace(widened_bytes(g));
+}
+#ifdef FRUGAL_HAVE_ONEDNN
+void gemm_bf16_onednn_meta(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+  const auto plan = g.k > 0 ? plan_for(g) : nullptr;
+  if (!plan) return gemm_widened_meta(g);
+  const size_t bytes = plan->scratchpad.get_size();
+  const Tensor scratch = bytes ? cpu::meta_workspace(int64_t(bytes)) : Tensor();
+}
+#endif
+
 const bool kRegistered = [] {
+#ifdef FRUGAL_HAVE_ONEDNN
+  op_gemm.set(DeviceType::Meta, DType::BF16, gemm_bf16_onednn_meta);
+#else
+  op_gemm.set(DeviceType::Meta, DType::BF16, gemm_widened_meta);
+#endif
+  op_gemm.set(DeviceType::Meta, DType::F16, gemm_widened_meta);
 #ifdef FRUGAL_HAVE_ONEDNN
   op_gemm.set(DeviceType::CPU, DType::F32, gemm_f32_onednn);
   op_gemm.set(DeviceType::CPU, DType::BF16, gemm_bf16_onednn);

@@ -122,6 +122,19 @@ void avg_pool2d_backward_plane(const PoolArgs& a, int64_t p, A* dx) {
     }
 }
 
+// 16-bit gradients accumulate per thread in an f32 plane.
+int pool2d_backward_threads(const PoolArgs& a) {
+  const int64_t chunks = (a.planes + plane_grain(a) - 1) / plane_grain(a);
+  return omp_in_parallel() ? 1 : int(std::clamp<int64_t>(chunks, 1, detail::pool_threads()));
+}
+int64_t pool2d_backward_widened_bytes(const PoolArgs& a) {
+  return pool2d_backward_threads(a) * a.h * a.w * int64_t(sizeof(float));
+}
+// The meta kernel: the working memory of the 16-bit backward (core/op_table.h).
+void pool2d_backward_widened_meta(const PoolArgs& a) {
+  const Tensor buf = cpu::meta_workspace(pool2d_backward_widened_bytes(a));
+}
+
 // Runs Plane over every plane: straight into dx for f32/f64; for f16/bf16 into a per-thread f32 plane that is
 // rounded into dx once it is complete.
 template <typename T, void (*Plane)(const PoolArgs&, int64_t, acc_t<T>*)>
@@ -136,9 +149,8 @@ void pool2d_backward_cpu(const PoolArgs& a) {
       }
     });
   } else {
-    const int64_t chunks = (a.planes + plane_grain(a) - 1) / plane_grain(a);
-    const int nt = omp_in_parallel() ? 1 : int(std::clamp<int64_t>(chunks, 1, detail::pool_threads()));
-    Tensor buf = cpu::workspace(nt * hw * int64_t(sizeof(float)));
+    Tensor buf = cpu::workspace(pool2d_backward_widened_bytes(a));
+    const int nt = pool2d_backward_threads(a);
 #pragma omp parallel num_threads(nt)
     {
       float* acc = static_cast<float*>(buf.raw_data()) + omp_get_thread_num() * hw;
@@ -164,6 +176,10 @@ const bool kRegistered = [] {
     op_avg_pool2d_backward.set(DeviceType::CPU, dtype_v<T>,
                                pool2d_backward_cpu<T, avg_pool2d_backward_plane<T, acc_t<T>>>);
   });
+  for (DType t : {DType::F16, DType::BF16}) {
+    op_max_pool2d_backward.set(DeviceType::Meta, t, pool2d_backward_widened_meta);
+    op_avg_pool2d_backward.set(DeviceType::Meta, t, pool2d_backward_widened_meta);
+  }
   return true;
 }();
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -362,6 +363,44 @@ TEST(TrainerFlags, ProfilePrintsTheTableAndOtherIsAtMostOnePercent) {
     ASSERT_GT(all, 0) << o.output;
     EXPECT_LE(other, 0.01 * all) << o.output;
     std::filesystem::remove_all(dir);
+  }
+}
+
+// The number after "name=" on its own line of a run's output, -1 when there is none.
+long long value_after(const std::string& output, const std::string& name) {
+  const size_t at = output.find("\n" + name + "=");
+  return at == std::string::npos ? -1 : std::atoll(output.c_str() + at + name.size() + 2);
+}
+
+// --estimate predicts the peak of the very run the same flags make, byte for byte (core/estimate.h), without
+// training, for each technique the trainer offers.
+TEST(TrainerFlags, EstimateEqualsTheRunsPeak) {
+  const std::string exe = binary("fmnist");
+  if (exe.empty()) GTEST_SKIP() << "the examples are not built";
+  if (!has_data("fmnist")) GTEST_SKIP() << "no Fashion-MNIST";
+  const std::vector<std::vector<std::string>> variants = {{},
+                                                          {"--recompute"},
+                                                          {"--accum", "4"},
+                                                          {"--amp", "bf16"},
+                                                          {"--optimizer", "sgd"},
+                                                          {"--optimizer", "adafactor"},
+                                                          {"--model", "cnn", "--batch", "32"}};
+  for (const std::vector<std::string>& flags : variants) {
+    std::vector<std::string> argv{exe, "--epochs", "1", "--max-steps", "4"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    std::string what;
+    for (const std::string& f : flags) what += f + " ";
+    SCOPED_TRACE(what);
+    std::vector<std::string> dry = argv;
+    dry.push_back("--estimate");
+    const Outcome e = run(dry, 120), o = run(argv, 300);
+    ASSERT_TRUE(e.finished && !e.signaled && e.status == 0) << e.output;
+    ASSERT_TRUE(o.finished && !o.signaled && o.status == 0) << o.output;
+    EXPECT_EQ(e.output.find("epoch 1:"), std::string::npos) << "--estimate trains nothing\n" << e.output;
+    EXPECT_NE(e.output.find("optimizer state"), std::string::npos) << e.output;
+    const long long estimated = value_after(e.output, "estimated_peak_bytes");
+    EXPECT_GT(estimated, 0) << e.output;
+    EXPECT_EQ(estimated, value_after(o.output, "peak_allocated_bytes")) << o.output;
   }
 }
 
