@@ -43,6 +43,7 @@
 #include "nn/module_holder.h"
 #include "nn/ordered_dict.h"
 #include "optim/adafactor.h"
+#include "optim/adam8bit.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"

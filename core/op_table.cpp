@@ -38,6 +38,7 @@ constinit OpTable<ReluBackwardBiasKernel> op_relu_backward_bias{"relu_backward_b
 constinit OpTable<SoftmaxKernel> op_softmax{"softmax"};
 constinit OpTable<SgdStepKernel> op_sgd_step{"sgd_step"};
 constinit OpTable<AdamStepKernel> op_adam_step{"adam_step"};
+constinit OpTable<Adam8bitStepKernel> op_adam8bit_step{"adam8bit_step"};
 constinit OpTable<SegmentSumKernel> op_segment_sum_rows{"segment_sum_rows"};
 constinit OpTable<SparseAdamStepKernel> op_sparse_adam_step{"sparse_adam_step"};
 constinit OpTable<IndexKernel> op_index_select{"index_select"};

@@ -39,6 +39,30 @@ struct AdamStepArgs {
 using AdamStepKernel = void(const AdamStepArgs& args);
 extern OpTable<AdamStepKernel> op_adam_step;
 
+// Adam/AdamW with 8-bit moments (optim/adam8bit.h): exp_avg as codes of the signed dynamic code, exp_avg_sq
+// of the unsigned one (kernels/dynamic_code.h), each with one f32 scale (the block's largest |value|) per
+// block of block_size elements; the last block may be shorter. Per block: dequantise, the Adam/AdamW update
+// in the compute type from the new f32 moments, the new scales, requantise. Keyed by the parameter's dtype;
+// the gradient has that dtype.
+struct Adam8bitStepArgs {
+  void* param = nullptr;                // [n]
+  const void* grad = nullptr;           // [n]
+  uint8_t* exp_avg_codes = nullptr;     // [n]
+  float* exp_avg_absmax = nullptr;      // [ceil(n / block_size)]
+  uint8_t* exp_avg_sq_codes = nullptr;  // [n]
+  float* exp_avg_sq_absmax = nullptr;   // [ceil(n / block_size)]
+  int64_t n = 0;
+  int64_t block_size = 2048;  // a multiple of 64, at most kAdam8bitMaxBlock
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  double step_size = 0;                 // lr / (1 - beta1^step)
+  double bias_correction2_sqrt = 1;     // sqrt(1 - beta2^step)
+  bool decoupled_weight_decay = false;  // AdamW
+};
+// The largest block: the kernels keep a block's new moments on the stack (CPU) or in registers (CUDA).
+inline constexpr int64_t kAdam8bitMaxBlock = 4096;
+using Adam8bitStepKernel = void(const Adam8bitStepArgs& args);
+extern OpTable<Adam8bitStepKernel> op_adam8bit_step;
+
 // Loss scaling (optim/grad_scaler.h): one pass over a contiguous gradient of n elements, keyed by its dtype.
 //   *found_inf = 1 when some element is inf or nan (never set back to 0);
 //   grad[i] *= inv_scale, in f32 for f16/bf16 (as PyTorch's _amp_foreach_non_finite_check_and_unscale_;

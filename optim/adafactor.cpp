@@ -164,7 +164,7 @@ std::vector<std::string> Adafactor::state_names(const OptimizerOptions&, const T
   return {"variance"};
 }
 
-Shape Adafactor::state_shape(const std::string& name, const Tensor& param) const {
+Shape Adafactor::state_shape(const OptimizerOptions&, const std::string& name, const Tensor& param) const {
   if (!factored(param) || (name != "row_var" && name != "col_var")) return param.shape();
   Shape shape = param.shape();
   shape[param.dim() - (name == "row_var" ? 1 : 2)] = 1;

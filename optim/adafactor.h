@@ -65,7 +65,8 @@ class Adafactor : public Optimizer {
   // "row_var" and "col_var" for a parameter of rank >= 2 (torch's keepdim shapes [..., m, 1], [..., 1, n]),
   // "variance" (the parameter's shape) otherwise.
   std::vector<std::string> state_names(const OptimizerOptions& options, const Tensor& param) const override;
-  Shape state_shape(const std::string& name, const Tensor& param) const override;
+  Shape state_shape(const OptimizerOptions& options, const std::string& name,
+                    const Tensor& param) const override;
   void check_param(const Tensor& param, int64_t index) const override;
 };
 

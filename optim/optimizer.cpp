@@ -74,7 +74,11 @@ DType Optimizer::state_dtype(DType param_dtype) {
 Tensor Optimizer::new_state(const Tensor& param) { return new_state(param, param.shape()); }
 
 Tensor Optimizer::new_state(const Tensor& param, const Shape& shape) {
-  Tensor s = zeros(shape, TensorOptions(state_dtype(param.dtype())).device(param.device()));
+  return new_state(param, shape, state_dtype(param.dtype()));
+}
+
+Tensor Optimizer::new_state(const Tensor& param, const Shape& shape, DType dtype) {
+  Tensor s = zeros(shape, TensorOptions(dtype).device(param.device()));
   // Retagged rather than allocated under a memory::Tag scope, so the bytes show under exactly "optimizer"
   // whatever tag the caller's step() runs under.
   static const uint32_t kOptimizerTag = memory::intern_tag("optimizer");
@@ -82,7 +86,13 @@ Tensor Optimizer::new_state(const Tensor& param, const Shape& shape) {
   return s;
 }
 
-Shape Optimizer::state_shape(const std::string&, const Tensor& param) const { return param.shape(); }
+Shape Optimizer::state_shape(const OptimizerOptions&, const std::string&, const Tensor& param) const {
+  return param.shape();
+}
+
+DType Optimizer::state_dtype_of(const std::string&, const Tensor& param) const {
+  return state_dtype(param.dtype());
+}
 
 void Optimizer::check_param(const Tensor&, int64_t) const {}
 
@@ -141,12 +151,13 @@ void Optimizer::step() {
                        index, " is on ", grad.device(), " but the parameter is on ", p.device());
         check_param(p, index);
         ParamState& st = state_[g][i];
-        for (const auto& [key, t] : st.tensors)
-          FRUGAL_CHECK(t.shape() == state_shape(key, p) && t.dtype() == state_dtype(p.dtype()), name_,
-                       ".step: the state '", key, "' of parameter ", index, " is ", dtype_name(t.dtype()),
-                       " ", t.shape(), " but the parameter is now ", dtype_name(p.dtype()), " ", p.shape(),
-                       "; create the optimizer after converting the model");
         const OptimizerOptions& options = groups_[g].options();
+        for (const auto& [key, t] : st.tensors)
+          FRUGAL_CHECK(t.shape() == state_shape(options, key, p) && t.dtype() == state_dtype_of(key, p),
+                       name_, ".step: the state '", key, "' of parameter ", index, " is ",
+                       dtype_name(t.dtype()), " ", t.shape(), " but the parameter is now ",
+                       dtype_name(p.dtype()), " ", p.shape(),
+                       "; create the optimizer after converting the model");
         Planned u;
         u.p = p;
         u.options = &options;
@@ -157,7 +168,7 @@ void Optimizer::step() {
         if (u.master) names.push_back("master");
         for (const std::string& name : names) {
           if (auto it = st.tensors.find(name); it != st.tensors.end() && it->second.defined()) continue;
-          Tensor t = new_state(p, state_shape(name, p));
+          Tensor t = new_state(p, state_shape(options, name, p), state_dtype_of(name, p));
           if (name == "master") ops::copy_(t, p);
           st.tensors[name] = t;
           made.emplace_back(&st, name);
@@ -261,7 +272,8 @@ StateDict Optimizer::state_dict() const {
       dict[group_key(g, h.name)] = h.number ? scalar_tensor(*h.number, DType::F64)
                                    : h.maybe_number
                                        ? scalar_tensor(h.maybe_number->value_or(std::nan("")), DType::F64)
-                                       : scalar_tensor(*h.flag ? 1 : 0, DType::I64);
+                                   : h.integer ? scalar_tensor(double(*h.integer), DType::I64)
+                                               : scalar_tensor(*h.flag ? 1 : 0, DType::I64);
     if (groups_[g].initial_lr)
       dict[group_key(g, "initial_lr")] = scalar_tensor(*groups_[g].initial_lr, DType::F64);
   }
@@ -293,6 +305,8 @@ void Optimizer::load_state_dict(const StateDict& dict) {
         *h.number = v;
       else if (h.maybe_number)
         *h.maybe_number = std::isnan(v) ? std::nullopt : std::optional<double>(v);
+      else if (h.integer)
+        *h.integer = int64_t(v);
       else
         *h.flag = v != 0;
       used.insert(key);
@@ -320,13 +334,14 @@ void Optimizer::load_state_dict(const StateDict& dict) {
         const std::string key = state_key(index, name);
         const Tensor& t = find_key(dict, key, name_);
         used.insert(key);
-        const Shape shape = state_shape(name, p);
+        const Shape shape = state_shape(*opts, name, p);
+        const DType dtype = state_dtype_of(name, p);
         FRUGAL_CHECK_SHAPE(t.shape() == shape, name_, ".load_state_dict: '", key, "' has shape ", t.shape(),
                            " but parameter ", index, " (shape ", p.shape(), ") keeps it as ", shape);
-        FRUGAL_CHECK_DTYPE(t.dtype() == state_dtype(p.dtype()), name_, ".load_state_dict: '", key, "' is ",
+        FRUGAL_CHECK_DTYPE(t.dtype() == dtype, name_, ".load_state_dict: '", key, "' is ",
                            dtype_name(t.dtype()), " but the state of a ", dtype_name(p.dtype()),
-                           " parameter is ", dtype_name(state_dtype(p.dtype())));
-        Tensor s = new_state(p, shape);
+                           " parameter is ", dtype_name(dtype));
+        Tensor s = new_state(p, shape, dtype);
         ops::copy_(s, t.to(p.device()));
         st.tensors[name] = s;
       }

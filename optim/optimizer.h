@@ -35,13 +35,15 @@ struct SparseGrad;  // autograd/graph.h
 
 namespace frugal::optim {
 
-// One hyperparameter by name, for state dicts: a number (saved as 0-d f64), a flag (0-d i64), or a number
-// that may be unset (0-d f64, nan when unset: Adafactor's eps1).
+// One hyperparameter by name, for state dicts: a number (saved as 0-d f64), a flag (0-d i64), a number
+// that may be unset (0-d f64, nan when unset: Adafactor's eps1), or an integer (0-d i64: Adam8bit's
+// block_size).
 struct HyperParam {
   std::string name;
   double* number = nullptr;
   bool* flag = nullptr;
   std::optional<double>* maybe_number = nullptr;
+  int64_t* integer = nullptr;
 };
 
 // The options of one optimizer (SGDOptions, AdamOptions, ...); each parameter group holds its own copy.
@@ -142,8 +144,13 @@ class Optimizer {
   // same ones for every parameter; Adafactor's depend on its rank.
   virtual std::vector<std::string> state_names(const OptimizerOptions& options,
                                                const Tensor& param) const = 0;
-  // The shape of param's state tensor `name`: param's own by default (Adafactor's factors are smaller).
-  virtual Shape state_shape(const std::string& name, const Tensor& param) const;
+  // The shape of param's state tensor `name` under these options: param's own by default (Adafactor's
+  // factors are smaller, Adam8bit's scales one per block).
+  virtual Shape state_shape(const OptimizerOptions& options, const std::string& name,
+                            const Tensor& param) const;
+  // The dtype of param's state tensor `name`: state_dtype(param's dtype) by default (Adam8bit's codes are
+  // u8).
+  virtual DType state_dtype_of(const std::string& name, const Tensor& param) const;
   // Throws Error if this optimizer cannot update param (step() asks before it changes anything; Adafactor
   // runs on the CPU only).
   virtual void check_param(const Tensor& param, int64_t index) const;
@@ -152,6 +159,7 @@ class Optimizer {
   // counted under the memory tag "optimizer".
   static Tensor new_state(const Tensor& param);
   static Tensor new_state(const Tensor& param, const Shape& shape);
+  static Tensor new_state(const Tensor& param, const Shape& shape, DType dtype);
   static DType state_dtype(DType param_dtype);
   // True when param is updated through an f32 master copy (Note [master weights]).
   static bool uses_master(const OptimizerOptions& options, const Tensor& param);

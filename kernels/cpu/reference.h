@@ -4,6 +4,7 @@
 
 #include "core/op_table_conv.h"
 #include "core/op_table_linalg.h"
+#include "core/op_table_optim.h"
 
 namespace frugal::reference {
 
@@ -131,4 +132,15 @@ void gemm_f32_eigen_cpu(const GemmArgs& g);
 // without oneDNN or for a layout oneDNN declines), callable beside the registered kernels.
 void gemm_bf16_widened_cpu(const GemmArgs& g);
 void gemm_f16_widened_cpu(const GemmArgs& g);
+}  // namespace frugal
+
+namespace frugal {
+// The naive Adam8bit update (op_adam8bit_step's definition, kernels/cpu/optim8bit.cpp) for a parameter of
+// `dtype`: one element at a time, each code by a scan of the 256 entries. The registered kernel equals it bit
+// for bit.
+void adam8bit_step_reference_cpu(DType dtype, const Adam8bitStepArgs& a);
+// The code of q in the signed or unsigned dynamic code (kernels/dynamic_code.h): the CPU kernel's bucket
+// search and the reference's scan of every entry.
+uint8_t dynamic_code_quantize_cpu(bool is_signed, float q);
+uint8_t dynamic_code_quantize_reference(bool is_signed, float q);
 }  // namespace frugal
