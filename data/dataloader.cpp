@@ -66,7 +66,8 @@ void DataLoader::begin_epoch(int64_t epoch) {
   order_ = epoch_order(epoch);
   started_ = true;
   delivered_ = 0;
-  if (options_.prefetch_ > 0 && num_batches() > 0)
+  made_ = 0;
+  if (options_.prefetch_ > 0 && !options_.in_caller_thread_ && num_batches() > 0)
     worker_ = std::thread([this, n = num_batches()] { run_worker(n); });
 }
 
@@ -107,6 +108,20 @@ std::optional<Batch> DataLoader::next() {
     Batch batch = make_batch(b);
     delivered_ = b + 1;
     return batch;
+  }
+  if (options_.in_caller_thread_) {
+    // What a worker that keeps up has made by now: this batch and `prefetch` after it.
+    memory::Tag tag("data");
+    memory::PhaseScope phase(memory::Phase::Data);
+    while (made_ < num_batches() && made_ <= delivered_ + options_.prefetch_) {
+      const int64_t b = made_++;
+      try {
+        queue_.push_back({make_batch(b), nullptr});
+      } catch (...) {
+        queue_.push_back({std::nullopt, std::current_exception()});
+        made_ = num_batches();
+      }
+    }
   }
   Slot slot;
   {

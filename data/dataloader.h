@@ -30,7 +30,11 @@ struct DataLoaderOptions {
   bool drop_last_ = false;    // drop the last, smaller batch
   DType dtype_ = DType::F32;  // of the inputs (f32, f16, bf16, f64)
   int prefetch_ = 2;          // batches a background thread prepares ahead; 0 = in the caller's thread
-  uint64_t seed_ = 0;         // with the epoch number, fixes the shuffled order
+  // Prepare the `prefetch` batches ahead in the caller's thread, at next(), instead of in a worker: the same
+  // batches are alive as with a worker that keeps up (the one in use and `prefetch` ahead), made in one order
+  // every run. A dry run (core/estimate.h) uses it to see what the worker's queue holds.
+  bool in_caller_thread_ = false;
+  uint64_t seed_ = 0;  // with the epoch number, fixes the shuffled order
 
   DataLoaderOptions& batch_size(int64_t v) { return batch_size_ = v, *this; }
   DataLoaderOptions& shuffle(bool v) { return shuffle_ = v, *this; }
@@ -38,6 +42,7 @@ struct DataLoaderOptions {
   DataLoaderOptions& dtype(DType v) { return dtype_ = v, *this; }
   DataLoaderOptions& prefetch(int v) { return prefetch_ = v, *this; }
   DataLoaderOptions& seed(uint64_t v) { return seed_ = v, *this; }
+  DataLoaderOptions& in_caller_thread(bool v) { return in_caller_thread_ = v, *this; }
 };
 
 class DataLoader {
@@ -66,6 +71,7 @@ class DataLoader {
     using value_type = Batch;
     Batch& operator*() { return *batch_; }
     Iterator& operator++() {
+      batch_.reset();  // the batch in use goes before the next one is taken: one batch fewer alive
       batch_ = loader_->next();
       return *this;
     }
@@ -103,6 +109,7 @@ class DataLoader {
   std::vector<int64_t> order_;  // the current epoch's indices
   bool started_ = false;
   int64_t delivered_ = 0;  // batches next() has returned this epoch
+  int64_t made_ = 0;       // batches made this epoch (in_caller_thread)
 
   // Shared with the worker thread (guarded by mutex_).
   std::mutex mutex_;

@@ -39,6 +39,21 @@ inline Tensor lm_loss(const Tensor& logits, const Tensor& target) {
   return nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
 }
 
+// The dry run's stand-in for TextDataset::sample_batch (--estimate): its allocations, on the meta device and
+// in its order (the window starts drawn and read, then the inputs and the targets), without a byte of text.
+inline data::Batch dry_sample_batch(const data::TextDataset& data, int64_t batch, Generator& gen) {
+  memory::PhaseScope phase(memory::Phase::Data);
+  {
+    const Tensor starts = randint(0, data.size(), {batch}, TensorOptions(DType::I64).device(kMeta), &gen);
+    memory::detail::read_allocations(starts, DType::I64);
+  }
+  const int64_t context = data.options().context_;
+  data::Batch b;
+  b.input = empty({batch, context}, TensorOptions(DType::I64).device(kMeta));
+  b.target = empty({batch, context}, TensorOptions(DType::I64).device(kMeta));
+  return b;
+}
+
 // The model, AdamW or Adafactor for every parameter (or SparseAdam for the token embedding), cosine schedules
 // over opts.steps down to lr / 10, and the generator the training windows are drawn from. Not copyable: the
 // schedules refer to the optimizers.
@@ -94,10 +109,14 @@ class Trainer {
 
   // One optimizer step over opts.batch windows of `train`, drawn as opts.accum micro-batches. Returns the
   // step's mean loss.
+  // On a meta model (a dry run, --estimate) the batches are dry_sample_batch's.
   double train_step(const data::TextDataset& train) {
+    const bool dry = model->head->weight.device().is_meta();
     std::vector<data::Batch> micro;
-    for (int m = 0; m < opts_.accum; ++m)
-      micro.push_back(train.sample_batch(opts_.batch / opts_.accum, batches_));
+    for (int m = 0; m < opts_.accum; ++m) {
+      const int64_t b = opts_.batch / opts_.accum;
+      micro.push_back(dry ? dry_sample_batch(train, b, batches_) : train.sample_batch(b, batches_));
+    }
     return train_step(micro);
   }
 
@@ -116,7 +135,7 @@ class Trainer {
       }
       memory::Tag tag("backward");
       scaler.scale(loss).backward();  // the loss itself when the scaler is disabled (f32, bf16)
-      loss_sum += loss.item<double>();
+      loss_sum += memory::item_or(loss, 0.0);
     }
     {
       memory::Tag tag("optimizer/step");
@@ -224,10 +243,11 @@ inline double validation_loss(nn::GPTImpl& model, const data::TextDataset& val, 
   amp::Autocast guard(autocast.value_or(DType::BF16), autocast.has_value());
   model.eval();
   Generator gen(1234);
+  const bool dry = model.head->weight.device().is_meta();  // a dry run (--estimate)
   double sum = 0;
   for (int i = 0; i < batches; ++i) {
-    const data::Batch b = val.sample_batch(batch, gen);
-    sum += lm_loss(model.forward(b.input), b.target).item<double>();
+    const data::Batch b = dry ? dry_sample_batch(val, batch, gen) : val.sample_batch(batch, gen);
+    sum += memory::item_or(lm_loss(model.forward(b.input), b.target), 0.0);
   }
   model.train();
   return sum / batches;

@@ -3,6 +3,7 @@
 // and its tests. Uses the public header only.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -96,6 +97,15 @@ class DryImages : public data::Dataset {
  private:
   int64_t size_;
 };
+
+// The dry run's stand-in for a DataLoader (--estimate): the same batches on the meta device, with the
+// `prefetch` batches the real loader's worker keeps ahead made in this thread (in_caller_thread), so that the
+// dry run holds what the worker's queue holds, in one order.
+inline std::unique_ptr<data::DataLoader> dry_loader(const data::DataLoader& real) {
+  data::DataLoaderOptions options = real.options();
+  return std::make_unique<data::DataLoader>(std::make_shared<DryImages>(real.dataset().size()),
+                                            options.in_caller_thread(true));
+}
 
 // Forward and backward of one micro-batch, its loss scaled by `scale` (1 / micro-batches per step, so that
 // the accumulated gradient is the mean over the whole batch). Returns the scaled loss and the correct

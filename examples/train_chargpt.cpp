@@ -69,6 +69,10 @@ int main(int argc, char** argv) {
                  "write the memory history of steps 3-5 as a Chrome trace here (ui.perfetto.dev) and an SVG "
                  "picture beside it (the extension replaced by .svg)");
   app.add_flag("--profile", profile, "time every op (forward and backward) and print the table at the end");
+  bool estimate = false;
+  app.add_flag("--estimate", estimate,
+               "predict the run's peak memory with a dry run on the meta device (no training, no model in "
+               "memory): print it by category and a last line estimated_peak_bytes=N, then exit");
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
 
@@ -87,6 +91,23 @@ int main(int argc, char** argv) {
           std::make_unique<data::TextDataset>(data::TextDatasetOptions().root(data_dir).context(o.context));
       val = std::make_unique<data::TextDataset>(
           data::TextDatasetOptions().root(data_dir).context(o.context).split(data::TextSplit::Validation));
+    }
+    if (estimate) {
+      // Three steps (the second holds the optimizer's state, the third repeats it) and one validation, as
+      // the run makes them, on the meta device, from the arena as it is with the corpus loaded
+      // (core/estimate.h). The sample generated at the end (--sample) is not estimated: one sequence,
+      // without a tape, far below a training step.
+      const memory::Estimate e = memory::estimate(
+          [&](Device) {
+            chargpt::Trainer dry(o, train->vocab_size());
+            for (int64_t step = 0; step < std::min<int64_t>(o.steps, 3); ++step) dry.train_step(*train);
+            chargpt::validation_loss(*dry.model, *val, o.batch, 8, o.autocast);
+          },
+          memory::EstimateOptions().from(kCPU));
+      std::printf("%s", e.summary().c_str());
+      std::printf("estimated_peak_bytes=%lld\n",
+                  static_cast<long long>(std::max(e.source_peak, e.peak_allocated)));
+      return e.fits() ? 0 : 1;
     }
     chargpt::Trainer trainer(o, train->vocab_size());
     nn::GPTImpl& model = *trainer.model;

@@ -154,11 +154,9 @@ int main(int argc, char** argv) {
             nn::Sequential m = make_model();
             auto o = fmnist::make_optimizer(optimizer, m->parameters(), lr);
             fmnist::Precision p(fmnist::parse_amp(amp_name));
-            data::DataLoader dry_train(std::make_shared<fmnist::DryImages>(train_set->size()),
-                                       train.options());
-            data::DataLoader dry_test(std::make_shared<fmnist::DryImages>(test_set->size()), test.options());
-            fmnist::train_epoch(*m, *o, dry_train, 0, max_steps, accum, {}, &p);
-            fmnist::evaluate(*m, dry_test, p.autocast);
+            const auto dry_train = fmnist::dry_loader(train);  // alive through evaluate, as `train` is
+            fmnist::train_epoch(*m, *o, *dry_train, 0, max_steps, accum, {}, &p);
+            fmnist::evaluate(*m, *fmnist::dry_loader(test), p.autocast);
           },
           memory::EstimateOptions().from(kCPU));
       std::printf("%s", e.summary().c_str());

@@ -120,6 +120,55 @@ TEST(DataLoader, PrefetchGivesTheSameBatchesAsNone) {
   for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i], runs[0]) << "run " << i;
 }
 
+// in_caller_thread: the same batches, made at next(), with `prefetch` ahead of the one in use, so the bytes
+// alive are those of a worker that keeps up (what a dry run needs, core/estimate.h); errors still reach the
+// caller at the batch that failed.
+TEST(DataLoader, PrefetchInTheCallersThread) {
+  const auto opts = data::DataLoaderOptions().batch_size(7).shuffle(true).seed(3);
+  data::DataLoader worker(std::make_shared<Counting>(50), opts);
+  for (int prefetch : {0, 1, 2, 5}) {
+    SCOPED_TRACE("prefetch " + std::to_string(prefetch));
+    auto ds = std::make_shared<Counting>(50);
+    data::DataLoader loader(ds, data::DataLoaderOptions(opts).prefetch(prefetch).in_caller_thread(true));
+    EXPECT_EQ(targets_of_epoch(loader, 2), targets_of_epoch(worker, 2));
+    loader.begin_epoch(0);
+    ASSERT_TRUE(loader.next().has_value());
+    EXPECT_EQ(ds->calls.load() - 8, 1 + prefetch);  // one epoch of 8 batches, then this one and those ahead
+  }
+  data::DataLoader failing(std::make_shared<Counting>(100, /*fail_at=*/57),
+                           data::DataLoaderOptions().batch_size(10).in_caller_thread(true));
+  failing.begin_epoch(0);
+  int good = 0;
+  EXPECT_THROW(
+      {
+        while (failing.next()) ++good;
+      },
+      Error);
+  EXPECT_EQ(good, 5);
+}
+
+// A range-for lets go of a batch before it takes the next one: at most one batch in use at a time.
+TEST(DataLoader, TheIteratorReleasesABatchBeforeTakingTheNext) {
+  // Notes, each time a batch is made, whether the batch handed out before is still alive.
+  struct Watching : Counting {
+    using Counting::Counting;
+    data::Batch get_batch(std::span<const int64_t> indices, DType dtype) const override {
+      overlapped = overlapped || !last.expired();
+      data::Batch b = Counting::get_batch(indices, dtype);
+      last = b.target.storage();
+      return b;
+    }
+    mutable std::weak_ptr<Storage> last;
+    mutable bool overlapped = false;
+  };
+  auto ds = std::make_shared<Watching>(40);
+  data::DataLoader loader(ds, data::DataLoaderOptions().batch_size(10).prefetch(0));
+  int batches = 0;
+  for (data::Batch& b : loader.epoch(0)) batches += b.target.numel() > 0;
+  EXPECT_EQ(batches, 4);
+  EXPECT_FALSE(ds->overlapped);
+}
+
 TEST(DataLoader, UsingTheNextApi) {
   data::DataLoader loader(std::make_shared<Counting>(5), data::DataLoaderOptions().batch_size(2));
   expect_error<Error>([&] { loader.next(); }, {"begin_epoch"});
