@@ -28,7 +28,7 @@ struct Options {
   uint64_t seed = 0;
   bool recompute = false;           // each block a recompute segment
   bool sparse_embeddings = false;   // SparseAdam for the token embedding, the optimizer below for the rest
-  std::string optimizer = "adamw";  // for the dense parameters: adamw or adafactor
+  std::string optimizer = "adamw";  // for the dense parameters: adamw, adafactor or adamw8bit
   // Mixed precision: autocast to this dtype around the forward and the loss, and for f16 a loss scaler.
   std::optional<DType> autocast;
   double clip = 0;  // clip the dense gradients' norm to this (0: off)
@@ -54,9 +54,9 @@ inline data::Batch dry_sample_batch(const data::TextDataset& data, int64_t batch
   return b;
 }
 
-// The model, AdamW or Adafactor for every parameter (or SparseAdam for the token embedding), cosine schedules
-// over opts.steps down to lr / 10, and the generator the training windows are drawn from. Not copyable: the
-// schedules refer to the optimizers.
+// The model, AdamW, Adafactor or AdamW8bit for every parameter (or SparseAdam for the token embedding),
+// cosine schedules over opts.steps down to lr / 10, and the generator the training windows are drawn from.
+// Not copyable: the schedules refer to the optimizers.
 class Trainer {
  public:
   Trainer(const Options& opts, int64_t vocab)
@@ -95,8 +95,10 @@ class Trainer {
       optimizer = std::make_unique<optim::AdamW>(dense, optim::AdamWOptions(opts.lr));
     else if (opts.optimizer == "adafactor")
       optimizer = std::make_unique<optim::Adafactor>(dense, optim::AdafactorOptions(opts.lr));
+    else if (opts.optimizer == "adamw8bit")
+      optimizer = std::make_unique<optim::AdamW8bit>(dense, optim::AdamW8bitOptions(opts.lr));
     else
-      throw Error("unknown optimizer '" + opts.optimizer + "'; valid: adamw, adafactor");
+      throw Error("unknown optimizer '" + opts.optimizer + "'; valid: adamw, adafactor, adamw8bit");
     schedules_.push_back(std::make_unique<optim::CosineAnnealingLR>(*optimizer, opts.steps, opts.lr * 0.1));
     if (!sparse.empty()) {
       sparse_adam = std::make_unique<optim::SparseAdam>(sparse, optim::SparseAdamOptions(opts.lr));
@@ -223,7 +225,7 @@ class Trainer {
   }
 
   nn::GPT model{nullptr};
-  std::unique_ptr<optim::Optimizer> optimizer;  // AdamW or Adafactor, for the dense parameters
+  std::unique_ptr<optim::Optimizer> optimizer;  // AdamW, Adafactor or AdamW8bit, for the dense parameters
   std::unique_ptr<optim::SparseAdam> sparse_adam;
   amp::GradScaler scaler;  // enabled for f16 autocast only
 

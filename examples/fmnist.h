@@ -54,7 +54,9 @@ inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& kind,
   if (kind == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions(lr));
   if (kind == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(lr));
   if (kind == "adafactor") return std::make_unique<optim::Adafactor>(params, optim::AdafactorOptions(lr));
-  throw Error("unknown optimizer '" + kind + "'; valid: sgd, adam, adamw, adafactor");
+  if (kind == "adam8bit") return std::make_unique<optim::Adam8bit>(params, optim::Adam8bitOptions(lr));
+  if (kind == "adamw8bit") return std::make_unique<optim::AdamW8bit>(params, optim::AdamW8bitOptions(lr));
+  throw Error("unknown optimizer '" + kind + "'; valid: sgd, adam, adamw, adafactor, adam8bit, adamw8bit");
 }
 
 // Mixed precision of a run (--amp): autocast to `autocast` around the forward and the loss (none: f32), and

@@ -34,6 +34,7 @@ struct Technique {
   std::string key, name, when;
   bool sgd = false;        // SGD with momentum 0.9 (lr x 10) instead of Adam (AdamW for gpt)
   bool adafactor = false;  // Adafactor (torch's defaults: lr 1e-2, a relative step) instead of Adam
+  bool adam8bit = false;   // Adam8bit (AdamW8bit for gpt) at Adam's lr: both moments in 8 bits
   bool recompute = false;
   std::optional<DType> autocast = std::nullopt;  // f16 also brings a GradScaler
   int accum = 1;                                 // micro-batches per step, each batch / accum
@@ -66,6 +67,12 @@ inline std::vector<Technique> techniques_for(const std::string& model) {
                  .when = "optimizer state O(rows + columns) a matrix instead of Adam's two full moments; "
                          "relative step sizes",
                  .adafactor = true});
+  all.push_back({.key = "adam8bit",
+                 .name = gpt ? "AdamW 8-bit" : "Adam 8-bit",
+                 .when =
+                     "Adam's two moments as 8-bit codes with an f32 scale per 2048 (bitsandbytes' block-wise "
+                     "dynamic quantisation): about a quarter of Adam's state",
+                 .adam8bit = true});
   all.push_back({.key = "recompute",
                  .name = "recompute segments",
                  .when = "activations dominate: keeps segment inputs only, pays a second forward in backward",
@@ -248,6 +255,8 @@ class Workload {
       opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions(cfg_.lr * 10).momentum(0.9));
     else if (t.adafactor)
       opt = std::make_unique<optim::Adafactor>(model->parameters(), optim::AdafactorOptions());
+    else if (t.adam8bit)
+      opt = std::make_unique<optim::Adam8bit>(model->parameters(), optim::Adam8bitOptions(cfg_.lr));
     else
       opt = std::make_unique<optim::Adam>(model->parameters(),
                                           optim::AdamOptions(cfg_.lr).master_weights(t.bf16_parameters));
@@ -300,6 +309,8 @@ class Workload {
       opt = std::make_unique<optim::SGD>(dense, optim::SGDOptions(cfg_.lr * 10).momentum(0.9));
     else if (t.adafactor)
       opt = std::make_unique<optim::Adafactor>(dense, optim::AdafactorOptions());
+    else if (t.adam8bit)
+      opt = std::make_unique<optim::AdamW8bit>(dense, optim::AdamW8bitOptions(cfg_.lr));
     else
       opt = std::make_unique<optim::AdamW>(dense,
                                            optim::AdamWOptions(cfg_.lr).master_weights(t.bf16_parameters));

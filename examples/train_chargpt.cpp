@@ -38,8 +38,9 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "learning rate (finite, > 0; Adafactor's largest relative step)")
       ->check(finite_positive);
   app.add_option("--optimizer", o.optimizer,
-                 "adamw, or adafactor (factored second moment: O(rows + columns) state a matrix)")
-      ->check(CLI::IsMember({"adamw", "adafactor"}));
+                 "adamw, adafactor (factored second moment: O(rows + columns) state a matrix), or adamw8bit "
+                 "(both moments in 8 bits: about 2 bytes of state a parameter)")
+      ->check(CLI::IsMember({"adamw", "adafactor", "adamw8bit"}));
   app.add_option("--accum", o.accum, "micro-batches per step (gradient accumulation)")->check(positive);
   app.add_flag("--recompute", o.recompute, "run each block as a recompute segment (less activation memory)");
   app.add_flag("--sparse-embeddings", o.sparse_embeddings,

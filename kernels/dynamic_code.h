@@ -28,13 +28,14 @@
 
 namespace frugal::dynamic_code {
 
+// Trivial (no member initialisers), so that a GPU block can keep a copy in shared memory.
 struct Code {
-  float value[256] = {};  // ascending
-  int zero = 0;           // value[zero] == 0
+  float value[256];  // ascending
+  int zero;          // value[zero] == 0
   // Side 0 holds q >= 0 (magnitudes value[zero + k]), side 1 q < 0 (magnitudes -value[zero - k]), k = 0 ..
-  // count[s] - 1; threshold[s][count[s] - 1] is +inf.
-  int count[2] = {0, 0};
-  float threshold[2][256] = {};
+  // count[s] - 1; threshold[s][count[s] - 1] is +inf (the entries past it are unused, 0).
+  int count[2];
+  float threshold[2][256];
 };
 
 // The code of q: nearest entry, ties toward 0, NaN to 0 (Note [the dynamic code]).
@@ -66,7 +67,7 @@ inline Code make_code(bool is_signed) {
       mags[n++] = scale * (lo + hi) / 2;
     }
   }
-  Code c;
+  Code c{};
   int k = 0;
   if (is_signed)
     for (int j = n - 1; j >= 0; --j) c.value[k++] = -float(mags[j]);

@@ -1,8 +1,8 @@
 // CPU Adam8bit update (op_adam8bit_step): per quantisation block, dequantise both moments, the Adam/AdamW
 // step from the new f32 moments (math::adam8bit_step, kernels/dynamic_code.h), the block's new scales, and
 // the moments requantised (kernels/dynamic_code.h). Blocks run in parallel; inside one, two plain loops the
-// compiler vectorises (gathers for the table lookups). Beside it, the naive reference it is tested against
-// bit for bit (adam8bit_step_reference_cpu, kernels/cpu/reference.h).
+// compiler vectorises (gathers for the table lookups; Note [four passes over a block]). Beside it, the naive
+// reference it is tested against bit for bit (adam8bit_step_reference_cpu, kernels/cpu/reference.h).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -23,21 +23,21 @@ using dynamic_code::Code;
 
 // Note [quantising with buckets]: a float's bits, shifted right, are monotone in its value, so the bits
 // above the lowest 23 - kMantissaBits (the exponent and kMantissaBits of mantissa) name a bucket of values.
-// For each bucket, lut holds the code step k of the bucket's lowest value; a value of the bucket is then at
-// most fixups thresholds further, which kFixups compare-and-add steps walk (the table build checks that
-// kFixups suffices). Everything below 2^kMinExponent is one bucket (it lies below the first threshold of
-// both codes, 1.6e-7), everything from 2 up (and inf, NaN) the last. Exact: the same thresholds as
-// dynamic_code::quantize, hence the same codes.
+// With 7 mantissa bits no bucket holds more than one threshold of either code (the table build checks it),
+// so a value's code step is its bucket's first step, base[b], plus one if it exceeds split[b], the one
+// threshold that can lie in the bucket: two independent loads, no search. Everything below 2^kMinExponent is
+// bucket 0 (it lies below the first threshold of both codes, 1.6e-7), everything from 2 up (and inf, NaN)
+// the last. Exact: the same thresholds as dynamic_code::quantize, hence the same codes. Per code, the tables
+// take 2 x 12 KB of splits and 2 x 12 KB of bases.
 constexpr int kMantissaBits = 7;
-constexpr int kMinExponent = -24, kMaxExponent = 1;  // buckets cover [2^-24, 2^1)
+constexpr int kMinExponent = -23, kMaxExponent = 1;  // buckets cover [2^-23, 2^1)
 constexpr int kBuckets = (kMaxExponent - kMinExponent) << kMantissaBits;
 constexpr int32_t kFirstBucketBits = (127 + kMinExponent) << kMantissaBits;
-constexpr int kFixups = 2;
 
 struct FastCode {
   const Code* code = nullptr;
-  int32_t lut[2 * kBuckets];  // side 0's buckets, then side 1's
-  float threshold[2 * 256];   // code->threshold, flat
+  float split[2 * kBuckets];   // side 0's buckets, then side 1's
+  int32_t base[2 * kBuckets];  // int32, not u8: gcc vectorises the loads of 32-bit elements only
 };
 
 int32_t bucket_of(float a) {
@@ -56,17 +56,17 @@ FastCode make_fast(const Code& c) {
   FastCode f;
   f.code = &c;
   for (int side = 0; side < 2; ++side)
-    for (int k = 0; k < 256; ++k) f.threshold[side * 256 + k] = c.threshold[side][k];
-  for (int side = 0; side < 2; ++side)
     for (int b = 0; b < kBuckets; ++b) {
       const uint32_t first = uint32_t(b + kFirstBucketBits) << (23 - kMantissaBits);
       const float lowest = b == 0 ? 0.0f : std::bit_cast<float>(first);
       const float highest = b == kBuckets - 1
                                 ? std::numeric_limits<float>::infinity()
                                 : std::bit_cast<float>(first + (1u << (23 - kMantissaBits)) - 1);
-      f.lut[side * kBuckets + b] = steps_of(c, side, lowest);
-      FRUGAL_ASSERT(steps_of(c, side, highest) - f.lut[side * kBuckets + b] <= kFixups,
-                    "adam8bit: a bucket of the dynamic code spans more than kFixups thresholds");
+      const int32_t base = steps_of(c, side, lowest);
+      FRUGAL_ASSERT(steps_of(c, side, highest) - base <= 1,
+                    "adam8bit: a bucket of the dynamic code holds two thresholds; more mantissa bits needed");
+      f.base[side * kBuckets + b] = base;
+      f.split[side * kBuckets + b] = c.threshold[side][base];
     }
   return f;
 }
@@ -86,22 +86,27 @@ template <bool kSigned>
 inline uint8_t quantize_fast(const FastCode& f, float q) {
   const int32_t side = kSigned ? int32_t(q < 0) : 0;
   const float a = std::fabs(q);
-  int32_t k = f.lut[side * kBuckets + bucket_of(a)];
-  const float* t = f.threshold + side * 256;
-  static_assert(kFixups == 2, "quantize_fast walks two steps");
-  k += int32_t(a > t[k]);
-  k += int32_t(a > t[k]);
+  const int32_t b = side * kBuckets + bucket_of(a);
+  int32_t k = f.base[b] + int32_t(a > f.split[b]);
   // NaN (and, unsigned, a negative q) to 0's code; written without && so that the loop stays branch-free.
   const int32_t to_zero = int32_t(!(a == a)) | (kSigned ? 0 : int32_t(q < 0));
   k &= to_zero - 1;
   return uint8_t(f.code->zero + (1 - 2 * side) * k);
 }
 
-// codes[i] = the code of x[i] / scale, i < len.
+// codes[i] = the code of x[i] x inv_scale, i < len.
 template <bool kSigned, typename C>
-void quantize_block(const FastCode& f, const C* x, C scale, uint8_t* codes, int64_t len) {
+void quantize_block(const FastCode& f, const C* x, C inv_scale, uint8_t* codes, int64_t len) {
 #pragma omp simd
-  for (int64_t i = 0; i < len; ++i) codes[i] = quantize_fast<kSigned>(f, float(x[i] / scale));
+  for (int64_t i = 0; i < len; ++i) codes[i] = quantize_fast<kSigned>(f, float(x[i] * inv_scale));
+}
+
+// What a block's moments are multiplied by before rounding to the code: 1 / its scale, or 0 for a zero
+// scale (every moment 0 or non-finite: each gets 0's code, x 0 being 0 or NaN). A multiply rather than a
+// division per element; a product may then exceed 1 by a rounding, which rounds to the code's end.
+template <typename C>
+C inverse_scale(float absmax) {
+  return absmax > 0 ? C(1) / C(absmax) : C(0);
 }
 
 template <typename C>
@@ -120,49 +125,67 @@ math::Adam8bitHyper<C> hyper_of(const Adam8bitStepArgs& a) {
           decay && a.decoupled_weight_decay};
 }
 
-// param, grad [n] (T); codes [n] (u8), absmax [ceil(n / block_size)] (f32), per moment. The options are
-// template arguments (as adam_loop's in kernels/cpu/optim.cpp), so the loops are branch-free.
+// Note [four passes over a block]: the block's moments live in two f32 buffers on the stack, and each step
+// is its own plain loop over them (dequantise, update, scales, quantise): one loop doing all, with the
+// gathers, the update and the max reductions together, ran scalar (gcc 12 vectorised it, then took the
+// scalar version), 13x slower than Adam's kernel. The block stays in L1 across the passes.
+
+// out[i] = value[codes[i]] x scale, i < len.
+template <typename C>
+void dequantize_block(const float* value, const uint8_t* codes, C scale, C* out, int64_t len) {
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) out[i] = C(value[codes[i]]) * scale;
+}
+
+// The update of len elements: p, g (T); m, v (C) in: the dequantised moments, out: the new ones.
+template <typename T, typename C>
+void update_block(T* p, const T* g, C* m, C* v, const math::Adam8bitHyper<C> h, int64_t len) {
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) {
+    const math::Adam8bitElement<C> e = math::adam8bit_step(C(p[i]), C(g[i]), m[i], v[i], h);
+    p[i] = T(e.p);
+    m[i] = e.m;
+    v[i] = e.v;
+  }
+}
+
+// The largest finite |x[i]|, i < len (0 if none).
+template <typename C>
+C finite_max(const C* x, int64_t len) {
+  C r = 0;
+#pragma omp simd reduction(max : r)
+  for (int64_t i = 0; i < len; ++i) r = std::max(r, math::finite_abs(x[i]));
+  return r;
+}
+
+// param, grad [n] (T); codes [n] (u8), absmax [ceil(n / block_size)] (f32), per moment. The weight decay's
+// kind is a template argument (as adam_loop's in kernels/cpu/optim.cpp), so the update is branch-free.
 template <typename T, bool kCoupled, bool kDecoupled>
 void adam8bit_loop(const Adam8bitStepArgs& a) {
   using C = acc_t<T>;
   T* param = static_cast<T*>(a.param);
   const T* grad = static_cast<const T*>(a.grad);
-  math::Adam8bitHyper<C> h = hyper_of<C>(a);
-  h.coupled = kCoupled;
-  h.decoupled = kDecoupled;
+  const math::Adam8bitHyper<C> h = hyper_of<C>(a);
   const FastCode& f1 = fast_signed();
   const FastCode& f2 = fast_unsigned();
-  const float* value1 = f1.code->value;
-  const float* value2 = f2.code->value;
   const int64_t bs = a.block_size, blocks = (a.n + bs - 1) / bs;
   parallel_for(0, blocks, std::max<int64_t>(1, kGrain / bs), [&](int64_t block_begin, int64_t block_end) {
-    alignas(64) C m_new[kAdam8bitMaxBlock], v_new[kAdam8bitMaxBlock];
+    alignas(64) C m[kAdam8bitMaxBlock], v[kAdam8bitMaxBlock];  // Note [four passes over a block]
+    math::Adam8bitHyper<C> hyper = h;  // set here, so that the flags are constants in this loop
+    hyper.coupled = kCoupled;
+    hyper.decoupled = kDecoupled;
     for (int64_t b = block_begin; b < block_end; ++b) {
       const int64_t begin = b * bs, len = std::min(bs, a.n - begin);
-      T* p = param + begin;
-      const T* g = grad + begin;
       uint8_t* c1 = a.exp_avg_codes + begin;
       uint8_t* c2 = a.exp_avg_sq_codes + begin;
-      const C scale1 = C(a.exp_avg_absmax[b]), scale2 = C(a.exp_avg_sq_absmax[b]);
-      C max1 = 0, max2 = 0;
-#pragma omp simd reduction(max : max1, max2)
-      for (int64_t i = 0; i < len; ++i) {
-        const math::Adam8bitElement<C> e =
-            math::adam8bit_step(C(p[i]), C(g[i]), C(value1[c1[i]]) * scale1, C(value2[c2[i]]) * scale2, h);
-        p[i] = T(e.p);
-        m_new[i] = e.m;
-        v_new[i] = e.v;
-        max1 = std::max(max1, math::finite_abs(e.m));
-        max2 = std::max(max2, math::finite_abs(e.v));
-      }
-      const float absmax1 = float(max1), absmax2 = float(max2);
+      dequantize_block(f1.code->value, c1, C(a.exp_avg_absmax[b]), m, len);
+      dequantize_block(f2.code->value, c2, C(a.exp_avg_sq_absmax[b]), v, len);
+      update_block(param + begin, grad + begin, m, v, hyper, len);
+      const float absmax1 = float(finite_max(m, len)), absmax2 = float(finite_max(v, len));
       a.exp_avg_absmax[b] = absmax1;
       a.exp_avg_sq_absmax[b] = absmax2;
-      // A zero scale (every moment 0 or non-finite) stores every code as 0's: x / inf is 0 or NaN.
-      const C inf = std::numeric_limits<C>::infinity();
-      const C div1 = absmax1 > 0 ? C(absmax1) : inf, div2 = absmax2 > 0 ? C(absmax2) : inf;
-      quantize_block<true>(f1, m_new, div1, c1, len);
-      quantize_block<false>(f2, v_new, div2, c2, len);
+      quantize_block<true>(f1, m, inverse_scale<C>(absmax1), c1, len);
+      quantize_block<false>(f2, v, inverse_scale<C>(absmax2), c2, len);
     }
   });
 }
@@ -223,10 +246,10 @@ void adam8bit_step_reference(const Adam8bitStepArgs& a) {
     }
     a.exp_avg_absmax[b] = float(max1);
     a.exp_avg_sq_absmax[b] = float(max2);
+    const C inv1 = inverse_scale<C>(a.exp_avg_absmax[b]), inv2 = inverse_scale<C>(a.exp_avg_sq_absmax[b]);
     for (int64_t i = 0; i < len; ++i) {
-      const float s1 = a.exp_avg_absmax[b], s2 = a.exp_avg_sq_absmax[b];
-      a.exp_avg_codes[begin + i] = quantize_naive(code1, s1 > 0 ? float(m[size_t(i)] / C(s1)) : 0.0f);
-      a.exp_avg_sq_codes[begin + i] = quantize_naive(code2, s2 > 0 ? float(v[size_t(i)] / C(s2)) : 0.0f);
+      a.exp_avg_codes[begin + i] = quantize_naive(code1, float(m[size_t(i)] * inv1));
+      a.exp_avg_sq_codes[begin + i] = quantize_naive(code2, float(v[size_t(i)] * inv2));
     }
   }
 }

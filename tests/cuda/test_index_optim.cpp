@@ -1,6 +1,6 @@
 // CUDA index ops (index_select, gather, scatter_add, the embedding forward and backward, dense and sparse)
-// and the fused optimizer steps (SGD, Adam, AdamW, SparseAdam) against the CPU, and the GradScaler's
-// per-device overflow flags. Skipped without a GPU.
+// and the fused optimizer steps (SGD, Adam, AdamW, Adam8bit, AdamW8bit, SparseAdam) against the CPU, and the
+// GradScaler's per-device overflow flags. Skipped without a GPU.
 #include <algorithm>
 #include <climits>
 
@@ -89,6 +89,10 @@ TEST_F(IndexOptim, FusedOptimizerStepsMatchTheCpu) {
     check_optimizer<optim::Adam>(optim::AdamOptions(1e-2).weight_decay(0.01), t, "adam " + name);
     check_optimizer<optim::Adam>(optim::AdamOptions(1e-2).amsgrad(true), t, "adam amsgrad " + name);
     check_optimizer<optim::AdamW>(optim::AdamWOptions(1e-2).weight_decay(0.1), t, "adamw " + name);
+    // 7,000 elements: in 8 bits, four blocks of 2048 (the last short), or 110 of 64.
+    check_optimizer<optim::Adam8bit>(optim::Adam8bitOptions(1e-2).weight_decay(0.01), t, "adam8bit " + name);
+    check_optimizer<optim::AdamW8bit>(optim::AdamW8bitOptions(1e-2).weight_decay(0.1).block_size(64), t,
+                                      "adamw8bit " + name);
   }
 }
 

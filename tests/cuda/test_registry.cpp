@@ -58,6 +58,7 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
   expect_kernels(op_cross_entropy_backward, floats);
   expect_kernels(op_sgd_step, floats);
   expect_kernels(op_adam_step, floats);
+  expect_kernels(op_adam8bit_step, floats);
   expect_kernels(op_sparse_adam_step, floats);
   expect_kernels(op_segment_sum_rows, floats);
   for (auto* t : {&op_layer_norm, &op_layer_norm_backward, &op_layer_norm_xhat, &op_layer_norm_backward_xhat})

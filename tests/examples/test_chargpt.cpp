@@ -122,6 +122,15 @@ TEST_F(CharGPTResume, WeightsFileCarriesTheModelShapeAndVocabulary) {
                "logits of the rebuilt model");
 }
 
+// --optimizer adamw8bit, wide enough (64) that the blocks' matrices are in 8 bits: its codes and scales are
+// saved under its name and the run resumes bit for bit.
+TEST_F(CharGPTResume, AdamW8bitContinuesTheSameLosses) {
+  chargpt::Options o = tiny();
+  o.optimizer = "adamw8bit";
+  o.width = 64;
+  expect_resume_continues(o);
+}
+
 TEST_F(CharGPTResume, SparseEmbeddingsAndAccumulationContinueTheSameLosses) {
   chargpt::Options o = tiny();
   o.sparse_embeddings = true;

@@ -255,7 +255,7 @@ TEST_F(FmnistCheckpoint, ResumeRefusesTheStateOfAnotherOptimizer) {
   const std::string p = path("ckpt");
   const Trained adam = trained("adam", 1, 1);
   fmnist::save_checkpoint(p, *adam.model, *adam.opt, {1, {}}, {"mlp"});
-  for (const char* other : {"adamw", "sgd"}) {
+  for (const char* other : {"adamw", "sgd", "adam8bit"}) {
     SCOPED_TRACE(other);
     Trained fresh = trained(other, 0, 3);
     const Resumed before = saved(fresh, -1);
@@ -264,6 +264,16 @@ TEST_F(FmnistCheckpoint, ResumeRefusesTheStateOfAnotherOptimizer) {
     EXPECT_TRUE(saved(fresh, -1) == before) << "the refused resume changed the model or the optimizer";
   }
   EXPECT_TRUE(resume(p) == saved(adam, 1));
+}
+
+// --optimizer adam8bit: its codes and scales go into the checkpoint and come back whole (W1's first layer,
+// 784 x 256, is in 8 bits).
+TEST_F(FmnistCheckpoint, Adam8bitStateResumesWhole) {
+  const std::string p = path("ckpt");
+  const Trained t = trained("adam8bit", 2, 1);
+  EXPECT_EQ(t.opt->state_dict().count("state.0.exp_avg_codes"), 1u);
+  fmnist::save_checkpoint(p, *t.model, *t.opt, {1, {}}, {"mlp"});
+  EXPECT_TRUE(resume(p, "adam8bit") == saved(t, 1));
 }
 
 TEST_F(FmnistCheckpoint, ResumeRefusesACheckpointWithoutTheLossScalersState) {

@@ -167,6 +167,7 @@ TEST(MemoryReport, TechniquesThatMustSaveMemoryDo) {
   const techniques::Row sgd = w.run(by_key("gpt", "sgd_momentum"));
   const techniques::Row inference = w.run(by_key("gpt", "inference"));
   const techniques::Row adafactor = w.run(by_key("gpt", "adafactor"));
+  const techniques::Row adam8bit = w.run(by_key("gpt", "adam8bit"));
   using C = memory::Category;
   EXPECT_LT(category(recompute.category_peaks, C::Activations),
             category(base.category_peaks, C::Activations));
@@ -178,6 +179,9 @@ TEST(MemoryReport, TechniquesThatMustSaveMemoryDo) {
   // Adafactor keeps one factored moment: less than SGD's one full buffer a parameter.
   EXPECT_LT(category(adafactor.category_peaks, C::OptimizerState),
             category(sgd.category_peaks, C::OptimizerState));
+  // AdamW 8-bit keeps about 2 bytes a parameter of AdamW's 8 (the tiny GPT's small tensors stay f32).
+  EXPECT_LT(category(adam8bit.category_peaks, C::OptimizerState),
+            category(base.category_peaks, C::OptimizerState));
   EXPECT_LT(inference.peak, base.peak);
   EXPECT_EQ(category(inference.category_peaks, C::Gradients), 0);
   EXPECT_EQ(category(inference.category_peaks, C::OptimizerState), 0);
