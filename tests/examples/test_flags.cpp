@@ -384,6 +384,7 @@ TEST(TrainerFlags, EstimateEqualsTheRunsPeak) {
         {"--epochs", "1", "--max-steps", "4", "--amp", "bf16"},
         {"--epochs", "1", "--max-steps", "4", "--optimizer", "sgd"},
         {"--epochs", "1", "--max-steps", "4", "--optimizer", "adafactor"},
+        {"--epochs", "1", "--max-steps", "4", "--optimizer", "adam8bit"},
         {"--epochs", "1", "--max-steps", "4", "--model", "cnn", "--batch", "32"}}},
       {"chargpt",
        {{},
@@ -392,7 +393,8 @@ TEST(TrainerFlags, EstimateEqualsTheRunsPeak) {
         {"--amp", "bf16"},
         {"--sparse-embeddings"},
         {"--clip", "1"},
-        {"--optimizer", "adafactor"}}}};
+        {"--optimizer", "adafactor"},
+        {"--optimizer", "adamw8bit"}}}};
   int ran = 0;
   for (const auto& [program, runs] : variants) {
     const std::string exe = binary(program);
