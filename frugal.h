@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/estimate.h"
+#include "core/plan.h"
 #include "core/memory.h"
 #include "core/memory_history.h"
 #include "core/parallel.h"

@@ -27,6 +27,7 @@ struct Options {
   double lr = 1e-3;
   uint64_t seed = 0;
   bool recompute = false;           // each block a recompute segment
+  int64_t recompute_blocks = 0;     // or only the first this many (memory::plan's choice, --memory-budget)
   bool sparse_embeddings = false;   // SparseAdam for the token embedding, the optimizer below for the rest
   std::string optimizer = "adamw";  // for the dense parameters: adamw, adafactor or adamw8bit
   // Mixed precision: autocast to this dtype around the forward and the loss, and for f16 a loss scaler.
@@ -87,7 +88,7 @@ class Trainer {
       memory::Tag tag("parameters");
       model = nn::GPT(cfg);
     }
-    model->recompute(opts.recompute);
+    model->recompute_blocks(opts.recompute ? opts.layers : opts.recompute_blocks);
     std::vector<Tensor> dense, sparse;
     for (auto& [name, p] : model->named_parameters())
       (opts.sparse_embeddings && name == "tok_emb.weight" ? sparse : dense).push_back(p);

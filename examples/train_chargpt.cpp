@@ -70,7 +70,15 @@ int main(int argc, char** argv) {
                  "write the memory history of steps 3-5 as a Chrome trace here (ui.perfetto.dev) and an SVG "
                  "picture beside it (the extension replaced by .svg)");
   app.add_flag("--profile", profile, "time every op (forward and backward) and print the table at the end");
-  bool estimate = false;
+  bool estimate = false, allow_low_precision = false;
+  std::string memory_budget;
+  app.add_option("--memory-budget", memory_budget,
+                 "train within this many bytes (e.g. 48M): a dry run per candidate picks the fastest mix of "
+                 "micro-batches and recomputed blocks that fits (memory::plan), prints it, then trains under "
+                 "it with the arena limit set to the budget; overrides --accum and --recompute")
+      ->check(CLI::Validator(examples::check_byte_count, "BYTES"));
+  app.add_flag("--allow-low-precision", allow_low_precision,
+               "with --memory-budget: the plan may also choose bf16 autocast");
   app.add_flag("--estimate", estimate,
                "predict the run's peak memory with a dry run on the meta device (no training, no model in "
                "memory): print it by category and a last line estimated_peak_bytes=N, then exit");
@@ -93,18 +101,50 @@ int main(int argc, char** argv) {
       val = std::make_unique<data::TextDataset>(
           data::TextDatasetOptions().root(data_dir).context(o.context).split(data::TextSplit::Validation));
     }
+    // Three steps (the second holds the optimizer's state, the third repeats it) and one validation, as the
+    // run makes them, on the meta device (core/estimate.h). The sample generated at the end (--sample) is
+    // not estimated: one sequence, without a tape, far below a training step.
+    auto dry_run = [&](const chargpt::Options& opts) {
+      chargpt::Trainer dry(opts, train->vocab_size());
+      for (int64_t step = 0; step < std::min<int64_t>(opts.steps, 3); ++step) dry.train_step(*train);
+      chargpt::validation_loss(*dry.model, *val, opts.batch, 8, opts.autocast);
+    };
+    if (!memory_budget.empty()) {
+      const int64_t budget = memory::parse_bytes(memory_budget);
+      std::vector<int> micro_batches;
+      for (int k : {1, 2, 4, 8, 16, 32})
+        if (o.batch % k == 0) micro_batches.push_back(k);
+      auto shaped = [&](const memory::PlanChoice& c) {
+        chargpt::Options p = o;
+        p.accum = c.micro_batches;
+        p.recompute = false;
+        p.recompute_blocks = c.recompute_blocks;
+        if (c.low_precision) p.autocast = DType::BF16;
+        return p;
+      };
+      const memory::Plan plan =
+          memory::plan([&](Device, const memory::PlanChoice& c) { dry_run(shaped(c)); }, budget,
+                       memory::PlanSpace()
+                           .blocks(int(o.layers))
+                           .micro_batches(micro_batches)
+                           .low_precision(allow_low_precision)
+                           .from(kCPU));
+      std::printf("plan: %s (%d dry runs)\n", plan.str().c_str(), plan.dry_runs);
+      if (!plan.fits) {
+        std::fprintf(
+            stderr,
+            "error: no plan fits in %s: the one with the lowest peak needs %s; try a smaller --batch or "
+            "--context, --allow-low-precision, or a larger budget\n",
+            memory::format_bytes(budget).c_str(), memory::format_bytes(plan.peak_allocated).c_str());
+        return 1;
+      }
+      std::printf("planned_peak_bytes=%lld\n", static_cast<long long>(plan.peak_allocated));
+      o = shaped(plan.choice);
+      memory::set_memory_limit(kCPU, budget);
+    }
     if (estimate) {
-      // Three steps (the second holds the optimizer's state, the third repeats it) and one validation, as
-      // the run makes them, on the meta device, from the arena as it is with the corpus loaded
-      // (core/estimate.h). The sample generated at the end (--sample) is not estimated: one sequence,
-      // without a tape, far below a training step.
-      const memory::Estimate e = memory::estimate(
-          [&](Device) {
-            chargpt::Trainer dry(o, train->vocab_size());
-            for (int64_t step = 0; step < std::min<int64_t>(o.steps, 3); ++step) dry.train_step(*train);
-            chargpt::validation_loss(*dry.model, *val, o.batch, 8, o.autocast);
-          },
-          memory::EstimateOptions().from(kCPU));
+      const memory::Estimate e =
+          memory::estimate([&](Device) { dry_run(o); }, memory::EstimateOptions().from(kCPU));
       std::printf("%s", e.summary().c_str());
       std::printf("estimated_peak_bytes=%lld\n",
                   static_cast<long long>(std::max(e.source_peak, e.peak_allocated)));
@@ -122,7 +162,11 @@ int main(int argc, char** argv) {
         static_cast<long long>(o.layers), static_cast<long long>(o.width), static_cast<long long>(o.heads),
         static_cast<long long>(o.context), static_cast<long long>(train->vocab_size()),
         static_cast<long long>(model.num_parameters()), memory::format_bytes(model.parameter_bytes()).c_str(),
-        o.optimizer.c_str(), static_cast<long long>(o.batch), o.accum, o.recompute ? ", recompute" : "",
+        o.optimizer.c_str(), static_cast<long long>(o.batch), o.accum,
+        o.recompute
+            ? ", recompute"
+            : (o.recompute_blocks ? ", recompute " + std::to_string(o.recompute_blocks) + " blocks" : "")
+                  .c_str(),
         o.sparse_embeddings ? ", sparse embeddings" : "", o.autocast ? "autocast " : "",
         o.autocast ? dtype_name(*o.autocast) : "f32", num_threads());
 

@@ -30,8 +30,12 @@ GPTImpl::GPTImpl(const GPTConfig& c) : Module("GPT"), config(c) {
   head = register_module("head", Linear(c.d_model, c.vocab));
 }
 
-GPTImpl& GPTImpl::recompute(bool on) {
-  recompute_ = on;
+GPTImpl& GPTImpl::recompute(bool on) { return recompute_blocks(on ? int64_t(blocks->size()) : 0); }
+
+GPTImpl& GPTImpl::recompute_blocks(int64_t n) {
+  FRUGAL_CHECK(n >= 0 && n <= int64_t(blocks->size()), "GPT.recompute_blocks: ", n,
+               " blocks asked for, the model has ", blocks->size(), "; valid: 0 to ", blocks->size());
+  recompute_blocks_ = n;
   return *this;
 }
 
@@ -48,9 +52,10 @@ Tensor GPTImpl::forward(const Tensor& tokens) {
   Tensor x = add(tok_emb->forward(tokens),
                  pos_emb->forward(arange(t, TensorOptions(DType::I64).device(tokens.device()))));
   x = F::dropout(x, config.dropout, is_training());
-  const bool segments = recompute_ && autograd::grad_mode_enabled();
+  const int64_t segments = autograd::grad_mode_enabled() ? recompute_blocks_ : 0;
+  int64_t index = 0;
   for (const auto& m : *blocks) {
-    if (segments)
+    if (index++ < segments)
       x = autograd::recompute([m](const std::vector<Tensor>& in) { return m->forward(in[0]); }, {x});
     else
       x = m->forward(x);

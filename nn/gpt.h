@@ -38,7 +38,12 @@ class GPTImpl : public Module {
   // With recompute on (and grad mode on), each block runs as an autograd::recompute segment: its activations
   // are computed again in backward instead of being kept. Gradients are bit-identical either way.
   GPTImpl& recompute(bool on);
-  bool recompute() const { return recompute_; }
+  bool recompute() const { return recompute_blocks_ > 0 && recompute_blocks_ == int64_t(blocks->size()); }
+  // Only the first n blocks as recompute segments (0: none; n_layers: all, as recompute(true)). The first
+  // ones, because backward reaches them last, when the later blocks' activations are gone: their re-run
+  // then adds to the least memory. memory::plan chooses n (core/plan.h).
+  GPTImpl& recompute_blocks(int64_t n);
+  int64_t recompute_blocks() const { return recompute_blocks_; }
 
   // Samples n_new tokens after prompt (i64 [B, T0] or [T0], T0 >= 1) without recording, feeding the model at
   // most the last `context` tokens: logits of the last position / temperature, restricted to the top_k
@@ -54,7 +59,7 @@ class GPTImpl : public Module {
   Linear head{nullptr};
 
  private:
-  bool recompute_ = false;
+  int64_t recompute_blocks_ = 0;
 };
 FRUGAL_MODULE(GPT);
 

@@ -1,0 +1,77 @@
+// memory::plan: the fastest way to train within a memory budget, found with the dry run (core/estimate.h).
+// It searches the techniques that keep training's meaning (gradient accumulation over k micro-batches, how
+// many blocks run as recompute segments, and, only when allowed, bf16 autocast), tests each candidate with
+// a dry run under the budget as the arena's limit, and picks the one its cost model says is fastest.
+//
+//   memory::Plan p = memory::plan(
+//       [&](Device, const memory::PlanChoice& c) {      // the run, as the candidate asks for it
+//         model->recompute_blocks(c.recompute_blocks);   // e.g. nn::GPT
+//         ... c.micro_batches micro-batches a step, bf16 autocast when c.low_precision ...
+//       },
+//       budget, memory::PlanSpace().blocks(4).micro_batches({1, 2, 4, 8}));
+//   if (p.fits) std::cout << p.str();                   // "2 micro-batches, recompute 1 of 4 blocks, f32
+//   ..."
+//
+// Note [the planner's cost model]
+// A candidate's step time relative to the plain run's (1 micro-batch, no recompute, f32) is predicted as
+//   (1 + kForwardShare * m / n) * (1 + kMicroBatchOverhead * (k - 1)) * (low precision ? kLowPrecision : 1)
+// for m of n blocks recomputed and k micro-batches: recomputing a block runs its forward again (a third of
+// its forward and backward work), and each extra micro-batch repeats the per-op overheads of a step (about
+// a tenth of W3's step on this project's 2-core machine: 4 micro-batches measured 1.35x). Low precision is
+// taken as no faster, since a CPU without bf16 instructions gains nothing from it. For a chain of identical
+// blocks every set of m recomputed blocks saves the same bytes, so the search over m is for the smallest
+// that fits (a binary search with the dry run, the peak falling as m grows); which m blocks is the model's
+// choice (the first ones: nn::GPT::recompute_blocks). The model ranks the candidates; it is not a timer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "estimate.h"
+#include "options.h"
+
+namespace frugal::memory {
+
+inline constexpr double kForwardShare = 1.0 / 3.0;
+inline constexpr double kMicroBatchOverhead = 0.1;
+inline constexpr double kLowPrecision = 1.0;
+
+// One candidate: what the step function applies.
+struct PlanChoice {
+  int micro_batches = 1;       // gradient accumulation over this many micro-batches a step
+  int recompute_blocks = 0;    // of PlanSpace::blocks, run as recompute segments
+  bool low_precision = false;  // bf16 autocast
+};
+
+// What the planner may choose from.
+struct PlanSpace {
+  FRUGAL_ARG(int, blocks) = 0;  // the chain's recomputable blocks (0: none)
+  FRUGAL_ARG(std::vector<int>, micro_batches) = std::vector<int>{1, 2, 4, 8,
+                                                                 16};  // each must divide the batch
+  FRUGAL_ARG(bool, low_precision) = false;                             // may it choose bf16 autocast
+  FRUGAL_ARG(std::optional<Device>, from);  // the dry runs start from this arena (EstimateOptions::from)
+};
+
+struct Plan {
+  bool fits = false;           // some candidate fits the budget
+  PlanChoice choice;           // the fastest one that fits (or, when none does, the one with the lowest peak)
+  int64_t peak_allocated = 0;  // its dry run's peaks
+  int64_t peak_reserved = 0;
+  double relative_time = 1;  // its predicted step time over the plain run's (Note [the planner's cost model])
+  int64_t budget = 0;
+  int blocks = 0;
+  int dry_runs = 0;  // how many candidates were estimated
+  // "2 micro-batches, recompute 1 of 4 blocks, f32: estimated peak 45.01 MiB of 48.00 MiB, 1.10x the time"
+  std::string str() const;
+};
+
+// Finds the fastest candidate whose dry run fits under `budget` bytes (as the arena's limit: the peak of the
+// reserved bytes stays under it and nothing fails). The step runs as memory::estimate's (it makes everything
+// on the device it is given), shaped by the choice.
+Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t budget,
+          const PlanSpace& space = PlanSpace());
+
+}  // namespace frugal::memory

@@ -1,0 +1,128 @@
+// memory::plan (core/plan.h): under a budget it picks the fewest recomputed blocks and micro-batches that
+// fit, the dry run's peak is the real run's, the real run stays under the budget, and the gradients keep
+// their meaning (bit-identical with recompute alone, equal to f32 rounding with accumulation).
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace frugal {
+namespace {
+
+namespace F = nn::functional;
+
+constexpr int kBlocks = 4;
+constexpr int64_t kBatch = 16;
+
+// W3's GPT at half its batch (its peak tens of MiB, well above the arena's 2 MiB segments), one step as the
+// plan shapes it; the parameters after the step are returned (on the cpu).
+std::vector<Tensor> gpt_step(Device d, const memory::PlanChoice& c) {
+  manual_seed(11);
+  nn::GPT model(nn::GPTConfig{.vocab = 64, .d_model = 128, .n_layers = kBlocks, .n_heads = 4, .context = 64});
+  model->recompute_blocks(c.recompute_blocks);
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1));
+  std::vector<int64_t> ids(size_t(kBatch * 64));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i * 7 % 64);
+  const Tensor tokens = tensor(ids, {kBatch, 64}).to(d);
+  opt.zero_grad();
+  const int64_t micro = kBatch / c.micro_batches;
+  for (int k = 0; k < c.micro_batches; ++k) {
+    const Tensor part = tokens.narrow(0, k * micro, micro);
+    std::optional<amp::Autocast> autocast;
+    if (c.low_precision) autocast.emplace(DType::BF16);
+    Tensor loss =
+        F::cross_entropy(model->forward(part).view({-1, 64}), part.view({-1})) / double(c.micro_batches);
+    autocast.reset();
+    loss.backward();
+  }
+  opt.step();
+  std::vector<Tensor> out;
+  if (!d.is_meta())
+    for (const Tensor& p : model->parameters()) out.push_back(p.detach());  // no copy: the step's own bytes
+  return out;
+}
+
+int64_t plain_peak() {
+  return memory::estimate([](Device d) { gpt_step(d, {}); }).peak_allocated;
+}
+
+TEST(Plan, WithRoomToSpareItChangesNothing) {
+  const memory::Plan p =
+      memory::plan([](Device d, const memory::PlanChoice& c) { gpt_step(d, c); }, 4 * plain_peak(),
+                   memory::PlanSpace().blocks(kBlocks).micro_batches({1, 2, 4}));
+  ASSERT_TRUE(p.fits) << p.str();
+  EXPECT_EQ(p.choice.micro_batches, 1);
+  EXPECT_EQ(p.choice.recompute_blocks, 0);
+  EXPECT_FALSE(p.choice.low_precision);
+  EXPECT_DOUBLE_EQ(p.relative_time, 1.0);
+  EXPECT_NE(p.str().find("recompute 0 of 4 blocks"), std::string::npos) << p.str();
+}
+
+TEST(Plan, UnderHalfThePeakTheRealRunFitsAndPeaksWhereTheDryRunSaid) {
+  const int64_t plain = plain_peak();
+  for (const std::vector<int>& micro : {std::vector<int>{1}, std::vector<int>{1, 2, 4}}) {
+    SCOPED_TRACE(micro.size());
+    const int64_t budget = plain * 6 / 10;
+    const memory::Plan p = memory::plan([](Device d, const memory::PlanChoice& c) { gpt_step(d, c); }, budget,
+                                        memory::PlanSpace().blocks(kBlocks).micro_batches(micro));
+    ASSERT_TRUE(p.fits) << p.str();
+    EXPECT_LE(p.peak_reserved, budget);
+    EXPECT_GT(p.relative_time, 1.0);
+    EXPECT_GE(p.dry_runs, 2);
+    // Nothing cheaper fits: one block fewer recomputed (with the same micro-batches) does not.
+    if (p.choice.recompute_blocks > 0) {
+      memory::PlanChoice fewer = p.choice;
+      --fewer.recompute_blocks;
+      EXPECT_FALSE(
+          memory::estimate([&](Device d) { gpt_step(d, fewer); }, memory::EstimateOptions().limit(budget))
+              .fits());
+    }
+    // The real run under the budget as its limit: it fits, and peaks at the dry run's figure.
+    memory::empty_cache(kCPU);
+    ASSERT_EQ(memory::stats(kCPU).allocated.current, 0);
+    memory::reset_peak(kCPU);
+    memory::set_memory_limit(kCPU, budget);
+    std::vector<Tensor> planned;
+    EXPECT_NO_THROW(planned = gpt_step(kCPU, p.choice));
+    memory::set_memory_limit(kCPU, 0);
+    EXPECT_EQ(memory::stats(kCPU).allocated.peak, p.peak_allocated);
+    const std::vector<Tensor> reference = gpt_step(kCPU, {});
+    ASSERT_EQ(planned.size(), reference.size());
+    for (size_t i = 0; i < planned.size(); ++i) {
+      const std::vector<double> got = planned[i].to_vector<double>(), want = reference[i].to_vector<double>();
+      if (p.choice.micro_batches == 1)  // recompute alone: bit for bit
+        EXPECT_EQ(got, want) << "parameter " << i;
+      else
+        testing::expect_close(got, want, {1e-6, 1e-5}, "parameter");
+    }
+    memory::empty_cache(kCPU);
+  }
+}
+
+TEST(Plan, WhenNothingFitsItSaysSoWithTheLowestPeak) {
+  const memory::Plan p = memory::plan([](Device d, const memory::PlanChoice& c) { gpt_step(d, c); }, 1 << 20,
+                                      memory::PlanSpace().blocks(kBlocks).micro_batches({1, 2}));
+  EXPECT_FALSE(p.fits);
+  EXPECT_NE(p.str().find("does not fit"), std::string::npos) << p.str();
+  testing::expect_error<Error>([] { (void)memory::plan(nullptr, 1); }, {"memory::plan", "empty"});
+  testing::expect_error<Error>([] { (void)memory::plan([](Device, const memory::PlanChoice&) {}, 0); },
+                               {"budget", "positive"});
+  testing::expect_error<Error>(
+      [] {
+        (void)memory::plan([](Device, const memory::PlanChoice&) {}, 1,
+                           memory::PlanSpace().micro_batches({0}));
+      },
+      {"micro-batch count", ">= 1"});
+}
+
+TEST(Plan, TheGptRecomputesItsFirstBlocks) {
+  nn::GPT model(nn::GPTConfig{.vocab = 16, .d_model = 16, .n_layers = 3, .n_heads = 2, .context = 8});
+  EXPECT_FALSE(model->recompute());
+  model->recompute_blocks(3);
+  EXPECT_TRUE(model->recompute());
+  model->recompute(false);
+  EXPECT_EQ(model->recompute_blocks(), 0);
+  testing::expect_error<Error>([&] { model->recompute_blocks(4); }, {"recompute_blocks", "4", "0 to 3"});
+}
+
+}  // namespace
+}  // namespace frugal
