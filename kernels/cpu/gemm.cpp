@@ -48,7 +48,18 @@ void gemm_eigen(const GemmArgs& g) {
 }
 
 #ifdef FRUGAL_HAVE_ONEDNN
-void gemm_f32_onednn(const GemmArgs& g) {
+void gemm_f32_onednn(const GemmArgs& args) {
+  // A matrix of one row or one column has a stride that is never used, which dnnl_sgemm still checks (its
+  // leading dimension must cover a row): give such a stride the value a contiguous matrix would have (the
+  // weight gradient of Linear(in, 1) is a 1 x batch matrix with both strides 1).
+  GemmArgs g = args;
+  auto tidy = [](int64_t rows, int64_t cols, int64_t& row_stride, int64_t& col_stride) {
+    if (cols == 1) col_stride = 1;
+    if (rows == 1) row_stride = std::max<int64_t>(cols, 1);
+  };
+  tidy(g.m, g.k, g.a_row, g.a_col);
+  tidy(g.k, g.n, g.b_row, g.b_col);
+  if (g.m == 1) g.c_row = std::max<int64_t>(g.n, 1);
   // dnnl_sgemm is row-major: 'N' reads A as m x k with rows lda apart, 'T' reads it as its k x m transpose.
   const char ta = g.a_col == 1 ? 'N' : 'T', tb = g.b_col == 1 ? 'N' : 'T';
   const int64_t lda = ta == 'N' ? g.a_row : g.a_col, ldb = tb == 'N' ? g.b_row : g.b_col;

@@ -15,9 +15,17 @@ using testing::expect_error;
 using testing::uniform;
 
 const std::vector<testing::LinearCase> kCases = {
-    {{5, 7}, 3, true, false, false},     {{5, 7}, 3, false, false, false}, {{2, 3, 4}, 6, true, false, false},
-    {{7}, 4, true, false, false},        {{6, 5}, 4, true, true, false},   {{6, 5}, 4, true, false, true},
+    {{5, 7}, 3, true, false, false},
+    {{5, 7}, 3, false, false, false},
+    {{2, 3, 4}, 6, true, false, false},
+    {{7}, 4, true, false, false},
+    {{6, 5}, 4, true, true, false},
+    {{6, 5}, 4, true, false, true},
     {{300, 64}, 96, true, false, false},
+    // One output, one input, one row: matrices whose unused stride oneDNN's GEMM still checked.
+    {{512, 32}, 1, true, false, false},
+    {{512, 1}, 32, true, false, false},
+    {{1, 32}, 1, false, false, false},
 };
 
 TEST(Linear, MatchesComposite) {
