@@ -427,4 +427,37 @@ TEST(TrainerFlags, EstimateEqualsTheRunsPeak) {
   if (ran == 0) GTEST_SKIP() << "no data for either trainer";
 }
 
+// --memory-budget: under 0.6 of the plain peak the plan fits, the run peaks exactly where the plan's dry run
+// said, under the budget; a budget nothing fits in is a clear error before any training.
+TEST(TrainerFlags, MemoryBudgetPlansARunThatFits) {
+  const std::string exe = binary("chargpt");
+  if (exe.empty()) GTEST_SKIP() << "the examples are not built";
+  if (!has_data("chargpt")) GTEST_SKIP() << "no corpus";
+  // W3's GPT: its peak is well above the 20 MiB segment that holds the corpus, which a budget must cover too.
+  const std::vector<std::string> base{exe, "--steps", "3", "--eval-every", "3", "--sample", "0"};
+  std::vector<std::string> dry = base;
+  dry.push_back("--estimate");
+  const Outcome e = run(dry, 120);
+  ASSERT_TRUE(e.finished && e.status == 0) << e.output;
+  const long long plain = value_after(e.output, "estimated_peak_bytes");
+  ASSERT_GT(plain, 0) << e.output;
+  std::vector<std::string> argv = base;
+  const long long budget = plain * 6 / 10;
+  argv.insert(argv.end(), {"--memory-budget", std::to_string(budget)});
+  const Outcome o = run(argv, 300);
+  ASSERT_TRUE(o.finished && !o.signaled && o.status == 0) << o.output;
+  EXPECT_NE(o.output.find("plan: "), std::string::npos) << o.output;
+  const long long planned = value_after(o.output, "planned_peak_bytes"),
+                  measured = value_after(o.output, "peak_allocated_bytes");
+  EXPECT_EQ(planned, measured) << o.output;
+  EXPECT_LE(measured, budget) << o.output;
+  std::vector<std::string> tiny = base;
+  tiny.insert(tiny.end(), {"--memory-budget", "1M"});
+  const Outcome t = run(tiny, 120);
+  ASSERT_TRUE(t.finished && !t.signaled) << t.output;
+  EXPECT_EQ(t.status, 1) << t.output;
+  EXPECT_NE(t.output.find("no plan fits in 1.00 MiB"), std::string::npos) << t.output;
+  EXPECT_EQ(t.output.find("train loss"), std::string::npos) << t.output;
+}
+
 }  // namespace
