@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
   int64_t batch = 0, max_steps = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
-  bool recompute = false, normalize = true, profile = false, estimate = false;
+  bool recompute = false, normalize = true, profile = false, estimate = false, allow_low_precision = false;
+  std::string memory_budget;
   std::string schedule = "cosine", amp_name = "f32";
   app.add_option("--model", model_name, "mlp (W1) or cnn (W2)")->check(CLI::IsMember({"mlp", "cnn"}));
   const CLI::Validator byte_count(examples::check_byte_count, "BYTES");
@@ -104,6 +105,13 @@ int main(int argc, char** argv) {
                  "write the memory history of steps 3-5 as a Chrome trace here (ui.perfetto.dev) and an SVG "
                  "picture beside it (the extension replaced by .svg)");
   app.add_flag("--profile", profile, "time every op (forward and backward) and print the table at the end");
+  app.add_option("--memory-budget", memory_budget,
+                 "train within this many bytes (e.g. 64M): a dry run per candidate picks the fastest mix of "
+                 "micro-batches and recompute that fits (memory::plan), prints it, then trains under it with "
+                 "the arena limit set to the budget; overrides --accum and --recompute")
+      ->check(byte_count);
+  app.add_flag("--allow-low-precision", allow_low_precision,
+               "with --memory-budget: the plan may also choose bf16 autocast");
   app.add_flag("--estimate", estimate,
                "predict the run's peak memory with a dry run on the meta device (no training, no model in "
                "memory): print it by category and a last line estimated_peak_bytes=N, then exit");
@@ -135,39 +143,74 @@ int main(int argc, char** argv) {
       test_set->normalize(info.input_mean, info.input_std);
     }
     // The loader yields micro-batches; `accum` of them make one step of `batch` examples.
-    data::DataLoader train(
-        train_set,
-        data::DataLoaderOptions().batch_size(batch / accum).shuffle(true).seed(seed).drop_last(true));
+    auto train_options = [&](int micro) {
+      return data::DataLoaderOptions().batch_size(batch / micro).shuffle(true).seed(seed).drop_last(true);
+    };
     data::DataLoader test(test_set, data::DataLoaderOptions().batch_size(250));
 
-    auto make_model = [&] {
+    auto make_model = [&](bool with_recompute) {
       nn::Sequential m{nullptr};
       memory::Tag tag("parameters");
       m = model_name == "mlp" ? fmnist::make_mlp() : fmnist::make_cnn();
-      if (recompute) m->recompute_every(2);
+      if (with_recompute) m->recompute_every(2);
       return m;
     };
-    if (estimate) {
-      // One epoch and one evaluation as the run makes them, on the meta device, from the arena as it is with
-      // the dataset loaded (core/estimate.h): the later epochs repeat the first one's peak.
-      const memory::Estimate e = memory::estimate(
-          [&](Device) {
-            nn::Sequential m = make_model();
-            auto o = fmnist::make_optimizer(optimizer, m->parameters(), lr);
-            fmnist::Precision p(fmnist::parse_amp(amp_name));
-            const auto dry_train = fmnist::dry_loader(train);  // alive through evaluate, as `train` is
-            fmnist::train_epoch(*m, *o, *dry_train, 0, max_steps, accum, {}, &p);
-            fmnist::evaluate(*m, *fmnist::dry_loader(test), p.autocast);
+    // One epoch and one evaluation as the run makes them, on the meta device (core/estimate.h): the later
+    // epochs repeat the first one's peak.
+    auto dry_run = [&](bool with_recompute, int micro, std::optional<DType> amp) {
+      nn::Sequential m = make_model(with_recompute);
+      auto o = fmnist::make_optimizer(optimizer, m->parameters(), lr);
+      fmnist::Precision p(amp);
+      const data::DataLoader like(train_set, train_options(micro));  // starts no thread: never iterated
+      const auto dry_train = fmnist::dry_loader(like);  // alive through evaluate, as the real one is
+      fmnist::train_epoch(*m, *o, *dry_train, 0, max_steps, micro, {}, &p);
+      fmnist::evaluate(*m, *fmnist::dry_loader(test), p.autocast);
+    };
+    std::optional<DType> autocast = fmnist::parse_amp(amp_name);
+    if (!memory_budget.empty()) {
+      // The model is a chain of one block here: recompute (every 2 modules) is on or off.
+      const int64_t budget = memory::parse_bytes(memory_budget);
+      std::vector<int> micro_batches;
+      for (int k : {1, 2, 4, 8, 16, 32})
+        if (batch % k == 0) micro_batches.push_back(k);
+      const memory::Plan plan = memory::plan(
+          [&](Device, const memory::PlanChoice& c) {
+            dry_run(c.recompute_blocks > 0, c.micro_batches,
+                    c.low_precision ? std::optional(DType::BF16) : autocast);
           },
-          memory::EstimateOptions().from(kCPU));
+          budget,
+          memory::PlanSpace()
+              .blocks(1)
+              .micro_batches(micro_batches)
+              .low_precision(allow_low_precision)
+              .from(kCPU));
+      std::printf("plan: %s (%d dry runs)\n", plan.str().c_str(), plan.dry_runs);
+      if (!plan.fits) {
+        std::fprintf(
+            stderr,
+            "error: no plan fits in %s: the one with the lowest peak needs %s; try a smaller --batch, "
+            "--allow-low-precision, or a larger budget\n",
+            memory::format_bytes(budget).c_str(), memory::format_bytes(plan.peak_allocated).c_str());
+        return 1;
+      }
+      std::printf("planned_peak_bytes=%lld\n", static_cast<long long>(plan.peak_allocated));
+      accum = plan.choice.micro_batches;
+      recompute = plan.choice.recompute_blocks > 0;
+      if (plan.choice.low_precision) autocast = DType::BF16;
+      memory::set_memory_limit(kCPU, budget);
+    }
+    if (estimate) {
+      const memory::Estimate e = memory::estimate([&](Device) { dry_run(recompute, accum, autocast); },
+                                                  memory::EstimateOptions().from(kCPU));
       std::printf("%s", e.summary().c_str());
       std::printf("estimated_peak_bytes=%lld\n",
                   static_cast<long long>(std::max(e.source_peak, e.peak_allocated)));
       return e.fits() ? 0 : 1;
     }
-    nn::Sequential model = make_model();
+    data::DataLoader train(train_set, train_options(accum));
+    nn::Sequential model = make_model(recompute);
     auto opt = fmnist::make_optimizer(optimizer, model->parameters(), lr);
-    fmnist::Precision precision(fmnist::parse_amp(amp_name));
+    fmnist::Precision precision(autocast);
     std::printf(
         "frugal: training %s (%lld parameters, %s) on Fashion-MNIST, batch %lld, %s lr %g, accum %d%s, "
         "%s%s, %d threads\n",

@@ -460,4 +460,27 @@ TEST(TrainerFlags, MemoryBudgetPlansARunThatFits) {
   EXPECT_EQ(t.output.find("train loss"), std::string::npos) << t.output;
 }
 
+// train_fmnist's plan: a budget of the plain run's reserved bytes needs nothing changed, and the run peaks
+// where the plan said; W2's evaluation (batches of 250) needs more than a training plan can save.
+TEST(TrainerFlags, MemoryBudgetPlansTheFashionMnistRun) {
+  const std::string exe = binary("fmnist");
+  if (exe.empty()) GTEST_SKIP() << "the examples are not built";
+  if (!has_data("fmnist")) GTEST_SKIP() << "no Fashion-MNIST";
+  const std::vector<std::string> base{exe, "--epochs", "1", "--max-steps", "4"};
+  std::vector<std::string> argv = base;
+  argv.insert(argv.end(), {"--memory-budget", "200M"});
+  const Outcome o = run(argv, 300);
+  ASSERT_TRUE(o.finished && !o.signaled && o.status == 0) << o.output;
+  EXPECT_NE(o.output.find("plan: 1 micro-batch, recompute 0 of 1 blocks, f32"), std::string::npos)
+      << o.output;
+  EXPECT_EQ(value_after(o.output, "planned_peak_bytes"), value_after(o.output, "peak_allocated_bytes"))
+      << o.output;
+  std::vector<std::string> cnn = base;
+  cnn.insert(cnn.end(), {"--model", "cnn", "--memory-budget", "90M"});
+  const Outcome c = run(cnn, 300);
+  ASSERT_TRUE(c.finished && !c.signaled) << c.output;
+  EXPECT_EQ(c.status, 1) << c.output;
+  EXPECT_NE(c.output.find("no plan fits in 90.00 MiB"), std::string::npos) << c.output;
+}
+
 }  // namespace
