@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include <frugal/frugal.h>
@@ -94,6 +95,31 @@ inline int report_out_of_memory(const OutOfMemoryError& e, const char* program, 
   std::fprintf(stderr, "\n%s\n\n%s: to fit, try %s\n\n%s", e.what(), program, flags,
                memory::memory_summary(kCPU).c_str());
   return 2;
+}
+
+// --memory-budget: the micro-batch counts a batch of `batch` can be split into, for memory::plan.
+inline std::vector<int> micro_batch_counts(int64_t batch) {
+  std::vector<int> out;
+  for (int k : {1, 2, 4, 8, 16, 32})
+    if (batch % k == 0) out.push_back(k);
+  return out;
+}
+
+// --memory-budget: prints the plan and planned_peak_bytes=N and sets the arena's limit to the budget; when
+// nothing fits, says so (with what else to try) and returns false.
+inline bool report_plan(const memory::Plan& plan, const char* other_options) {
+  std::printf("plan: %s (%d dry runs)\n", plan.str().c_str(), plan.dry_runs);
+  if (!plan.fits) {
+    std::fprintf(stderr,
+                 "error: no plan fits in %s: the one with the lowest peak needs %s; try %s, "
+                 "--allow-low-precision, or a larger budget\n",
+                 memory::format_bytes(plan.budget).c_str(), memory::format_bytes(plan.peak_allocated).c_str(),
+                 other_options);
+    return false;
+  }
+  std::printf("planned_peak_bytes=%lld\n", static_cast<long long>(plan.peak_allocated));
+  memory::set_memory_limit(kCPU, plan.budget);
+  return true;
 }
 
 // --memory-trace PATH: the memory history (core/memory_history.h) of steps kFirstStep to kLastStep of this

@@ -111,9 +111,6 @@ int main(int argc, char** argv) {
     };
     if (!memory_budget.empty()) {
       const int64_t budget = memory::parse_bytes(memory_budget);
-      std::vector<int> micro_batches;
-      for (int k : {1, 2, 4, 8, 16, 32})
-        if (o.batch % k == 0) micro_batches.push_back(k);
       auto shaped = [&](const memory::PlanChoice& c) {
         chargpt::Options p = o;
         p.accum = c.micro_batches;
@@ -126,21 +123,11 @@ int main(int argc, char** argv) {
           memory::plan([&](Device, const memory::PlanChoice& c) { dry_run(shaped(c)); }, budget,
                        memory::PlanSpace()
                            .blocks(int(o.layers))
-                           .micro_batches(micro_batches)
+                           .micro_batches(examples::micro_batch_counts(o.batch))
                            .low_precision(allow_low_precision)
                            .from(kCPU));
-      std::printf("plan: %s (%d dry runs)\n", plan.str().c_str(), plan.dry_runs);
-      if (!plan.fits) {
-        std::fprintf(
-            stderr,
-            "error: no plan fits in %s: the one with the lowest peak needs %s; try a smaller --batch or "
-            "--context, --allow-low-precision, or a larger budget\n",
-            memory::format_bytes(budget).c_str(), memory::format_bytes(plan.peak_allocated).c_str());
-        return 1;
-      }
-      std::printf("planned_peak_bytes=%lld\n", static_cast<long long>(plan.peak_allocated));
+      if (!examples::report_plan(plan, "a smaller --batch or --context")) return 1;
       o = shaped(plan.choice);
-      memory::set_memory_limit(kCPU, budget);
     }
     if (estimate) {
       const memory::Estimate e =

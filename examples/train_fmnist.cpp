@@ -170,9 +170,6 @@ int main(int argc, char** argv) {
     if (!memory_budget.empty()) {
       // The model is a chain of one block here: recompute (every 2 modules) is on or off.
       const int64_t budget = memory::parse_bytes(memory_budget);
-      std::vector<int> micro_batches;
-      for (int k : {1, 2, 4, 8, 16, 32})
-        if (batch % k == 0) micro_batches.push_back(k);
       const memory::Plan plan = memory::plan(
           [&](Device, const memory::PlanChoice& c) {
             dry_run(c.recompute_blocks > 0, c.micro_batches,
@@ -181,23 +178,13 @@ int main(int argc, char** argv) {
           budget,
           memory::PlanSpace()
               .blocks(1)
-              .micro_batches(micro_batches)
+              .micro_batches(examples::micro_batch_counts(batch))
               .low_precision(allow_low_precision)
               .from(kCPU));
-      std::printf("plan: %s (%d dry runs)\n", plan.str().c_str(), plan.dry_runs);
-      if (!plan.fits) {
-        std::fprintf(
-            stderr,
-            "error: no plan fits in %s: the one with the lowest peak needs %s; try a smaller --batch, "
-            "--allow-low-precision, or a larger budget\n",
-            memory::format_bytes(budget).c_str(), memory::format_bytes(plan.peak_allocated).c_str());
-        return 1;
-      }
-      std::printf("planned_peak_bytes=%lld\n", static_cast<long long>(plan.peak_allocated));
+      if (!examples::report_plan(plan, "a smaller --batch")) return 1;
       accum = plan.choice.micro_batches;
       recompute = plan.choice.recompute_blocks > 0;
       if (plan.choice.low_precision) autocast = DType::BF16;
-      memory::set_memory_limit(kCPU, budget);
     }
     if (estimate) {
       const memory::Estimate e = memory::estimate([&](Device) { dry_run(recompute, accum, autocast); },
