@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <string>
 
 #include "chargpt.h"
 
@@ -85,6 +87,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
 
+  // Made before the try: the out-of-memory handler below plans a run that fits, which needs the corpus.
+  std::unique_ptr<data::TextDataset> train, val;
+  std::function<memory::Plan(int64_t)> plan_for;
   try {
     if (threads > 0) set_num_threads(threads);
     if (!memory_limit.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_limit));
@@ -93,7 +98,6 @@ int main(int argc, char** argv) {
     examples::RunProfile run_profile(profile);
     if (amp_name == "bf16") o.autocast = DType::BF16;
     if (amp_name == "f16") o.autocast = DType::F16;
-    std::unique_ptr<data::TextDataset> train, val;
     {
       memory::Tag tag("dataset");
       train =
@@ -109,23 +113,25 @@ int main(int argc, char** argv) {
       for (int64_t step = 0; step < std::min<int64_t>(opts.steps, 3); ++step) dry.train_step(*train);
       chargpt::validation_loss(*dry.model, *val, opts.batch, 8, opts.autocast);
     };
+    // The run as a plan shapes it, and the plan for a budget (memory::plan, core/plan.h).
+    auto shaped = [o](const memory::PlanChoice& c) {
+      chargpt::Options p = o;
+      p.accum = c.micro_batches;
+      p.recompute = false;
+      p.recompute_blocks = c.recompute_blocks;
+      if (c.low_precision) p.autocast = DType::BF16;
+      return p;
+    };
+    plan_for = [=](int64_t budget) {
+      return memory::plan([&](Device, const memory::PlanChoice& c) { dry_run(shaped(c)); }, budget,
+                          memory::PlanSpace()
+                              .blocks(int(o.layers))
+                              .micro_batches(examples::micro_batch_counts(o.batch))
+                              .low_precision(allow_low_precision)
+                              .from(kCPU));
+    };
     if (!memory_budget.empty()) {
-      const int64_t budget = memory::parse_bytes(memory_budget);
-      auto shaped = [&](const memory::PlanChoice& c) {
-        chargpt::Options p = o;
-        p.accum = c.micro_batches;
-        p.recompute = false;
-        p.recompute_blocks = c.recompute_blocks;
-        if (c.low_precision) p.autocast = DType::BF16;
-        return p;
-      };
-      const memory::Plan plan =
-          memory::plan([&](Device, const memory::PlanChoice& c) { dry_run(shaped(c)); }, budget,
-                       memory::PlanSpace()
-                           .blocks(int(o.layers))
-                           .micro_batches(examples::micro_batch_counts(o.batch))
-                           .low_precision(allow_low_precision)
-                           .from(kCPU));
+      const memory::Plan plan = plan_for(memory::parse_bytes(memory_budget));
       if (!examples::report_plan(plan, "a smaller --batch or --context")) return 1;
       o = shaped(plan.choice);
     }
@@ -206,10 +212,22 @@ int main(int argc, char** argv) {
     if (!std::isnan(validation)) std::printf("validation_loss=%.4f\n", validation);
     return 0;
   } catch (const OutOfMemoryError& e) {
+    // The model and its state are gone by now and the corpus is still loaded: a dry run can say which plan
+    // would have fitted under the same limit (an error while planning only leaves the hint out).
+    std::string fits;
+    try {
+      const int64_t limit = memory::memory_limit(kCPU);
+      if (plan_for && limit > 0)
+        if (const memory::Plan p = plan_for(limit); p.fits)
+          fits = "--memory-budget " + std::to_string(limit) + " (plans " + p.str() + "), or ";
+    } catch (const Error&) {
+    }
     return examples::report_out_of_memory(
         e, "train_chargpt",
-        "--accum N (N micro-batches a step, --batch stays the step's size), --recompute, --amp bf16, a "
-        "smaller --batch or --context, or a larger --memory-limit");
+        (fits +
+         "--accum N (N micro-batches a step, --batch stays the step's size), --recompute, --amp bf16, a "
+         "smaller --batch or --context, or a larger --memory-limit")
+            .c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -458,6 +458,14 @@ TEST(TrainerFlags, MemoryBudgetPlansARunThatFits) {
   EXPECT_EQ(t.status, 1) << t.output;
   EXPECT_NE(t.output.find("no plan fits in 1.00 MiB"), std::string::npos) << t.output;
   EXPECT_EQ(t.output.find("train loss"), std::string::npos) << t.output;
+  // A run that runs out of memory under --memory-limit is told which --memory-budget would fit, and it does.
+  std::vector<std::string> limited = base;
+  limited.insert(limited.end(), {"--memory-limit", std::to_string(budget)});
+  const Outcome l = run(limited, 300);
+  ASSERT_TRUE(l.finished && !l.signaled) << l.output;
+  EXPECT_EQ(l.status, 2) << l.output;
+  const std::string hint = "to fit, try --memory-budget " + std::to_string(budget) + " (plans ";
+  EXPECT_NE(l.output.find(hint), std::string::npos) << l.output;
 }
 
 // train_fmnist's plan: a budget of the plain run's reserved bytes needs nothing changed, and the run peaks
