@@ -58,26 +58,15 @@ Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t bu
   for (bool low : {false, true}) {
     if (low && !space.low_precision()) continue;
     for (int k : space.micro_batches()) {
-      // The fewest recomputed blocks that fit: the peak falls as more blocks recompute.
-      PlanChoice c{k, space.blocks(), low};
-      const Estimate most = estimate_of(c);
-      if (!most.fits()) {
-        consider(c, most);
-        continue;
+      // The fewest recomputed blocks that fit: the cost grows with each one. Ascending, one dry run each: the
+      // peak need not fall as blocks recompute (W1's re-run segment costs about what it saves), so no
+      // bisection; a dry run costs milliseconds.
+      for (int m = 0; m <= space.blocks(); ++m) {
+        const PlanChoice c{k, m, low};
+        const Estimate e = estimate_of(c);
+        consider(c, e);
+        if (e.fits()) break;
       }
-      int lo = 0, hi = space.blocks();  // hi fits
-      Estimate fitting = most;
-      while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        const Estimate e = estimate_of({k, mid, low});
-        if (e.fits()) {
-          hi = mid;
-          fitting = e;
-        } else {
-          lo = mid + 1;
-        }
-      }
-      consider({k, hi, low}, fitting);
     }
   }
   return best;

@@ -20,8 +20,9 @@
 // a tenth of W3's step on this project's 2-core machine: 4 micro-batches measured 1.35x). Low precision is
 // taken as no faster, since a CPU without bf16 instructions gains nothing from it. For a chain of identical
 // blocks every set of m recomputed blocks saves the same bytes, so the search over m is for the smallest
-// that fits (a binary search with the dry run, the peak falling as m grows); which m blocks is the model's
-// choice (the first ones: nn::GPT::recompute_blocks). The model ranks the candidates; it is not a timer.
+// that fits (m = 0, 1, ... with a dry run each: the peak need not fall as m grows); which m blocks is the
+// model's choice (the first ones: nn::GPT::recompute_blocks). The model ranks the candidates; it is not a
+// timer.
 #pragma once
 
 #include <cstdint>

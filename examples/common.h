@@ -14,8 +14,8 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include <frugal/frugal.h>
 
@@ -120,6 +120,22 @@ inline bool report_plan(const memory::Plan& plan, const char* other_options) {
   std::printf("planned_peak_bytes=%lld\n", static_cast<long long>(plan.peak_allocated));
   memory::set_memory_limit(kCPU, plan.budget);
   return true;
+}
+
+// For an OutOfMemoryError under --memory-limit: "--memory-budget N (plans ...), or " when a plan fits
+// under the same limit, else "". Called once the model and its state are gone (the data still loaded); an
+// error while planning only leaves the hint out.
+inline std::string fitting_plan_hint(const std::function<memory::Plan(int64_t)>& plan_for) {
+  try {
+    const int64_t limit = memory::memory_limit(kCPU);
+    if (!plan_for || limit <= 0) return "";
+    // The plan must hold for a fresh run, which starts without the failed run's cached segments.
+    memory::empty_cache(kCPU);
+    const memory::Plan p = plan_for(limit);
+    return p.fits ? "--memory-budget " + std::to_string(limit) + " (plans " + p.str() + "), or " : "";
+  } catch (const Error&) {
+    return "";
+  }
 }
 
 // --memory-trace PATH: the memory history (core/memory_history.h) of steps kFirstStep to kLastStep of this

@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
   try {
     if (threads > 0) set_num_threads(threads);
     if (!memory_limit.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_limit));
+    // The budget holds from the start, the data's loading included, as a --memory-limit of that size would.
+    if (!memory_budget.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_budget));
     if (!save.empty()) examples::check_can_write("--save", save);
     examples::MemoryTrace trace(memory_trace);
     examples::RunProfile run_profile(profile);
@@ -212,19 +214,9 @@ int main(int argc, char** argv) {
     if (!std::isnan(validation)) std::printf("validation_loss=%.4f\n", validation);
     return 0;
   } catch (const OutOfMemoryError& e) {
-    // The model and its state are gone by now and the corpus is still loaded: a dry run can say which plan
-    // would have fitted under the same limit (an error while planning only leaves the hint out).
-    std::string fits;
-    try {
-      const int64_t limit = memory::memory_limit(kCPU);
-      if (plan_for && limit > 0)
-        if (const memory::Plan p = plan_for(limit); p.fits)
-          fits = "--memory-budget " + std::to_string(limit) + " (plans " + p.str() + "), or ";
-    } catch (const Error&) {
-    }
     return examples::report_out_of_memory(
         e, "train_chargpt",
-        (fits +
+        (examples::fitting_plan_hint(plan_for) +
          "--accum N (N micro-batches a step, --batch stays the step's size), --recompute, --amp bf16, a "
          "smaller --batch or --context, or a larger --memory-limit")
             .c_str());

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <tuple>
 
@@ -118,9 +119,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
 
+  // Set once the data is loaded: the out-of-memory handler below asks it which plan would fit.
+  std::function<memory::Plan(int64_t)> plan_for;
   try {
     if (threads > 0) set_num_threads(threads);
     if (!memory_limit.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_limit));
+    // The budget holds from the start, the data's loading included, as a --memory-limit of that size would.
+    if (!memory_budget.empty()) memory::set_memory_limit(kCPU, memory::parse_bytes(memory_budget));
     if (!save.empty()) examples::check_can_write("--save", save);
     examples::MemoryTrace trace(memory_trace);
     examples::RunProfile run_profile(profile);
@@ -146,7 +151,8 @@ int main(int argc, char** argv) {
     auto train_options = [&](int micro) {
       return data::DataLoaderOptions().batch_size(batch / micro).shuffle(true).seed(seed).drop_last(true);
     };
-    data::DataLoader test(test_set, data::DataLoaderOptions().batch_size(250));
+    const auto test_options = data::DataLoaderOptions().batch_size(250);
+    data::DataLoader test(test_set, test_options);
 
     auto make_model = [&](bool with_recompute) {
       nn::Sequential m{nullptr};
@@ -157,20 +163,21 @@ int main(int argc, char** argv) {
     };
     // One epoch and one evaluation as the run makes them, on the meta device (core/estimate.h): the later
     // epochs repeat the first one's peak.
-    auto dry_run = [&](bool with_recompute, int micro, std::optional<DType> amp) {
+    // By value: plan_for keeps it (and the datasets) for the out-of-memory handler.
+    auto dry_run = [=](bool with_recompute, int micro, std::optional<DType> amp) {
       nn::Sequential m = make_model(with_recompute);
       auto o = fmnist::make_optimizer(optimizer, m->parameters(), lr);
       fmnist::Precision p(amp);
       const data::DataLoader like(train_set, train_options(micro));  // starts no thread: never iterated
       const auto dry_train = fmnist::dry_loader(like);  // alive through evaluate, as the real one is
       fmnist::train_epoch(*m, *o, *dry_train, 0, max_steps, micro, {}, &p);
-      fmnist::evaluate(*m, *fmnist::dry_loader(test), p.autocast);
+      const data::DataLoader like_test(test_set, test_options);
+      fmnist::evaluate(*m, *fmnist::dry_loader(like_test), p.autocast);
     };
     std::optional<DType> autocast = fmnist::parse_amp(amp_name);
-    if (!memory_budget.empty()) {
-      // The model is a chain of one block here: recompute (every 2 modules) is on or off.
-      const int64_t budget = memory::parse_bytes(memory_budget);
-      const memory::Plan plan = memory::plan(
+    // The model is a chain of one block here: recompute (every 2 modules) is on or off.
+    plan_for = [=](int64_t budget) {
+      return memory::plan(
           [&](Device, const memory::PlanChoice& c) {
             dry_run(c.recompute_blocks > 0, c.micro_batches,
                     c.low_precision ? std::optional(DType::BF16) : autocast);
@@ -181,6 +188,9 @@ int main(int argc, char** argv) {
               .micro_batches(examples::micro_batch_counts(batch))
               .low_precision(allow_low_precision)
               .from(kCPU));
+    };
+    if (!memory_budget.empty()) {
+      const memory::Plan plan = plan_for(memory::parse_bytes(memory_budget));
       if (!examples::report_plan(plan, "a smaller --batch")) return 1;
       accum = plan.choice.micro_batches;
       recompute = plan.choice.recompute_blocks > 0;
@@ -264,8 +274,10 @@ int main(int argc, char** argv) {
   } catch (const OutOfMemoryError& e) {
     return examples::report_out_of_memory(
         e, "train_fmnist",
-        "--accum N (N micro-batches a step, --batch stays the step's size), --recompute, --amp bf16, a "
-        "smaller --batch, or a larger --memory-limit");
+        (examples::fitting_plan_hint(plan_for) +
+         "--accum N (N micro-batches a step, --batch stays the step's size), --recompute, --amp bf16, a "
+         "smaller --batch, or a larger --memory-limit")
+            .c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

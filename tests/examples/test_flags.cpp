@@ -452,11 +452,11 @@ TEST(TrainerFlags, MemoryBudgetPlansARunThatFits) {
   EXPECT_EQ(planned, measured) << o.output;
   EXPECT_LE(measured, budget) << o.output;
   std::vector<std::string> tiny = base;
-  tiny.insert(tiny.end(), {"--memory-budget", "1M"});
+  tiny.insert(tiny.end(), {"--memory-budget", "8M"});
   const Outcome t = run(tiny, 120);
   ASSERT_TRUE(t.finished && !t.signaled) << t.output;
   EXPECT_EQ(t.status, 1) << t.output;
-  EXPECT_NE(t.output.find("no plan fits in 1.00 MiB"), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("no plan fits in 8.00 MiB"), std::string::npos) << t.output;
   EXPECT_EQ(t.output.find("train loss"), std::string::npos) << t.output;
   // A run that runs out of memory under --memory-limit is told which --memory-budget would fit, and it does.
   std::vector<std::string> limited = base;
@@ -489,6 +489,13 @@ TEST(TrainerFlags, MemoryBudgetPlansTheFashionMnistRun) {
   ASSERT_TRUE(c.finished && !c.signaled) << c.output;
   EXPECT_EQ(c.status, 1) << c.output;
   EXPECT_NE(c.output.find("no plan fits in 90.00 MiB"), std::string::npos) << c.output;
+  // W1 out of memory under a limit it fits with 4 micro-batches: the message names that plan.
+  std::vector<std::string> limited = base;
+  limited.insert(limited.end(), {"--memory-limit", "62M"});
+  const Outcome l = run(limited, 300);
+  ASSERT_TRUE(l.finished && !l.signaled) << l.output;
+  EXPECT_EQ(l.status, 2) << l.output;
+  EXPECT_NE(l.output.find("to fit, try --memory-budget 65011712 (plans "), std::string::npos) << l.output;
 }
 
 }  // namespace
