@@ -209,8 +209,8 @@ class Arena final : public AllocatorBase {
   // until this arena dies. The peaks start at the current values; returns the bytes of those live blocks.
   int64_t copy_layout_from(const Arena& source) {
     std::scoped_lock lock(mu_, source.mu_);
-    FRUGAL_ASSERT(segments_.empty(), "copy_layout_from: the arena is not empty");
-    simulated_ = true;
+    FRUGAL_ASSERT(segments_.empty() && simulated_,
+                  "copy_layout_from: the arena is not an empty simulated one");
     for (const auto& [id, from] : source.segments_) {
       char* base = static_cast<char*>(backing_->alloc(from->size));
       FRUGAL_ASSERT(base != nullptr, "copy_layout_from: the simulated backing refused ", from->size,

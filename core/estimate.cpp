@@ -7,7 +7,6 @@
 #include <mutex>
 
 #include "core/allocator_base.h"
-#include "core/ops.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -48,8 +47,6 @@ int64_t g_installed_resident = 0;  // of the meta arena installed now (guarded b
 }  // namespace
 
 std::unique_ptr<Backing> detail::make_meta_backing() { return std::make_unique<MetaBacking>(); }
-
-void detail::read_allocations(const Tensor& t, DType dtype) { (void)ops::contiguous(ops::cast(t, dtype)); }
 
 Estimate estimate(const std::function<void(Device)>& step, const EstimateOptions& options) {
   FRUGAL_CHECK(step != nullptr, "memory::estimate: the step function is empty");

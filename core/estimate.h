@@ -74,7 +74,8 @@ struct Estimate {
 Estimate estimate(const std::function<void(Device)>& step, const EstimateOptions& options = {});
 
 namespace detail {
-// What reading t's values as dtype allocates on the cpu (Tensor::to_vector's cast copy), made on t's device.
+// What reading t's values as dtype allocates on the cpu (Tensor::to_vector's copy, core/tensor.cpp, which
+// shares the code), made on t's device.
 void read_allocations(const Tensor& t, DType dtype);
 }  // namespace detail
 // t.item<T>(), except on the meta device, where it makes the allocations item() makes and returns what the

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/estimate.h"
 #include "core/memory_history.h"
 #include "core/ops.h"
 
@@ -329,12 +330,20 @@ Tensor to(const Tensor& x, Device d) {
 
 }  // namespace ops
 
+namespace {
+// The cpu copy every read of values goes through: contiguous, of the dtype read.
+Tensor readable(const Tensor& host, DType dtype) { return ops::contiguous(ops::cast(host, dtype)); }
+}  // namespace
+
+// What a read allocates, without reading: the dry run's stand-in (core/estimate.h).
+void memory::detail::read_allocations(const Tensor& t, DType dtype) { (void)readable(t, dtype); }
+
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   FRUGAL_CHECK_T(DeviceError, !device().is_meta(), "to_vector/item: a meta tensor (shape ", shape(),
                  ") has no values; the meta device is for dry runs (Note [the meta device], core/device.h)");
   const Tensor host = device().is_cpu() ? *this : ops::to(*this, kCPU);
-  const Tensor c = ops::contiguous(ops::cast(host, dtype_v<T>));
+  const Tensor c = readable(host, dtype_v<T>);
   const T* p = static_cast<const T*>(c.raw_data());
   return std::vector<T>(p, p + c.numel());
 }
