@@ -103,6 +103,12 @@ struct Child {
     while (read(from_child, &c, 1) == 1 && c != '\n') line += c;
     if (!line.empty()) said = json::parse(line);
   }
+  // For the "exec" mode: returns once the child runs its new program (its end of the pipe closed then).
+  void wait_for_exec() const {
+    char c;
+    while (read(from_child, &c, 1) > 0) {
+    }
+  }
   // Lets the child finish; its exit status (0: its own checks passed).
   int finish() {
     close(to_child);
@@ -197,6 +203,9 @@ void child_allocate(int to_parent, int from_parent, const std::string& mode) {
                            "\n";
   ASSERT_EQ(write(to_parent, line.data(), line.size()), ssize_t(line.size()));
   if (mode == "exec") {  // the same process, another program: its page is left behind
+    // The exec closes the pipe to the parent, which waits for that end-of-file (Child::wait_for_exec):
+    // a frugal-smi run before it would still see this program, not /bin/sleep.
+    fcntl(to_parent, F_SETFD, FD_CLOEXEC);
     execl("/bin/sleep", "sleep", "600", static_cast<char*>(nullptr));
     FAIL() << "exec of /bin/sleep: " << std::strerror(errno);
   }
@@ -289,6 +298,7 @@ TEST(Smi, AKilledProcessesPageIsRemovedAndNotListed) {
 TEST(Smi, APageLeftByAnExecIsRemoved) {
   Child child("exec");
   ASSERT_FALSE(child.said.is_null());
+  child.wait_for_exec();
   const SmiRun run = run_smi("--json");
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_EQ(find_pid(run, child.pid), nullptr) << "a process that now runs /bin/sleep is listed";
