@@ -87,8 +87,20 @@ class Arena final : public AllocatorBase {
       release_free_segments_locked();
       block = new_segment_locked(size, small, stream, refused);
     }
+    // Note [a small request borrows from the large pool]: the pools are kept apart so that small blocks do
+    // not scatter through the large segments, but under a limit that is no reason to fail while a large
+    // segment has a free piece big enough: the last resort before giving up is to carve the request out of
+    // it (split at the block size, as a small segment would be, and merged back when freed). W3 in 32
+    // micro-batches under 0.3x its plain peak needed this: 10.5 MiB live, 15 MiB free in a large segment,
+    // and the small pool's segments full.
+    bool borrowed = false;
+    if (!block && small) {
+      block = take_free_locked(large_free_, size, stream, node);
+      borrowed = block != nullptr;
+    }
     if (!block) throw_oom_locked(nbytes, minimal, refused);
 
+    FreeSet& home = borrowed ? large_free_ : pool;
     const int64_t remainder = block->size - size;
     if (small ? remainder >= kMinBlock : remainder > kLargeSplitRemainder) {
       Block* rest = take_spare_block();
@@ -103,9 +115,9 @@ class Arena final : public AllocatorBase {
       block->size = size;
       if (node) {
         node.value() = rest;
-        pool.insert(std::move(node));
+        home.insert(std::move(node));
       } else {
-        pool.insert(rest);
+        home.insert(rest);
       }
     }
     block->allocated = true;

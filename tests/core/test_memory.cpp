@@ -420,6 +420,36 @@ TEST(Arena, LimitFlushesTheCacheBeforeGivingUp) {
   f.arena->allocate(40 * kMiB);
 }
 
+// Note [a small request borrows from the large pool]: under a limit that leaves no room for a small
+// segment, a small request is carved out of a large segment's free piece instead of failing.
+TEST(Arena, UnderTheLimitASmallRequestBorrowsFromALargeSegment) {
+  Fixture f;
+  f.arena->set_limit(4 * kMiB);
+  Allocation large = f.arena->allocate(2 * kMiB + 512 * kKiB);  // a 4 MiB segment, 1.5 MiB of it free
+  Allocation small = f.arena->allocate(512 * kKiB);  // no room for a 2 MiB small segment under the limit
+  auto s = f.arena->stats();
+  EXPECT_EQ(s.num_ooms, 0);
+  EXPECT_EQ(s.segments.current, 1);
+  EXPECT_EQ(s.reserved.current, 4 * kMiB);
+  EXPECT_EQ(static_cast<char*>(small.ptr), static_cast<char*>(large.ptr) + large.size);  // the free piece
+  fill(large.ptr, large.size, 1);
+  fill(small.ptr, small.size, 2);
+  EXPECT_TRUE(holds(large.ptr, large.size, 1));
+  EXPECT_TRUE(holds(small.ptr, small.size, 2));
+  f.arena->check_invariants();
+  // Freed, it merges back into the large segment's free piece, which serves a large request again.
+  f.arena->deallocate(small.block);
+  f.arena->check_invariants();
+  Allocation again = f.arena->allocate(kMiB + 256 * kKiB);
+  EXPECT_EQ(again.ptr, small.ptr);
+  s = f.arena->stats();
+  EXPECT_EQ(s.num_ooms, 0);
+  EXPECT_EQ(s.segments.current, 1);
+  f.arena->deallocate(again.block);
+  f.arena->deallocate(large.block);
+  f.arena->check_invariants();
+}
+
 TEST(Arena, BackingRefusalIsOutOfMemory) {
   Fixture f;
   f.ledger->budget = 5 * kMiB;                 // no limit set: the "device" itself is full
