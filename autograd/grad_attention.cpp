@@ -2,7 +2,10 @@
 // (kernels/cpu/attention.cpp) and the whole attention of packed q, k, v (kernels/cpu/self_attention.cpp).
 // nn::functional::attention_scores_softmax and self_attention check the arguments and call them; their
 // composite references stay in nn/attention.cpp.
+#include <array>
+
 #include "autograd/nn_ops.h"
+#include "autograd/replay.h"
 #include "core/memory_history.h"
 #include "core/op_table_attention.h"
 #include "core/parallel.h"
@@ -53,22 +56,30 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, int64_t hd, double sca
   // f16/bf16: the probabilities the backward needs in that dtype where the device can (op_table.h).
   const bool low_probs = op_self_attention_low_probs.has(x.device(), dt) &&
                          op_self_attention_backward_low_probs.has(x.device(), dt);
-  const Tensor probs = empty({b, n_heads, t, t}, low_probs ? x.options() : compute);
-  Tensor y = empty({b, t, d}, x.options());
   SelfAttentionArgs a;
-  a.qkv = x.raw_data();
-  a.probs = probs.raw_data();
-  a.y = y.raw_data();
   a.batch = b;
   a.t = t;
   a.heads = n_heads;
   a.head_dim = hd;
   a.scale = scale;
   a.causal = causal;
-  a.threads = num_threads();
-  const Tensor workspace = empty({a.threads, self_attention_workspace(a, dt, false, low_probs)}, compute);
-  a.workspace = workspace.raw_data();
-  if (y.numel() > 0) (low_probs ? op_self_attention_low_probs : op_self_attention).get(x.device(), dt)(a);
+  // The output and the probabilities, which a recompute segment's policy may keep (Note [selective
+  // recompute]).
+  std::array<Tensor, 2> results = detail::replayable(op, [&] {
+    const Tensor p = empty({b, n_heads, t, t}, low_probs ? x.options() : compute);
+    Tensor out = empty({b, t, d}, x.options());
+    SelfAttentionArgs f = a;
+    f.qkv = x.raw_data();
+    f.probs = p.raw_data();
+    f.y = out.raw_data();
+    f.threads = num_threads();
+    const Tensor workspace = empty({f.threads, self_attention_workspace(f, dt, false, low_probs)}, compute);
+    f.workspace = workspace.raw_data();
+    if (out.numel() > 0) (low_probs ? op_self_attention_low_probs : op_self_attention).get(x.device(), dt)(f);
+    return std::array<Tensor, 2>{out, p};
+  });
+  Tensor& y = results[0];
+  const Tensor& probs = results[1];
   if (Node* n = recorded(op, {&qkv}, y)) {
     n->save(x);
     n->save(probs);

@@ -4,6 +4,7 @@
 
 #include "amp/autocast.h"
 #include "autograd/functions.h"
+#include "autograd/replay.h"
 
 namespace frugal {
 
@@ -19,7 +20,9 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   // Unbatched [C, H, W]: a batch of one through differentiable views, so the rule below sees 4-D only.
   if (x.defined() && x.dim() == 3)
     return squeeze(conv2d(unsqueeze(x, 0), weight, bias, stride, padding, dilation, groups), 0);
-  Tensor y = ops::conv2d(x, weight, bias, stride, padding, dilation, groups);
+  // Kept by a recompute segment whose policy says so (Note [selective recompute]).
+  Tensor y = autograd::detail::replayable(
+      "conv2d", [&] { return ops::conv2d(x, weight, bias, stride, padding, dilation, groups); });
   if (Node* n = recorded("conv2d", {&x, &weight, &bias}, y)) {
     const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
                need_b = autograd::needs_grad({&bias});

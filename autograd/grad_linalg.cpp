@@ -1,6 +1,7 @@
 // Differentiable matmul beside its backward rule (linear, the fused GEMM layer, is in grad_linear.cpp).
 #include "amp/autocast.h"
 #include "autograd/functions.h"
+#include "autograd/replay.h"
 
 namespace frugal {
 
@@ -12,7 +13,8 @@ using autograd::recorded;
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   const auto in = amp::autocast("matmul", a_in, b_in);
   const Tensor &a = in[0], &b = in[1];
-  Tensor y = ops::matmul(a, b);
+  Tensor y = autograd::detail::replayable("matmul",
+                                          [&] { return ops::matmul(a, b); });  // Note [selective recompute]
   if (Node* n = recorded("matmul", {&a, &b}, y)) {
     n->save(a);
     n->save(b);

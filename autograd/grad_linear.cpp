@@ -4,6 +4,7 @@
 // linear_composite, its test reference; nn::functional::linear_relu likewise with
 // relu(linear_composite(...)).
 #include "autograd/functions.h"
+#include "autograd/replay.h"
 
 namespace frugal {
 
@@ -12,7 +13,8 @@ using autograd::Node;
 using autograd::recorded;
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  Tensor y = ops::linear(x, weight, bias);
+  // Kept by a recompute segment whose policy says so (Note [selective recompute]).
+  Tensor y = autograd::detail::replayable("linear", [&] { return ops::linear(x, weight, bias); });
   if (Node* n = recorded("linear", {&x, &weight, &bias}, y)) {
     const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
                need_b = autograd::needs_grad({&bias});
@@ -29,7 +31,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  Tensor y = ops::linear_relu(x, weight, bias);
+  Tensor y = autograd::detail::replayable("linear_relu", [&] { return ops::linear_relu(x, weight, bias); });
   if (Node* n = recorded("linear_relu", {&x, &weight, &bias}, y)) {
     const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
                need_b = autograd::needs_grad({&bias});

@@ -1,6 +1,10 @@
 // Recompute segments: bit-identical gradients, parameters inside a segment whose inputs need no grad, random
 // ops, nesting, the peak-memory saving of a 32-layer MLP step, and a segment that changes between runs.
+// Selective recompute (a policy that keeps the GEMMs' results): bit-identical gradients of an MLP and of the
+// GPT's blocks, no GEMM run again in backward, a peak between none and whole recompute, bad policies.
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "tests/test_util.h"
 
@@ -138,6 +142,127 @@ TEST(Recompute, LowersThePeakOfA32LayerStep) {
               static_cast<long long>(plain), static_cast<long long>(segmented),
               double(segmented) / double(plain));
   EXPECT_LE(segmented, plain - 17 * activation);
+}
+
+// ---- selective recompute (Note [selective recompute]) ----
+
+// Allocations made in the recompute phase, by the op that made them.
+std::map<std::string, int> recompute_allocations(const memory::HistoryRecord& r) {
+  std::map<std::string, int> by_op;
+  for (const memory::HistoryEvent& e : r.events)
+    if (e.kind == memory::EventKind::Alloc && e.phase == memory::Phase::Recompute) ++by_op[e.op];
+  return by_op;
+}
+
+TEST(SelectiveRecompute, KeepsTheGemmsAndGradientsAreBitIdentical) {
+  const Mlp net(6, 32, 500);
+  const Tensor x = uniform({16, 32}, -1, 1, DType::F32, 4);
+  manual_seed(3);
+  mean(net.forward(x, 0, true)).backward();
+  const auto plain = net.grads();
+  for (const autograd::RecomputePolicy& policy :
+       {autograd::RecomputePolicy::recompute_all(), autograd::RecomputePolicy::keep_matmuls(),
+        autograd::RecomputePolicy::keep({"matmul"})}) {
+    SCOPED_TRACE(policy.str());
+    net.zero_grad();
+    manual_seed(3);
+    memory::History h(kCPU);
+    Tensor y = x;
+    for (int s = 0; s < 6; s += 3)
+      y = autograd::recompute(
+          [&net, s](const std::vector<Tensor>& in) { return net.run(in[0], s, s + 3, true); }, {y}, policy);
+    mean(y).backward();
+    EXPECT_EQ(net.grads(), plain);  // bit for bit, with dropout's masks drawn again
+    const std::map<std::string, int> again = recompute_allocations(memory::history(kCPU));
+    EXPECT_GT(again.count("add") + again.count("relu"), 0u) << "the cheap ops ran again";
+    if (policy.keeps_nothing())
+      EXPECT_GT(again.count("matmul"), 0u) << "without a policy the GEMMs run again too";
+    else
+      EXPECT_EQ(again.count("matmul"), 0u) << "a kept matmul ran again";
+  }
+}
+
+// One training step of a small GPT (its blocks: layer norm, self-attention, linear, GELU), the gradients.
+std::vector<std::vector<float>> gpt_grads(Device d, int64_t whole, int64_t selective) {
+  manual_seed(5);
+  nn::GPT model(nn::GPTConfig{.vocab = 32, .d_model = 32, .n_layers = 3, .n_heads = 4, .context = 16});
+  model->recompute_blocks(whole, selective);
+  std::vector<int64_t> ids(8 * 16);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i * 5 % 32);
+  const Tensor tokens = tensor(ids, {8, 16}).to(d);
+  nn::functional::cross_entropy(model->forward(tokens).view({-1, 32}), tokens.view({-1})).backward();
+  std::vector<std::vector<float>> g;
+  if (!d.is_meta())
+    for (const Tensor& p : model->parameters()) g.push_back(p.grad().to_vector<float>());
+  return g;
+}
+
+TEST(SelectiveRecompute, TheGptsBlocksGiveTheSameGradientsAndAPeakBetween) {
+  const auto plain = gpt_grads(kCPU, 0, 0);
+  EXPECT_EQ(gpt_grads(kCPU, 0, 3), plain);
+  EXPECT_EQ(gpt_grads(kCPU, 1, 2), plain);
+  const auto peak = [](int64_t whole, int64_t selective) {
+    return memory::estimate([=](Device d) { gpt_grads(d, whole, selective); }).peak_allocated;
+  };
+  const int64_t none = peak(0, 0), all = peak(3, 0), selective = peak(0, 3);
+  std::printf("GPT step peak: %lld plain, %lld selective, %lld whole recompute\n",
+              static_cast<long long>(none), static_cast<long long>(selective), static_cast<long long>(all));
+  EXPECT_LT(selective, none);
+  EXPECT_GT(selective, all);
+  // The real run peaks where its dry run said.
+  memory::empty_cache(kCPU);
+  memory::reset_peak(kCPU);
+  const int64_t base = memory::stats(kCPU).allocated.current;
+  gpt_grads(kCPU, 0, 3);
+  EXPECT_EQ(memory::stats(kCPU).allocated.peak - base, selective);
+}
+
+TEST(SelectiveRecompute, BadPoliciesAndChangingSegmentsAreErrors) {
+  expect_error<Error>(
+      [] {
+        (void)autograd::RecomputePolicy::keep({"linear", "gelu"});
+      },
+      {"RecomputePolicy::keep", "'gelu'", "cannot be kept", "linear, linear_relu, matmul"});
+  EXPECT_EQ(autograd::RecomputePolicy::keep({"linear", "matmul"}).str(), "keep linear, matmul");
+  EXPECT_EQ(autograd::RecomputePolicy().str(), "recompute all");
+  EXPECT_TRUE(autograd::RecomputePolicy::keep_matmuls().keeps("self_attention"));
+  EXPECT_FALSE(autograd::RecomputePolicy::keep({"linear"}).keeps("matmul"));
+  Tensor w = uniform({4, 4}, 1, 2).requires_grad_();
+  int runs = 0;
+  Tensor y = autograd::recompute(
+      [&](const std::vector<Tensor>& in) {
+        Tensor h = relu(matmul(in[0], w));
+        if (runs++ == 0) h = matmul(h, w);  // one more GEMM on the first run only
+        return h;
+      },
+      {uniform({4, 4}, 1, 2)}, autograd::RecomputePolicy::keep_matmuls());
+  expect_error<Error>([&] { sum(y).backward(); }, {"recompute", "could keep", "same ops"});
+  nn::GPT model(nn::GPTConfig{.vocab = 16, .d_model = 16, .n_layers = 3, .n_heads = 2, .context = 8});
+  model->recompute_blocks(1, 2);
+  EXPECT_EQ(model->selective_blocks(), 2);
+  expect_error<Error>([&] { model->recompute_blocks(2, 2); }, {"recompute_blocks", "selective from 0 to 1"});
+}
+
+TEST(SelectiveRecompute, NestedInsideAndAroundPlainSegments) {
+  const Mlp net(6, 16, 600);
+  Tensor x = uniform({8, 16}, -1, 1, DType::F32, 5).requires_grad_();
+  mean(net.forward(x, 0)).backward();
+  const auto plain = net.grads();
+  const auto plain_x = x.grad().to_vector<float>();
+  net.zero_grad();
+  x.zero_grad();
+  // A keeping segment around a plain one and a keeping one: each counts only its own ops.
+  Tensor y = autograd::recompute(
+      [&](const std::vector<Tensor>& in) {
+        Tensor h = net.run(in[0], 0, 2);
+        h = autograd::recompute([&](const std::vector<Tensor>& a) { return net.run(a[0], 2, 4); }, {h});
+        return autograd::recompute([&](const std::vector<Tensor>& a) { return net.run(a[0], 4, 6); }, {h},
+                                   autograd::RecomputePolicy::keep({"matmul"}));
+      },
+      {x}, autograd::RecomputePolicy::keep_matmuls());
+  mean(y).backward();
+  EXPECT_EQ(net.grads(), plain);
+  EXPECT_EQ(x.grad().to_vector<float>(), plain_x);
 }
 
 }  // namespace
