@@ -8,20 +8,25 @@ namespace frugal::memory {
 namespace {
 
 double relative_time(const PlanChoice& c, int blocks) {
-  const double recomputed = blocks > 0 ? double(c.recompute_blocks) / double(blocks) : 0.0;
-  return (1 + kForwardShare * recomputed) * (1 + kMicroBatchOverhead * double(c.micro_batches - 1)) *
-         (c.low_precision ? kLowPrecision : 1.0);
+  const double whole = blocks > 0 ? double(c.recompute_blocks) / double(blocks) : 0.0,
+               selective = blocks > 0 ? double(c.selective_blocks) / double(blocks) : 0.0;
+  return (1 + kForwardShare * whole + kSelectiveShare * selective) *
+         (1 + kMicroBatchOverhead * double(c.micro_batches - 1)) * (c.low_precision ? kLowPrecision : 1.0);
 }
 
 }  // namespace
 
 std::string Plan::str() const {
+  const std::string selective =
+      choice.selective_blocks > 0
+          ? frugal::detail::str_cat(" + ", choice.selective_blocks, " selectively (their GEMMs kept)")
+          : std::string();
   return frugal::detail::str_cat(
       choice.micro_batches, choice.micro_batches == 1 ? " micro-batch" : " micro-batches", ", recompute ",
-      choice.recompute_blocks, " of ", blocks, " blocks, ", choice.low_precision ? "bf16 autocast" : "f32",
-      ": estimated peak ", format_bytes(peak_allocated), " (reserved ", format_bytes(peak_reserved), ") of ",
-      format_bytes(budget), fits ? "" : " (does not fit)", ", ", relative_time,
-      "x the plain step's time (predicted)");
+      choice.recompute_blocks, " of ", blocks, " blocks", selective, ", ",
+      choice.low_precision ? "bf16 autocast" : "f32", ": estimated peak ", format_bytes(peak_allocated),
+      " (reserved ", format_bytes(peak_reserved), ") of ", format_bytes(budget),
+      fits ? "" : " (does not fit)", ", ", relative_time, "x the plain step's time (predicted)");
 }
 
 Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t budget,
@@ -36,20 +41,21 @@ Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t bu
   best.budget = budget;
   best.blocks = space.blocks();
   bool have = false;
-  auto estimate_of = [&](const PlanChoice& c) {
+  auto estimate_of = [&](const PlanChoice& c, bool limited) {
     ++best.dry_runs;
     EstimateOptions options;
-    options.from(space.from()).limit(budget);
+    options.from(space.from()).limit(limited ? budget : 0);
     return estimate([&](Device d) { step(d, c); }, options);
   };
-  auto consider = [&](const PlanChoice& c, const Estimate& e) {
+  // fits: e's dry run ran under the budget and fitted (else e is a run without the limit, its peaks whole).
+  auto consider = [&](const PlanChoice& c, const Estimate& e, bool fits) {
     const double t = relative_time(c, space.blocks());
-    const bool better = !have || (e.fits() && !best.fits) ||
-                        (e.fits() == best.fits &&
-                         (e.fits() ? t < best.relative_time : e.peak_allocated < best.peak_allocated));
+    const bool better =
+        !have || (fits && !best.fits) ||
+        (fits == best.fits && (fits ? t < best.relative_time : e.peak_allocated < best.peak_allocated));
     if (!better) return;
     have = true;
-    best.fits = e.fits();
+    best.fits = fits;
     best.choice = c;
     best.peak_allocated = e.peak_allocated;
     best.peak_reserved = e.peak_reserved;
@@ -58,14 +64,24 @@ Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t bu
   for (bool low : {false, true}) {
     if (low && !space.low_precision()) continue;
     for (int k : space.micro_batches()) {
-      // The fewest recomputed blocks that fit: the cost grows with each one. Ascending, one dry run each: the
-      // peak need not fall as blocks recompute (W1's re-run segment costs about what it saves), so no
-      // bisection; a dry run costs milliseconds.
-      for (int m = 0; m <= space.blocks(); ++m) {
-        const PlanChoice c{k, m, low};
-        const Estimate e = estimate_of(c);
-        consider(c, e);
-        if (e.fits()) break;
+      // Every (whole, selective) pair in ascending predicted time, one dry run each until one fits (Note [the
+      // planner's cost model]); a dry run costs milliseconds.
+      std::vector<PlanChoice> candidates;
+      const int n = space.blocks();
+      for (int m = 0; m <= n; ++m)
+        for (int s = 0; s <= (space.selective() ? n - m : 0); ++s) candidates.push_back({k, m, low, s});
+      std::stable_sort(candidates.begin(), candidates.end(), [n](const PlanChoice& a, const PlanChoice& b) {
+        return relative_time(a, n) < relative_time(b, n);
+      });
+      for (const PlanChoice& c : candidates) {
+        const Estimate e = estimate_of(c, true);
+        if (e.fits()) {
+          consider(c, e, true);
+          break;
+        }
+        // A dry run that failed under the budget stopped there: its peaks are what it reached, not what it
+        // needs. Those of a run without the limit rank the candidates when none fits.
+        if (!best.fits) consider(c, estimate_of(c, false), false);
       }
     }
   }

@@ -5,7 +5,7 @@
 //
 //   memory::Plan p = memory::plan(
 //       [&](Device, const memory::PlanChoice& c) {      // the run, as the candidate asks for it
-//         model->recompute_blocks(c.recompute_blocks);   // e.g. nn::GPT
+//         model->recompute_blocks(c.recompute_blocks, c.selective_blocks);  // e.g. nn::GPT
 //         ... c.micro_batches micro-batches a step, bf16 autocast when c.low_precision ...
 //       },
 //       budget, memory::PlanSpace().blocks(4).micro_batches({1, 2, 4, 8}));
@@ -14,15 +14,24 @@
 //
 // Note [the planner's cost model]
 // A candidate's step time relative to the plain run's (1 micro-batch, no recompute, f32) is predicted as
-//   (1 + kForwardShare * m / n) * (1 + kMicroBatchOverhead * (k - 1)) * (low precision ? kLowPrecision : 1)
-// for m of n blocks recomputed and k micro-batches: recomputing a block runs its forward again (a third of
-// its forward and backward work), and each extra micro-batch repeats the per-op overheads of a step (about
-// a tenth of W3's step on this project's 2-core machine: 4 micro-batches measured 1.35x). Low precision is
-// taken as no faster, since a CPU without bf16 instructions gains nothing from it. For a chain of identical
-// blocks every set of m recomputed blocks saves the same bytes, so the search over m is for the smallest
-// that fits (m = 0, 1, ... with a dry run each: the peak need not fall as m grows); which m blocks is the
-// model's choice (the first ones: nn::GPT::recompute_blocks). The model ranks the candidates; it is not a
-// timer.
+//   (1 + kForwardShare * m / n + kSelectiveShare * s / n) * (1 + kMicroBatchOverhead * (k - 1))
+//     * (low precision ? kLowPrecision : 1)
+// for m of n blocks recomputed whole, s recomputed selectively and k micro-batches: recomputing a block runs
+// its forward again (a third of its forward and backward work); a selective block runs again only what is
+// not a GEMM (its norms, activations, residual adds and copies: kSelectiveShare, measured on W3); each extra
+// micro-batch repeats the per-op overheads of a step (about a tenth of W3's step on this project's 2-core
+// machine: 4 micro-batches measured 1.35x). Low precision is taken as no faster, since a CPU without bf16
+// instructions gains nothing from it. The model ranks the candidates; it is not a timer.
+//
+// The search over recompute is exhaustive: each block of the chain runs plain, selectively or wholly
+// recomputed. For a chain of identical blocks (the GPT's) what a candidate saves and costs depends only on
+// how many blocks take each form, not which (the model chooses: nn::GPT's first ones, which backward reaches
+// last), so the candidates are the pairs (m, s) with m + s <= n, (n + 1)(n + 2) / 2 of them. For each
+// micro-batch count they are tried in ascending predicted time with a dry run each, and the first that fits
+// is the fastest that fits: no cheaper candidate is left untried, whatever shape the peak has as m and s grow
+// (it need not fall: W1's re-run segment costs about what it saves). That is the optimum a dynamic program
+// over the chain (Chen 2016's sqrt(n) is its uniform special case; Checkmate's and revolve's schedules its
+// refinements) finds, measured by the dry run instead of a memory formula.
 #pragma once
 
 #include <cstdint>
@@ -37,14 +46,18 @@
 namespace frugal::memory {
 
 inline constexpr double kForwardShare = 1.0 / 3.0;
+inline constexpr double kSelectiveShare = 0.05;
 inline constexpr double kMicroBatchOverhead = 0.1;
 inline constexpr double kLowPrecision = 1.0;
 
 // One candidate: what the step function applies.
 struct PlanChoice {
   int micro_batches = 1;       // gradient accumulation over this many micro-batches a step
-  int recompute_blocks = 0;    // of PlanSpace::blocks, run as recompute segments
+  int recompute_blocks = 0;    // of PlanSpace::blocks, run as recompute segments that keep nothing
   bool low_precision = false;  // bf16 autocast
+  // Of the other blocks, run as segments that keep their GEMMs' results (PlanSpace::selective; Note
+  // [selective recompute] in autograd/recompute.h): nn::GPT::recompute_blocks(recompute_blocks, this).
+  int selective_blocks = 0;
 };
 
 // What the planner may choose from.
@@ -53,6 +66,7 @@ struct PlanSpace {
   FRUGAL_ARG(std::vector<int>, micro_batches) = std::vector<int>{1, 2, 4, 8,
                                                                  16};  // each must divide the batch
   FRUGAL_ARG(bool, low_precision) = false;                             // may it choose bf16 autocast
+  FRUGAL_ARG(bool, selective) = false;      // may blocks keep their GEMMs' results (the model must do it)
   FRUGAL_ARG(std::optional<Device>, from);  // the dry runs start from this arena (EstimateOptions::from)
 };
 

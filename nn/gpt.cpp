@@ -32,10 +32,14 @@ GPTImpl::GPTImpl(const GPTConfig& c) : Module("GPT"), config(c) {
 
 GPTImpl& GPTImpl::recompute(bool on) { return recompute_blocks(on ? int64_t(blocks->size()) : 0); }
 
-GPTImpl& GPTImpl::recompute_blocks(int64_t n) {
+GPTImpl& GPTImpl::recompute_blocks(int64_t n, int64_t selective) {
   FRUGAL_CHECK(n >= 0 && n <= int64_t(blocks->size()), "GPT.recompute_blocks: ", n,
                " blocks asked for, the model has ", blocks->size(), "; valid: 0 to ", blocks->size());
+  FRUGAL_CHECK(selective >= 0 && n + selective <= int64_t(blocks->size()), "GPT.recompute_blocks: ", n,
+               " blocks and ", selective, " selective ones asked for, the model has ", blocks->size(),
+               "; valid: selective from 0 to ", int64_t(blocks->size()) - n);
   recompute_blocks_ = n;
+  selective_blocks_ = selective;
   return *this;
 }
 
@@ -52,11 +56,16 @@ Tensor GPTImpl::forward(const Tensor& tokens) {
   Tensor x = add(tok_emb->forward(tokens),
                  pos_emb->forward(arange(t, TensorOptions(DType::I64).device(tokens.device()))));
   x = F::dropout(x, config.dropout, is_training());
-  const int64_t segments = autograd::grad_mode_enabled() ? recompute_blocks_ : 0;
+  const bool record = autograd::grad_mode_enabled();
   int64_t index = 0;
   for (const auto& m : *blocks) {
-    if (index++ < segments)
-      x = autograd::recompute([m](const std::vector<Tensor>& in) { return m->forward(in[0]); }, {x});
+    const int64_t i = index++;
+    static const autograd::RecomputePolicy keep = autograd::RecomputePolicy::keep_matmuls();
+    const auto block = [m](const std::vector<Tensor>& in) { return m->forward(in[0]); };
+    if (record && i < recompute_blocks_)
+      x = autograd::recompute(block, {x});
+    else if (record && i < recompute_blocks_ + selective_blocks_)
+      x = autograd::recompute(block, {x}, keep);
     else
       x = m->forward(x);
   }

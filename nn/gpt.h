@@ -42,8 +42,12 @@ class GPTImpl : public Module {
   // Only the first n blocks as recompute segments (0: none; n_layers: all, as recompute(true)). The first
   // ones, because backward reaches them last, when the later blocks' activations are gone: their re-run
   // then adds to the least memory. memory::plan chooses n (core/plan.h).
-  GPTImpl& recompute_blocks(int64_t n);
+  // With `selective`, the next that many blocks run as segments that keep their GEMMs' results
+  // (autograd::RecomputePolicy::keep_matmuls, Note [selective recompute]): backward recomputes only their
+  // norms, activations and residual adds. n + selective is at most n_layers.
+  GPTImpl& recompute_blocks(int64_t n, int64_t selective = 0);
   int64_t recompute_blocks() const { return recompute_blocks_; }
+  int64_t selective_blocks() const { return selective_blocks_; }
 
   // Samples n_new tokens after prompt (i64 [B, T0] or [T0], T0 >= 1) without recording, feeding the model at
   // most the last `context` tokens: logits of the last position / temperature, restricted to the top_k
@@ -59,7 +63,7 @@ class GPTImpl : public Module {
   Linear head{nullptr};
 
  private:
-  int64_t recompute_blocks_ = 0;
+  int64_t recompute_blocks_ = 0, selective_blocks_ = 0;
 };
 FRUGAL_MODULE(GPT);
 

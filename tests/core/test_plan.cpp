@@ -18,7 +18,7 @@ constexpr int64_t kBatch = 16;
 std::vector<Tensor> gpt_step(Device d, const memory::PlanChoice& c) {
   manual_seed(11);
   nn::GPT model(nn::GPTConfig{.vocab = 64, .d_model = 128, .n_layers = kBlocks, .n_heads = 4, .context = 64});
-  model->recompute_blocks(c.recompute_blocks);
+  model->recompute_blocks(c.recompute_blocks, c.selective_blocks);
   optim::SGD opt(model->parameters(), optim::SGDOptions(0.1));
   std::vector<int64_t> ids(size_t(kBatch * 64));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i * 7 % 64);
@@ -59,17 +59,39 @@ TEST(Plan, WithRoomToSpareItChangesNothing) {
 
 TEST(Plan, UnderHalfThePeakTheRealRunFitsAndPeaksWhereTheDryRunSaid) {
   const int64_t plain = plain_peak();
-  for (const std::vector<int>& micro : {std::vector<int>{1}, std::vector<int>{1, 2, 4}}) {
-    SCOPED_TRACE(micro.size());
+  double without_selective = 0;
+  for (const auto& [micro, selective] :
+       {std::pair{std::vector<int>{1}, false}, std::pair{std::vector<int>{1, 2, 4}, false},
+        std::pair{std::vector<int>{1}, true}}) {
+    SCOPED_TRACE(::testing::Message() << micro.size() << " micro-batch counts, selective " << selective);
     const int64_t budget = plain * 6 / 10;
-    const memory::Plan p = memory::plan([](Device d, const memory::PlanChoice& c) { gpt_step(d, c); }, budget,
-                                        memory::PlanSpace().blocks(kBlocks).micro_batches(micro));
+    const memory::Plan p =
+        memory::plan([](Device d, const memory::PlanChoice& c) { gpt_step(d, c); }, budget,
+                     memory::PlanSpace().blocks(kBlocks).micro_batches(micro).selective(selective));
     ASSERT_TRUE(p.fits) << p.str();
+    if (micro.size() == 1 && !selective) without_selective = p.relative_time;
+    if (selective) {
+      // Blocks that keep their GEMMs cost less to recompute: the plan is no slower than without them.
+      EXPECT_LE(p.relative_time, without_selective) << p.str();
+      EXPECT_GT(p.choice.selective_blocks, 0) << p.str();
+      EXPECT_NE(p.str().find("selectively"), std::string::npos) << p.str();
+      // Every candidate predicted faster does not fit (the search is exhaustive over the chain).
+      for (int m = 0; m <= kBlocks; ++m)
+        for (int s = 0; m + s <= kBlocks; ++s) {
+          const double t = 1 + memory::kForwardShare * m / kBlocks + memory::kSelectiveShare * s / kBlocks;
+          if (t >= p.relative_time) continue;
+          const memory::PlanChoice faster{1, m, false, s};
+          EXPECT_FALSE(memory::estimate([&](Device d) { gpt_step(d, faster); },
+                                        memory::EstimateOptions().limit(budget))
+                           .fits())
+              << m << " whole, " << s << " selective";
+        }
+    }
     EXPECT_LE(p.peak_reserved, budget);
     EXPECT_GT(p.relative_time, 1.0);
     EXPECT_GE(p.dry_runs, 2);
     // Nothing cheaper fits: one block fewer recomputed (with the same micro-batches) does not.
-    if (p.choice.recompute_blocks > 0) {
+    if (p.choice.recompute_blocks > 0 && p.choice.selective_blocks == 0) {
       memory::PlanChoice fewer = p.choice;
       --fewer.recompute_blocks;
       EXPECT_FALSE(
