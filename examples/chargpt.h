@@ -26,10 +26,12 @@ struct Options {
   int accum = 1;  // micro-batches per step
   double lr = 1e-3;
   uint64_t seed = 0;
-  bool recompute = false;           // each block a recompute segment
-  int64_t recompute_blocks = 0;     // or only the first this many (memory::plan's choice, --memory-budget)
-  bool sparse_embeddings = false;   // SparseAdam for the token embedding, the optimizer below for the rest
-  std::string optimizer = "adamw";  // for the dense parameters: adamw, adafactor or adamw8bit
+  bool recompute = false;            // each block a recompute segment
+  int64_t recompute_blocks = 0;      // or only the first this many (memory::plan's choice, --memory-budget)
+  bool selective_recompute = false;  // each block a segment that keeps its GEMMs' results
+  int64_t selective_blocks = 0;      // or only the next this many after recompute_blocks (memory::plan's)
+  bool sparse_embeddings = false;    // SparseAdam for the token embedding, the optimizer below for the rest
+  std::string optimizer = "adamw";   // for the dense parameters: adamw, adafactor or adamw8bit
   // Mixed precision: autocast to this dtype around the forward and the loss, and for f16 a loss scaler.
   std::optional<DType> autocast;
   double clip = 0;  // clip the dense gradients' norm to this (0: off)
@@ -88,7 +90,12 @@ class Trainer {
       memory::Tag tag("parameters");
       model = nn::GPT(cfg);
     }
-    model->recompute_blocks(opts.recompute ? opts.layers : opts.recompute_blocks);
+    if (opts.recompute)
+      model->recompute_blocks(opts.layers);
+    else if (opts.selective_recompute)
+      model->recompute_blocks(0, opts.layers);
+    else
+      model->recompute_blocks(opts.recompute_blocks, opts.selective_blocks);
     std::vector<Tensor> dense, sparse;
     for (auto& [name, p] : model->named_parameters())
       (opts.sparse_embeddings && name == "tok_emb.weight" ? sparse : dense).push_back(p);
@@ -151,6 +158,10 @@ class Trainer {
       if (sparse_adam) scaler.step(*sparse_adam);
       scaler.update();
     }
+    // The gradients are done with: freed now rather than at the next step's start, so that what runs
+    // between steps (validation, a checkpoint) has their bytes (the training itself is unchanged).
+    optimizer->zero_grad();
+    if (sparse_adam) sparse_adam->zero_grad();
     for (auto& s : schedules_) s->step();
     ++step_;
     return loss_sum;
@@ -239,8 +250,12 @@ class Trainer {
 
 // Loss over a fixed set of windows of the held-out text (the same windows every time), under autocast to
 // `autocast` if given.
+// Each batch runs through the model in `chunks` equal pieces (the training's micro-batches: a run planned
+// to fit a budget validates within it too); the loss is the mean over the pieces either way.
 inline double validation_loss(nn::GPTImpl& model, const data::TextDataset& val, int64_t batch, int batches,
-                              std::optional<DType> autocast = {}) {
+                              std::optional<DType> autocast = {}, int chunks = 1) {
+  FRUGAL_CHECK(chunks >= 1 && batch % chunks == 0, "validation_loss: ", chunks,
+               " chunks must divide the batch of ", batch);
   InferenceMode no_record;
   memory::Tag tag("evaluation");
   amp::Autocast guard(autocast.value_or(DType::BF16), autocast.has_value());
@@ -250,7 +265,12 @@ inline double validation_loss(nn::GPTImpl& model, const data::TextDataset& val, 
   double sum = 0;
   for (int i = 0; i < batches; ++i) {
     const data::Batch b = dry ? dry_sample_batch(val, batch, gen) : val.sample_batch(batch, gen);
-    sum += memory::item_or(lm_loss(model.forward(b.input), b.target), 0.0);
+    const int64_t piece = batch / chunks;
+    for (int c = 0; c < chunks; ++c)
+      sum += memory::item_or(lm_loss(model.forward(b.input.narrow(0, c * piece, piece)),
+                                     b.target.narrow(0, c * piece, piece)),
+                             0.0) /
+             chunks;
   }
   model.train();
   return sum / batches;

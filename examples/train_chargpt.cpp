@@ -19,6 +19,20 @@
 
 using namespace frugal;
 
+namespace {
+
+// The start line's words for a plan's recompute: ", recompute 2 blocks + 1 selectively", or "" for none.
+std::string recompute_summary(int64_t whole, int64_t selective) {
+  std::string s;
+  if (whole > 0) s += ", recompute " + std::to_string(whole) + (whole == 1 ? " block" : " blocks");
+  if (selective > 0)
+    s += (whole > 0 ? " + " : ", selective recompute of ") + std::to_string(selective) +
+         (whole > 0 ? " selectively" : (selective == 1 ? " block" : " blocks"));
+  return s;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"Train workload W3 (a character-level GPT) on the fortunes corpus with frugal"};
   chargpt::Options o;
@@ -44,7 +58,13 @@ int main(int argc, char** argv) {
                  "(both moments in 8 bits: about 2 bytes of state a parameter)")
       ->check(CLI::IsMember({"adamw", "adafactor", "adamw8bit"}));
   app.add_option("--accum", o.accum, "micro-batches per step (gradient accumulation)")->check(positive);
-  app.add_flag("--recompute", o.recompute, "run each block as a recompute segment (less activation memory)");
+  CLI::Option* whole = app.add_flag("--recompute", o.recompute,
+                                    "run each block as a recompute segment (less activation memory)");
+  app.add_flag(
+         "--selective-recompute", o.selective_recompute,
+         "run each block as a recompute segment that keeps its GEMMs' results: backward recomputes only "
+         "norms, activations and adds (less memory than none, less time than --recompute)")
+      ->excludes(whole);
   app.add_flag("--sparse-embeddings", o.sparse_embeddings,
                "sparse gradients for the token embedding, updated by SparseAdam (AdamW for the rest)");
   app.add_option("--amp", amp_name,
@@ -113,14 +133,15 @@ int main(int argc, char** argv) {
     auto dry_run = [&](const chargpt::Options& opts) {
       chargpt::Trainer dry(opts, train->vocab_size());
       for (int64_t step = 0; step < std::min<int64_t>(opts.steps, 3); ++step) dry.train_step(*train);
-      chargpt::validation_loss(*dry.model, *val, opts.batch, 8, opts.autocast);
+      chargpt::validation_loss(*dry.model, *val, opts.batch, 8, opts.autocast, opts.accum);
     };
     // The run as a plan shapes it, and the plan for a budget (memory::plan, core/plan.h).
     auto shaped = [o](const memory::PlanChoice& c) {
       chargpt::Options p = o;
       p.accum = c.micro_batches;
-      p.recompute = false;
+      p.recompute = p.selective_recompute = false;
       p.recompute_blocks = c.recompute_blocks;
+      p.selective_blocks = c.selective_blocks;
       if (c.low_precision) p.autocast = DType::BF16;
       return p;
     };
@@ -130,6 +151,7 @@ int main(int argc, char** argv) {
                               .blocks(int(o.layers))
                               .micro_batches(examples::micro_batch_counts(o.batch))
                               .low_precision(allow_low_precision)
+                              .selective(true)
                               .from(kCPU));
     };
     if (!memory_budget.empty()) {
@@ -158,10 +180,9 @@ int main(int argc, char** argv) {
         static_cast<long long>(o.context), static_cast<long long>(train->vocab_size()),
         static_cast<long long>(model.num_parameters()), memory::format_bytes(model.parameter_bytes()).c_str(),
         o.optimizer.c_str(), static_cast<long long>(o.batch), o.accum,
-        o.recompute
-            ? ", recompute"
-            : (o.recompute_blocks ? ", recompute " + std::to_string(o.recompute_blocks) + " blocks" : "")
-                  .c_str(),
+        o.recompute             ? ", recompute"
+        : o.selective_recompute ? ", selective recompute"
+                                : recompute_summary(o.recompute_blocks, o.selective_blocks).c_str(),
         o.sparse_embeddings ? ", sparse embeddings" : "", o.autocast ? "autocast " : "",
         o.autocast ? dtype_name(*o.autocast) : "f32", num_threads());
 
@@ -187,7 +208,7 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
       if ((step + 1) % eval_every == 0 || step + 1 == o.steps) {
-        const double v = validation = chargpt::validation_loss(model, *val, o.batch, 8, o.autocast);
+        const double v = validation = chargpt::validation_loss(model, *val, o.batch, 8, o.autocast, o.accum);
         std::printf("%sstep %lld: train loss %.4f, validation loss %.4f, %.0f tokens/s\n", tty ? "\r" : "",
                     static_cast<long long>(step + 1), loss_avg, v, tok_s);
       }
