@@ -140,11 +140,11 @@ class GPTRun:
     """W3's training run one step at a time, the forward and loss under bf16 autocast with bf16=True (W6). Runs
     start from the same weights and draw the same batches (their own generator)."""
 
-    def __init__(self, train, vocab, bf16):
+    def __init__(self, train, vocab, bf16, segments=0):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from torch_gpt import make_gpt
         torch.manual_seed(0)
-        self.train, self.vocab, self.bf16 = train, vocab, bf16
+        self.train, self.vocab, self.bf16, self.segments = train, vocab, bf16, segments
         self.model = make_gpt(vocab)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.gen = torch.Generator().manual_seed(0)
@@ -167,13 +167,43 @@ class GPTRun:
 
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x) if measure else contextlib.nullcontext()
         with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            loss = F.cross_entropy(self.model(window[:, :-1]).reshape(-1, self.vocab), window[:, 1:].reshape(-1))
+            loss = F.cross_entropy(self.forward(window[:, :-1]).reshape(-1, self.vocab), window[:, 1:].reshape(-1))
         loss.backward()
         self.opt.step()
         self.loss = loss.item()
         if measure:
             self.activation_bytes = sum(saved.values())
         return (time.perf_counter() - t) * 1e3
+
+
+    def forward(self, idx):
+        """The model's forward, its blocks through checkpoint_sequential in `segments` segments when set."""
+        if not self.segments:
+            return self.model(idx)
+        from torch.utils.checkpoint import checkpoint_sequential
+        m = self.model
+        x = m.tok(idx) + m.pos(torch.arange(idx.shape[1]))
+        x = checkpoint_sequential(m.blocks, self.segments, x, use_reentrant=False)
+        return m.head(m.ln_f(x))
+
+
+def gpt_checkpoint():
+    """W3c: W3 with its 4 blocks through torch.utils.checkpoint.checkpoint_sequential in 2 segments (Chen's
+    sqrt(n)) and in 4 (every block), beside W3 itself, stepped in turn: 30 steps each after 5 warm-up steps.
+    The step-time ratios are what frugal's planned runs compare with (bench/plan_budgets.sh)."""
+    train, vocab = fortunes()
+    runs = {0: GPTRun(train, vocab, False), 2: GPTRun(train, vocab, False, 2), 4: GPTRun(train, vocab, False, 4)}
+    times = {k: [] for k in runs}
+    for s in range(35):
+        for k, r in runs.items():
+            ms = r.step(measure=(s == 0))
+            if s >= 5:
+                times[k].append(ms)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"name": "W3c", "median_step_ms": med[0], "sqrt_n_segments_ms": med[2], "per_block_segments_ms": med[4],
+            "sqrt_n_ratio": med[2] / med[0], "per_block_ratio": med[4] / med[0],
+            "saved_bytes": {k: r.activation_bytes for k, r in runs.items()}, "losses": {k: r.loss for k, r in runs.items()},
+            "threads": torch.get_num_threads()}
 
 
 def gpt_bf16():
@@ -210,7 +240,7 @@ def gemm():
 def main():
     names = sys.argv[1:] or ["W1", "W2", "W3", "W4", "W4r", "W5", "W6"]
     run = {"W1": lambda: fashion("W1", False), "W2": lambda: fashion("W2", True), "W3": gpt, "W4": lambda: deep("W4", 0),
-           "W4r": lambda: deep("W4r", 6), "W5": gemm, "W6": gpt_bf16}
+           "W4r": lambda: deep("W4r", 6), "W5": gemm, "W6": gpt_bf16, "W3c": gpt_checkpoint}
     for n in names:
         if n not in run:
             sys.exit(f"torch_workloads: unknown workload {n}")
