@@ -52,3 +52,4 @@
 #include "optim/schedule.h"
 #include "optim/sgd.h"
 #include "optim/sparse_adam.h"
+#include "optim/step_in_backward.h"

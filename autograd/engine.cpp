@@ -1,7 +1,10 @@
 // backward(): visits the nodes reachable from the root, newest first (a node's consumers are always newer, so
 // each node runs once with its whole gradient), and releases each node's saved tensors as soon as its rule
 // has run. Iterative: no recursion, whatever the depth.
+#include <atomic>
 #include <queue>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "amp/autocast.h"
 #include "autograd/functions.h"
@@ -41,7 +44,51 @@ struct Newest {
   bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
 };
 
+// Leaves with a grad-ready hook, in every thread: while there are none, backward() does not look for them.
+std::atomic<int64_t> g_ready_hooks{0};
+
+// Note [grad-ready hooks]: for each leaf with a hook, how many edges of the graph below `first` will bring it
+// a gradient; backward() counts them down as it goes and calls the hook at zero. One walk over the graph,
+// only while some leaf has a hook.
+struct PendingLeaf {
+  int edges = 0;     // still to be processed
+  bool got = false;  // a gradient arrived in this backward
+};
+std::unordered_map<AutogradMeta*, PendingLeaf> leaves_with_hooks(Node* first) {
+  std::unordered_map<AutogradMeta*, PendingLeaf> pending;
+  std::unordered_set<Node*> seen{first};
+  std::vector<Node*> todo{first};
+  while (!todo.empty()) {
+    Node* n = todo.back();
+    todo.pop_back();
+    for (const Edge& e : n->inputs) {
+      // Its gradient is to be this backward's alone: the hook takes it as complete.
+      FRUGAL_CHECK(!(e.leaf && e.leaf->grad_ready && e.leaf->grad.defined()),
+                   "backward: a parameter whose update runs in backward (a grad-ready hook: "
+                   "optim::StepInBackward) already has a gradient; gradients cannot accumulate over several "
+                   "backward calls then (each backward is a step): no gradient accumulation, or no "
+                   "StepInBackward");
+      if (e.leaf && e.leaf->grad_ready) ++pending[e.leaf.get()].edges;
+      if (e.fn && seen.insert(e.fn.get()).second) todo.push_back(e.fn.get());
+    }
+  }
+  return pending;
+}
+
 }  // namespace
+
+void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook) {
+  FRUGAL_CHECK(leaf.defined() && leaf.autograd_meta() && leaf.autograd_meta()->requires_grad &&
+                   !leaf.autograd_meta()->grad_fn,
+               "set_grad_ready_hook: the tensor must be a leaf that requires grad (a parameter)");
+  AutogradMeta& meta = *leaf.autograd_meta();
+  const bool had = static_cast<bool>(meta.grad_ready);
+  meta.grad_ready = std::move(hook);
+  g_ready_hooks.fetch_add(int64_t(static_cast<bool>(meta.grad_ready)) - int64_t(had),
+                          std::memory_order_relaxed);
+}
+
+bool grad_ready_hooks_exist() { return g_ready_hooks.load(std::memory_order_relaxed) > 0; }
 
 void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
   FRUGAL_CHECK(root.defined(), "backward: the tensor is undefined");
@@ -69,6 +116,7 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
 
   if (!meta->grad_fn) {  // a leaf
     accumulate_leaf(*meta, grad);
+    if (meta->grad_ready) meta->grad_ready();
     return;
   }
 
@@ -88,6 +136,19 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
     }
   } drain{ready};
   Node* first = meta->grad_fn.get();
+  std::unordered_map<AutogradMeta*, PendingLeaf> pending_leaves;
+  if (grad_ready_hooks_exist()) pending_leaves = leaves_with_hooks(first);
+  // A leaf's last edge has been processed (with a gradient or without): its hook runs now, if this backward
+  // gave it a gradient.
+  auto edge_done = [&](AutogradMeta* leaf, bool got) {
+    auto it = pending_leaves.find(leaf);
+    if (it == pending_leaves.end()) return;
+    it->second.got |= got;
+    if (--it->second.edges > 0) return;
+    const bool call = it->second.got;
+    pending_leaves.erase(it);
+    if (call && leaf->grad_ready) leaf->grad_ready();
+  };
   first->pending_grad = grad;
   first->queued = true;
   ready.push(first);
@@ -119,6 +180,12 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
 
     for (size_t i = 0; i < grads.size(); ++i) {
       const Edge& e = node->inputs[i];
+      if (e.leaf && !pending_leaves.empty()) {
+        const bool got = grads[i].defined();
+        if (got) accumulate_leaf(*e.leaf, std::move(grads[i]));
+        edge_done(e.leaf.get(), got);
+        continue;
+      }
       if (!grads[i].defined() || (!e.fn && !e.leaf)) continue;
       if (e.leaf) {
         accumulate_leaf(*e.leaf, std::move(grads[i]));
@@ -132,6 +199,9 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
       }
     }
   }
+  // Leaves some of whose edges were never reached (every gradient above those was undefined): complete now.
+  for (auto& [leaf, p] : pending_leaves)
+    if (p.got && leaf->grad_ready) leaf->grad_ready();
 }
 
 }  // namespace frugal::autograd

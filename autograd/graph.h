@@ -39,6 +39,7 @@ struct AutogradMeta {
   Tensor grad;
   SparseGrad sparse_grad;  // written by nn::Embedding with sparse(true) instead of grad
   std::shared_ptr<autograd::Node> grad_fn;
+  std::function<void()> grad_ready;  // a leaf's autograd::set_grad_ready_hook
 };
 
 namespace autograd {
@@ -99,6 +100,15 @@ struct Node {
   ~Node();
   void release();  // drops the saved tensors and the rule (after backward without retain_graph)
 };
+
+// Calls `hook` in each backward() once this leaf's gradient for that backward is complete: after the last
+// of the graph's contributions to it has been added to .grad (a leaf used several times gets one call).
+// optim::StepInBackward updates and frees the gradient there. An empty hook removes it. Throws Error for a
+// tensor that is not a leaf requiring grad.
+void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook);
+
+// True while some leaf, in any thread, has a grad-ready hook.
+bool grad_ready_hooks_exist();
 
 // Grad mode: recording happens only while it is on (the default) and some input requires grad.
 bool grad_mode_enabled();

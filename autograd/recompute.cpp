@@ -144,6 +144,11 @@ class Segment {
 
 Tensor recompute(const SegmentFn& fn, const std::vector<Tensor>& inputs, const RecomputePolicy& policy) {
   if (!grad_mode_enabled()) return fn(inputs);
+  // Note [stepping in backward] (optim/step_in_backward.h): the second run would read parameters that
+  // backward may have updated already.
+  FRUGAL_CHECK(!grad_ready_hooks_exist(),
+               "recompute: segments cannot run while parameters step in backward (optim::StepInBackward): "
+               "the segment's second run would read parameters already updated; use one or the other");
   auto segment = std::make_shared<Segment>(fn, inputs, policy);
   SavedTensorHooks hooks(
       [segment](const Tensor&) -> std::any { return std::make_pair(segment, segment->pack()); },

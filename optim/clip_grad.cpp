@@ -30,8 +30,14 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   FRUGAL_CHECK(max_norm >= 0, "clip_grad_norm_: max_norm must be >= 0, got ", max_norm);
   NoGradGuard no_grad;
   std::vector<Tensor> grads;
-  for (const Tensor& p : params)
+  for (const Tensor& p : params) {
+    // Note [stepping in backward] (optim/step_in_backward.h): such a gradient is gone once backward returns.
+    FRUGAL_CHECK(!(p.defined() && p.autograd_meta() && p.autograd_meta()->grad_ready),
+                 "clip_grad_norm_: a parameter (shape ", p.shape(),
+                 ") is updated in backward (optim::StepInBackward): the global norm needs every gradient "
+                 "before any update; clip per parameter inside the step, or no StepInBackward");
     if (p.defined() && p.grad().defined() && p.grad().numel() > 0) grads.push_back(p.grad());
+  }
   if (grads.empty()) return 0;
   // As PyTorch: the norm of the per-gradient norms.
   double total = 0;

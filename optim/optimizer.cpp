@@ -102,7 +102,18 @@ bool Optimizer::uses_master(const OptimizerOptions& options, const Tensor& param
 
 // Note [a failed step changes nothing] (optim/optimizer.h): phase 1 checks every parameter and makes every
 // tensor the updates need; phase 2 runs the updates, which allocate nothing.
-void Optimizer::step() {
+void Optimizer::step() { step_only(nullptr); }
+
+void Optimizer::step_param(const Tensor& param) {
+  bool found = false;
+  for (const ParamGroup& g : groups_)
+    for (const Tensor& p : g.params) found |= p.is_same(param);
+  FRUGAL_CHECK(found, name_, ".step_param: the tensor (shape ", param.shape(),
+               ") is not one of its parameters");
+  step_only(&param);
+}
+
+void Optimizer::step_only(const Tensor* only) {
   NoGradGuard no_grad;
   memory::PhaseScope phase(memory::Phase::Optimizer);  // Note [memory phases]
   struct Planned {
@@ -121,6 +132,7 @@ void Optimizer::step() {
     for (size_t g = 0; g < groups_.size(); ++g) {
       for (size_t i = 0; i < groups_[g].params.size(); ++i, ++index) {
         Tensor p = groups_[g].params[i];
+        if (only && !p.is_same(*only)) continue;
         const SparseGrad sparse = autograd::sparse_grad(p);
         Tensor grad = sparse.defined() ? sparse.values : p.grad();
         if (!grad.defined()) continue;

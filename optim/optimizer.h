@@ -97,6 +97,11 @@ class Optimizer {
   // strided parameters and gradients), then runs the updates, which allocate nothing. A step that completes
   // has updated every parameter that has a gradient.
   virtual void step();
+  // Updates this one parameter (one of the optimizer's) if it has a gradient, as step() would: what
+  // optim::StepInBackward runs for each parameter during backward.
+  void step_param(const Tensor& param);
+  // True while an optim::StepInBackward runs this optimizer's updates in backward.
+  bool steps_in_backward() const { return in_backward_ > 0; }
   // Clears the gradients: set_to_none drops them (memory is freed), otherwise they are filled with zeros.
   void zero_grad(bool set_to_none = true);
   // A group added later gets the defaults unless it has options; its parameters must be new.
@@ -165,6 +170,9 @@ class Optimizer {
   static bool uses_master(const OptimizerOptions& options, const Tensor& param);
 
  private:
+  friend class StepInBackward;
+  void step_only(const Tensor* only);  // step() when only is null; else that parameter alone
+  int in_backward_ = 0;
   void check_new_params(const std::vector<Tensor>& params) const;
 
   const char* name_;
