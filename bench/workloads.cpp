@@ -88,9 +88,10 @@ void fashion(const char* name, bool cnn) {
       num_threads());
 }
 
-// W4 / W4r: 32 x (Linear 1024 -> 1024, ReLU), batch 1024, MSE to a random target, SGD lr 1e-3 momentum 0.9;
-// W4r runs segments of 6 layers (about sqrt(32)) as recompute segments.
-void deep(const char* name, int recompute_every) {
+// W4 / W4r / W4g: 32 x (Linear 1024 -> 1024, ReLU), batch 1024, MSE to a random target, SGD lr 1e-3 momentum
+// 0.9; W4r runs segments of 6 layers (about sqrt(32)) as recompute segments; W4g steps in backward
+// (optim::StepInBackward: each gradient freed once its update is done).
+void deep(const char* name, int recompute_every, bool step_in_backward = false) {
   manual_seed(0);
   nn::Sequential net;
   for (int i = 0; i < 32; ++i) {
@@ -99,6 +100,9 @@ void deep(const char* name, int recompute_every) {
   }
   if (recompute_every > 0) net->recompute_every(2 * recompute_every);
   optim::SGD opt(net->parameters(), optim::SGDOptions(1e-3).momentum(0.9));
+  // W4g: each layer's update runs in backward as soon as its gradient is complete, which is then freed.
+  std::unique_ptr<optim::StepInBackward> in_backward;
+  if (step_in_backward) in_backward = std::make_unique<optim::StepInBackward>(opt);
   const Tensor x = randn({1024, 1024}), target = randn({1024, 1024});
   std::vector<double> step_ms;
   double loss = 0;
@@ -112,7 +116,7 @@ void deep(const char* name, int recompute_every) {
     Tensor l = nn::functional::mse_loss(net->forward(x), target);
     kept = memory::stats().allocated.current - base;  // what the forward keeps for backward
     l.backward();
-    opt.step();
+    if (!step_in_backward) opt.step();
     if (s >= 2) step_ms.push_back(ms_since(t));
     loss = l.item<double>();
     // Activations, gradients and temporaries (after the warm-up, whose first step also creates the momentum).
@@ -253,12 +257,14 @@ int main(int argc, char** argv) {
         deep("W4", 0);
       else if (n == "W4r")
         deep("W4r", 6);
+      else if (n == "W4g")
+        deep("W4g", 0, true);
       else if (n == "W5")
         gemm();
       else if (n == "W6")
         gpt_bf16();
       else {
-        std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W5 W6)\n",
+        std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W4g W5 W6)\n",
                      n.c_str());
         return 1;
       }

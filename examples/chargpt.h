@@ -34,7 +34,8 @@ struct Options {
   std::string optimizer = "adamw";   // for the dense parameters: adamw, adafactor or adamw8bit
   // Mixed precision: autocast to this dtype around the forward and the loss, and for f16 a loss scaler.
   std::optional<DType> autocast;
-  double clip = 0;  // clip the dense gradients' norm to this (0: off)
+  double clip = 0;                // clip the dense gradients' norm to this (0: off)
+  bool step_in_backward = false;  // each parameter updated during backward, its gradient freed at once
 };
 
 // Mean cross-entropy of next-byte prediction, for logits [B, T, V] and targets [B, T].
@@ -112,6 +113,14 @@ class Trainer {
       sparse_adam = std::make_unique<optim::SparseAdam>(sparse, optim::SparseAdamOptions(opts.lr));
       schedules_.push_back(
           std::make_unique<optim::CosineAnnealingLR>(*sparse_adam, opts.steps, opts.lr * 0.1));
+    }
+    if (opts.step_in_backward) {
+      // Note [stepping in backward] (optim/step_in_backward.h): what needs every gradient first is refused.
+      FRUGAL_CHECK(opts.accum == 1 && opts.clip == 0 && !opts.sparse_embeddings &&
+                       opts.autocast != std::optional<DType>(DType::F16),
+                   "--step-in-backward makes each backward the optimizer's step: it cannot go with --accum "
+                   "above 1, --clip, --sparse-embeddings or --amp f16 (the loss scaler)");
+      in_backward_ = std::make_unique<optim::StepInBackward>(*optimizer);
     }
   }
   Trainer(const Trainer&) = delete;
@@ -245,6 +254,7 @@ class Trainer {
   Options opts_;
   Generator batches_;
   std::vector<std::unique_ptr<optim::LRScheduler>> schedules_;
+  std::unique_ptr<optim::StepInBackward> in_backward_;  // --step-in-backward
   int64_t step_ = 0;
 };
 

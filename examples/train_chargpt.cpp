@@ -65,6 +65,10 @@ int main(int argc, char** argv) {
          "run each block as a recompute segment that keeps its GEMMs' results: backward recomputes only "
          "norms, activations and adds (less memory than none, less time than --recompute)")
       ->excludes(whole);
+  app.add_flag("--step-in-backward", o.step_in_backward,
+               "update each parameter during backward as soon as its gradient is complete, and free that "
+               "gradient at once (optim::StepInBackward; not with --accum, --clip, --sparse-embeddings, "
+               "--amp f16 or recompute)");
   app.add_flag("--sparse-embeddings", o.sparse_embeddings,
                "sparse gradients for the token embedding, updated by SparseAdam (AdamW for the rest)");
   app.add_option("--amp", amp_name,
@@ -146,13 +150,15 @@ int main(int argc, char** argv) {
       return p;
     };
     plan_for = [=](int64_t budget) {
-      return memory::plan([&](Device, const memory::PlanChoice& c) { dry_run(shaped(c)); }, budget,
-                          memory::PlanSpace()
-                              .blocks(int(o.layers))
-                              .micro_batches(examples::micro_batch_counts(o.batch))
-                              .low_precision(allow_low_precision)
-                              .selective(true)
-                              .from(kCPU));
+      return memory::plan(
+          [&](Device, const memory::PlanChoice& c) { dry_run(shaped(c)); }, budget,
+          memory::PlanSpace()
+              // Stepping in backward: no recompute, no accumulation.
+              .blocks(o.step_in_backward ? 0 : int(o.layers))
+              .micro_batches(o.step_in_backward ? std::vector<int>{1} : examples::micro_batch_counts(o.batch))
+              .low_precision(allow_low_precision)
+              .selective(true)
+              .from(kCPU));
     };
     if (!memory_budget.empty()) {
       const memory::Plan plan = plan_for(memory::parse_bytes(memory_budget));

@@ -89,6 +89,10 @@ int main(int argc, char** argv) {
       "--normalize,!--no-normalize", normalize,
       "centre and scale the pixels by the training set's mean and std (default), or keep pixel / 255");
   app.add_flag("--recompute", recompute, "recompute activations in backward instead of keeping them");
+  bool step_in_backward = false;
+  app.add_flag("--step-in-backward", step_in_backward,
+               "update each parameter during backward as soon as its gradient is complete, and free that "
+               "gradient at once (optim::StepInBackward; not with --accum, --recompute or --amp f16)");
   app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M or 1G: beyond it, OutOfMemoryError")
       ->check(byte_count);
   app.add_option("--save", save,
@@ -167,6 +171,8 @@ int main(int argc, char** argv) {
     auto dry_run = [=](bool with_recompute, int micro, std::optional<DType> amp) {
       nn::Sequential m = make_model(with_recompute);
       auto o = fmnist::make_optimizer(optimizer, m->parameters(), lr);
+      std::optional<optim::StepInBackward> in_backward;
+      if (step_in_backward) in_backward.emplace(*o);
       fmnist::Precision p(amp);
       const data::DataLoader like(train_set, train_options(micro));  // starts no thread: never iterated
       const auto dry_train = fmnist::dry_loader(like);  // alive through evaluate, as the real one is
@@ -184,8 +190,9 @@ int main(int argc, char** argv) {
           },
           budget,
           memory::PlanSpace()
-              .blocks(1)
-              .micro_batches(examples::micro_batch_counts(batch))
+              // Stepping in backward: no recompute, no accumulation.
+              .blocks(step_in_backward ? 0 : 1)
+              .micro_batches(step_in_backward ? std::vector<int>{1} : examples::micro_batch_counts(batch))
               .low_precision(allow_low_precision)
               .from(kCPU));
     };
@@ -207,6 +214,14 @@ int main(int argc, char** argv) {
     data::DataLoader train(train_set, train_options(accum));
     nn::Sequential model = make_model(recompute);
     auto opt = fmnist::make_optimizer(optimizer, model->parameters(), lr);
+    std::optional<optim::StepInBackward> in_backward;
+    if (step_in_backward) {
+      // Note [stepping in backward] (optim/step_in_backward.h): what needs every gradient first is refused.
+      FRUGAL_CHECK(accum == 1 && !recompute && autocast != std::optional<DType>(DType::F16),
+                   "--step-in-backward makes each backward the optimizer's step: it cannot go with --accum "
+                   "above 1, --recompute or --amp f16 (the loss scaler)");
+      in_backward.emplace(*opt);
+    }
     fmnist::Precision precision(autocast);
     std::printf(
         "frugal: training %s (%lld parameters, %s) on Fashion-MNIST, batch %lld, %s lr %g, accum %d%s, "

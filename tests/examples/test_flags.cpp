@@ -385,6 +385,7 @@ TEST(TrainerFlags, EstimateEqualsTheRunsPeak) {
         {"--epochs", "1", "--max-steps", "4", "--optimizer", "sgd"},
         {"--epochs", "1", "--max-steps", "4", "--optimizer", "adafactor"},
         {"--epochs", "1", "--max-steps", "4", "--optimizer", "adam8bit"},
+        {"--epochs", "1", "--max-steps", "4", "--step-in-backward"},
         {"--epochs", "1", "--max-steps", "4", "--model", "cnn", "--batch", "32"}}},
       {"chargpt",
        {{},
@@ -394,7 +395,9 @@ TEST(TrainerFlags, EstimateEqualsTheRunsPeak) {
         {"--sparse-embeddings"},
         {"--clip", "1"},
         {"--optimizer", "adafactor"},
-        {"--optimizer", "adamw8bit"}}}};
+        {"--optimizer", "adamw8bit"},
+        {"--selective-recompute"},
+        {"--step-in-backward"}}}};
   int ran = 0;
   for (const auto& [program, runs] : variants) {
     const std::string exe = binary(program);
