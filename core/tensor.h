@@ -30,7 +30,13 @@ struct AutogradMeta;  // defined by autograd/; a tensor without one does not tak
 namespace detail {
 // DefaultDeviceGuard's; in the static TLS block like the allocation path's (Note [thread-locals on the
 // allocation path], core/history_log.h): every TensorOptions made without a device reads it.
+// nvcc's front end refuses the attribute on this declaration (warning 1835); the CUDA backend, a library
+// loaded at run time, reads it through the general model, which any thread-local allows.
+#if defined(__CUDACC__)
+extern thread_local Device t_default_device;
+#else
 extern thread_local Device t_default_device __attribute__((tls_model("initial-exec")));
+#endif
 }  // namespace detail
 // The device a new tensor goes to when its options name none: the cpu, unless a DefaultDeviceGuard on this
 // thread says otherwise (as PyTorch's `with torch.device("meta"):`). memory::estimate sets the meta device

@@ -36,6 +36,8 @@ struct Technique {
   bool adafactor = false;  // Adafactor (torch's defaults: lr 1e-2, a relative step) instead of Adam
   bool adam8bit = false;   // Adam8bit (AdamW8bit for gpt) at Adam's lr: both moments in 8 bits
   bool recompute = false;
+  bool selective_recompute = false;  // gpt: every block keeps its GEMMs' results (Note [selective recompute])
+  bool step_in_backward = false;     // optim::StepInBackward: each gradient freed once its update is done
   std::optional<DType> autocast = std::nullopt;  // f16 also brings a GradScaler
   int accum = 1;                                 // micro-batches per step, each batch / accum
   bool bf16_parameters = false;                  // model->to(BF16), the optimizer with f32 master weights
@@ -77,6 +79,18 @@ inline std::vector<Technique> techniques_for(const std::string& model) {
                  .name = "recompute segments",
                  .when = "activations dominate: keeps segment inputs only, pays a second forward in backward",
                  .recompute = true});
+  if (gpt)
+    all.push_back({.key = "selective_recompute",
+                   .name = "selective recompute",
+                   .when = "between none and recompute: keeps the GEMMs' results, runs the norms, "
+                           "activations and adds again",
+                   .selective_recompute = true});
+  all.push_back({.key = "step_in_backward",
+                 .name = "step in backward",
+                 .when =
+                     "each update runs as soon as its gradient is complete, which is freed then: lowers a "
+                     "peak that falls at the end of backward",
+                 .step_in_backward = true});
   all.push_back({.key = "bf16_autocast",
                  .name = "bf16 autocast",
                  .when = "bf16 matmuls where the hardware has them; the GEMM outputs kept for backward halve",
@@ -260,6 +274,8 @@ class Workload {
     else
       opt = std::make_unique<optim::Adam>(model->parameters(),
                                           optim::AdamOptions(cfg_.lr).master_weights(t.bf16_parameters));
+    std::optional<optim::StepInBackward> in_backward;
+    if (t.step_in_backward) in_backward.emplace(*opt);
     fmnist::Precision precision(t.autocast);
     for (int64_t epoch = 0; int64_t(losses.size()) < cfg_.steps; ++epoch) {
       const std::vector<double> l = fmnist::train_epoch(
@@ -288,6 +304,7 @@ class Workload {
       if (t.bf16_parameters) model->to(DType::BF16);
     }
     model->recompute(t.recompute);
+    if (t.selective_recompute) model->recompute_blocks(0, cfg_.layers);
     Generator batches(cfg_.seed + 1);
     Clock::time_point t0 = Clock::now();
     if (t.inference) {
@@ -317,6 +334,8 @@ class Workload {
     if (!sparse.empty())
       sparse_opt = std::make_unique<optim::SparseAdam>(sparse, optim::SparseAdamOptions(cfg_.lr));
     amp::GradScaler scaler(amp::GradScalerOptions().enabled(t.autocast == DType::F16));
+    std::optional<optim::StepInBackward> in_backward;
+    if (t.step_in_backward) in_backward.emplace(*opt);
     for (int64_t s = 0; s < cfg_.steps; ++s) {
       opt->zero_grad();
       if (sparse_opt) sparse_opt->zero_grad();

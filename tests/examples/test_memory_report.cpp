@@ -168,6 +168,8 @@ TEST(MemoryReport, TechniquesThatMustSaveMemoryDo) {
   const techniques::Row inference = w.run(by_key("gpt", "inference"));
   const techniques::Row adafactor = w.run(by_key("gpt", "adafactor"));
   const techniques::Row adam8bit = w.run(by_key("gpt", "adam8bit"));
+  const techniques::Row selective = w.run(by_key("gpt", "selective_recompute"));
+  const techniques::Row in_backward = w.run(by_key("gpt", "step_in_backward"));
   using C = memory::Category;
   EXPECT_LT(category(recompute.category_peaks, C::Activations),
             category(base.category_peaks, C::Activations));
@@ -185,8 +187,17 @@ TEST(MemoryReport, TechniquesThatMustSaveMemoryDo) {
   EXPECT_LT(inference.peak, base.peak);
   EXPECT_EQ(category(inference.category_peaks, C::Gradients), 0);
   EXPECT_EQ(category(inference.category_peaks, C::OptimizerState), 0);
-  // Recompute changes no number: the same losses bit for bit.
+  // Selective recompute keeps more than recompute, less than nothing.
+  EXPECT_LT(category(selective.category_peaks, C::Activations),
+            category(base.category_peaks, C::Activations));
+  EXPECT_GT(category(selective.category_peaks, C::Activations),
+            category(recompute.category_peaks, C::Activations));
+  // Stepping in backward never holds every gradient at once.
+  EXPECT_LT(category(in_backward.category_peaks, C::Gradients), category(base.category_peaks, C::Gradients));
+  // Recompute, selective or not, and stepping in backward change no number: the same losses bit for bit.
   EXPECT_EQ(recompute.losses, base.losses);
+  EXPECT_EQ(selective.losses, base.losses);
+  EXPECT_EQ(in_backward.losses, base.losses);
 }
 
 TEST(MemoryReport, TimingNoteSaysWhenTheBaselineDrifted) {
