@@ -464,5 +464,14 @@ uint8_t dynamic_code_quantize_cpu(bool is_signed, float q) {
 uint8_t dynamic_code_quantize_reference(bool is_signed, float q) {
   return quantize_naive(is_signed ? dynamic_code::signed_code() : dynamic_code::unsigned_code(), q);
 }
+void dynamic_code_quantize_block_cpu(bool is_signed, const float* q, uint8_t* codes, int64_t n) {
+#if FRUGAL_ADAM8BIT_AVX2
+  using avx2::quantize_block;
+#endif
+  if (is_signed)
+    quantize_block<true>(fast_signed(), q, 1.0f, codes, n);
+  else
+    quantize_block<false>(fast_unsigned(), q, 1.0f, codes, n);
+}
 
 }  // namespace frugal
