@@ -143,4 +143,6 @@ void adam8bit_step_reference_cpu(DType dtype, const Adam8bitStepArgs& a);
 // search and the reference's scan of every entry.
 uint8_t dynamic_code_quantize_cpu(bool is_signed, float q);
 uint8_t dynamic_code_quantize_reference(bool is_signed, float q);
+// codes[i] = the code of q[i], i < n, by the CPU kernel's block quantiser (with AVX2, 32 at a time).
+void dynamic_code_quantize_block_cpu(bool is_signed, const float* q, uint8_t* codes, int64_t n);
 }  // namespace frugal

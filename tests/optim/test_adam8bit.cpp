@@ -1,7 +1,7 @@
 // optim::Adam8bit and AdamW8bit: the dynamic code (its entries, the round trip's error, the CPU's bucket
-// search against a scan of every entry), the fused kernel against the naive reference bit for bit, the
-// state's size in the arena, small parameters exactly as Adam, convergence beside f32 AdamW, state dicts and
-// resuming, non-finite gradients, master weights, a failed step, and option checks.
+// search and block quantiser against a scan of every entry), the fused kernel against the naive reference
+// bit for bit, the state's size in the arena, small parameters exactly as Adam, convergence beside f32
+// AdamW, state dicts and resuming, non-finite gradients, master weights, a failed step, and option checks.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -46,9 +46,8 @@ TEST(DynamicCode, EntriesAreBitsandbytesDynamicMap) {
 }
 
 // Values over every magnitude the moments take, both signs, every entry, every threshold and its float
-// neighbours, and the special values: the CPU's bucket search, the GPU's binary search and the naive scan
-// of all 256 entries agree on every one.
-TEST(DynamicCode, BucketSearchEqualsTheScanOfEveryEntry) {
+// neighbours, and the special values.
+std::vector<float> values_to_quantise() {
   std::vector<float> qs = {0.0f,
                            -0.0f,
                            1.0f,
@@ -77,6 +76,13 @@ TEST(DynamicCode, BucketSearchEqualsTheScanOfEveryEntry) {
         for (float q : {t, std::nextafter(t, 0.0f), std::nextafter(t, 2.0f)}) qs.push_back(side ? -q : q);
       }
   }
+  return qs;
+}
+
+// On values_to_quantise(): the CPU's bucket search, the GPU's binary search and the naive scan of all 256
+// entries agree on every one.
+TEST(DynamicCode, BucketSearchEqualsTheScanOfEveryEntry) {
+  const std::vector<float> qs = values_to_quantise();
   int64_t checked = 0;
   for (bool is_signed : {true, false}) {
     const auto& c = is_signed ? dynamic_code::signed_code() : dynamic_code::unsigned_code();
@@ -90,6 +96,19 @@ TEST(DynamicCode, BucketSearchEqualsTheScanOfEveryEntry) {
   }
   std::printf("dynamic code: %lld values, bucket search == binary search == scan of all entries\n",
               static_cast<long long>(checked));
+}
+
+// The kernel's block quantiser (with AVX2, 32 values at a time and the rest one by one) on the same values:
+// the same codes as the scan of all 256 entries.
+TEST(DynamicCode, BlockQuantiserEqualsTheScan) {
+  const std::vector<float> qs = values_to_quantise();
+  for (bool is_signed : {true, false}) {
+    std::vector<uint8_t> codes(qs.size());
+    dynamic_code_quantize_block_cpu(is_signed, qs.data(), codes.data(), int64_t(qs.size()));
+    for (size_t i = 0; i < qs.size(); ++i)
+      ASSERT_EQ(codes[i], dynamic_code_quantize_reference(is_signed, qs[i]))
+          << (is_signed ? "signed" : "unsigned") << " " << qs[i] << " at " << i;
+  }
 }
 
 // The round trip q -> code -> value is off by at most half the spacing of the decade q lies in (the
