@@ -3,6 +3,7 @@
 // Selective recompute (a policy that keeps the GEMMs' results): bit-identical gradients of an MLP and of the
 // GPT's blocks, no GEMM run again in backward, a peak between none and whole recompute, bad policies.
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -74,25 +75,31 @@ TEST(Recompute, GradientsAreBitIdenticalWithRandomOps) {
   EXPECT_EQ(default_generator().state(), rng_after_plain);  // recomputing did not disturb the RNG sequence
 }
 
-TEST(Recompute, InputGradientsAndNesting) {
-  const Mlp net(6, 16, 200);
-  Tensor x = uniform({8, 16}, -1, 1, DType::F32, 2).requires_grad_();
+// The gradients of mean(forward(x)), the parameters' and x's, equal those of the plain run bit for bit.
+void expect_plain_gradients(const Mlp& net, const Tensor& x,
+                            const std::function<Tensor(const Tensor&)>& forward) {
   mean(net.forward(x, 0)).backward();
   const auto plain = net.grads();
   const auto plain_x = x.grad().to_vector<float>();
   net.zero_grad();
   x.zero_grad();
-  // An outer segment over all layers holding two inner segments.
-  Tensor y = autograd::recompute(
-      [&](const std::vector<Tensor>& in) {
-        Tensor h =
-            autograd::recompute([&](const std::vector<Tensor>& a) { return net.run(a[0], 0, 3); }, {in[0]});
-        return autograd::recompute([&](const std::vector<Tensor>& a) { return net.run(a[0], 3, 6); }, {h});
-      },
-      {x});
-  mean(y).backward();
+  mean(forward(x)).backward();
   EXPECT_EQ(net.grads(), plain);
   EXPECT_EQ(x.grad().to_vector<float>(), plain_x);
+}
+
+TEST(Recompute, InputGradientsAndNesting) {
+  const Mlp net(6, 16, 200);
+  // An outer segment over all layers holding two inner segments.
+  expect_plain_gradients(net, uniform({8, 16}, -1, 1, DType::F32, 2).requires_grad_(), [&](const Tensor& x) {
+    return autograd::recompute(
+        [&](const std::vector<Tensor>& in) {
+          Tensor h =
+              autograd::recompute([&](const std::vector<Tensor>& a) { return net.run(a[0], 0, 3); }, {in[0]});
+          return autograd::recompute([&](const std::vector<Tensor>& a) { return net.run(a[0], 3, 6); }, {h});
+        },
+        {x});
+  });
 }
 
 TEST(Recompute, OutsideGradModeJustRuns) {
@@ -245,24 +252,17 @@ TEST(SelectiveRecompute, BadPoliciesAndChangingSegmentsAreErrors) {
 
 TEST(SelectiveRecompute, NestedInsideAndAroundPlainSegments) {
   const Mlp net(6, 16, 600);
-  Tensor x = uniform({8, 16}, -1, 1, DType::F32, 5).requires_grad_();
-  mean(net.forward(x, 0)).backward();
-  const auto plain = net.grads();
-  const auto plain_x = x.grad().to_vector<float>();
-  net.zero_grad();
-  x.zero_grad();
   // A keeping segment around a plain one and a keeping one: each counts only its own ops.
-  Tensor y = autograd::recompute(
-      [&](const std::vector<Tensor>& in) {
-        Tensor h = net.run(in[0], 0, 2);
-        h = autograd::recompute([&](const std::vector<Tensor>& a) { return net.run(a[0], 2, 4); }, {h});
-        return autograd::recompute([&](const std::vector<Tensor>& a) { return net.run(a[0], 4, 6); }, {h},
-                                   autograd::RecomputePolicy::keep({"matmul"}));
-      },
-      {x}, autograd::RecomputePolicy::keep_matmuls());
-  mean(y).backward();
-  EXPECT_EQ(net.grads(), plain);
-  EXPECT_EQ(x.grad().to_vector<float>(), plain_x);
+  expect_plain_gradients(net, uniform({8, 16}, -1, 1, DType::F32, 5).requires_grad_(), [&](const Tensor& x) {
+    return autograd::recompute(
+        [&](const std::vector<Tensor>& in) {
+          Tensor h = net.run(in[0], 0, 2);
+          h = autograd::recompute([&](const std::vector<Tensor>& a) { return net.run(a[0], 2, 4); }, {h});
+          return autograd::recompute([&](const std::vector<Tensor>& a) { return net.run(a[0], 4, 6); }, {h},
+                                     autograd::RecomputePolicy::keep({"matmul"}));
+        },
+        {x}, autograd::RecomputePolicy::keep_matmuls());
+  });
 }
 
 }  // namespace
