@@ -47,6 +47,15 @@ struct Newest {
 // Leaves with a grad-ready hook, in every thread: while there are none, backward() does not look for them.
 std::atomic<int64_t> g_ready_hooks{0};
 
+// A leaf with a grad-ready hook takes its gradient after a backward as that backward's alone.
+void check_no_earlier_gradient(const AutogradMeta& leaf) {
+  FRUGAL_CHECK(!(leaf.grad_ready && leaf.grad.defined()),
+               "backward: a parameter whose update runs in backward (a grad-ready hook: "
+               "optim::StepInBackward) already has a gradient; gradients cannot accumulate over several "
+               "backward calls then (each backward is a step): no gradient accumulation, or no "
+               "StepInBackward");
+}
+
 // Note [grad-ready hooks]: for each leaf with a hook, how many edges of the graph below `first` will bring it
 // a gradient; backward() counts them down as it goes and calls the hook at zero. One walk over the graph,
 // only while some leaf has a hook.
@@ -62,13 +71,10 @@ std::unordered_map<AutogradMeta*, PendingLeaf> leaves_with_hooks(Node* first) {
     Node* n = todo.back();
     todo.pop_back();
     for (const Edge& e : n->inputs) {
-      // Its gradient is to be this backward's alone: the hook takes it as complete.
-      FRUGAL_CHECK(!(e.leaf && e.leaf->grad_ready && e.leaf->grad.defined()),
-                   "backward: a parameter whose update runs in backward (a grad-ready hook: "
-                   "optim::StepInBackward) already has a gradient; gradients cannot accumulate over several "
-                   "backward calls then (each backward is a step): no gradient accumulation, or no "
-                   "StepInBackward");
-      if (e.leaf && e.leaf->grad_ready) ++pending[e.leaf.get()].edges;
+      if (e.leaf && e.leaf->grad_ready) {
+        check_no_earlier_gradient(*e.leaf);
+        ++pending[e.leaf.get()].edges;
+      }
       if (e.fn && seen.insert(e.fn.get()).second) todo.push_back(e.fn.get());
     }
   }
@@ -115,6 +121,7 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
                  " but the tensor is on ", root.device());
 
   if (!meta->grad_fn) {  // a leaf
+    check_no_earlier_gradient(*meta);
     accumulate_leaf(*meta, grad);
     if (meta->grad_ready) meta->grad_ready();
     return;

@@ -1,7 +1,6 @@
 // Recompute segments; see Note [recompute through saved-tensor hooks] in autograd/recompute.h.
 #include "autograd/recompute.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "amp/autocast.h"
@@ -23,22 +22,22 @@ const std::vector<std::string>& replayable_ops() {
 }
 
 RecomputePolicy RecomputePolicy::keep(std::vector<std::string> ops) {
-  const std::vector<std::string>& can = replayable_ops();
-  for (const std::string& op : ops) {
-    if (std::find(can.begin(), can.end(), op) != can.end()) continue;
-    std::string list;
-    for (const std::string& c : can) list += (list.empty() ? "" : ", ") + c;
-    FRUGAL_CHECK(false, "RecomputePolicy::keep: '", op,
+  RecomputePolicy all, p;
+  all.ops_ = replayable_ops();
+  for (const std::string& op : ops)
+    FRUGAL_CHECK(all.keeps(op.c_str()), "RecomputePolicy::keep: '", op,
                  "' cannot be kept (only ops whose work is a GEMM are worth keeping; the rest is cheap to "
                  "compute again); the ops that can be kept: ",
-                 list);
-  }
-  RecomputePolicy p;
+                 all.str().substr(std::string("keep ").size()));
   p.ops_ = std::move(ops);
   return p;
 }
 
-RecomputePolicy RecomputePolicy::keep_matmuls() { return keep(replayable_ops()); }
+RecomputePolicy RecomputePolicy::keep_matmuls() {
+  RecomputePolicy p;
+  p.ops_ = replayable_ops();
+  return p;
+}
 
 bool RecomputePolicy::keeps(const char* op) const {
   for (const std::string& o : ops_)

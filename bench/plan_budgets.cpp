@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -130,10 +129,27 @@ int main(int argc, char** argv) {
       };
     };
     const int64_t plain = memory::estimate(dry(RunShape{})).peak_allocated;
-    std::vector<std::pair<std::string, RunShape>> shapes{{"plain", RunShape{}},
-                                                         {"sqrt_n", RunShape{.plan = {}, .uniform = 6}}};
-    std::map<std::string, int64_t> limits;
-    std::map<std::string, memory::Plan> plans;
+    // One configuration: how it runs, under which limit (0: none), and what the plan said (0: no plan).
+    struct Config {
+      std::string name;
+      RunShape shape;
+      int64_t budget = 0, planned_peak = 0;
+      std::string plan;
+      Result result;
+    };
+    std::vector<Config> configs;
+    auto add = [&](std::string name, RunShape shape, int64_t budget, int64_t planned_peak, std::string plan) {
+      Config& c = configs.emplace_back();
+      c.name = std::move(name);
+      c.shape = shape;
+      c.budget = budget;
+      c.planned_peak = planned_peak;
+      c.plan = std::move(plan);
+    };
+    add("plain", RunShape{}, 0, plain, "");
+    RunShape sqrt_n;
+    sqrt_n.uniform = 6;
+    add("sqrt_n", sqrt_n, 0, 0, "");
     for (double f : {0.3, 0.5, 0.7}) {
       const int64_t budget = int64_t(f * double(plain));
       const memory::Plan p =
@@ -143,29 +159,20 @@ int main(int argc, char** argv) {
       std::snprintf(name, sizeof name, "%.1fx", f);
       std::fprintf(stderr, "plan_budgets: W4 under %s (%lld bytes): %s\n", name,
                    static_cast<long long>(budget), p.str().c_str());
-      if (!p.fits) continue;
-      shapes.push_back({name, RunShape{p.choice}});
-      limits[name] = budget;
-      plans[name] = p;
+      if (p.fits) add(name, RunShape{p.choice}, budget, p.peak_allocated, p.str());
     }
-    std::map<std::string, Result> results;
     for (int r = 0; r < rounds; ++r)
-      for (const auto& [name, s] : shapes) run(s, limits[name], steps, results[name]);
-    const double base = median(results["plain"].ms);
-    for (const auto& [name, s] : shapes) {
-      const Result& r = results[name];
-      const auto p = plans.find(name);
+      for (Config& c : configs) run(c.shape, c.budget, steps, c.result);
+    const double base = median(configs.front().result.ms);
+    for (const Config& c : configs) {
+      const Result& r = c.result;
       std::printf(
           "{\"name\": \"W4 %s\", \"median_step_ms\": %.1f, \"time_ratio\": %.3f, \"peak_allocated_bytes\": "
-          "%lld, "
-          "\"budget\": %lld, \"planned_peak_bytes\": %lld, \"plan\": \"%s\", \"loss\": %.6f, \"steps\": "
-          "%zu}\n",
-          name.c_str(), median(r.ms), median(r.ms) / base, static_cast<long long>(r.peak),
-          static_cast<long long>(limits.count(name) ? limits[name] : 0),
-          static_cast<long long>(p != plans.end()  ? p->second.peak_allocated
-                                 : name == "plain" ? plain
-                                                   : 0),
-          p != plans.end() ? p->second.str().c_str() : "", r.loss, r.ms.size());
+          "%lld, \"budget\": %lld, \"planned_peak_bytes\": %lld, \"plan\": \"%s\", \"loss\": %.6f, "
+          "\"steps\": %zu}\n",
+          c.name.c_str(), median(r.ms), median(r.ms) / base, static_cast<long long>(r.peak),
+          static_cast<long long>(c.budget), static_cast<long long>(c.planned_peak), c.plan.c_str(), r.loss,
+          r.ms.size());
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "plan_budgets: %s\n", e.what());

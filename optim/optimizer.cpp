@@ -104,14 +104,7 @@ bool Optimizer::uses_master(const OptimizerOptions& options, const Tensor& param
 // tensor the updates need; phase 2 runs the updates, which allocate nothing.
 void Optimizer::step() { step_only(nullptr); }
 
-void Optimizer::step_param(const Tensor& param) {
-  bool found = false;
-  for (const ParamGroup& g : groups_)
-    for (const Tensor& p : g.params) found |= p.is_same(param);
-  FRUGAL_CHECK(found, name_, ".step_param: the tensor (shape ", param.shape(),
-               ") is not one of its parameters");
-  step_only(&param);
-}
+void Optimizer::step_param(const Tensor& param) { step_only(&param); }
 
 void Optimizer::step_only(const Tensor* only) {
   NoGradGuard no_grad;
@@ -129,10 +122,12 @@ void Optimizer::step_only(const Tensor* only) {
   Tensor master_grads;  // f32, as large as the largest dense gradient a master copy takes, shared by all
   try {
     int64_t index = 0, master_numel = 0;
+    bool found = only == nullptr;  // step_param's tensor among the parameters
     for (size_t g = 0; g < groups_.size(); ++g) {
       for (size_t i = 0; i < groups_[g].params.size(); ++i, ++index) {
         Tensor p = groups_[g].params[i];
         if (only && !p.is_same(*only)) continue;
+        found = true;
         const SparseGrad sparse = autograd::sparse_grad(p);
         Tensor grad = sparse.defined() ? sparse.values : p.grad();
         if (!grad.defined()) continue;
@@ -201,6 +196,8 @@ void Optimizer::step_only(const Tensor* only) {
         plan.push_back(std::move(u));
       }
     }
+    FRUGAL_CHECK(found, name_, ".step_param: the tensor (shape ", only->shape(),
+                 ") is not one of its parameters");
     if (master_numel > 0) master_grads = empty({master_numel}, DType::F32);
   } catch (...) {
     for (auto& [st, name] : made) st->tensors.erase(name);

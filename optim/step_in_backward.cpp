@@ -22,7 +22,8 @@ StepInBackward::StepInBackward(Optimizer& optimizer) : optimizer_(optimizer) {
   for (size_t i = 0; i < params_.size(); ++i)
     autograd::set_grad_ready_hook(params_[i], [this, i] {
       const Tensor& p = params_[i];
-      FRUGAL_CHECK(p.autograd_meta()->grad.defined(), "StepInBackward: no gradient");
+      FRUGAL_ASSERT(p.autograd_meta()->grad.defined(),
+                    "StepInBackward: a grad-ready hook without a gradient");
       optimizer_.step_param(p);
       p.zero_grad();  // freed: the point of stepping in backward
     });
