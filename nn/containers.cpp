@@ -45,6 +45,11 @@ const std::shared_ptr<Module>& SequentialImpl::operator[](size_t i) const {
   return checked_at(modules_, i, "Sequential");
 }
 
+// A container's children are named by their index ("0", "1", ...).
+void SequentialImpl::child_replaced(const std::string& name, const std::shared_ptr<Module>& module) {
+  modules_.at(std::stoul(name)) = module;
+}
+
 SequentialImpl& SequentialImpl::recompute_every(int k) {
   FRUGAL_CHECK(k >= 0, "Sequential::recompute_every: k must be >= 0 (0 turns recompute off), got ", k);
   recompute_every_ = k;
@@ -76,6 +81,10 @@ Tensor SequentialImpl::forward(const Tensor& x) {
 ModuleListImpl::ModuleListImpl(std::initializer_list<std::shared_ptr<Module>> modules)
     : Module("ModuleList") {
   for (const auto& m : modules) push_back(m);
+}
+
+void ModuleListImpl::child_replaced(const std::string& name, const std::shared_ptr<Module>& module) {
+  modules_.at(std::stoul(name)) = module;
 }
 
 const std::shared_ptr<Module>& ModuleListImpl::operator[](size_t i) const {

@@ -67,6 +67,7 @@ class SequentialImpl : public Module {
   std::vector<std::shared_ptr<Module>>::const_iterator end() const { return modules_.end(); }
 
  private:
+  void child_replaced(const std::string& name, const std::shared_ptr<Module>& module) override;
   std::vector<std::shared_ptr<Module>> modules_;
   int recompute_every_ = 0;
 };
@@ -118,6 +119,7 @@ class ModuleListImpl : public Module {
   std::vector<std::shared_ptr<Module>>::const_iterator end() const { return modules_.end(); }
 
  private:
+  void child_replaced(const std::string& name, const std::shared_ptr<Module>& module) override;
   std::vector<std::shared_ptr<Module>> modules_;
 };
 // The holder; a braced list of modules makes a new ModuleListImpl of them: nn::ModuleList{nn::Linear(4, 8),

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <utility>
 
 namespace frugal::nn {
 
@@ -54,6 +55,26 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
   FRUGAL_CHECK(module != nullptr, type_name(), ": child module '", name, "' is null");
   children_.emplace_back(name, std::move(module));
 }
+
+std::shared_ptr<Module> Module::replace_module(const std::string& path, std::shared_ptr<Module> module) {
+  FRUGAL_CHECK(module != nullptr, type_name(), "::replace_module: the new module for '", path, "' is null");
+  Module* parent = this;
+  std::string name = path;
+  for (size_t dot; (dot = name.find('.')) != std::string::npos; name = name.substr(dot + 1)) {
+    auto it = std::find_if(parent->children_.begin(), parent->children_.end(),
+                           [&](const auto& c) { return c.first == name.substr(0, dot); });
+    FRUGAL_CHECK(it != parent->children_.end(), type_name(), "::replace_module: no module at '", path, "'");
+    parent = it->second.get();
+  }
+  auto it = std::find_if(parent->children_.begin(), parent->children_.end(),
+                         [&](const auto& c) { return c.first == name; });
+  FRUGAL_CHECK(it != parent->children_.end(), type_name(), "::replace_module: no module at '", path, "'");
+  std::shared_ptr<Module> old = std::exchange(it->second, module);
+  parent->child_replaced(name, module);
+  return old;
+}
+
+void Module::child_replaced(const std::string&, const std::shared_ptr<Module>&) {}
 
 namespace {
 // Walks the module tree depth first without recursion, calling f(prefix, module) ("" for the root).

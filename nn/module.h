@@ -88,6 +88,10 @@ class Module {
   OrderedDict<std::string, std::shared_ptr<Module>> named_children() const;
   // Every module below this one (not itself), depth first, named by path.
   OrderedDict<std::string, std::shared_ptr<Module>> named_modules() const;
+  // Puts `module` where the child at `path` ("fc1"; "features.0" for a child's child) is, under the same
+  // name and in the same place (a container's list follows), and returns the module it replaced. For
+  // rewrites of a model: pruning's shrink, quantisation's convert. Throws Error when no child is there.
+  std::shared_ptr<Module> replace_module(const std::string& path, std::shared_ptr<Module> module);
 
   // Training mode (dropout active, batch norm updating its statistics) for this module and its children.
   virtual void train(bool on = true);
@@ -128,6 +132,8 @@ class Module {
     add_child(name, holder.ptr());
     return holder;
   }
+  // Called by replace_module after the child `name` became `module`: for containers that list their children.
+  virtual void child_replaced(const std::string& name, const std::shared_ptr<Module>& module);
   // Replaces the tensor behind a registered buffer (e.g. when it is recomputed rather than updated in place).
   void set_buffer(const std::string& name, Tensor tensor);
 

@@ -55,6 +55,25 @@ TEST(Containers, ModuleListHoldsIndexesAndIterates) {
   expect_error<IndexError>([&] { list[2]; }, {"ModuleList", "index 2"});
 }
 
+TEST(Containers, ReplaceModuleSwapsAChildInPlaceAndTheListFollows) {
+  nn::Sequential inner{nn::Linear(2, 3), nn::ReLU()};
+  nn::Sequential outer{nn::Linear(4, 2), inner};
+  nn::Linear wider(2, 5);
+  const std::shared_ptr<nn::Module> old = outer->replace_module("1.0", wider.ptr());
+  EXPECT_EQ(old->type_name(), "Linear");
+  EXPECT_EQ((*inner)[0], wider.ptr());  // the list a forward runs, not only the named children
+  EXPECT_EQ(outer->named_parameters()[2].first, "1.0.weight");
+  EXPECT_EQ(outer->named_parameters()[2].second.shape(), (Shape{5, 2}));
+  EXPECT_EQ(outer(uniform({3, 4}, -1, 1)).shape(), (Shape{3, 5}));
+  nn::ModuleList list{nn::Linear(2, 3)};
+  list->replace_module("0", nn::ReLU().ptr());
+  EXPECT_EQ(list->at<nn::LinearImpl>(0), nullptr);
+  expect_error<Error>([&] { outer->replace_module("2", wider.ptr()); },
+                      {"replace_module", "no module at '2'"});
+  expect_error<Error>([&] { outer->replace_module("0.x", wider.ptr()); }, {"no module at '0.x'"});
+  expect_error<Error>([&] { outer->replace_module("0", nullptr); }, {"null"});
+}
+
 // Runs a step of net on x (seeded for dropout) and returns the loss and every parameter's gradient.
 std::pair<float, std::vector<std::vector<float>>> step(nn::SequentialImpl& net, const Tensor& x,
                                                        int64_t* peak) {
