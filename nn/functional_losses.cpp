@@ -226,6 +226,25 @@ Tensor kl_div(const Tensor& input_in, const Tensor& target_in, Reduction reducti
   return reduce(pointwise, reduction, op);
 }
 
+Tensor distillation_loss(const Tensor& student_logits, const Tensor& teacher_logits, const Tensor& targets,
+                         double temperature, double alpha) {
+  const char* op = "distillation_loss";
+  FRUGAL_CHECK(temperature > 0 && std::isfinite(temperature), op, ": temperature must be positive, got ",
+               temperature);
+  FRUGAL_CHECK(alpha >= 0 && alpha <= 1, op, ": alpha must be in [0, 1], got ", alpha);
+  check_floating(student_logits, op, "student's logits");
+  check_floating(teacher_logits, op, "teacher's logits");
+  FRUGAL_CHECK_SHAPE(student_logits.dim() == 2 && student_logits.shape() == teacher_logits.shape(), op,
+                     ": the student's and the teacher's logits must both be [N, C], got ",
+                     student_logits.shape(), " and ", teacher_logits.shape());
+  const auto in = amp::autocast(op, student_logits, teacher_logits.detach());
+  const Tensor soft_student = log_softmax(div(in[0], temperature), 1);
+  const Tensor soft_teacher = log_softmax(div(in[1], temperature), 1);
+  const Tensor soft = kl_div(soft_student, soft_teacher, Reduction::BatchMean, /*log_target=*/true);
+  const Tensor hard = cross_entropy(student_logits, targets);
+  return add(mul(soft, alpha * temperature * temperature), mul(hard.to(soft.dtype()), 1 - alpha));
+}
+
 Tensor binary_cross_entropy_with_logits(const Tensor& input_in, const Tensor& target_in, Reduction reduction,
                                         const Tensor& pos_weight_in) {
   const char* op = "binary_cross_entropy_with_logits";

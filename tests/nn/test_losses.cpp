@@ -211,6 +211,69 @@ TEST(Losses, GradcheckEveryLoss) {
   }
 }
 
+// The distillation loss against its definition computed here in plain loops (f64), its gradient by finite
+// differences, the teacher untouched by backward, and its two ends: alpha 0 is the cross-entropy.
+TEST(Losses, DistillationLossMatchesItsDefinition) {
+  const int64_t n = 3, c = 4;
+  const Tensor s = testing::leaf({n, c}, -3, 3, 40), t = testing::leaf({n, c}, -3, 3, 41);
+  const Tensor y = i64({2, 0, 3}, {n});
+  for (double temp : {1.0, 2.5}) {
+    for (double alpha : {0.0, 0.4, 1.0}) {
+      const std::vector<double> sv = s.to_vector<double>(), tv = t.to_vector<double>();
+      const std::vector<int64_t> yv = y.to_vector<int64_t>();
+      double kl = 0, ce = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        auto log_softmax_row = [&](const std::vector<double>& v, double scale) {
+          std::vector<double> out(static_cast<size_t>(c));
+          double m = -1e300, z = 0;
+          for (int64_t j = 0; j < c; ++j) m = std::max(m, v[size_t(i * c + j)] / scale);
+          for (int64_t j = 0; j < c; ++j) z += std::exp(v[size_t(i * c + j)] / scale - m);
+          for (int64_t j = 0; j < c; ++j) out[size_t(j)] = v[size_t(i * c + j)] / scale - m - std::log(z);
+          return out;
+        };
+        const std::vector<double> ls = log_softmax_row(sv, temp), lt = log_softmax_row(tv, temp);
+        for (int64_t j = 0; j < c; ++j) kl += std::exp(lt[size_t(j)]) * (lt[size_t(j)] - ls[size_t(j)]);
+        ce -= log_softmax_row(sv, 1.0)[size_t(yv[size_t(i)])];
+      }
+      const double want = alpha * temp * temp * kl / double(n) + (1 - alpha) * ce / double(n);
+      const std::string what = "T " + std::to_string(temp) + " alpha " + std::to_string(alpha);
+      EXPECT_NEAR(F::distillation_loss(s, t, y, temp, alpha).item<double>(), want, 1e-12) << what;
+      expect_grads_ok(
+          [&](const std::vector<Tensor>& in) { return F::distillation_loss(in[0], t, y, temp, alpha); }, {s},
+          "distillation " + what);
+    }
+  }
+  EXPECT_NEAR(F::distillation_loss(s, t, y, 3.0, 0.0).item<double>(), F::cross_entropy(s, y).item<double>(),
+              1e-15)
+      << "alpha 0 is the cross-entropy";
+  // The teacher's logits require grad here, yet its side of the graph is detached.
+  const Tensor teacher = t.detach().requires_grad_(true);
+  F::distillation_loss(s, teacher, y, 2.0, 0.5).backward();
+  EXPECT_FALSE(teacher.grad().defined());
+  EXPECT_TRUE(s.grad().defined());
+}
+
+TEST(Losses, DistillationLossBadInputs) {
+  const Tensor s = uniform({4, 5}, -1, 1), t = uniform({4, 5}, -1, 1), y = i64({0, 1, 2, 3}, {4});
+  expect_error<Error>([&] { F::distillation_loss(s, t, y, 0.0, 0.5); },
+                      {"distillation_loss", "temperature", "0"});
+  expect_error<Error>([&] { F::distillation_loss(s, t, y, 2.0, 1.5); },
+                      {"distillation_loss", "alpha", "1.5"});
+  expect_error<ShapeError>(
+      [&] {
+        F::distillation_loss(s, uniform({4, 6}, -1, 1), y);
+      },
+      {"distillation_loss", "[4, 5]", "[4, 6]"});
+  expect_error<ShapeError>([&] { F::distillation_loss(s.reshape({20}), t.reshape({20}), y); },
+                           {"distillation_loss", "[N, C]", "[20]"});
+  expect_error<DTypeError>(
+      [&] {
+        F::distillation_loss(arange(20).reshape({4, 5}), t, y);
+      },
+      {"distillation_loss", "floating", "i64"});
+  expect_error<IndexError>([&] { F::distillation_loss(s, t, i64({0, 1, 2, 9}, {4})); }, {"target 9"});
+}
+
 TEST(Losses, BadInputs) {
   const Tensor x = uniform({4, 5}, -1, 1);
   expect_error<IndexError>(
