@@ -41,6 +41,8 @@ struct Setup {
   std::string model;
   std::shared_ptr<data::FashionMNIST> train_set, test_set;
   StateDict trained;
+  int epochs = 2;         // of training, the distilled student's too
+  int64_t max_steps = 0;  // per epoch (0: the whole epoch)
   int64_t finetune_steps = 0;
   int repeats = 0;
   Tensor infer_batch;   // the first 256 test images
@@ -116,7 +118,7 @@ std::vector<Row> run_rows(const Setup& s) {
         nn::Sequential teacher = trained_copy(s);
         logits = distill::label_with(*teacher, *s.train_set);
       }
-      return distill::train_student(1, 1, 0, logits, 4.0, 0.9, s.train_set);
+      return distill::train_student(1, s.epochs, s.max_steps, logits, 2.0, 0.5, s.train_set);
     });
   }
   return rows;
@@ -149,7 +151,7 @@ int main(int argc, char** argv) {
   Setup s;
   s.model = "mlp";
   std::string weights, save_weights, data_dir = data::kFashionMNISTRoot;
-  int epochs = 2, threads = 0;
+  int threads = 0;
   bool json = false;
   s.finetune_steps = 300;
   s.repeats = 21;
@@ -158,8 +160,11 @@ int main(int argc, char** argv) {
                  "start from these trained weights (train_fmnist --save) instead of training");
   app.add_option("--save-weights", save_weights,
                  "write the trained weights here (with train_fmnist's metadata)");
-  app.add_option("--epochs", epochs, "epochs to train the model (without --weights)")
+  app.add_option("--epochs", s.epochs, "epochs to train the model (without --weights)")
       ->check(CLI::Validator(examples::integer_in(1, 1000), "[1, 1000]"));
+  app.add_option("--max-steps", s.max_steps,
+                 "stop each training epoch after this many steps (quick runs: 0, no limit)")
+      ->check(CLI::Validator(examples::integer_in(0, INT64_MAX), "INT >= 0"));
   app.add_option("--finetune-steps", s.finetune_steps, "steps of fine-tuning after pruning (0: none)")
       ->check(CLI::Validator(examples::integer_in(0, 1000000), "[0, 1000000]"));
   app.add_option("--repeats", s.repeats, "timed forwards per row (the median is reported)")
@@ -200,7 +205,7 @@ int main(int argc, char** argv) {
                                                 .shuffle(true)
                                                 .seed(0)
                                                 .drop_last(true));
-        for (int e = 0; e < epochs; ++e) fmnist::train_epoch(*m, opt, train, e, 0, 1);
+        for (int e = 0; e < s.epochs; ++e) fmnist::train_epoch(*m, opt, train, e, s.max_steps, 1);
       }
       if (!save_weights.empty())
         io::save_safetensors(save_weights, m->state_dict(), fmnist::model_metadata(info));

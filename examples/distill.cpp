@@ -7,7 +7,7 @@
 //   teacher_accuracy=0.XXXX  student_alone_accuracy=0.XXXX  student_distilled_accuracy=0.XXXX
 //
 //   build/examples/distill                              # teacher trained here for --teacher-epochs
-//   build/examples/distill --teacher cnn.safetensors --seeds 3 --epochs 3
+//   build/examples/distill --teacher cnn.safetensors --seeds 3 --epochs 10 --temperature 2 --alpha 0.5
 //
 // The teacher's logits for all 60,000 images take 2.4 MB; the teacher itself (its weights and activations)
 // is freed before a student trains, so the students train in their own memory only.
@@ -30,9 +30,9 @@ double mean(const std::vector<double>& v) {
 int main(int argc, char** argv) {
   CLI::App app{"Distil workload W2's CNN into a small MLP on Fashion-MNIST, against the MLP trained alone"};
   std::string teacher_path, save_teacher, data_dir = data::kFashionMNISTRoot;
-  int epochs = 3, teacher_epochs = 2, seeds = 3, threads = 0;
+  int epochs = 10, teacher_epochs = 2, seeds = 3, threads = 0;
   int64_t max_steps = 0;
-  double temperature = 4.0, alpha = 0.9;
+  double temperature = 2.0, alpha = 0.5;
   app.add_option("--teacher", teacher_path,
                  "the teacher's weights (a W2 cnn file from train_fmnist --save); default: train one here");
   app.add_option("--save-teacher", save_teacher, "write the teacher trained here to this file");

@@ -95,9 +95,10 @@ Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction = R
 //   alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * cross_entropy(student, y),
 // with the KL divergence per sample (batchmean) and the cross-entropy's mean. T^2 keeps the soft term's
 // gradient at the hard term's scale whatever T is. Logits [N, C], targets i64 [N]; the teacher's logits
-// are detached (the teacher is not trained); temperature > 0, alpha in [0, 1].
+// are detached (the teacher is not trained); temperature > 0, alpha in [0, 1]. No defaults: the best pair
+// depends on the teacher and the student (examples/distill measures some).
 Tensor distillation_loss(const Tensor& student_logits, const Tensor& teacher_logits, const Tensor& targets,
-                         double temperature = 4.0, double alpha = 0.9);
+                         double temperature, double alpha);
 // Binary cross-entropy on logits, in the stable form
 //   (1 - t) x + (1 + (pos_weight - 1) t) (log(1 + exp(-|x|)) + max(-x, 0));
 // pos_weight (optional) broadcasts against the last dim (one weight per class).

@@ -261,17 +261,21 @@ TEST(Losses, DistillationLossBadInputs) {
                       {"distillation_loss", "alpha", "1.5"});
   expect_error<ShapeError>(
       [&] {
-        F::distillation_loss(s, uniform({4, 6}, -1, 1), y);
+        F::distillation_loss(s, uniform({4, 6}, -1, 1), y, 2.0, 0.5);
       },
       {"distillation_loss", "[4, 5]", "[4, 6]"});
-  expect_error<ShapeError>([&] { F::distillation_loss(s.reshape({20}), t.reshape({20}), y); },
+  expect_error<ShapeError>([&] { F::distillation_loss(s.reshape({20}), t.reshape({20}), y, 2.0, 0.5); },
                            {"distillation_loss", "[N, C]", "[20]"});
   expect_error<DTypeError>(
       [&] {
-        F::distillation_loss(arange(20).reshape({4, 5}), t, y);
+        F::distillation_loss(arange(20).reshape({4, 5}), t, y, 2.0, 0.5);
       },
       {"distillation_loss", "floating", "i64"});
-  expect_error<IndexError>([&] { F::distillation_loss(s, t, i64({0, 1, 2, 9}, {4})); }, {"target 9"});
+  expect_error<IndexError>(
+      [&] {
+        F::distillation_loss(s, t, i64({0, 1, 2, 9}, {4}), 2.0, 0.5);
+      },
+      {"target 9"});
 }
 
 TEST(Losses, BadInputs) {
