@@ -1,0 +1,139 @@
+// The compression report's parts (examples/compress.cpp): for each technique, a copy of the trained model
+// with the technique applied, measured for bytes (the arena's), file size, test accuracy and inference time.
+// Shared with its test (tests/examples/test_compress.cpp). Uses the public header only.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "distill.h"
+
+namespace compress {
+
+using namespace frugal;
+
+inline int64_t arena_bytes() { return memory::stats(kCPU).allocated.current; }
+
+struct Row {
+  std::string technique;
+  int64_t model_bytes = 0, file_bytes = 0;
+  double test_accuracy = 0, infer_ms = 0;
+};
+
+// What the rows share: the data, the trained weights, and how long a fine-tune runs.
+struct Setup {
+  std::string model;
+  std::shared_ptr<data::FashionMNIST> train_set, test_set;
+  StateDict trained;
+  int epochs = 2;         // of training, the distilled student's too
+  int64_t max_steps = 0;  // per epoch (0: the whole epoch)
+  int64_t finetune_steps = 0;
+  int repeats = 0;
+  Tensor infer_batch;   // the first 256 test images
+  std::string scratch;  // a file path for measuring file_bytes
+};
+
+inline nn::Sequential fresh(const Setup& s) {
+  return s.model == "mlp" ? fmnist::make_mlp() : fmnist::make_cnn();
+}
+
+// Fine-tunes `model` for the setup's steps (Adam, lr 1e-4, the W1/W2 batch); the optimizer's state is freed
+// on return.
+inline void finetune(nn::Module& model, const Setup& s) {
+  if (s.finetune_steps == 0) return;
+  optim::Adam opt(model.parameters(), optim::AdamOptions(1e-4));
+  data::DataLoader train(s.train_set, data::DataLoaderOptions()
+                                          .batch_size(s.model == "mlp" ? 128 : 64)
+                                          .shuffle(true)
+                                          .seed(1)
+                                          .drop_last(true));
+  fmnist::train_epoch(model, opt, train, 0, s.finetune_steps, 1);
+}
+
+inline double median_forward_ms(nn::Module& model, const Setup& s) {
+  InferenceMode no_record;
+  model.eval();
+  for (int i = 0; i < 3; ++i) model.forward(s.infer_batch);  // warm-up: primitives, caches
+  std::vector<double> ms;
+  for (int i = 0; i < s.repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Tensor y = model.forward(s.infer_batch);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(ms.begin(), ms.begin() + ptrdiff_t(ms.size() / 2), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Makes the row's model (`make`, which returns it with the technique applied) and measures it. Everything
+// `make` used besides the model (optimizer state, gradients, calibration batches) is gone when it returns,
+// so the arena's growth is the model's own.
+inline Row measure(const std::string& technique, const Setup& s,
+                   const std::function<nn::Sequential()>& make) {
+  Row r{technique};
+  const int64_t before = arena_bytes();
+  nn::Sequential model = make();
+  model->zero_grad();
+  r.model_bytes = arena_bytes() - before;
+  io::save_safetensors(s.scratch, model->state_dict());
+  r.file_bytes = int64_t(std::filesystem::file_size(s.scratch));
+  std::filesystem::remove(s.scratch);
+  data::DataLoader test(s.test_set, data::DataLoaderOptions().batch_size(250));
+  r.test_accuracy = fmnist::evaluate(*model, test);
+  r.infer_ms = median_forward_ms(*model, s);
+  return r;
+}
+
+// A copy of the trained model.
+inline nn::Sequential trained_copy(const Setup& s) {
+  nn::Sequential m = fresh(s);
+  m->load_state_dict(s.trained);
+  return m;
+}
+
+inline std::vector<Row> run_rows(const Setup& s) {
+  std::vector<Row> rows;
+  auto add = [&](const std::string& technique, const std::function<nn::Sequential()>& make) {
+    rows.push_back(measure(technique, s, make));
+    const Row& r = rows.back();
+    std::fprintf(stderr, "compress: %s done (accuracy %.4f)\n", r.technique.c_str(), r.test_accuracy);
+  };
+  add("f32", [&] { return trained_copy(s); });
+  if (s.model == "mlp") {
+    add("distilled student 784-64-10", [&] {
+      Tensor logits;
+      {
+        nn::Sequential teacher = trained_copy(s);
+        logits = distill::label_with(*teacher, *s.train_set);
+      }
+      return distill::train_student(1, s.epochs, s.max_steps, logits, 2.0, 0.5, s.train_set);
+    });
+  }
+  return rows;
+}
+
+inline void print_table(const std::vector<Row>& rows) {
+  const Row& base = rows.front();
+  std::printf("| technique | model bytes | × f32 | file bytes | test accuracy | infer ms (256) | × f32 |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const Row& r : rows)
+    std::printf("| %s | %lld | %.3f | %lld | %.4f | %.3f | %.2f |\n", r.technique.c_str(),
+                static_cast<long long>(r.model_bytes), double(r.model_bytes) / double(base.model_bytes),
+                static_cast<long long>(r.file_bytes), r.test_accuracy, r.infer_ms,
+                r.infer_ms / base.infer_ms);
+}
+
+inline void print_json(const std::vector<Row>& rows) {
+  for (const Row& r : rows)
+    std::printf(
+        "{\"technique\": \"%s\", \"model_bytes\": %lld, \"file_bytes\": %lld, \"test_accuracy\": %.4f, "
+        "\"infer_ms\": %.4f}\n",
+        r.technique.c_str(), static_cast<long long>(r.model_bytes), static_cast<long long>(r.file_bytes),
+        r.test_accuracy, r.infer_ms);
+}
+
+}  // namespace compress
