@@ -41,6 +41,7 @@ constinit OpTable<AdamStepKernel> op_adam_step{"adam_step"};
 constinit OpTable<Adam8bitStepKernel> op_adam8bit_step{"adam8bit_step"};
 constinit OpTable<SegmentSumKernel> op_segment_sum_rows{"segment_sum_rows"};
 constinit OpTable<SparseAdamStepKernel> op_sparse_adam_step{"sparse_adam_step"};
+constinit OpTable<CsrMatmulKernel> op_csr_matmul{"csr_matmul"};
 constinit OpTable<IndexKernel> op_index_select{"index_select"};
 constinit OpTable<IndexKernel> op_gather{"gather"};
 constinit OpTable<IndexKernel> op_scatter_add{"scatter_add"};

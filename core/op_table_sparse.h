@@ -35,5 +35,18 @@ struct SparseAdamStepArgs {
 };
 using SparseAdamStepKernel = void(const SparseAdamStepArgs& args);
 extern OpTable<SparseAdamStepKernel> op_sparse_adam_step;
+// A sparse matrix in compressed sparse rows times a dense one's transpose (nn::SparseLinear):
+//   out[b, r] = sum over k in [row_offsets[r], row_offsets[r + 1]) of values[k] * x[b, col_indices[k]]
+// (x [batch, cols] and out [batch, rows], both contiguous). Keyed by the values' dtype.
+struct CsrMatmulArgs {
+  const void* values = nullptr;
+  const int32_t* col_indices = nullptr;
+  const int32_t* row_offsets = nullptr;  // [rows + 1]
+  const void* x = nullptr;
+  void* out = nullptr;
+  int64_t rows = 0, cols = 0, nnz = 0, batch = 0;
+};
+using CsrMatmulKernel = void(const CsrMatmulArgs& args);
+extern OpTable<CsrMatmulKernel> op_csr_matmul;
 
 }  // namespace frugal

@@ -24,6 +24,7 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
     Module& m = *modules[i];
     const Module* next = i + 1 < end ? modules[i + 1].get() : nullptr;
     if (next && typeid(m) == typeid(LinearImpl) && typeid(*next) == typeid(ReLUImpl)) {
+      m.apply_masks();
       const auto& linear = static_cast<const LinearImpl&>(m);
       h = functional::linear_relu(h, linear.weight, linear.bias);
       ++i;

@@ -41,6 +41,7 @@ Conv2dImpl::Conv2dImpl(const Conv2dOptions& o) : Module("Conv2d"), options_(o) {
 }
 
 Tensor Conv2dImpl::forward(const Tensor& x) {
+  apply_masks();
   const auto& o = options_;
   return conv2d(x, weight, bias, o.stride(), o.padding(), o.dilation(), o.groups());
 }

@@ -28,7 +28,10 @@ void LinearImpl::reset_parameters() {
   }
 }
 
-Tensor LinearImpl::forward(const Tensor& x) { return F::linear(x, weight, bias); }
+Tensor LinearImpl::forward(const Tensor& x) {
+  apply_masks();
+  return F::linear(x, weight, bias);
+}
 
 EmbeddingImpl::EmbeddingImpl(const EmbeddingOptions& opts) : Module("Embedding"), options(opts) {
   FRUGAL_CHECK(opts.num_embeddings() > 0 && opts.embedding_dim() > 0,

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <utility>
 
+#include "nn/prune.h"
+
 namespace frugal::nn {
 
 Tensor Module::forward(const Tensor&) {
@@ -48,6 +50,54 @@ void Module::set_buffer(const std::string& name, Tensor tensor) {
       return;
     }
   throw Error(detail::str_cat(type_name(), ": no buffer named '", name, "'"));
+}
+
+Module::~Module() {
+  for (const std::string& param : masked_) prune::detail::unhook_gradient(parameter(param));
+}
+
+const Tensor& Module::parameter(const std::string& name) const {
+  auto it =
+      std::find_if(parameters_.begin(), parameters_.end(), [&](const auto& p) { return p.first == name; });
+  FRUGAL_CHECK(it != parameters_.end(), type_name(), ": no parameter named '", name, "'");
+  return it->second;
+}
+
+void Module::set_mask(const std::string& param, Tensor bits) {
+  const Tensor& p = parameter(param);
+  FRUGAL_CHECK_DTYPE(bits.dtype() == DType::U8 && bits.dim() == 1 && bits.numel() == (p.numel() + 7) / 8,
+                     type_name(), ": the mask of '", param, "' must be u8 [", (p.numel() + 7) / 8,
+                     "] (a bit per element, packed), got ", dtype_name(bits.dtype()), " ", bits.shape());
+  const std::string name = param + "_mask";
+  if (std::find(masked_.begin(), masked_.end(), param) != masked_.end()) {
+    set_buffer(name, std::move(bits));
+  } else {
+    register_buffer(name, std::move(bits));
+    masked_.push_back(param);
+    prune::detail::hook_gradient(p, *this, param);
+  }
+}
+
+void Module::remove_mask(const std::string& param) {
+  auto m = std::find(masked_.begin(), masked_.end(), param);
+  FRUGAL_CHECK(m != masked_.end(), type_name(), ": parameter '", param, "' has no mask");
+  masked_.erase(m);
+  prune::detail::unhook_gradient(parameter(param));
+  const std::string name = param + "_mask";
+  buffers_.erase(
+      std::find_if(buffers_.begin(), buffers_.end(), [&](const auto& b) { return b.first == name; }));
+}
+
+Tensor Module::mask(const std::string& param) const {
+  if (std::find(masked_.begin(), masked_.end(), param) == masked_.end()) return {};
+  const std::string name = param + "_mask";
+  return std::find_if(buffers_.begin(), buffers_.end(), [&](const auto& b) { return b.first == name; })
+      ->second;
+}
+
+void Module::apply_masks_now() {
+  NoGradGuard no_record;
+  for (const std::string& param : masked_) prune::detail::apply_mask(parameter(param), mask(param));
 }
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {

@@ -68,7 +68,7 @@ class Module {
   // The type name shows in summary() and errors; by default it is the class's own (demangled_type_name).
   Module() = default;
   explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
-  virtual ~Module() = default;
+  virtual ~Module();  // takes its masks' gradient hooks off the parameters, which may outlive it
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
@@ -109,6 +109,21 @@ class Module {
   StateDict state_dict() const;
   void load_state_dict(const StateDict& state, bool strict = true);
 
+  // Pruning masks (nn/prune.h, Note [pruning masks]): one bit per element of parameter `param`, packed (1
+  // keeps the element), held as the buffer `<param>_mask` so that state_dict and files carry it.
+  // apply_masks() zeroes every masked element in place, unrecorded; the forwards that read their weights
+  // (Linear, Conv2d, Sequential's fused linear_relu) call it first, so an optimizer that moved a pruned
+  // weight never gets it used.
+  void set_mask(const std::string& param, Tensor bits);
+  // This module's own parameter `name` (not a child's); throws Error when it has none of that name.
+  const Tensor& parameter(const std::string& name) const;
+  void remove_mask(const std::string& param);
+  Tensor mask(const std::string& param) const;  // undefined when `param` is not pruned
+  const std::vector<std::string>& masked_parameters() const { return masked_; }
+  void apply_masks() {
+    if (!masked_.empty()) apply_masks_now();
+  }
+
   int64_t num_parameters() const;   // elements
   int64_t parameter_bytes() const;  // bytes
   // One line per module: path, type, parameter count and bytes.
@@ -139,6 +154,7 @@ class Module {
 
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> module);
+  void apply_masks_now();
   void check_name(const std::string& name) const;
 
   std::string type_name_;  // empty: the class's own name
@@ -146,6 +162,7 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> parameters_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<std::string> masked_;  // parameters with a mask, in the order they were pruned
 };
 
 }  // namespace frugal::nn

@@ -1,8 +1,10 @@
-// CPU kernels over the rows of a sparse (row-wise) gradient: summing duplicate rows (coalescing, see
-// autograd/sparse.h) and SparseAdam's lazy update of the rows present (optim/sparse_adam.h). Both run one
-// thread per block of whole rows; rows are unique, so no two threads write the same bytes. The references
-// are the dense paths they replace: the embedding's dense gradient (tests/autograd/test_sparse.cpp) and
-// PyTorch's SparseAdam (tests/optim/test_sparse_adam.cpp).
+// CPU kernels over sparse data. A sparse matrix (CSR) times a dense one, for nn::SparseLinear, through Eigen.
+// Over the rows of a sparse (row-wise) gradient: summing duplicate rows (coalescing, see autograd/sparse.h)
+// and SparseAdam's lazy update of the rows present (optim/sparse_adam.h). Both run one thread per block of
+// whole rows; rows are unique, so no two threads write the same bytes. The references are the dense paths
+// they replace: the embedding's dense gradient (tests/autograd/test_sparse.cpp) and PyTorch's SparseAdam
+// (tests/optim/test_sparse_adam.cpp).
+#include <Eigen/SparseCore>
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -73,7 +75,24 @@ void sparse_adam_step_cpu(const SparseAdamStepArgs& a) {
   });
 }
 
+// Eigen's sparse module: out^T [rows, batch] = W [rows, cols] (row-major sparse) * x^T [cols, batch], every
+// operand a Map over the tensors' own bytes (x and out row-major are x^T and out^T column-major). Eigen runs
+// a row-major sparse times dense product on its OpenMP threads, split by rows.
+template <typename T>
+void csr_matmul_cpu(const CsrMatmulArgs& a) {
+  using Sparse = Eigen::Map<const Eigen::SparseMatrix<T, Eigen::RowMajor, int32_t>>;
+  using Dense = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+  const Sparse w(a.rows, a.cols, a.nnz, a.row_offsets, a.col_indices, static_cast<const T*>(a.values));
+  const Eigen::Map<const Dense> xt(static_cast<const T*>(a.x), a.cols, a.batch);
+  Eigen::Map<Dense> outt(static_cast<T*>(a.out), a.rows, a.batch);
+  outt.noalias() = w * xt;
+}
+
 const bool kRegistered = [] {
+  for_types<float, double>([](auto t) {
+    using T = decltype(t);
+    op_csr_matmul.set(DeviceType::CPU, dtype_v<T>, csr_matmul_cpu<T>);
+  });
   for_types<float, double, Half, BFloat16>([](auto t) {
     using T = decltype(t);
     op_segment_sum_rows.set(DeviceType::CPU, dtype_v<T>, segment_sum_rows_cpu<T>);
