@@ -1,0 +1,133 @@
+// nn::quant: QuantizedLinear and quantize_dynamic (nn/quant.h). The int8 GEMM is kernels/cpu/quant.cpp.
+#include "nn/quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "autograd/graph.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/quant_kernels.h"
+#include "nn/layers.h"
+
+namespace frugal::nn {
+
+QuantizedLinearImpl::QuantizedLinearImpl(int64_t in, int64_t out, bool has_bias)
+    : Module("QuantizedLinear"), in_features(in), out_features(out) {
+  FRUGAL_CHECK(in > 0 && out > 0, "QuantizedLinear: in_features and out_features must be positive, got ", in,
+               " and ", out);
+  weight = register_buffer("weight", zeros({out, in}, kU8));
+  Tensor s = empty({out}, kF32);
+  std::fill_n(s.data<float>(), out, 1.0f);
+  weight_scale = register_buffer("weight_scale", s);
+  if (has_bias) bias = register_buffer("bias", zeros({out}, kF32));
+}
+
+QuantizedLinearImpl::QuantizedLinearImpl(const Tensor& w, const Tensor& b)
+    : QuantizedLinearImpl(w.dim() == 2 ? w.size(1) : 0, w.dim() == 2 ? w.size(0) : 0, b.defined()) {
+  FRUGAL_CHECK_DTYPE(w.dtype() == kF32 && (!b.defined() || b.dtype() == kF32) && w.device() == kCPU,
+                     "QuantizedLinear: expected an f32 cpu weight (and bias), got weight ", w.dtype(), " on ",
+                     w.device(), b.defined() ? " and bias " : "", b.defined() ? dtype_name(b.dtype()) : "");
+  FRUGAL_CHECK_SHAPE(!b.defined() || (b.dim() == 1 && b.size(0) == out_features),
+                     "QuantizedLinear: bias must be [", out_features, "], got ", b.shape());
+  const Tensor wc = contiguous(w);
+  const float* src = wc.data<float>();
+  auto* q = static_cast<int8_t*>(weight.raw_data());
+  float* scale = weight_scale.data<float>();
+  for (int64_t o = 0; o < out_features; ++o) {
+    const float* row = src + o * in_features;
+    float amax = 0;
+    for (int64_t i = 0; i < in_features; ++i) amax = std::max(amax, std::fabs(row[i]));
+    scale[o] = amax > 0 ? amax / 127.0f : 1.0f;
+    for (int64_t i = 0; i < in_features; ++i)
+      q[o * in_features + i] = int8_t(std::clamp(std::nearbyint(row[i] / scale[o]), -127.0f, 127.0f));
+  }
+  if (b.defined()) std::copy_n(contiguous(b).data<float>(), out_features, bias.data<float>());
+}
+
+Tensor QuantizedLinearImpl::dequantized_weight() const {
+  Tensor w = empty({out_features, in_features}, kF32);
+  const auto* q = static_cast<const int8_t*>(weight.raw_data());
+  const float* scale = weight_scale.data<float>();
+  float* dst = w.data<float>();
+  for (int64_t o = 0; o < out_features; ++o)
+    for (int64_t i = 0; i < in_features; ++i)
+      dst[o * in_features + i] = float(q[o * in_features + i]) * scale[o];
+  return w;
+}
+
+Tensor QuantizedLinearImpl::forward(const Tensor& x) {
+  FRUGAL_CHECK_DTYPE(x.dtype() == kF32 && x.device() == kCPU,
+                     "QuantizedLinear: expected an f32 cpu input, got ", x.dtype(), " on ", x.device());
+  FRUGAL_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) == in_features,
+                     "QuantizedLinear: expected an input of shape [...,", in_features, "], got ", x.shape());
+  FRUGAL_CHECK(!(autograd::grad_mode_enabled() && x.requires_grad()),
+               "QuantizedLinear: inference only, but the input requires grad (run it under NoGradGuard, or "
+               "use nn::quant::prepare_qat for quantisation-aware training)");
+  FRUGAL_CHECK_DTYPE(
+      weight.dtype() == kU8 && weight_scale.dtype() == kF32 && (!bias.defined() || bias.dtype() == kF32),
+      "QuantizedLinear: expected weight U8 (int8 bytes) and f32 weight_scale and bias, got ", weight.dtype(),
+      ", ", weight_scale.dtype());
+  const Tensor xc = contiguous(x);
+  const int64_t m = x.numel() / in_features;
+  std::vector<int64_t> dims(x.shape().begin(), x.shape().end());
+  dims.back() = out_features;
+  Tensor y = empty(Shape(dims), kF32);
+  Tensor xq = empty({m, in_features}, kU8);
+  const quant::InputQuant qp = quant::choose_input_qparams(xc.data<float>(), xc.numel());
+  quant::quantize_input(xc.data<float>(), xc.numel(), qp, xq.data<uint8_t>());
+  // One output scale per column: the input's times the weight row's.
+  Tensor scale = empty({out_features}, kF32);
+  for (int64_t o = 0; o < out_features; ++o)
+    scale.data<float>()[o] = qp.scale * weight_scale.data<float>()[o];
+  cpu::int8_linear(xq.data<uint8_t>(), qp.zero_point, static_cast<const int8_t*>(weight.raw_data()),
+                   scale.data<float>(), bias.defined() ? bias.data<float>() : nullptr, y.data<float>(), m,
+                   in_features, out_features);
+  return y;
+}
+
+namespace quant {
+
+InputQuant choose_input_qparams(const float* x, int64_t n) {
+  float lo = 0, hi = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  if (hi == lo) return {1.0f, 0};
+  const float scale = (hi - lo) / float(kInputQMax);
+  const auto zp = int32_t(std::clamp(std::nearbyint(-lo / scale), 0.0f, float(kInputQMax)));
+  return {scale, zp};
+}
+
+void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out) {
+  const float inv = 1.0f / q.scale;
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = uint8_t(std::clamp(std::nearbyint(x[i] * inv) + float(q.zero_point), 0.0f, float(kInputQMax)));
+}
+
+int quantize_dynamic(Module& model) {
+  FRUGAL_CHECK(dynamic_cast<LinearImpl*>(&model) == nullptr,
+               "quantize_dynamic: the model is itself a Linear, which cannot replace itself; put it in a "
+               "Sequential (or another module) first");
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> linears;
+  for (const auto& [path, module] : model.named_modules())
+    if (auto* lin = dynamic_cast<LinearImpl*>(module.get())) {
+      FRUGAL_CHECK_DTYPE(lin->weight.dtype() == kF32 && lin->weight.device() == kCPU,
+                         "quantize_dynamic: Linear '", path, "' has a ", lin->weight.dtype(), " weight on ",
+                         lin->weight.device(),
+                         "; only f32 cpu models can be quantised (convert it with to(kF32))");
+      linears.emplace_back(path, module);
+    }
+  for (auto& [path, module] : linears) {
+    auto* lin = static_cast<LinearImpl*>(module.get());
+    auto q = std::make_shared<QuantizedLinearImpl>(lin->weight, lin->bias);
+    module.reset();  // our reference, so the Linear (and its f32 weight) goes when the model lets it go
+    model.replace_module(path, q);
+  }
+  return int(linears.size());
+}
+
+}  // namespace quant
+}  // namespace frugal::nn
