@@ -129,5 +129,12 @@ int quantize_dynamic(Module& model) {
   return int(linears.size());
 }
 
+std::set<std::string> int8_names(const Module& model) {
+  std::set<std::string> names;
+  for (const auto& [path, module] : model.named_modules())
+    if (dynamic_cast<QuantizedLinearImpl*>(module.get())) names.insert(path + ".weight");
+  return names;
+}
+
 }  // namespace quant
 }  // namespace frugal::nn

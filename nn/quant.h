@@ -7,14 +7,18 @@
 //   NoGradGuard ng;  Tensor y = model->forward(x);
 //
 // Note [quantised state_dict]: a QuantizedLinear holds, as buffers (so they are in state_dict):
-//   <path>.weight        [out, in]  int8 values, stored in a U8 tensor (frugal has no I8 dtype yet: the bytes
-//                                   are two's complement int8; read them with reinterpret as int8)
+//   <path>.weight        [out, in]  int8 values, held in a U8 tensor (frugal has no I8 dtype yet: the bytes
+//                                   are two's complement int8); saved as safetensors "I8" when its name is
+//                                   passed in int8_names (quant::int8_names, Note [int8 as I8] in
+//                                   io/safetensors.h)
 //   <path>.weight_scale  [out]      f32, w ~= weight[o, :] * weight_scale[o], weight_scale = max|w[o, :]| /
 //   127 <path>.bias          [out]      f32 (absent for Linear without bias)
 // The input scale/zero point are computed per forward (dynamic), so they are not stored.
 #pragma once
 
 #include <cstdint>
+#include <set>
+#include <string>
 
 #include "../core/tensor.h"
 #include "module.h"
@@ -59,6 +63,10 @@ void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out);
 // (and their f32 weights, unless the caller holds them) are released. Throws Error for a non-f32 Linear, or
 // when `model` is itself a Linear (it cannot replace itself: wrap it). Returns how many it replaced.
 int quantize_dynamic(Module& model);
+
+// The state_dict names of `model`'s int8 tensors (every QuantizedLinear's "<path>.weight"), for
+// io::save_safetensors(path, model.state_dict(), {}, int8_names(model)), which writes them as "I8".
+std::set<std::string> int8_names(const Module& model);
 
 }  // namespace quant
 }  // namespace frugal::nn

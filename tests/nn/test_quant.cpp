@@ -3,7 +3,9 @@
 // a save/load round trip through safetensors; bad inputs.
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <random>
+#include <set>
 
 #include "autograd/graph.h"
 #include "core/memory.h"
@@ -132,16 +134,30 @@ TEST(QuantizeDynamic, StateDictRoundTripsThroughSafetensorsBitIdentically) {
   nn::Sequential a{nn::Linear(20, 16), nn::ReLU(), nn::Linear(16, 5)};
   nn::quant::quantize_dynamic(*a);
   const std::string path = ::testing::TempDir() + "quant_roundtrip.safetensors";
-  io::save_safetensors(path, a->state_dict());
+  io::save_safetensors(path, a->state_dict(), {}, nn::quant::int8_names(*a));
   nn::Sequential b{nn::Linear(20, 16), nn::ReLU(), nn::Linear(16, 5)};  // other random weights
   nn::quant::quantize_dynamic(*b);
-  b->load_state_dict(io::load_safetensors(path).tensors);
+  const io::SafetensorsFile file = io::load_safetensors(path);
+  EXPECT_EQ(file.int8_names, (std::set<std::string>{"0.weight", "2.weight"}));
+  // The header says I8 for the int8 weights (what PyTorch's safetensors reads as torch.int8), F32 for scales.
+  std::ifstream in(path, std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, ' ');
+  in.read(header.data(), std::streamsize(n));
+  EXPECT_NE(header.find(R"("0.weight":{"dtype":"I8","shape":[16,20])"), std::string::npos) << header;
+  EXPECT_NE(header.find(R"("0.weight_scale":{"dtype":"F32","shape":[16])"), std::string::npos) << header;
+  b->load_state_dict(file.tensors);
   std::remove(path.c_str());
   const Tensor x = uniform({7, 20}, -1, 1);
   NoGradGuard ng;
   EXPECT_EQ(a->forward(x).to_vector<float>(), b->forward(x).to_vector<float>());
   EXPECT_TRUE(a->state_dict().count("0.weight_scale"));
   EXPECT_EQ(a->state_dict().at("0.weight").dtype(), kU8);
+  // A state_dict with an f32 weight where the int8 one goes is refused.
+  StateDict bad = a->state_dict();
+  bad["0.weight"] = uniform({16, 20}, -1, 1);
+  expect_error<DTypeError>([&] { b->load_state_dict(bad); }, {"load_state_dict", "0.weight", "u8", "f32"});
 }
 
 TEST(QuantizedLinear, RejectsBadInputs) {
