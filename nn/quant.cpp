@@ -89,11 +89,19 @@ Tensor QuantizedLinearImpl::forward(const Tensor& x) {
 
 namespace quant {
 
+// Rounds half to even (as std::nearbyint in the default rounding mode) by adding and removing 1.5 * 2^23,
+// exact for |v| < 2^22 (callers clamp first); unlike std::nearbyint, a library call, it vectorises.
+inline float round_even(float v) {
+  constexpr float kMagic = 12582912.0f;
+  return (v + kMagic) - kMagic;
+}
+
 InputQuant choose_input_qparams(const float* x, int64_t n) {
   float lo = 0, hi = 0;
+#pragma omp parallel for simd reduction(min : lo) reduction(max : hi) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
-    lo = std::min(lo, x[i]);
-    hi = std::max(hi, x[i]);
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
   }
   if (hi == lo) return {1.0f, 0};
   const float scale = (hi - lo) / float(kInputQMax);
@@ -102,9 +110,20 @@ InputQuant choose_input_qparams(const float* x, int64_t n) {
 }
 
 void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out) {
-  const float inv = 1.0f / q.scale;
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = uint8_t(std::clamp(std::nearbyint(x[i] * inv) + float(q.zero_point), 0.0f, float(kInputQMax)));
+  const float inv = 1.0f / q.scale, zp = float(q.zero_point);
+  // Clamped to [-zp - 1, kInputQMax - zp + 1] before rounding, so round_even is exact and the result the
+  // same.
+  const float lo = -zp - 1, hi = float(kInputQMax) - zp + 1;
+#pragma omp parallel for simd if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i] * inv;
+    v = v < lo ? lo : v;  // ternaries rather than std::clamp's references, so that this is minps/maxps
+    v = v > hi ? hi : v;
+    v = round_even(v) + zp;
+    v = v < 0.0f ? 0.0f : v;
+    v = v > float(kInputQMax) ? float(kInputQMax) : v;
+    out[i] = uint8_t(int32_t(v));
+  }
 }
 
 int quantize_dynamic(Module& model) {
