@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -12,6 +14,10 @@
 #include "nn/layers.h"
 
 namespace frugal::nn {
+
+using autograd::Grads;
+using autograd::Node;
+using autograd::recorded;
 
 QuantizedLinearImpl::QuantizedLinearImpl(int64_t in, int64_t out, bool has_bias)
     : Module("QuantizedLinear"), in_features(in), out_features(out) {
@@ -86,6 +92,40 @@ Tensor QuantizedLinearImpl::forward(const Tensor& x) {
                    in_features, out_features);
   return y;
 }
+
+namespace functional {
+
+Tensor fake_quantize(const Tensor& x, double scale, int64_t zero_point, int64_t qmin, int64_t qmax) {
+  FRUGAL_CHECK(std::isfinite(scale) && scale > 0, "fake_quantize: scale must be positive and finite, got ",
+               scale);
+  FRUGAL_CHECK(qmin < qmax, "fake_quantize: qmin must be below qmax, got qmin ", qmin, " and qmax ", qmax);
+  FRUGAL_CHECK(zero_point >= qmin && zero_point <= qmax, "fake_quantize: zero_point ", zero_point,
+               " must lie in [qmin, qmax] = [", qmin, ", ", qmax, "]");
+  FRUGAL_CHECK_DTYPE((x.dtype() == kF32 || x.dtype() == kF64) && x.device() == kCPU,
+                     "fake_quantize: expected an f32 or f64 cpu tensor, got ", x.dtype(), " on ", x.device());
+  const Tensor xc = contiguous(x.detach());
+  Tensor y = empty(x.shape(), x.dtype()), mask = empty(x.shape(), x.dtype());
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      const T* src = xc.data<T>();
+      T *dst = y.data<T>(), *m = mask.data<T>();
+      const T s = T(scale), zp = T(zero_point), lo = T(qmin), hi = T(qmax);
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        const T q = std::nearbyint(src[i] / s) + zp;
+        m[i] = q >= lo && q <= hi ? T(1) : T(0);
+        dst[i] = (std::clamp(q, lo, hi) - zp) * s;
+      }
+    }
+  });
+  if (Node* n = recorded("fake_quantize", {&x}, y)) {
+    n->save(mask);
+    n->backward = [](const Grads& saved, const Tensor& g) -> Grads { return {mul(g, saved[0])}; };
+  }
+  return y;
+}
+
+}  // namespace functional
 
 namespace quant {
 

@@ -43,6 +43,14 @@ class QuantizedLinearImpl : public Module {
 };
 FRUGAL_MODULE(QuantizedLinear);
 
+namespace functional {
+// Fake quantisation, per tensor: q = clamp(round(x / scale) + zero_point, qmin, qmax) (rounding half to
+// even), y = (q - zero_point) * scale, in x's dtype (f32 or f64). Backward is the straight-through estimator
+// of PyTorch's fake_quantize_per_tensor_affine: dy/dx = 1 where round(x / scale) + zero_point lies in [qmin,
+// qmax], 0 outside. Throws Error for scale <= 0 (or not finite) or qmin >= qmax.
+Tensor fake_quantize(const Tensor& x, double scale, int64_t zero_point, int64_t qmin, int64_t qmax);
+}  // namespace functional
+
 namespace quant {
 
 // Per-tensor asymmetric u8 quantisation of x as QuantizedLinear's forward does it: scale = (max - min) / 127

@@ -1,12 +1,14 @@
 // nn::quant: the int8 GEMM (oneDNN) against the naive reference, exactly in s32; QuantizedLinear against a
 // quantise-then-multiply written out here in double; quantize_dynamic's rewrite and the arena bytes it frees;
 // a save/load round trip through safetensors; bad inputs.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
 #include <set>
 
+#include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "core/memory.h"
 #include "core/quant_kernels.h"
@@ -158,6 +160,41 @@ TEST(QuantizeDynamic, StateDictRoundTripsThroughSafetensorsBitIdentically) {
   StateDict bad = a->state_dict();
   bad["0.weight"] = uniform({16, 20}, -1, 1);
   expect_error<DTypeError>([&] { b->load_state_dict(bad); }, {"load_state_dict", "0.weight", "u8", "f32"});
+}
+
+// PyTorch's fake_quantize_per_tensor_affine, written out: values and the STE mask.
+TEST(FakeQuantize, ValuesAndStraightThroughGradientFollowPyTorch) {
+  const double scale = 0.1;
+  const int64_t zp = 3, qmin = -8, qmax = 7;
+  // Values inside, on the clamp edges, outside below and above, and ties (x / scale = k + 0.5).
+  const std::vector<double> xs = {0.0,  0.04, -0.06, 0.37, -1.1, -1.16, 0.44,
+                                  0.46, 2.0,  -3.0,  0.25, 0.35, -0.05};
+  const Tensor x = tensor(xs, Shape({int64_t(xs.size())})).to(kF64).requires_grad_();
+  const Tensor w = uniform({int64_t(xs.size())}, 1, 2, kF64);
+  const Tensor y = nn::functional::fake_quantize(x, scale, zp, qmin, qmax);
+  sum(mul(y, w)).backward();
+  const std::vector<double> yv = y.to_vector<double>(), gv = x.grad().to_vector<double>(),
+                            wv = w.to_vector<double>();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double q = std::nearbyint(xs[i] / scale) + double(zp);
+    EXPECT_DOUBLE_EQ(yv[i], (std::clamp(q, double(qmin), double(qmax)) - double(zp)) * scale) << xs[i];
+    EXPECT_EQ(gv[i], q >= double(qmin) && q <= double(qmax) ? wv[i] : 0.0) << xs[i];
+  }
+  // Some are outside, some inside: the test sees both halves of the rule.
+  EXPECT_NE(std::count(gv.begin(), gv.end(), 0.0), 0);
+  EXPECT_NE(std::count(gv.begin(), gv.end(), 0.0), std::ptrdiff_t(gv.size()));
+}
+
+TEST(FakeQuantize, RejectsBadArguments) {
+  const Tensor x = uniform({4}, -1, 1);
+  expect_error<Error>([&] { nn::functional::fake_quantize(x, 0.0, 0, -128, 127); },
+                      {"fake_quantize", "scale", "0"});
+  expect_error<Error>([&] { nn::functional::fake_quantize(x, -1.0, 0, -128, 127); },
+                      {"fake_quantize", "scale"});
+  expect_error<Error>([&] { nn::functional::fake_quantize(x, 0.1, 0, 5, 5); },
+                      {"fake_quantize", "qmin", "qmax", "5"});
+  expect_error<Error>([&] { nn::functional::fake_quantize(x, 0.1, 300, 0, 255); },
+                      {"fake_quantize", "zero_point", "300"});
 }
 
 TEST(QuantizedLinear, RejectsBadInputs) {
