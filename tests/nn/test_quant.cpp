@@ -13,6 +13,7 @@
 #include "core/memory.h"
 #include "core/quant_kernels.h"
 #include "io/safetensors.h"
+#include "io/serialize.h"
 #include "nn/containers.h"
 #include "nn/layers.h"
 #include "nn/quant.h"
@@ -156,6 +157,14 @@ TEST(QuantizeDynamic, StateDictRoundTripsThroughSafetensorsBitIdentically) {
   EXPECT_EQ(a->forward(x).to_vector<float>(), b->forward(x).to_vector<float>());
   EXPECT_TRUE(a->state_dict().count("0.weight_scale"));
   EXPECT_EQ(a->state_dict().at("0.weight").dtype(), kU8);
+  // frugal::save writes the int8 weights as I8 too, and frugal::load reads them back.
+  save(*a, path);
+  EXPECT_EQ(io::load_safetensors(path).int8_names, (std::set<std::string>{"0.weight", "2.weight"}));
+  nn::Sequential c{nn::Linear(20, 16), nn::ReLU(), nn::Linear(16, 5)};
+  nn::quant::quantize_dynamic(*c);
+  load(*c, path);
+  std::remove(path.c_str());
+  EXPECT_EQ(a->forward(x).to_vector<float>(), c->forward(x).to_vector<float>());
   // A state_dict with an f32 weight where the int8 one goes is refused.
   StateDict bad = a->state_dict();
   bad["0.weight"] = uniform({16, 20}, -1, 1);
