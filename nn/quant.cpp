@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/quant_kernels.h"
+#include "nn/functional.h"
 #include "nn/layers.h"
 
 namespace frugal::nn {
@@ -52,6 +53,15 @@ QuantizedLinearImpl::QuantizedLinearImpl(const Tensor& w, const Tensor& b)
   if (b.defined()) std::copy_n(contiguous(b).data<float>(), out_features, bias.data<float>());
 }
 
+QuantizedLinearImpl::QuantizedLinearImpl(const Tensor& w, const Tensor& b, float in_scale, int32_t in_zp)
+    : QuantizedLinearImpl(w, b) {
+  FRUGAL_CHECK(std::isfinite(in_scale) && in_scale > 0 && in_zp >= 0 && in_zp <= quant::kInputQMax,
+               "QuantizedLinear: the input scale must be positive and the zero point in [0, ",
+               quant::kInputQMax, "], got ", in_scale, " and ", in_zp);
+  input_scale = register_buffer("input_scale", tensor<float>({in_scale}, Shape({1})));
+  input_zero_point = register_buffer("input_zero_point", tensor<int32_t>({in_zp}, Shape({1})));
+}
+
 Tensor QuantizedLinearImpl::dequantized_weight() const {
   Tensor w = empty({out_features, in_features}, kF32);
   const auto* q = static_cast<const int8_t*>(weight.raw_data());
@@ -81,7 +91,10 @@ Tensor QuantizedLinearImpl::forward(const Tensor& x) {
   dims.back() = out_features;
   Tensor y = empty(Shape(dims), kF32);
   Tensor xq = empty({m, in_features}, kU8);
-  const quant::InputQuant qp = quant::choose_input_qparams(xc.data<float>(), xc.numel());
+  const quant::InputQuant qp =
+      input_scale.defined()
+          ? quant::InputQuant{input_scale.data<float>()[0], input_zero_point.data<int32_t>()[0]}
+          : quant::choose_input_qparams(xc.data<float>(), xc.numel());
   quant::quantize_input(xc.data<float>(), xc.numel(), qp, xq.data<uint8_t>());
   // One output scale per column: the input's times the weight row's.
   Tensor scale = empty({out_features}, kF32);
@@ -125,7 +138,82 @@ Tensor fake_quantize(const Tensor& x, double scale, int64_t zero_point, int64_t 
   return y;
 }
 
+Tensor fake_quantize_per_row(const Tensor& w, const std::vector<double>& scale, int64_t qmin, int64_t qmax) {
+  FRUGAL_CHECK(qmin < qmax, "fake_quantize_per_row: qmin must be below qmax, got ", qmin, " and ", qmax);
+  FRUGAL_CHECK_SHAPE(w.dim() == 2 && w.size(0) == int64_t(scale.size()),
+                     "fake_quantize_per_row: expected a 2-D ", "weight with one scale per row (",
+                     scale.size(), "), got shape ", w.shape());
+  FRUGAL_CHECK_DTYPE((w.dtype() == kF32 || w.dtype() == kF64) && w.device() == kCPU,
+                     "fake_quantize_per_row: expected an f32 or f64 cpu tensor, got ", w.dtype());
+  for (double sc : scale)
+    FRUGAL_CHECK(std::isfinite(sc) && sc > 0, "fake_quantize_per_row: scales must be positive, got ", sc);
+  const Tensor wc = contiguous(w.detach());
+  Tensor y = empty(w.shape(), w.dtype()), mask = empty(w.shape(), w.dtype());
+  const int64_t rows = w.size(0), cols = w.size(1);
+  visit_dtype(w.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      const T* src = wc.data<T>();
+      T *dst = y.data<T>(), *m = mask.data<T>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const T s = T(scale[size_t(r)]);
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t i = r * cols + c;
+          const T q = std::nearbyint(src[i] / s);
+          m[i] = q >= T(qmin) && q <= T(qmax) ? T(1) : T(0);
+          dst[i] = std::clamp(q, T(qmin), T(qmax)) * s;
+        }
+      }
+    }
+  });
+  if (Node* n = recorded("fake_quantize_per_row", {&w}, y)) {
+    n->save(mask);
+    n->backward = [](const Grads& saved, const Tensor& g) -> Grads { return {mul(g, saved[0])}; };
+  }
+  return y;
+}
+
 }  // namespace functional
+
+QatLinearImpl::QatLinearImpl(const LinearImpl& linear) : Module("QatLinear") {
+  FRUGAL_CHECK_DTYPE(linear.weight.dtype() == kF32 && linear.weight.device() == kCPU,
+                     "prepare_qat: expected an f32 cpu Linear, got ", linear.weight.dtype());
+  weight = register_parameter("weight", linear.weight, linear.weight.requires_grad());
+  if (linear.bias.defined()) bias = register_parameter("bias", linear.bias, linear.bias.requires_grad());
+  observed_min = register_buffer("observed_min", zeros({1}, kF32));
+  observed_max = register_buffer("observed_max", zeros({1}, kF32));
+}
+
+Tensor QatLinearImpl::forward(const Tensor& x) {
+  FRUGAL_CHECK_DTYPE(x.dtype() == kF32, "QatLinear: expected an f32 input, got ", x.dtype());
+  if (is_training()) {  // Moving-average min-max (PyTorch's MovingAverageMinMaxObserver, constant 0.01)
+    const Tensor xc = contiguous(x.detach());
+    const quant::InputQuant q = quant::choose_input_qparams(xc.data<float>(), xc.numel());
+    const float lo = -float(q.zero_point) * q.scale, hi = lo + q.scale * float(quant::kInputQMax);
+    float &mn = observed_min.data<float>()[0], &mx = observed_max.data<float>()[0];
+    mn = observed ? mn + 0.01f * (lo - mn) : lo;
+    mx = observed ? mx + 0.01f * (hi - mx) : hi;
+    observed = true;
+  }
+  FRUGAL_CHECK(observed, "QatLinear: no batch observed yet; run forward in training mode first");
+  const float mn = std::min(observed_min.data<float>()[0], 0.0f),
+              mx = std::max(observed_max.data<float>()[0], 0.0f);
+  const float s = mx > mn ? (mx - mn) / float(quant::kInputQMax) : 1.0f;
+  const auto zp = int64_t(std::clamp(std::nearbyint(-mn / s), 0.0f, float(quant::kInputQMax)));
+  std::vector<double> ws(size_t(weight.size(0)));
+  {
+    const Tensor wc = contiguous(weight.detach());
+    const int64_t cols = weight.size(1);
+    for (int64_t o = 0; o < weight.size(0); ++o) {
+      float amax = 0;
+      for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(wc.data<float>()[o * cols + i]));
+      ws[size_t(o)] = amax > 0 ? double(amax / 127.0f) : 1.0;
+    }
+  }
+  const Tensor xq = functional::fake_quantize(x, double(s), zp, 0, quant::kInputQMax);
+  const Tensor wq = functional::fake_quantize_per_row(weight, ws, -127, 127);
+  return functional::linear(xq, wq, bias);
+}
 
 namespace quant {
 
@@ -193,6 +281,39 @@ std::set<std::string> int8_names(const Module& model) {
   for (const auto& [path, module] : model.named_modules())
     if (dynamic_cast<QuantizedLinearImpl*>(module.get())) names.insert(path + ".weight");
   return names;
+}
+
+int prepare_qat(Module& model) {
+  FRUGAL_CHECK(dynamic_cast<LinearImpl*>(&model) == nullptr,
+               "prepare_qat: the model is itself a Linear, which cannot replace itself; wrap it first");
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> found;
+  for (const auto& [path, module] : model.named_modules())
+    if (dynamic_cast<LinearImpl*>(module.get())) found.emplace_back(path, module);
+  for (auto& [path, module] : found)
+    model.replace_module(path, std::make_shared<QatLinearImpl>(static_cast<const LinearImpl&>(*module)));
+  return int(found.size());
+}
+
+int convert(Module& model) {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> found;
+  for (const auto& [path, module] : model.named_modules())
+    if (auto* q = dynamic_cast<QatLinearImpl*>(module.get())) {
+      FRUGAL_CHECK(q->observed, "convert: QatLinear '", path, "' has observed no batch; train it first");
+      found.emplace_back(path, module);
+    }
+  for (auto& [path, module] : found) {
+    auto& q = static_cast<QatLinearImpl&>(*module);
+    const float mn = std::min(q.observed_min.data<float>()[0], 0.0f);
+    const float mx = std::max(q.observed_max.data<float>()[0], 0.0f);
+    const float s = mx > mn ? (mx - mn) / float(kInputQMax) : 1.0f;
+    const auto zp = int32_t(std::clamp(std::nearbyint(-mn / s), 0.0f, float(kInputQMax)));
+    NoGradGuard ng;
+    auto ql = std::make_shared<QuantizedLinearImpl>(q.weight.detach(),
+                                                    q.bias.defined() ? q.bias.detach() : Tensor(), s, zp);
+    module.reset();
+    model.replace_module(path, ql);
+  }
+  return int(found.size());
 }
 
 }  // namespace quant

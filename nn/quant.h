@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "../core/tensor.h"
 #include "module.h"
@@ -32,6 +33,9 @@ class QuantizedLinearImpl : public Module {
  public:
   // Quantises `weight` (f32 [out, in]) per output row; `bias` (f32 [out]) may be undefined.
   QuantizedLinearImpl(const Tensor& weight, const Tensor& bias);
+  // Static activation quantisation: the input's scale and zero point fixed (from QAT or calibration), held
+  // as buffers "input_scale" (f32 [1]) and "input_zero_point" (i32 [1]).
+  QuantizedLinearImpl(const Tensor& weight, const Tensor& bias, float input_scale, int32_t input_zero_point);
   // An empty one of this size (weights zero, scales one) for load_state_dict.
   QuantizedLinearImpl(int64_t in_features, int64_t out_features, bool bias = true);
   // x [..., in] f32, not requiring grad (inference only) -> [..., out] f32.
@@ -39,9 +43,24 @@ class QuantizedLinearImpl : public Module {
   // The weight this layer multiplies by, dequantised: weight[o, i] * weight_scale[o] (f32 [out, in]).
   Tensor dequantized_weight() const;
   int64_t in_features, out_features;
-  Tensor weight, weight_scale, bias;  // U8 (int8 bytes) [out, in], f32 [out], f32 [out] or undefined
+  Tensor weight, weight_scale, bias;     // U8 (int8 bytes) [out, in], f32 [out], f32 [out] or undefined
+  Tensor input_scale, input_zero_point;  // static only (else undefined)
 };
 FRUGAL_MODULE(QuantizedLinear);
+
+// Quantisation-aware training's Linear (quant::prepare_qat): forward fake-quantises the weight (per output
+// row, symmetric, as QuantizedLinear stores it) and the input (per tensor, 7-bit u8 as QuantizedLinear,
+// from a moving-average min-max observer updated in training mode, PyTorch's averaging constant 0.01), then
+// runs F::linear; gradients pass straight through (F::fake_quantize). weight and bias are the Linear's own.
+class QatLinearImpl : public Module {
+ public:
+  explicit QatLinearImpl(const LinearImpl& linear);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;
+  Tensor observed_min, observed_max;  // f32 [1] buffers; observed_ once a batch has been seen
+  bool observed = false;
+};
+FRUGAL_MODULE(QatLinear);
 
 namespace functional {
 // Fake quantisation, per tensor: q = clamp(round(x / scale) + zero_point, qmin, qmax) (rounding half to
@@ -49,6 +68,8 @@ namespace functional {
 // of PyTorch's fake_quantize_per_tensor_affine: dy/dx = 1 where round(x / scale) + zero_point lies in [qmin,
 // qmax], 0 outside. Throws Error for scale <= 0 (or not finite) or qmin >= qmax.
 Tensor fake_quantize(const Tensor& x, double scale, int64_t zero_point, int64_t qmin, int64_t qmax);
+// Per output row of a 2-D weight: row o uses scale[o] (zero point 0, symmetric), the same STE rule.
+Tensor fake_quantize_per_row(const Tensor& w, const std::vector<double>& scale, int64_t qmin, int64_t qmax);
 }  // namespace functional
 
 namespace quant {
@@ -75,6 +96,13 @@ int quantize_dynamic(Module& model);
 // The state_dict names of `model`'s int8 tensors (every QuantizedLinear's "<path>.weight"), for
 // io::save_safetensors(path, model.state_dict(), {}, int8_names(model)), which writes them as "I8".
 std::set<std::string> int8_names(const Module& model);
+
+// Replaces every Linear below `model` by a QatLinear (sharing its weight and bias: build the optimizer after
+// this). Returns how many.
+int prepare_qat(Module& model);
+// Replaces every QatLinear below `model` by a QuantizedLinear with the observed input scale fixed (static
+// activation quantisation). Throws Error for a QatLinear that has seen no batch. Returns how many.
+int convert(Module& model);
 
 }  // namespace quant
 }  // namespace frugal::nn

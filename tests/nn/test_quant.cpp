@@ -206,6 +206,43 @@ TEST(FakeQuantize, RejectsBadArguments) {
                       {"fake_quantize", "zero_point", "300"});
 }
 
+TEST(Qat, PrepareTrainsThroughFakeQuantAndConvertMatchesTheQatModel) {
+  nn::Sequential net{nn::Linear(12, 8), nn::ReLU(), nn::Linear(8, 3)};
+  EXPECT_EQ(nn::quant::prepare_qat(*net), 2);
+  const Tensor x = uniform({16, 12}, -1, 2);
+  for (int step = 0; step < 3; ++step) {
+    for (const Tensor& p : net->parameters()) p.zero_grad();
+    sum(net->forward(x)).backward();
+  }
+  for (const auto& [name, p] : net->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    const std::vector<float> g = p.grad().to_vector<float>();
+    EXPECT_NE(std::count(g.begin(), g.end(), 0.0f), std::ptrdiff_t(g.size())) << name;
+  }
+  net->eval();
+  std::vector<float> qat;
+  {
+    NoGradGuard ng;
+    qat = net->forward(x).to_vector<float>();
+  }
+  expect_error<Error>(
+      [&] {
+        nn::Sequential fresh{nn::Linear(2, 2)};
+        nn::quant::prepare_qat(*fresh);
+        nn::quant::convert(*fresh);
+      },
+      {"convert", "observed no batch"});
+  EXPECT_EQ(nn::quant::convert(*net), 2);
+  int fixed = 0;
+  for (const auto& [path, m] : net->named_modules())
+    if (auto* q = dynamic_cast<nn::QuantizedLinearImpl*>(m.get())) fixed += q->input_scale.defined();
+  EXPECT_EQ(fixed, 2);
+  EXPECT_TRUE(net->state_dict().count("0.input_scale"));
+  NoGradGuard ng;
+  const std::vector<float> got = net->forward(x).to_vector<float>();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], qat[i], 1e-4 * (1 + std::fabs(qat[i]))) << i;
+}
+
 TEST(QuantizedLinear, RejectsBadInputs) {
   nn::Linear lin(8, 4);
   nn::QuantizedLinear q(lin->weight, lin->bias);
