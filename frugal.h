@@ -44,6 +44,7 @@
 #include "nn/module_holder.h"
 #include "nn/ordered_dict.h"
 #include "nn/prune.h"
+#include "nn/quant.h"
 #include "optim/adafactor.h"
 #include "optim/adam.h"
 #include "optim/adam8bit.h"

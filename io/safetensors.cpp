@@ -87,6 +87,7 @@ struct Entry {
   DType dtype;
   Shape shape;
   int64_t begin, end;  // byte offsets in the data buffer
+  bool int8 = false;   // stored as "I8", held as U8 (Note [int8 as I8])
 };
 
 }  // namespace
@@ -124,14 +125,27 @@ DType dtype_from_safetensors_name(const std::string& name) {
 namespace detail {
 
 SafetensorsPlan plan_safetensors(const std::string& path, const StateDict& tensors,
-                                 const std::map<std::string, std::string>& metadata) {
+                                 const std::map<std::string, std::string>& metadata,
+                                 const std::set<std::string>& int8_names) {
   // The layout of Note [safetensors order].
   SafetensorsPlan plan;
   plan.tensors.assign(tensors.begin(), tensors.end());
   for (const auto& [name, t] : plan.tensors)
     FRUGAL_CHECK(t.defined(), "save_safetensors('", path, "'): tensor '", excerpt(name), "' is undefined");
-  std::stable_sort(plan.tensors.begin(), plan.tensors.end(), [](const auto& a, const auto& b) {
-    const int ra = alignment_rank(a.second.dtype()), rb = alignment_rank(b.second.dtype());
+  for (const std::string& name : int8_names) {
+    auto it = tensors.find(name);
+    FRUGAL_CHECK(it != tensors.end(), "save_safetensors('", path, "'): int8 tensor '", excerpt(name),
+                 "' is not among the tensors");
+    FRUGAL_CHECK_DTYPE(it->second.dtype() == DType::U8, "save_safetensors('", path, "'): int8 tensor '",
+                       excerpt(name), "' must be U8 (its int8 bytes, Note [int8 as I8]), got ",
+                       it->second.dtype());
+  }
+  // The reference's rank of I8 is 2, between U8 (1) and F16 (7).
+  auto rank = [&](const std::pair<std::string, Tensor>& e) {
+    return int8_names.count(e.first) ? 2 : alignment_rank(e.second.dtype());
+  };
+  std::stable_sort(plan.tensors.begin(), plan.tensors.end(), [&](const auto& a, const auto& b) {
+    const int ra = rank(a), rb = rank(b);
     return ra != rb ? ra > rb : a.first < b.first;
   });
 
@@ -142,7 +156,7 @@ SafetensorsPlan plan_safetensors(const std::string& path, const StateDict& tenso
     FRUGAL_CHECK(name != "__metadata__", "save_safetensors('", path,
                  "'): '__metadata__' is reserved by the format and cannot name a tensor");
     nlohmann::ordered_json info = nlohmann::ordered_json::object();
-    info["dtype"] = safetensors_dtype_name(t.dtype());
+    info["dtype"] = int8_names.count(name) ? "I8" : safetensors_dtype_name(t.dtype());
     info["shape"] = t.shape().vec();
     info["data_offsets"] = {offset, offset + t.nbytes()};
     header[name] = std::move(info);
@@ -177,9 +191,10 @@ void write_safetensors(AtomicFile& file, const SafetensorsPlan& plan) {
 }  // namespace detail
 
 void save_safetensors(const std::string& path, const StateDict& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata,
+                      const std::set<std::string>& int8_names) {
   // Planned (and checked) before the file is created.
-  const detail::SafetensorsPlan plan = detail::plan_safetensors(path, tensors, metadata);
+  const detail::SafetensorsPlan plan = detail::plan_safetensors(path, tensors, metadata, int8_names);
   AtomicFile file(path);
   detail::write_safetensors(file, plan);
   file.commit();
@@ -271,7 +286,8 @@ std::vector<Entry> parse_header(const std::string& path, std::string_view text, 
     const auto& dtype = value["dtype"];
     if (!dtype.is_string()) fail("tensor ", quoted, ": dtype is not a string");
     try {
-      e.dtype = dtype_from_safetensors_name(dtype.get<std::string>());
+      e.int8 = dtype.get<std::string>() == "I8";
+      e.dtype = e.int8 ? DType::U8 : dtype_from_safetensors_name(dtype.get<std::string>());
     } catch (const DTypeError& err) {
       fail("tensor ", quoted, ": ", err.what());
     }
@@ -385,6 +401,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
         FRUGAL_CHECK(bytes[i] <= 1, "load_safetensors('", path, "'): BOOL tensor '", excerpt(e.name),
                      "' holds byte ", int(bytes[i]), " at element ", i, "; only 0 and 1 are valid");
     }
+    if (e.int8) out.int8_names.insert(e.name);
     out.tensors.emplace(e.name, std::move(t));
   }
   return out;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,13 +27,21 @@ namespace frugal::io {
 // unordered, so with more than one metadata key only the order of those keys may differ), so frugal's files
 // are byte-identical to what safetensors.torch.save_file writes for the same tensors.
 
+// Note [int8 as I8]: frugal has no int8 dtype; int8 values (nn::quant's weights, nn/quant.h) live in U8
+// tensors as their two's complement bytes. The tensors named in `int8_names` (each must be U8) are written
+// with dtype "I8", the same bytes, so PyTorch's safetensors reads them as torch.int8; the layout places them
+// where the reference places I8 (after I16/F16..., before U8). On load, an "I8" tensor becomes a U8 tensor
+// holding the same bytes, and its name is listed in SafetensorsFile::int8_names.
+
 // Writes `tensors` (any layout and device; written contiguous, on the cpu) to `path`.
 void save_safetensors(const std::string& path, const StateDict& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      const std::set<std::string>& int8_names = {});
 
 struct SafetensorsFile {
   StateDict tensors;
   std::map<std::string, std::string> metadata;
+  std::set<std::string> int8_names;  // the tensors stored as "I8" (held here as U8: Note [int8 as I8])
 };
 
 // Reads a whole file into cpu tensors. Throws Error naming the file and the problem when it is missing,
@@ -57,7 +66,8 @@ struct SafetensorsPlan {
   std::vector<std::pair<std::string, Tensor>> tensors;  // in layout order
 };
 SafetensorsPlan plan_safetensors(const std::string& path, const StateDict& tensors,
-                                 const std::map<std::string, std::string>& metadata);
+                                 const std::map<std::string, std::string>& metadata,
+                                 const std::set<std::string>& int8_names = {});
 void write_safetensors(AtomicFile& file, const SafetensorsPlan& plan);
 }  // namespace detail
 

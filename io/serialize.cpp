@@ -3,6 +3,7 @@
 #include "io/serialize.h"
 
 #include "io/safetensors.h"
+#include "nn/quant.h"
 
 namespace frugal {
 
@@ -11,7 +12,9 @@ constexpr const char* kOptimizerKey = "optimizer";  // the same key the trainers
 }  // namespace
 
 void save(const nn::Module& module, const std::string& path) {
-  io::save_safetensors(path, module.state_dict(), {{"module", module.type_name()}});
+  // A quantised model's int8 weights are written as I8 (Note [int8 as I8]).
+  io::save_safetensors(path, module.state_dict(), {{"module", module.type_name()}},
+                       nn::quant::int8_names(module));
 }
 
 void load(nn::Module& module, const std::string& path) {

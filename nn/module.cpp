@@ -279,6 +279,15 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   }
   for (const auto& [n, t] : state)
     if (!mine.count(n)) unexpected.push_back(n);
+  // Floating values convert (an f16 file loads into f32 parameters), but a byte tensor's bytes (nn::quant's
+  // int8 weights, Note [int8 as I8] in io/safetensors.h) mean nothing converted from another dtype.
+  for (const auto& [n, t] : mine) {
+    auto it = state.find(n);
+    FRUGAL_CHECK_DTYPE(it == state.end() || t.dtype() != DType::U8 || it->second.dtype() == DType::U8,
+                       type_name(), ": load_state_dict: '", n, "' holds u8 (int8 bytes of a quantised ",
+                       "model) and cannot be loaded from ", it->second.dtype(), "; pass the u8 tensor saved ",
+                       "by the quantised model");
+  }
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;

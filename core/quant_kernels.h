@@ -1,0 +1,27 @@
+// The int8 GEMM behind nn::quant's QuantizedLinear (kernels/cpu/quant.cpp): u8 activations with a zero point
+// times s8 weights, accumulated in s32. Plain declarations rather than an op-table entry: only the CPU has an
+// int8 kernel, and nn/quant.cpp is its one caller.
+#pragma once
+
+#include <cstdint>
+
+namespace frugal::cpu {
+
+// acc[i, j] = sum_p (x[i, p] - x_zero_point) * w[j, p]                        x (m, k) u8, w (n, k) s8
+// out[i, j] = float(acc[i, j]) * scale[j] (+ bias[j] when bias is non-null)  out (m, n) f32, scale (n)
+// All dense row-major. oneDNN's int8 matmul when built with it, the reference loops otherwise (or where
+// oneDNN declines the shape).
+void int8_linear(const uint8_t* x, int32_t x_zero_point, const int8_t* w, const float* scale,
+                 const float* bias, float* out, int64_t m, int64_t k, int64_t n);
+// The s32 accumulators alone, acc (m, n); for the tests' exact comparison with the reference.
+void int8_linear_s32(const uint8_t* x, int32_t x_zero_point, const int8_t* w, int32_t* acc, int64_t m,
+                     int64_t k, int64_t n);
+// The naive reference of both (plain loops).
+void int8_linear_reference(const uint8_t* x, int32_t x_zero_point, const int8_t* w, const float* scale,
+                           const float* bias, float* out, int64_t m, int64_t k, int64_t n);
+void int8_linear_s32_reference(const uint8_t* x, int32_t x_zero_point, const int8_t* w, int32_t* acc,
+                               int64_t m, int64_t k, int64_t n);
+// Whether int8_linear runs through oneDNN for this shape (false: the reference loops).
+bool int8_linear_uses_onednn(int64_t m, int64_t k, int64_t n);
+
+}  // namespace frugal::cpu
