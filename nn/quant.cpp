@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -215,6 +216,49 @@ Tensor QatLinearImpl::forward(const Tensor& x) {
   return functional::linear(xq, wq, bias);
 }
 
+ObservedLinearImpl::ObservedLinearImpl(const LinearImpl& linear, quant::Observer obs)
+    : Module("ObservedLinear"), observer(obs) {
+  FRUGAL_CHECK_DTYPE(linear.weight.dtype() == kF32 && linear.weight.device() == kCPU,
+                     "quant::prepare: expected an f32 cpu Linear, got ", linear.weight.dtype());
+  weight = register_parameter("weight", linear.weight, linear.weight.requires_grad());
+  if (linear.bias.defined()) bias = register_parameter("bias", linear.bias, linear.bias.requires_grad());
+}
+
+Tensor ObservedLinearImpl::forward(const Tensor& x) {
+  FRUGAL_CHECK_DTYPE(x.dtype() == kF32, "ObservedLinear: expected an f32 input, got ", x.dtype());
+  const Tensor xc = contiguous(x.detach());
+  const float* v = xc.data<float>();
+  const int64_t n = xc.numel();
+  float lo = batches ? min_ : v[0], hi = batches ? max_ : v[0], amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, v[i]);
+    hi = std::max(hi, v[i]);
+    amax = std::max(amax, std::fabs(v[i]));
+  }
+  min_ = lo, max_ = hi;
+  if (observer == quant::Observer::Histogram) {
+    if (batches == 0) {
+      histogram_.assign(2048, 0);
+      bin_width_ = amax > 0 ? 2 * amax / 2048 : 1.0f;
+    }
+    for (int64_t i = 0; i < n; ++i)
+      ++histogram_[size_t(std::min<int64_t>(2047, int64_t(std::fabs(v[i]) / bin_width_)))];
+  }
+  ++batches;
+  return functional::linear(x, weight, bias);
+}
+
+std::pair<float, float> ObservedLinearImpl::range() const {
+  if (observer == quant::Observer::MinMax || histogram_.empty()) return {min_, max_};
+  const int64_t total = std::accumulate(histogram_.begin(), histogram_.end(), int64_t(0));
+  int64_t seen = 0;
+  size_t bin = 0;
+  while (bin + 1 < histogram_.size() && double(seen + histogram_[bin]) < 0.9999 * double(total))
+    seen += histogram_[bin++];
+  const float clip = float(bin + 1) * bin_width_;
+  return {std::max(min_, -clip), std::min(max_, clip)};
+}
+
 namespace quant {
 
 // Rounds half to even (as std::nearbyint in the default rounding mode) by adding and removing 1.5 * 2^23,
@@ -294,24 +338,49 @@ int prepare_qat(Module& model) {
   return int(found.size());
 }
 
-int convert(Module& model) {
+int prepare(Module& model, Observer observer) {
+  FRUGAL_CHECK(dynamic_cast<LinearImpl*>(&model) == nullptr,
+               "quant::prepare: the model is itself a Linear, which cannot replace itself; wrap it first");
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> found;
   for (const auto& [path, module] : model.named_modules())
+    if (dynamic_cast<LinearImpl*>(module.get())) found.emplace_back(path, module);
+  for (auto& [path, module] : found)
+    model.replace_module(
+        path, std::make_shared<ObservedLinearImpl>(static_cast<const LinearImpl&>(*module), observer));
+  return int(found.size());
+}
+
+int convert(Module& model) {
+  struct Found {
+    std::string path;
+    std::shared_ptr<Module> module;
+    Tensor weight, bias;
+    float lo, hi;
+  };
+  std::vector<Found> found;
+  for (const auto& [path, module] : model.named_modules()) {
     if (auto* q = dynamic_cast<QatLinearImpl*>(module.get())) {
       FRUGAL_CHECK(q->observed, "convert: QatLinear '", path, "' has observed no batch; train it first");
-      found.emplace_back(path, module);
+      found.push_back({path, module, q->weight, q->bias, q->observed_min.data<float>()[0],
+                       q->observed_max.data<float>()[0]});
+    } else if (auto* o = dynamic_cast<ObservedLinearImpl*>(module.get())) {
+      FRUGAL_CHECK(o->batches > 0, "convert: ObservedLinear '", path,
+                   "' has observed no batch; calibrate it (run batches through the model) first");
+      const auto [lo, hi] = o->range();
+      found.push_back({path, module, o->weight, o->bias, lo, hi});
     }
-  for (auto& [path, module] : found) {
-    auto& q = static_cast<QatLinearImpl&>(*module);
-    const float mn = std::min(q.observed_min.data<float>()[0], 0.0f);
-    const float mx = std::max(q.observed_max.data<float>()[0], 0.0f);
+  }
+  for (Found& f : found) {
+    const float mn = std::min(f.lo, 0.0f), mx = std::max(f.hi, 0.0f);
     const float s = mx > mn ? (mx - mn) / float(kInputQMax) : 1.0f;
     const auto zp = int32_t(std::clamp(std::nearbyint(-mn / s), 0.0f, float(kInputQMax)));
     NoGradGuard ng;
-    auto ql = std::make_shared<QuantizedLinearImpl>(q.weight.detach(),
-                                                    q.bias.defined() ? q.bias.detach() : Tensor(), s, zp);
-    module.reset();
-    model.replace_module(path, ql);
+    auto ql = std::make_shared<QuantizedLinearImpl>(f.weight.detach(),
+                                                    f.bias.defined() ? f.bias.detach() : Tensor(), s, zp);
+    f.module.reset();
+    f.weight = Tensor();
+    f.bias = Tensor();
+    model.replace_module(f.path, ql);
   }
   return int(found.size());
 }

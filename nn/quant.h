@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../core/tensor.h"
@@ -62,6 +63,30 @@ class QatLinearImpl : public Module {
 };
 FRUGAL_MODULE(QatLinear);
 
+// Static post-training quantisation's Linear (quant::prepare): runs the Linear in f32 and observes its
+// inputs, from which quant::convert fixes the input's scale and zero point. MinMax keeps the smallest and
+// largest value seen. Histogram also counts |x| into 2048 bins over [0, 2 max|x| of the first batch] (values
+// beyond go into the last bin) and clips the range at the 99.99th percentile of |x|, so that a few outliers
+// do not spend the 128 levels.
+namespace quant {
+enum class Observer { MinMax, Histogram };
+}
+class ObservedLinearImpl : public Module {
+ public:
+  ObservedLinearImpl(const LinearImpl& linear, quant::Observer observer);
+  Tensor forward(const Tensor& x) override;
+  // The range convert quantises: [min, max] seen, or clipped at the percentile (Histogram).
+  std::pair<float, float> range() const;
+  Tensor weight, bias;
+  quant::Observer observer;
+  int64_t batches = 0;
+
+ private:
+  float min_ = 0, max_ = 0, bin_width_ = 0;
+  std::vector<int64_t> histogram_;
+};
+FRUGAL_MODULE(ObservedLinear);
+
 namespace functional {
 // Fake quantisation, per tensor: q = clamp(round(x / scale) + zero_point, qmin, qmax) (rounding half to
 // even), y = (q - zero_point) * scale, in x's dtype (f32 or f64). Backward is the straight-through estimator
@@ -100,8 +125,12 @@ std::set<std::string> int8_names(const Module& model);
 // Replaces every Linear below `model` by a QatLinear (sharing its weight and bias: build the optimizer after
 // this). Returns how many.
 int prepare_qat(Module& model);
-// Replaces every QatLinear below `model` by a QuantizedLinear with the observed input scale fixed (static
-// activation quantisation). Throws Error for a QatLinear that has seen no batch. Returns how many.
+// Static post-training quantisation: replaces every Linear below `model` by an ObservedLinear; calibrate by
+// running a few batches through the model (forward, in any mode, no gradient needed), then convert.
+int prepare(Module& model, Observer observer = Observer::MinMax);
+// Replaces every QatLinear and ObservedLinear below `model` by a QuantizedLinear with the observed input
+// scale fixed (static activation quantisation). Throws Error for one that has seen no batch. Returns how
+// many.
 int convert(Module& model);
 
 }  // namespace quant

@@ -243,6 +243,68 @@ TEST(Qat, PrepareTrainsThroughFakeQuantAndConvertMatchesTheQatModel) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], qat[i], 1e-4 * (1 + std::fabs(qat[i]))) << i;
 }
 
+// Static post-training quantisation: the observers' ranges against the calibration data's (min-max exactly;
+// the histogram's clipped past its outlier), and the converted model close to the f32 one.
+TEST(StaticQuant, ObserversFixTheInputRangeAndConvertQuantises) {
+  manual_seed(3);
+  nn::Sequential net{nn::Linear(12, 8), nn::ReLU(), nn::Linear(8, 3)};
+  Tensor x = uniform({64, 12}, -1, 2, DType::F32, 4);
+  std::vector<float> f32;
+  {
+    NoGradGuard ng;
+    f32 = net->forward(x).to_vector<float>();
+  }
+  for (nn::quant::Observer obs : {nn::quant::Observer::MinMax, nn::quant::Observer::Histogram}) {
+    nn::Sequential copy{nn::Linear(12, 8), nn::ReLU(), nn::Linear(8, 3)};
+    copy->load_state_dict(net->state_dict());
+    EXPECT_EQ(nn::quant::prepare(*copy, obs), 2);
+    expect_error<Error>(
+        [&] {
+          nn::Sequential c{nn::Linear(2, 2)};
+          nn::quant::prepare(*c);
+          nn::quant::convert(*c);
+        },
+        {"convert", "ObservedLinear", "calibrate"});
+    NoGradGuard ng;
+    Tensor with_outlier = x.clone();
+    with_outlier.data<float>()[32 * 12 + 5] = 1000;  // one value in the second batch's 384
+    copy->forward(x.narrow(0, 0, 32));
+    copy->forward(with_outlier.narrow(0, 32, 32));
+    auto* first = dynamic_cast<nn::ObservedLinearImpl*>((*copy)[0].get());
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(first->batches, 2);
+    const auto [lo, hi] = first->range();
+    const std::vector<float> seen = with_outlier.to_vector<float>();  // both batches
+    const float true_lo = *std::min_element(seen.begin(), seen.end()),
+                true_hi = *std::max_element(seen.begin(), seen.end());
+    if (obs == nn::quant::Observer::MinMax) {
+      EXPECT_EQ(lo, true_lo);
+      EXPECT_EQ(hi, true_hi);
+    } else {
+      EXPECT_EQ(lo, true_lo);  // no negative outlier: nothing to clip
+      EXPECT_LT(hi, 10.0f) << "the 99.99th percentile of |x| clips the outlier 1000";
+      EXPECT_GE(hi, 2.0f * 0.99f);
+    }
+    // Calibrated on the outlier, min-max spends its levels on [0, 1000]; the histogram's model is the closer.
+    EXPECT_EQ(nn::quant::convert(*copy), 2);
+    auto* q = dynamic_cast<nn::QuantizedLinearImpl*>((*copy)[0].get());
+    ASSERT_NE(q, nullptr);
+    ASSERT_TRUE(q->input_scale.defined());
+    EXPECT_FLOAT_EQ(q->input_scale.item<float>(), (std::max(hi, 0.0f) - std::min(lo, 0.0f)) / 127.0f);
+    const std::vector<float> got = copy->forward(x.narrow(0, 0, 32)).to_vector<float>();
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      err = std::max(err, double(std::fabs(got[i] - f32[i])));
+      scale = std::max(scale, double(std::fabs(f32[i])));
+    }
+    if (obs == nn::quant::Observer::Histogram) {
+      EXPECT_LT(err, 0.05 * scale) << "histogram-calibrated int8";
+    } else {
+      EXPECT_GT(err, 0.05 * scale) << "min-max over an outlier should lose";
+    }
+  }
+}
+
 TEST(QuantizedLinear, RejectsBadInputs) {
   nn::Linear lin(8, 4);
   nn::QuantizedLinear q(lin->weight, lin->bias);
