@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Validator(examples::integer_in(0, INT64_MAX), "INT >= 0"));
   app.add_option("--finetune-steps", s.finetune_steps, "steps of fine-tuning after pruning (0: none)")
       ->check(CLI::Validator(examples::integer_in(0, 1000000), "[0, 1000000]"));
+  app.add_option("--finetune-lr", s.finetune_lr, "Adam's learning rate in fine-tuning")
+      ->check(CLI::Validator(examples::check_finite_positive, "POSITIVE"));
   app.add_option("--repeats", s.repeats, "timed forwards per row (the median is reported)")
       ->check(CLI::Validator(examples::integer_in(1, 10000), "[1, 10000]"));
   app.add_flag("--json", json, "one JSON object per row instead of the table");

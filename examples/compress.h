@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,11 @@ struct Setup {
   std::string model;
   std::shared_ptr<data::FashionMNIST> train_set, test_set;
   StateDict trained;
-  int epochs = 2;         // of training, the distilled student's too
-  int64_t max_steps = 0;  // per epoch (0: the whole epoch)
+  int epochs = 2;           // of training
+  int student_epochs = 10;  // the distilled student's
+  int64_t max_steps = 0;    // per epoch (0: the whole epoch)
   int64_t finetune_steps = 0;
+  double finetune_lr = 5e-4;
   int repeats = 0;
   Tensor infer_batch;   // the first 256 test images
   std::string scratch;  // a file path for measuring file_bytes
@@ -42,11 +45,11 @@ inline nn::Sequential fresh(const Setup& s) {
   return s.model == "mlp" ? fmnist::make_mlp() : fmnist::make_cnn();
 }
 
-// Fine-tunes `model` for the setup's steps (Adam, lr 1e-4, the W1/W2 batch); the optimizer's state is freed
-// on return.
+// Fine-tunes `model` for the setup's steps (Adam at the setup's lr, the W1/W2 batch); the optimizer's state
+// is freed on return.
 inline void finetune(nn::Module& model, const Setup& s) {
   if (s.finetune_steps == 0) return;
-  optim::Adam opt(model.parameters(), optim::AdamOptions(1e-4));
+  optim::Adam opt(model.parameters(), optim::AdamOptions(s.finetune_lr));
   data::DataLoader train(s.train_set, data::DataLoaderOptions()
                                           .batch_size(s.model == "mlp" ? 128 : 64)
                                           .shuffle(true)
@@ -79,7 +82,7 @@ inline Row measure(const std::string& technique, const Setup& s,
   nn::Sequential model = make();
   model->zero_grad();
   r.model_bytes = arena_bytes() - before;
-  io::save_safetensors(s.scratch, model->state_dict());
+  io::save_safetensors(s.scratch, model->state_dict(), {}, nn::quant::int8_names(*model));
   r.file_bytes = int64_t(std::filesystem::file_size(s.scratch));
   std::filesystem::remove(s.scratch);
   data::DataLoader test(s.test_set, data::DataLoaderOptions().batch_size(250));
@@ -95,6 +98,47 @@ inline nn::Sequential trained_copy(const Setup& s) {
   return m;
 }
 
+// The model's prunable layers (its Linears and Conv2ds) and, for structured pruning, all but the last (whose
+// outputs are the model's).
+inline std::vector<nn::Module*> prunable_layers(nn::SequentialImpl& m, bool but_last = false) {
+  std::vector<nn::Module*> layers;
+  for (const auto& child : m)
+    if (dynamic_cast<nn::LinearImpl*>(child.get()) || dynamic_cast<nn::Conv2dImpl*>(child.get()))
+      layers.push_back(child.get());
+  if (but_last && !layers.empty()) layers.pop_back();
+  return layers;
+}
+
+// The trained model with `amount` of each layer's weights pruned by magnitude, iteratively (PyTorch's
+// iterative pruning, Zhu and Gupta's gradual schedule in three steps): to 50%, 80% and 90% of the weights, as
+// far as `amount`, each step pruning a share of what is left and fine-tuning with the masks held; then
+// (permanent) the masks removed.
+inline nn::Sequential pruned_copy(const Setup& s, double amount, bool permanent) {
+  nn::Sequential m = trained_copy(s);
+  double done = 0;
+  for (double stage : {0.5, 0.8, 0.9, 1.0}) {
+    const double to = std::min(stage, amount);
+    for (nn::Module* layer : prunable_layers(*m))
+      nn::prune::l1_unstructured(*layer, "weight", (to - done) / (1 - done));
+    finetune(*m, s);
+    done = to;
+    if (done >= amount) break;
+  }
+  if (permanent)
+    for (nn::Module* layer : prunable_layers(*m)) nn::prune::remove(*layer, "weight");
+  return m;
+}
+
+// Runs `batches` batches of 256 training images through the model without recording (calibration).
+inline void calibrate(nn::Module& model, const Setup& s, int batches) {
+  NoGradGuard no_record;
+  std::vector<int64_t> idx(256);
+  for (int b = 0; b < batches; ++b) {
+    std::iota(idx.begin(), idx.end(), int64_t(b) * 256);
+    model.forward(s.train_set->get_batch(idx, DType::F32).input);
+  }
+}
+
 inline std::vector<Row> run_rows(const Setup& s) {
   std::vector<Row> rows;
   auto add = [&](const std::string& technique, const std::function<nn::Sequential()>& make) {
@@ -102,7 +146,48 @@ inline std::vector<Row> run_rows(const Setup& s) {
     const Row& r = rows.back();
     std::fprintf(stderr, "compress: %s done (accuracy %.4f)\n", r.technique.c_str(), r.test_accuracy);
   };
+  const std::string tuned = s.finetune_steps ? " + fine-tune" : "";
   add("f32", [&] { return trained_copy(s); });
+  for (int percent : {50, 80, 90})
+    add("l1 unstructured " + std::to_string(percent) + "%" + tuned,
+        [&] { return pruned_copy(s, percent / 100.0, false); });
+  add("structured 50% + shrink" + tuned, [&] {
+    nn::Sequential m = trained_copy(s);
+    for (nn::Module* layer : prunable_layers(*m, true)) nn::prune::ln_structured(*layer, "weight", 0.5, 2, 0);
+    nn::prune::shrink(*m);
+    finetune(*m, s);  // the smaller model, with an optimizer of its own size
+    return m;
+  });
+  add("CSR at 90%" + tuned, [&] {
+    nn::Sequential m = pruned_copy(s, 0.9, true);
+    nn::prune::to_sparse(*m, 0.5);
+    return m;
+  });
+  add("int8 dynamic", [&] {
+    nn::Sequential m = trained_copy(s);
+    nn::quant::quantize_dynamic(*m);
+    return m;
+  });
+  add("int8 static (histogram)", [&] {
+    nn::Sequential m = trained_copy(s);
+    nn::quant::prepare(*m, nn::quant::Observer::Histogram);
+    calibrate(*m, s, 8);
+    nn::quant::convert(*m);
+    return m;
+  });
+  add("int8 QAT" + tuned, [&] {
+    nn::Sequential m = trained_copy(s);
+    nn::quant::prepare_qat(*m);
+    finetune(*m, s);
+    if (s.finetune_steps == 0) calibrate(*m, s, 1);  // convert needs a batch seen
+    nn::quant::convert(*m);
+    return m;
+  });
+  add("l1 80%" + tuned + " + int8 dynamic", [&] {
+    nn::Sequential m = pruned_copy(s, 0.8, true);
+    nn::quant::quantize_dynamic(*m);
+    return m;
+  });
   if (s.model == "mlp") {
     add("distilled student 784-64-10", [&] {
       Tensor logits;
@@ -110,7 +195,7 @@ inline std::vector<Row> run_rows(const Setup& s) {
         nn::Sequential teacher = trained_copy(s);
         logits = distill::label_with(*teacher, *s.train_set);
       }
-      return distill::train_student(1, s.epochs, s.max_steps, logits, 2.0, 0.5, s.train_set);
+      return distill::train_student(1, s.student_epochs, s.max_steps, logits, 2.0, 0.5, s.train_set);
     });
   }
   return rows;

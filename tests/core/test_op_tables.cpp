@@ -15,6 +15,8 @@ const std::map<std::string, std::string> kAllowedWithoutHalf = {
     {"linear_relu",
      "a fused f32 GEMM (oneDNN's matmul with a ReLU post-op); ops::linear_relu composes linear "
      "and relu_ for f16/bf16"},
+    {"csr_matmul",
+     "nn::SparseLinear's CSR product: built from a pruned f32 Linear, it holds f32 values only"},
 };
 
 TEST(OpTables, EveryF32CpuKernelHasF16AndBf16) {
