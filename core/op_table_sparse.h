@@ -35,15 +35,16 @@ struct SparseAdamStepArgs {
 };
 using SparseAdamStepKernel = void(const SparseAdamStepArgs& args);
 extern OpTable<SparseAdamStepKernel> op_sparse_adam_step;
-// A sparse matrix in compressed sparse rows times a dense one's transpose (nn::SparseLinear):
-//   out[b, r] = sum over k in [row_offsets[r], row_offsets[r + 1]) of values[k] * x[b, col_indices[k]]
-// (x [batch, cols] and out [batch, rows], both contiguous). Keyed by the values' dtype.
+// A sparse matrix in compressed sparse rows times a dense one (nn::SparseLinear):
+//   out[r, j] = sum over k in [row_offsets[r], row_offsets[r + 1]) of values[k] * x[col_indices[k], j]
+// (x [cols, batch] and out [rows, batch], both contiguous: each nonzero scales one contiguous row of x into
+// one of out). Keyed by the values' dtype.
 struct CsrMatmulArgs {
   const void* values = nullptr;
   const int32_t* col_indices = nullptr;
   const int32_t* row_offsets = nullptr;  // [rows + 1]
-  const void* x = nullptr;
-  void* out = nullptr;
+  const void* x = nullptr;               // [cols, batch]
+  void* out = nullptr;                   // [rows, batch]
   int64_t rows = 0, cols = 0, nnz = 0, batch = 0;
 };
 using CsrMatmulKernel = void(const CsrMatmulArgs& args);

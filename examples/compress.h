@@ -148,6 +148,13 @@ inline std::vector<Row> run_rows(const Setup& s) {
   };
   const std::string tuned = s.finetune_steps ? " + fine-tune" : "";
   add("f32", [&] { return trained_copy(s); });
+  // The pruned rows train for up to three fine-tunes more than the f32 model: this row trains as long, so
+  // that what pruning costs is the difference to it.
+  add("f32 + fine-tune x3", [&] {
+    nn::Sequential m = trained_copy(s);
+    for (int i = 0; i < 3; ++i) finetune(*m, s);
+    return m;
+  });
   for (int percent : {50, 80, 90})
     add("l1 unstructured " + std::to_string(percent) + "%" + tuned,
         [&] { return pruned_copy(s, percent / 100.0, false); });

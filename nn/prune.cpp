@@ -137,19 +137,22 @@ Tensor SparseLinearImpl::forward(const Tensor& x) {
   FRUGAL_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) == in_, "SparseLinear: input shape ", x.shape(),
                      " must end in the ", in_, " input features");
   NoGradGuard no_record;
-  const Tensor xc = x.contiguous();
-  const int64_t batch = xc.numel() / in_;
-  Shape shape = x.shape();
-  shape[shape.size() - 1] = out_;
-  Tensor out = empty(shape);
+  // The kernel wants the batch along rows, x^T [in, batch] in and out^T [out, batch] back (see its comment in
+  // kernels/cpu/sparse.cpp): two transposes of activations, so that each nonzero streams a whole row.
+  const Tensor xt = x.reshape({-1, in_}).t().contiguous();
+  const int64_t batch = xt.size(1);
+  Tensor out_t = empty({out_, batch});
   CsrMatmulArgs a;
   a.values = values.raw_data();
   a.col_indices = col_indices.data<int32_t>();
   a.row_offsets = row_offsets.data<int32_t>();
-  a.x = xc.raw_data();
-  a.out = out.raw_data();
+  a.x = xt.raw_data();
+  a.out = out_t.raw_data();
   a.rows = out_, a.cols = in_, a.nnz = values.numel(), a.batch = batch;
   op_csr_matmul.get(kCPU, DType::F32)(a);
+  Shape shape = x.shape();
+  shape[shape.size() - 1] = out_;
+  Tensor out = out_t.t().contiguous().reshape(shape);
   if (bias.defined()) out.add_(bias);
   return out;
 }
@@ -310,7 +313,8 @@ void shrink(SequentialImpl& model) {
                    i, " is a grouped Conv2d, which shrink does not rebuild");
       layers.push_back({i, &m, {}, weight_of(m).size(0)});
     } else if (!layers.empty() && !m.parameters().empty()) {
-      throw Error(frugal::detail::str_cat(op, ": module ", i, " (", m.type_name(),
+      throw Error(
+          frugal::detail::str_cat(op, ": module ", i, " (", m.type_name(),
                                   ") holds parameters between prunable layers; shrink sees through ReLU, "
                                   "MaxPool2d, Dropout and Flatten only"));
     }

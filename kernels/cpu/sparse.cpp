@@ -75,17 +75,18 @@ void sparse_adam_step_cpu(const SparseAdamStepArgs& a) {
   });
 }
 
-// Eigen's sparse module: out^T [rows, batch] = W [rows, cols] (row-major sparse) * x^T [cols, batch], every
-// operand a Map over the tensors' own bytes (x and out row-major are x^T and out^T column-major). Eigen runs
-// a row-major sparse times dense product on its OpenMP threads, split by rows.
+// Eigen's sparse module over the tensors' own bytes: out [rows, batch] = W [rows, cols] (row-major sparse) *
+// x [cols, batch] (row-major dense). Eigen runs a row-major sparse times dense product row by row of W, on
+// its OpenMP threads; each nonzero (r, c) adds values * x's row c to out's row r, both contiguous here, so
+// the inner loop is a vectorised axpy of `batch` elements.
 template <typename T>
 void csr_matmul_cpu(const CsrMatmulArgs& a) {
   using Sparse = Eigen::Map<const Eigen::SparseMatrix<T, Eigen::RowMajor, int32_t>>;
-  using Dense = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+  using Dense = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const Sparse w(a.rows, a.cols, a.nnz, a.row_offsets, a.col_indices, static_cast<const T*>(a.values));
-  const Eigen::Map<const Dense> xt(static_cast<const T*>(a.x), a.cols, a.batch);
-  Eigen::Map<Dense> outt(static_cast<T*>(a.out), a.rows, a.batch);
-  outt.noalias() = w * xt;
+  const Eigen::Map<const Dense> x(static_cast<const T*>(a.x), a.cols, a.batch);
+  Eigen::Map<Dense> out(static_cast<T*>(a.out), a.rows, a.batch);
+  out.noalias() = w * x;
 }
 
 const bool kRegistered = [] {
