@@ -49,9 +49,9 @@ TEST(Compress, EachRowHoldsTheBytesItsTechniqueLeaves) {
   }
   ASSERT_TRUE(by.count("f32"));
   EXPECT_EQ(by["f32"].model_bytes, f32);
-  EXPECT_EQ(by["l1 unstructured 80% + fine-tune"].model_bytes, f32 + masks);
+  EXPECT_EQ(by["l1 global 80% + fine-tune"].model_bytes, f32 + masks);
   for (const char* t : {"int8 dynamic", "int8 static (histogram)", "int8 QAT + fine-tune",
-                        "l1 80% + fine-tune + int8 dynamic"}) {
+                        "l1 global 80% + fine-tune + int8 dynamic"}) {
     ASSERT_TRUE(by.count(t)) << t;
     EXPECT_LE(by[t].model_bytes, 0.26 * double(f32)) << t;
     EXPECT_LE(by[t].file_bytes, 0.26 * double(by["f32"].file_bytes))
