@@ -5,7 +5,9 @@
 //                  those before it was made: parameters, buffers, masks, scales; nothing hidden)
 //   file_bytes     its state_dict as a safetensors file
 //   test_accuracy  on the 10,000 test images
-//   infer_ms       one forward of a batch of 256 test images, the median of --repeats runs
+//   infer_ms       one forward of a batch of 256 test images, the median of --repeats runs; each run
+//                  alternates with one of the trained f32 model, and "× f32" (JSON infer_x_f32) is the
+//                  median of those pairs' ratios, so that a noisy machine moves both sides alike
 // as a Markdown table, or one JSON object per row with --json.
 //
 //   build/examples/compress --model mlp

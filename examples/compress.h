@@ -10,6 +10,8 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "distill.h"
@@ -24,6 +26,7 @@ struct Row {
   std::string technique;
   int64_t model_bytes = 0, file_bytes = 0;
   double test_accuracy = 0, infer_ms = 0;
+  double infer_ratio = 0;  // the median over the timed pairs of this row's forward time / the f32 model's
 };
 
 // What the rows share: the data, the trained weights, and how long a fine-tune runs.
@@ -37,8 +40,9 @@ struct Setup {
   int64_t finetune_steps = 0;
   double finetune_lr = 5e-4;
   int repeats = 0;
-  Tensor infer_batch;   // the first 256 test images
-  std::string scratch;  // a file path for measuring file_bytes
+  Tensor infer_batch;                     // the first 256 test images
+  std::shared_ptr<nn::Module> reference;  // the trained f32 model, timed beside each row (run_rows makes it)
+  std::string scratch;                    // a file path for measuring file_bytes
 };
 
 inline nn::Sequential fresh(const Setup& s) {
@@ -58,18 +62,31 @@ inline void finetune(nn::Module& model, const Setup& s) {
   fmnist::train_epoch(model, opt, train, 0, s.finetune_steps, 1);
 }
 
-inline double median_forward_ms(nn::Module& model, const Setup& s) {
+// The row's model and the f32 reference (`reference`, the trained model itself) run alternately, `repeats`
+// times each after a warm-up, so that both see the same machine: on a shared machine a row's own median
+// moves by more than the techniques differ. Returns the row's median time (ms) and the median of the pairs'
+// ratios.
+inline std::pair<double, double> timed_forwards(nn::Module& model, nn::Module& reference, const Setup& s) {
   InferenceMode no_record;
   model.eval();
-  for (int i = 0; i < 3; ++i) model.forward(s.infer_batch);  // warm-up: primitives, caches
-  std::vector<double> ms;
-  for (int i = 0; i < s.repeats; ++i) {
+  reference.eval();
+  for (int i = 0; i < 3; ++i) model.forward(s.infer_batch), reference.forward(s.infer_batch);
+  auto time_ms = [&](nn::Module& m) {
     const auto t0 = std::chrono::steady_clock::now();
-    const Tensor y = model.forward(s.infer_batch);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    const Tensor y = m.forward(s.infer_batch);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> ms, ratios;
+  for (int i = 0; i < s.repeats; ++i) {
+    const double ref = time_ms(reference), mine = time_ms(model);
+    ms.push_back(mine);
+    ratios.push_back(mine / ref);
   }
-  std::nth_element(ms.begin(), ms.begin() + ptrdiff_t(ms.size() / 2), ms.end());
-  return ms[ms.size() / 2];
+  auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(ms), median(ratios)};
 }
 
 // Makes the row's model (`make`, which returns it with the technique applied) and measures it. Everything
@@ -87,7 +104,7 @@ inline Row measure(const std::string& technique, const Setup& s,
   std::filesystem::remove(s.scratch);
   data::DataLoader test(s.test_set, data::DataLoaderOptions().batch_size(250));
   r.test_accuracy = fmnist::evaluate(*model, test);
-  r.infer_ms = median_forward_ms(*model, s);
+  std::tie(r.infer_ms, r.infer_ratio) = timed_forwards(*model, *s.reference, s);
   return r;
 }
 
@@ -142,7 +159,8 @@ inline void calibrate(nn::Module& model, const Setup& s, int batches) {
   }
 }
 
-inline std::vector<Row> run_rows(const Setup& s) {
+inline std::vector<Row> run_rows(Setup& s) {
+  s.reference = trained_copy(s).ptr();
   std::vector<Row> rows;
   auto add = [&](const std::string& technique, const std::function<nn::Sequential()>& make) {
     rows.push_back(measure(technique, s, make));
@@ -218,17 +236,16 @@ inline void print_table(const std::vector<Row>& rows) {
   for (const Row& r : rows)
     std::printf("| %s | %lld | %.3f | %lld | %.4f | %.3f | %.2f |\n", r.technique.c_str(),
                 static_cast<long long>(r.model_bytes), double(r.model_bytes) / double(base.model_bytes),
-                static_cast<long long>(r.file_bytes), r.test_accuracy, r.infer_ms,
-                r.infer_ms / base.infer_ms);
+                static_cast<long long>(r.file_bytes), r.test_accuracy, r.infer_ms, r.infer_ratio);
 }
 
 inline void print_json(const std::vector<Row>& rows) {
   for (const Row& r : rows)
     std::printf(
         "{\"technique\": \"%s\", \"model_bytes\": %lld, \"file_bytes\": %lld, \"test_accuracy\": %.4f, "
-        "\"infer_ms\": %.4f}\n",
+        "\"infer_ms\": %.4f, \"infer_x_f32\": %.4f}\n",
         r.technique.c_str(), static_cast<long long>(r.model_bytes), static_cast<long long>(r.file_bytes),
-        r.test_accuracy, r.infer_ms);
+        r.test_accuracy, r.infer_ms, r.infer_ratio);
 }
 
 }  // namespace compress

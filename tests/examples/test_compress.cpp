@@ -63,6 +63,7 @@ TEST(Compress, EachRowHoldsTheBytesItsTechniqueLeaves) {
   for (const compress::Row& r : rows) {
     EXPECT_GT(r.test_accuracy, 0.3) << r.technique;  // 20 steps reach about 0.7
     EXPECT_GT(r.infer_ms, 0) << r.technique;
+    EXPECT_GT(r.infer_ratio, 0) << r.technique;
     EXPECT_GT(r.file_bytes, 0) << r.technique;
   }
 }
