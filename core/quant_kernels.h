@@ -9,16 +9,21 @@ namespace frugal::cpu {
 
 // acc[i, j] = sum_p (x[i, p] - x_zero_point) * w[j, p]                        x (m, k) u8, w (n, k) s8
 // out[i, j] = float(acc[i, j]) * scale[j] (+ bias[j] when bias is non-null)  out (m, n) f32, scale (n)
+//             then max(out[i, j], 0) when relu
 // All dense row-major. oneDNN's int8 matmul when built with it, the reference loops otherwise (or where
 // oneDNN declines the shape).
 void int8_linear(const uint8_t* x, int32_t x_zero_point, const int8_t* w, const float* scale,
-                 const float* bias, float* out, int64_t m, int64_t k, int64_t n);
+                 const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu = false);
+// int8_linear with x given as its transpose, xt (k, m) row-major (x[i, p] = xt[p * m + i]): a convolution's
+// patches laid out one row per (channel, kernel offset), each contiguous over the output pixels.
+void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, const float* scale,
+                    const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu = false);
 // The s32 accumulators alone, acc (m, n); for the tests' exact comparison with the reference.
 void int8_linear_s32(const uint8_t* x, int32_t x_zero_point, const int8_t* w, int32_t* acc, int64_t m,
                      int64_t k, int64_t n);
 // The naive reference of both (plain loops).
 void int8_linear_reference(const uint8_t* x, int32_t x_zero_point, const int8_t* w, const float* scale,
-                           const float* bias, float* out, int64_t m, int64_t k, int64_t n);
+                           const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu = false);
 void int8_linear_s32_reference(const uint8_t* x, int32_t x_zero_point, const int8_t* w, int32_t* acc,
                                int64_t m, int64_t k, int64_t n);
 // Whether int8_linear runs through oneDNN for this shape (false: the reference loops).

@@ -6,6 +6,7 @@
 
 #include "autograd/recompute.h"
 #include "nn/layers.h"
+#include "nn/quant.h"
 
 namespace frugal::nn {
 
@@ -18,7 +19,8 @@ const std::shared_ptr<Module>& checked_at(const std::vector<std::shared_ptr<Modu
 }
 
 // Runs modules [begin, end) in order on h; a Linear directly followed by a ReLU (both exactly those classes,
-// so no override of forward is skipped) runs as one F::linear_relu.
+// so no override of forward is skipped) runs as one F::linear_relu, and a QuantizedLinear followed by a ReLU
+// (or a QuantizedConv2d) followed by a ReLU as its forward_relu.
 Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t begin, size_t end, Tensor h) {
   for (size_t i = begin; i < end; ++i) {
     Module& m = *modules[i];
@@ -27,6 +29,16 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
       m.apply_masks();
       const auto& linear = static_cast<const LinearImpl&>(m);
       h = functional::linear_relu(h, linear.weight, linear.bias);
+      ++i;
+      continue;
+    }
+    if (next && typeid(m) == typeid(QuantizedLinearImpl) && typeid(*next) == typeid(ReLUImpl)) {
+      h = static_cast<QuantizedLinearImpl&>(m).forward_relu(h);
+      ++i;
+      continue;
+    }
+    if (next && typeid(m) == typeid(QuantizedConv2dImpl) && typeid(*next) == typeid(ReLUImpl)) {
+      h = static_cast<QuantizedConv2dImpl&>(m).forward_relu(h);
       ++i;
       continue;
     }

@@ -12,8 +12,11 @@
 //                                   passed in int8_names (quant::int8_names, Note [int8 as I8] in
 //                                   io/safetensors.h)
 //   <path>.weight_scale  [out]      f32, w ~= weight[o, :] * weight_scale[o], weight_scale = max|w[o, :]| /
-//   127 <path>.bias          [out]      f32 (absent for Linear without bias)
-// The input scale/zero point are computed per forward (dynamic), so they are not stored.
+//                                   127
+//   <path>.bias          [out]      f32 (absent for Linear without bias)
+// The input scale/zero point are computed per forward (dynamic), so they are not stored; a static one
+// (quant::convert) also holds <path>.input_scale (f32 [1]) and <path>.input_zero_point (i32 [1]). A
+// QuantizedConv2d holds the same names, its weight [out, in, kH, kW].
 #pragma once
 
 #include <cstdint>
@@ -23,12 +26,16 @@
 #include <vector>
 
 #include "../core/tensor.h"
+#include "conv.h"
 #include "module.h"
 #include "module_holder.h"
 
 namespace frugal::nn {
 
 class LinearImpl;
+namespace quant {
+struct InputQuant;
+}
 
 class QuantizedLinearImpl : public Module {
  public:
@@ -41,13 +48,61 @@ class QuantizedLinearImpl : public Module {
   QuantizedLinearImpl(int64_t in_features, int64_t out_features, bool bias = true);
   // x [..., in] f32, not requiring grad (inference only) -> [..., out] f32.
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x)) in one pass over the output (Sequential runs a QuantizedLinear directly followed by a
+  // ReLU this way, as it runs Linear + ReLU as one F::linear_relu).
+  Tensor forward_relu(const Tensor& x);
   // The weight this layer multiplies by, dequantised: weight[o, i] * weight_scale[o] (f32 [out, in]).
   Tensor dequantized_weight() const;
   int64_t in_features, out_features;
   Tensor weight, weight_scale, bias;     // U8 (int8 bytes) [out, in], f32 [out], f32 [out] or undefined
   Tensor input_scale, input_zero_point;  // static only (else undefined)
+
+ private:
+  Tensor run(const Tensor& x, bool relu);
 };
 FRUGAL_MODULE(QuantizedLinear);
+
+// int8 Conv2d (groups 1; any stride, padding and dilation): weight int8 with one symmetric scale per output
+// channel, held as QuantizedLinear's (Note [quantised state_dict]); the input quantised to 7-bit u8 as
+// QuantizedLinear's, with its scale fixed (quant::convert) or chosen per batch (dynamic). forward lays each
+// chunk of images out as u8 patches (im2col, the padding at the zero point, which is the value 0), multiplies
+// them by the weights with QuantizedLinear's int8 GEMM (cpu::int8_linear) and writes NCHW f32.
+class QuantizedConv2dImpl : public Module {
+ public:
+  // Quantises the weight (f32 [out, in, kH, kW]) and copies the bias (f32 [out] or undefined) of a Conv2d
+  // with these options; `input` fixes the input's scale and zero point (nullptr: dynamic).
+  QuantizedConv2dImpl(const Conv2dOptions& options, const Tensor& weight, const Tensor& bias,
+                      const quant::InputQuant* input = nullptr);
+  // An empty one (weights zero, scales one) for load_state_dict; `static_input` adds the input buffers.
+  QuantizedConv2dImpl(const Conv2dOptions& options, bool static_input);
+  // x [N, in, H, W] f32, not requiring grad -> [N, out, OH, OW] f32.
+  Tensor forward(const Tensor& x) override;
+  Tensor forward_relu(const Tensor& x);  // relu(forward(x)) in the same pass (Sequential uses it)
+  Tensor dequantized_weight() const;     // weight * weight_scale per output channel, f32 [out, in, kH, kW]
+  const Conv2dOptions& options() const { return options_; }
+  Tensor weight, weight_scale, bias;     // U8 (int8 bytes), f32 [out], f32 [out] or undefined
+  Tensor input_scale, input_zero_point;  // static only (else undefined)
+
+ private:
+  Tensor run(const Tensor& x, bool relu);
+  Conv2dOptions options_;
+};
+FRUGAL_MODULE(QuantizedConv2d);
+
+// int8 Embedding (quant::quantize_dynamic): weight int8 with one symmetric scale per row (Note [quantised
+// state_dict]: weight [num, dim], weight_scale [num]); forward gathers the rows and dequantises them, so the
+// table is a quarter of the f32 one and only the looked-up rows ever exist in f32.
+class QuantizedEmbeddingImpl : public Module {
+ public:
+  explicit QuantizedEmbeddingImpl(const Tensor& weight);                  // f32 [num, dim]
+  QuantizedEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim);  // empty, for load_state_dict
+  // indices (i64 or i32, any shape, each in [0, num)) -> f32 [..., dim].
+  Tensor forward(const Tensor& indices) override;
+  Tensor dequantized_weight() const;
+  int64_t num_embeddings, embedding_dim;
+  Tensor weight, weight_scale;  // U8 (int8 bytes) [num, dim], f32 [num]
+};
+FRUGAL_MODULE(QuantizedEmbedding);
 
 // Quantisation-aware training's Linear (quant::prepare_qat): forward fake-quantises the weight (per output
 // row, symmetric, as QuantizedLinear stores it) and the input (per tensor, 7-bit u8 as QuantizedLinear,
@@ -63,29 +118,45 @@ class QatLinearImpl : public Module {
 };
 FRUGAL_MODULE(QatLinear);
 
-// Static post-training quantisation's Linear (quant::prepare): runs the Linear in f32 and observes its
-// inputs, from which quant::convert fixes the input's scale and zero point. MinMax keeps the smallest and
-// largest value seen. Histogram also counts |x| into 2048 bins over [0, 2 max|x| of the first batch] (values
-// beyond go into the last bin) and clips the range at the 99.99th percentile of |x|, so that a few outliers
-// do not spend the 128 levels.
+// Static post-training quantisation's observers (quant::prepare): ObservedLinear and ObservedConv2d run the
+// layer in f32 and observe its inputs, from which quant::convert fixes the input's scale and zero point.
+// MinMax keeps the smallest and largest value seen. Histogram also counts |x| into 2048 bins over [0, 2
+// max|x| of the first batch] (values beyond go into the last bin) and clips the range at the 99.99th
+// percentile of |x|, so that a few outliers do not spend the 128 levels.
 namespace quant {
 enum class Observer { MinMax, Histogram };
-}
-class ObservedLinearImpl : public Module {
+class RangeObserver {
  public:
-  ObservedLinearImpl(const LinearImpl& linear, quant::Observer observer);
-  Tensor forward(const Tensor& x) override;
+  explicit RangeObserver(Observer kind) : observer(kind) {}
+  void observe(const Tensor& x);  // f32, any shape
   // The range convert quantises: [min, max] seen, or clipped at the percentile (Histogram).
   std::pair<float, float> range() const;
-  Tensor weight, bias;
-  quant::Observer observer;
+  Observer observer;
   int64_t batches = 0;
 
  private:
   float min_ = 0, max_ = 0, bin_width_ = 0;
   std::vector<int64_t> histogram_;
 };
+}  // namespace quant
+class ObservedLinearImpl : public Module, public quant::RangeObserver {
+ public:
+  ObservedLinearImpl(const LinearImpl& linear, quant::Observer observer);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;
+};
 FRUGAL_MODULE(ObservedLinear);
+class ObservedConv2dImpl : public Module, public quant::RangeObserver {
+ public:
+  ObservedConv2dImpl(const Conv2dImpl& conv, quant::Observer observer);
+  Tensor forward(const Tensor& x) override;
+  const Conv2dOptions& options() const { return options_; }
+  Tensor weight, bias;
+
+ private:
+  Conv2dOptions options_;
+};
+FRUGAL_MODULE(ObservedConv2d);
 
 namespace functional {
 // Fake quantisation, per tensor: q = clamp(round(x / scale) + zero_point, qmin, qmax) (rounding half to
@@ -113,24 +184,33 @@ struct InputQuant {
 InputQuant choose_input_qparams(const float* x, int64_t n);
 void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out);
 
-// Replaces every Linear below `model` (recursively) by a QuantizedLinear of its weights; the Linear modules
-// (and their f32 weights, unless the caller holds them) are released. Throws Error for a non-f32 Linear, or
-// when `model` is itself a Linear (it cannot replace itself: wrap it). Returns how many it replaced.
+// Replaces every Linear below `model` (recursively) by a QuantizedLinear of its weights, and every Embedding
+// by a QuantizedEmbedding; the modules (and their f32 weights, unless the caller holds them) are released.
+// Conv2d stays f32, as in PyTorch's quantize_dynamic (its int8 form is static: prepare, convert). Throws
+// Error for a non-f32 layer, or when `model` is itself one (it cannot replace itself: wrap it). Returns how
+// many it replaced.
 int quantize_dynamic(Module& model);
 
-// The state_dict names of `model`'s int8 tensors (every QuantizedLinear's "<path>.weight"), for
+// The state_dict names of `model`'s int8 tensors (every QuantizedLinear's, QuantizedConv2d's and
+// QuantizedEmbedding's "<path>.weight"), for
 // io::save_safetensors(path, model.state_dict(), {}, int8_names(model)), which writes them as "I8".
 std::set<std::string> int8_names(const Module& model);
 
 // Replaces every Linear below `model` by a QatLinear (sharing its weight and bias: build the optimizer after
 // this). Returns how many.
 int prepare_qat(Module& model);
-// Static post-training quantisation: replaces every Linear below `model` by an ObservedLinear; calibrate by
-// running a few batches through the model (forward, in any mode, no gradient needed), then convert.
+// Static post-training quantisation: replaces every Linear below `model` by an ObservedLinear and every
+// Conv2d (groups 1, patches of at least kMinConvPatch values) by an ObservedConv2d; calibrate by running a
+// few batches through the model (forward, in any mode, no gradient needed), then convert. Returns how many it
+// replaced.
+// A convolution over fewer input values a pixel (W2's first, 1 channel x 3 x 3) stays f32: its int8 GEMM,
+// with K = 9, ran 1.75x slower than the f32 convolution on a 2-core Zen 3, and its weights are a few
+// hundred bytes.
+inline constexpr int64_t kMinConvPatch = 16;
 int prepare(Module& model, Observer observer = Observer::MinMax);
-// Replaces every QatLinear and ObservedLinear below `model` by a QuantizedLinear with the observed input
-// scale fixed (static activation quantisation). Throws Error for one that has seen no batch. Returns how
-// many.
+// Replaces every QatLinear and ObservedLinear below `model` by a QuantizedLinear, and every ObservedConv2d by
+// a QuantizedConv2d, with the observed input scale fixed (static activation quantisation). Throws Error for
+// one that has seen no batch. Returns how many.
 int convert(Module& model);
 
 }  // namespace quant

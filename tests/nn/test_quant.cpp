@@ -48,6 +48,16 @@ TEST(QuantGemm, OneDnnEqualsReferenceExactlyInS32) {
     cpu::int8_linear(x.data(), zp, w.data(), scale.data(), bias.data(), out.data(), s.m, s.k, s.n);
     cpu::int8_linear_reference(x.data(), zp, w.data(), scale.data(), bias.data(), ref.data(), s.m, s.k, s.n);
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-5f * (1 + std::fabs(ref[i]))) << i;
+    // With the ReLU: both kernels give max(out, 0) of their own output, and there are negatives to clip.
+    std::vector<float> out_relu(got.size()), ref_relu(got.size());
+    cpu::int8_linear(x.data(), zp, w.data(), scale.data(), bias.data(), out_relu.data(), s.m, s.k, s.n, true);
+    cpu::int8_linear_reference(x.data(), zp, w.data(), scale.data(), bias.data(), ref_relu.data(), s.m, s.k,
+                               s.n, true);
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(out_relu[i], std::max(out[i], 0.0f)) << i;
+      ASSERT_EQ(ref_relu[i], std::max(ref[i], 0.0f)) << i;
+    }
+    EXPECT_TRUE(std::any_of(out.begin(), out.end(), [](float v) { return v < 0; }));
   }
 #ifdef FRUGAL_HAVE_ONEDNN
   EXPECT_TRUE(cpu::int8_linear_uses_onednn(256, 784, 256));
@@ -101,6 +111,23 @@ TEST(QuantizedLinear, MatchesQuantiseThenMultiplyAndIsCloseToF32) {
   EXPECT_EQ(q->forward(x3).shape(), Shape({2, 3, 24}));
 }
 
+TEST(QuantizedLinear, SequentialRunsItWithAFollowingReluAsOnePass) {
+  nn::Linear lin(64, 24);
+  const Tensor x = uniform({9, 64}, -2, 3);
+  NoGradGuard ng;
+  nn::QuantizedLinear q(lin->weight, lin->bias);
+  const std::vector<float> plain = q->forward(x).to_vector<float>();
+  const std::vector<float> fused = q->forward_relu(x).to_vector<float>();
+  nn::Sequential seq{q, nn::ReLU()};
+  const std::vector<float> in_seq = seq->forward(x).to_vector<float>();
+  ASSERT_EQ(plain.size(), fused.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(fused[i], std::max(plain[i], 0.0f)) << i;
+    EXPECT_EQ(in_seq[i], fused[i]) << i;
+  }
+  EXPECT_TRUE(std::any_of(plain.begin(), plain.end(), [](float v) { return v < 0; }));
+}
+
 TEST(QuantizeDynamic, ReplacesEveryLinearAndFreesTheF32Weights) {
   nn::Sequential net{nn::Linear(784, 256), nn::ReLU(), nn::Linear(256, 256), nn::ReLU(), nn::Linear(256, 10)};
   const Tensor x = uniform({32, 784}, 0, 1);
@@ -131,6 +158,57 @@ TEST(QuantizeDynamic, ReplacesEveryLinearAndFreesTheF32Weights) {
     max_y = std::max(max_y, std::fabs(double(f32[i])));
   }
   EXPECT_LT(max_err, 0.05 * max_y);
+}
+
+// Each looked-up row is q[idx, :] * scale[idx] with q = round(w / scale), scale = max|w[idx, :]| / 127
+// (written out here); quantize_dynamic turns an Embedding into one beside the Linears, and the table's bytes
+// fall to a quarter.
+TEST(QuantizedEmbedding, RowsAreTheDequantisedInt8RowsAndQuantizeDynamicTakesThem) {
+  manual_seed(2);
+  nn::Sequential net{nn::Embedding(300, 64), nn::Linear(64, 8)};
+  auto* emb = dynamic_cast<nn::EmbeddingImpl*>((*net)[0].get());
+  ASSERT_NE(emb, nullptr);
+  const std::vector<float> w = emb->weight.to_vector<float>();
+  const Tensor idx = tensor<int64_t>({3, 299, 0, 3, 17, 150}, Shape({2, 3}));
+  std::vector<float> f32_rows;
+  {
+    NoGradGuard ng;
+    f32_rows = emb->forward(idx).to_vector<float>();
+  }
+  const int64_t before = memory::stats(kCPU).allocated.current;
+  EXPECT_EQ(nn::quant::quantize_dynamic(*net), 2);
+  const int64_t after = memory::stats(kCPU).allocated.current;
+  auto* q = dynamic_cast<nn::QuantizedEmbeddingImpl*>((*net)[0].get());
+  ASSERT_NE(q, nullptr);
+  // The table: 300 x 64 f32 (76800 B) became 19200 B of int8 (19456 in the arena) and 1200 B of scales
+  // (1536); the Linear's 64 x 8 weight (2048 B) became 512 B and its 8 scales 512 B.
+  EXPECT_EQ(before - after, (76800 - 19456 - 1536) + (2048 - 512 - 512));
+  EXPECT_EQ(nn::quant::int8_names(*net), (std::set<std::string>{"0.weight", "1.weight"}));
+  NoGradGuard ng;
+  const Tensor y = q->forward(idx);
+  EXPECT_EQ(y.shape(), Shape({2, 3, 64}));
+  const std::vector<float> got = y.to_vector<float>();
+  const std::vector<int64_t> ids = idx.to_vector<int64_t>();
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const float* row = w.data() + ids[r] * 64;
+    float amax = 0;
+    for (int j = 0; j < 64; ++j) amax = std::max(amax, std::fabs(row[j]));
+    const float scale = amax / 127.0f;
+    for (int j = 0; j < 64; ++j) {
+      const float want = std::nearbyint(row[j] / scale) * scale;
+      ASSERT_EQ(got[r * 64 + size_t(j)], want) << r << "," << j;
+      ASSERT_NEAR(got[r * 64 + size_t(j)], f32_rows[r * 64 + size_t(j)], 0.5f * scale);
+    }
+  }
+  // i32 indices give the same rows; bad indices are refused by name.
+  EXPECT_EQ(q->forward(idx.to(DType::I32)).to_vector<float>(), got);
+  expect_error<IndexError>(
+      [&] {
+        q->forward(tensor<int64_t>({0, 300}, Shape({2})));
+      },
+      {"QuantizedEmbedding", "300", "[0, 299]"});
+  expect_error<DTypeError>([&] { q->forward(tensor<float>({1.0f}, Shape({1}))); },
+                           {"QuantizedEmbedding", "i64 or i32"});
 }
 
 TEST(QuantizeDynamic, StateDictRoundTripsThroughSafetensorsBitIdentically) {

@@ -1,0 +1,232 @@
+// nn::QuantizedConv2d: against the convolution of the dequantised input and weight written out here (in
+// f64, through ops::conv2d), for strides, paddings, dilations, non-square kernels, no bias and batches that
+// span several of its chunks; close to the f32 Conv2d; the fused ReLU; static quantisation of a CNN
+// (prepare, calibrate, convert) with its bytes and a safetensors round trip; bad inputs.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "autograd/graph.h"
+#include "core/memory.h"
+#include "core/ops.h"
+#include "io/safetensors.h"
+#include "nn/containers.h"
+#include "nn/conv.h"
+#include "nn/layers.h"
+#include "nn/quant.h"
+#include "tests/test_util.h"
+
+namespace frugal {
+namespace {
+
+using testing::expect_error;
+using testing::uniform;
+
+// dequant(quant(x)) conv dequant(quant(W)) + b in f64, the quantisation written out here: x per tensor to
+// 0..127 with a zero point (over min(x, 0) .. max(x, 0)) unless `fixed` gives it, W per output channel
+// symmetric to -127..127.
+std::vector<double> reference(const Tensor& x, const nn::Conv2dImpl& conv,
+                              const nn::quant::InputQuant* fixed) {
+  const std::vector<float> xv = x.to_vector<float>(), wv = conv.weight.to_vector<float>();
+  float xs, zp;
+  if (fixed) {
+    xs = fixed->scale, zp = float(fixed->zero_point);
+  } else {
+    float lo = 0, hi = 0;
+    for (float v : xv) lo = std::min(lo, v), hi = std::max(hi, v);
+    xs = (hi - lo) / 127.0f;
+    zp = std::nearbyint(-lo / xs);
+  }
+  std::vector<double> xd(xv.size()), wd(wv.size());
+  for (size_t i = 0; i < xv.size(); ++i)
+    xd[i] = (double(std::clamp(std::nearbyint(xv[i] / xs) + zp, 0.0f, 127.0f)) - zp) * xs;
+  const int64_t rows = conv.weight.size(0), cols = conv.weight.numel() / rows;
+  for (int64_t o = 0; o < rows; ++o) {
+    float amax = 0;
+    for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(wv[size_t(o * cols + i)]));
+    const float ws = amax / 127.0f;
+    for (int64_t i = 0; i < cols; ++i)
+      wd[size_t(o * cols + i)] = double(std::nearbyint(wv[size_t(o * cols + i)] / ws)) * ws;
+  }
+  const nn::Conv2dOptions& o = conv.options();
+  const Tensor b = conv.bias.defined() ? tensor<double>(
+                                             [&] {
+                                               std::vector<double> v;
+                                               for (float f : conv.bias.to_vector<float>()) v.push_back(f);
+                                               return v;
+                                             }(),
+                                             conv.bias.shape())
+                                       : Tensor();
+  return ops::conv2d(tensor<double>(xd, x.shape()), tensor<double>(wd, conv.weight.shape()), b, o.stride(),
+                     o.padding(), o.dilation(), 1)
+      .to_vector<double>();
+}
+
+struct Case {
+  nn::Conv2dOptions options;
+  Shape input;
+};
+
+TEST(QuantizedConv2d, MatchesQuantiseThenConvolveAndIsCloseToF32) {
+  manual_seed(11);
+  const std::vector<Case> cases = {
+      {nn::Conv2dOptions(3, 8, 3).padding(1), Shape({2, 3, 9, 9})},
+      {nn::Conv2dOptions(4, 6, 3).stride(2), Shape({3, 4, 11, 10})},
+      {nn::Conv2dOptions(2, 5, {3, 2}).padding({2, 1}).dilation({2, 1}).bias(false), Shape({2, 2, 8, 7})},
+      // 28 x 28 outputs: chunks of 5 images, so 12 images run as 5 + 5 + 2.
+      {nn::Conv2dOptions(1, 4, 3).padding(1), Shape({12, 1, 28, 28})},
+  };
+  NoGradGuard ng;
+  for (const Case& c : cases) {
+    nn::Conv2d conv(c.options);
+    const Tensor x = uniform(c.input, -1, 2);
+    const nn::quant::InputQuant fixed{0.02f, 40};
+    for (bool dynamic : {true, false}) {
+      nn::QuantizedConv2d q(conv->options(), conv->weight, conv->bias, dynamic ? nullptr : &fixed);
+      const std::vector<float> got = q->forward(x).to_vector<float>();
+      const std::vector<double> want = reference(x, *conv, dynamic ? nullptr : &fixed);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
+            << i << (dynamic ? " dynamic" : " static");
+      if (!dynamic) continue;
+      const Tensor f32 = conv->forward(x);
+      EXPECT_EQ(q->forward(x).shape(), f32.shape());
+      const std::vector<float> fv = f32.to_vector<float>();
+      double err = 0, scale = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        err = std::max(err, std::fabs(double(got[i]) - fv[i]));
+        scale = std::max(scale, std::fabs(double(fv[i])));
+      }
+      EXPECT_GT(err, 0.0);
+      EXPECT_LT(err, 0.05 * scale);  // int8 is close to, not equal to, f32
+    }
+  }
+}
+
+TEST(QuantizedConv2d, ReluRunsInTheSamePassAndSequentialUsesIt) {
+  nn::Conv2d conv(nn::Conv2dOptions(2, 4, 3).padding(1));
+  const Tensor x = uniform({2, 2, 6, 6}, -1, 1);
+  NoGradGuard ng;
+  nn::QuantizedConv2d q(conv->options(), conv->weight, conv->bias);
+  const std::vector<float> plain = q->forward(x).to_vector<float>();
+  const std::vector<float> fused = q->forward_relu(x).to_vector<float>();
+  nn::Sequential seq{q, nn::ReLU()};
+  const std::vector<float> in_seq = seq->forward(x).to_vector<float>();
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(fused[i], std::max(plain[i], 0.0f)) << i;
+    EXPECT_EQ(in_seq[i], fused[i]) << i;
+  }
+  EXPECT_TRUE(std::any_of(plain.begin(), plain.end(), [](float v) { return v < 0; }));
+}
+
+nn::Sequential small_cnn() {
+  return nn::Sequential{nn::Conv2d(nn::Conv2dOptions(2, 6, 3).padding(1)),
+                        nn::ReLU(),
+                        nn::MaxPool2d(2),
+                        nn::Conv2d(nn::Conv2dOptions(6, 8, 3).padding(1)),
+                        nn::ReLU(),
+                        nn::Flatten(),
+                        nn::Linear(8 * 7 * 7, 10)};
+}
+
+// prepare wraps both Conv2ds and the Linear; convert gives QuantizedConv2d / QuantizedLinear with the
+// calibrated input scales; the f32 weights are freed; the model stays close to f32 and saves and loads back
+// bit-identically with its int8 weights as I8.
+TEST(StaticQuant, ConvertsAConvNetAndItsBytesFall) {
+  manual_seed(5);
+  nn::Sequential net = small_cnn();
+  const Tensor x = uniform({16, 2, 14, 14}, -0.5, 2, DType::F32, 8);
+  std::vector<float> f32;
+  {
+    NoGradGuard ng;
+    f32 = net->forward(x).to_vector<float>();
+  }
+  const int64_t before = memory::stats(kCPU).allocated.current;
+  EXPECT_EQ(nn::quant::prepare(*net, nn::quant::Observer::MinMax), 3);
+  EXPECT_NE(dynamic_cast<nn::ObservedConv2dImpl*>((*net)[0].get()), nullptr);
+  {
+    NoGradGuard ng;
+    net->forward(x);
+  }
+  EXPECT_EQ(nn::quant::convert(*net), 3);
+  const int64_t after = memory::stats(kCPU).allocated.current;
+  // The arena's blocks (multiples of 512 B): f32 weights and biases before; after, int8 weights, and per
+  // layer the f32 scales, the bias, the input scale and zero point.
+  auto block = [](int64_t bytes) { return std::max<int64_t>(512, (bytes + 511) / 512 * 512); };
+  const int64_t weights[] = {6 * 2 * 9, 8 * 6 * 9, 8 * 7 * 7 * 10}, outs[] = {6, 8, 10};
+  int64_t f32_bytes = 0, int8_bytes = 0;
+  for (int l = 0; l < 3; ++l) {
+    f32_bytes += block(4 * weights[l]) + block(4 * outs[l]);
+    int8_bytes += block(weights[l]) + 2 * block(4 * outs[l]) + 2 * block(4);
+  }
+  EXPECT_EQ(before - after, f32_bytes - int8_bytes);
+  auto* conv = dynamic_cast<nn::QuantizedConv2dImpl*>((*net)[3].get());
+  ASSERT_NE(conv, nullptr);
+  ASSERT_TRUE(conv->input_scale.defined());
+  EXPECT_EQ(conv->input_zero_point.item<int32_t>(), 0) << "after a ReLU the observed range starts at 0";
+  EXPECT_EQ(nn::quant::int8_names(*net), (std::set<std::string>{"0.weight", "3.weight", "6.weight"}));
+  NoGradGuard ng;
+  const Tensor y = net->forward(x);
+  const std::vector<float> got = y.to_vector<float>();
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err = std::max(err, std::fabs(double(got[i]) - f32[i]));
+    scale = std::max(scale, std::fabs(double(f32[i])));
+  }
+  EXPECT_LT(err, 0.05 * scale);
+  // Save and load into a fresh model with the same structure: bit-identical outputs.
+  const std::string path = ::testing::TempDir() + "quant_conv_roundtrip.safetensors";
+  io::save_safetensors(path, net->state_dict(), {}, nn::quant::int8_names(*net));
+  nn::Sequential other = small_cnn();
+  nn::quant::prepare(*other);
+  other->forward(uniform({2, 2, 14, 14}, -3, 3));
+  nn::quant::convert(*other);
+  const io::SafetensorsFile file = io::load_safetensors(path);
+  EXPECT_EQ(file.int8_names, nn::quant::int8_names(*net));
+  other->load_state_dict(file.tensors);
+  EXPECT_EQ(other->forward(x).to_vector<float>(), got);
+}
+
+TEST(QuantizedConv2d, RejectsBadInputsAndPrepareSkipsGroupedAndTinyConvs) {
+  nn::Conv2d conv(nn::Conv2dOptions(2, 4, 3));
+  nn::QuantizedConv2d q(conv->options(), conv->weight, conv->bias);
+  expect_error<Error>([&] { nn::QuantizedConv2d(nn::Conv2dOptions(2, 4, 3).groups(2), false); },
+                      {"QuantizedConv2d", "groups"});
+  expect_error<Error>([&] { nn::QuantizedConv2d(nn::Conv2dOptions(3, 4, 3), conv->weight, conv->bias); },
+                      {"QuantizedConv2d", "weight"});
+  {
+    const nn::quant::InputQuant bad{0.0f, 3};
+    expect_error<Error>([&] { nn::QuantizedConv2d(conv->options(), conv->weight, conv->bias, &bad); },
+                        {"QuantizedConv2d", "scale"});
+  }
+  NoGradGuard ng;
+  expect_error<Error>([&] { q->forward(uniform({1, 3, 5, 5}, -1, 1)); }, {"QuantizedConv2d", "[N, 2, H, W]"});
+  expect_error<Error>([&] { q->forward(uniform({1, 2, 2, 5}, -1, 1)); }, {"QuantizedConv2d", "smaller"});
+  expect_error<Error>(
+      [&] {
+        q->forward(uniform({1, 2, 5, 5}, -1, 1, DType::F64));
+      },
+      {"QuantizedConv2d", "f32"});
+  {
+    EnableGradGuard on;
+    Tensor x = uniform({1, 2, 5, 5}, -1, 1).requires_grad_();
+    expect_error<Error>([&] { q->forward(x); }, {"QuantizedConv2d", "inference only"});
+  }
+  // After the refusals the layer still gives its result.
+  const Tensor x = uniform({1, 2, 5, 5}, -1, 1);
+  EXPECT_EQ(q->forward(x).shape(), Shape({1, 4, 3, 3}));
+  // Grouped convolutions, and those with fewer than kMinConvPatch values a patch (1 x 3 x 3), stay f32; a
+  // 2 x 3 x 3 one is taken.
+  nn::Sequential skipped{
+      nn::Conv2d(nn::Conv2dOptions(2, 4, 3).groups(2)), nn::ReLU(),
+      nn::Conv2d(nn::Conv2dOptions(4, 1, 3)),           nn::Conv2d(nn::Conv2dOptions(1, 4, 3)),
+      nn::Conv2d(nn::Conv2dOptions(4, 2, 1)),           nn::Conv2d(nn::Conv2dOptions(2, 2, 3))};
+  static_assert(nn::quant::kMinConvPatch > 9 && nn::quant::kMinConvPatch <= 18);
+  EXPECT_EQ(nn::quant::prepare(*skipped), 2);
+  for (size_t i : {0, 3, 4}) EXPECT_NE(dynamic_cast<nn::Conv2dImpl*>((*skipped)[i].get()), nullptr) << i;
+  for (size_t i : {2, 5}) EXPECT_NE(dynamic_cast<nn::ObservedConv2dImpl*>((*skipped)[i].get()), nullptr) << i;
+}
+
+}  // namespace
+}  // namespace frugal
