@@ -1,6 +1,6 @@
 // int8 GEMM for nn::quant (core/quant_kernels.h): oneDNN's matmul primitive for the s32 products (u8 x s8 ->
-// s32), then one pass of our own for the zero point, the per-column scales and the bias; the naive reference
-// loops beside it as fallback and test oracle.
+// s32), then one pass of our own for the zero point, the per-column scales, the bias and a ReLU; the naive
+// reference loops beside it as fallback and test oracle.
 #include <algorithm>
 #include <bit>
 #include <vector>
@@ -47,8 +47,8 @@ struct Int8Plan {
 
 // Keyed on (m, k, n, x transposed). No zero point and no scales inside oneDNN: with a source zero point its
 // gemm recomputes the weights' compensation on every call (W1's 256 x 256 x 10 layer: 216 us against 55
-// without), so the primitive gives the plain s32 products and int8_linear_epilogue applies the zero point's
-// term and the scales.
+// without), so the primitive gives the plain s32 products and linear() below applies the zero point's term
+// and the scales.
 std::shared_ptr<const Int8Plan> int8_plan(int64_t m, int64_t k, int64_t n, bool x_transposed) {
   static PlanCache<4, Int8Plan> cache(256);
   return cache.get({m, k, n, x_transposed ? 1 : 0}, [&] {

@@ -58,6 +58,14 @@ TEST(QuantGemm, OneDnnEqualsReferenceExactlyInS32) {
       ASSERT_EQ(ref_relu[i], std::max(ref[i], 0.0f)) << i;
     }
     EXPECT_TRUE(std::any_of(out.begin(), out.end(), [](float v) { return v < 0; }));
+    // x given transposed (k, m), as QuantizedConv2d's patches: the same result bit for bit.
+    std::vector<uint8_t> xt(x.size());
+    for (int64_t i = 0; i < s.m; ++i)
+      for (int64_t p = 0; p < s.k; ++p) xt[size_t(p * s.m + i)] = x[size_t(i * s.k + p)];
+    std::vector<float> out_t(got.size());
+    cpu::int8_linear_xt(xt.data(), zp, w.data(), scale.data(), bias.data(), out_t.data(), s.m, s.k, s.n,
+                        true);
+    EXPECT_EQ(out_t, out_relu) << s.m << "x" << s.k << "x" << s.n;
   }
 #ifdef FRUGAL_HAVE_ONEDNN
   EXPECT_TRUE(cpu::int8_linear_uses_onednn(256, 784, 256));
