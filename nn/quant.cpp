@@ -238,9 +238,17 @@ QatLinearImpl::QatLinearImpl(const LinearImpl& linear) : Module("QatLinear") {
   observed_max = register_buffer("observed_max", zeros({1}, kF32));
 }
 
-Tensor QatLinearImpl::forward(const Tensor& x) {
-  FRUGAL_CHECK_DTYPE(x.dtype() == kF32, "QatLinear: expected an f32 input, got ", x.dtype());
-  if (is_training()) {  // Moving-average min-max (PyTorch's MovingAverageMinMaxObserver, constant 0.01)
+namespace {
+
+// A QAT layer's forward before its op: in training, the moving-average min-max of the input (PyTorch's
+// MovingAverageMinMaxObserver, constant 0.01) moves; then the input is fake-quantised per tensor with the
+// observed range and the weight per output channel (symmetric). Returns (input, weight), both carrying
+// gradients straight through.
+std::pair<Tensor, Tensor> qat_fake_quantize(const char* who, bool training, const Tensor& x,
+                                            const Tensor& weight, Tensor& observed_min, Tensor& observed_max,
+                                            bool& observed) {
+  FRUGAL_CHECK_DTYPE(x.dtype() == kF32, who, ": expected an f32 input, got ", x.dtype());
+  if (training) {
     const Tensor xc = contiguous(x.detach());
     const quant::InputQuant q = quant::choose_input_qparams(xc.data<float>(), xc.numel());
     const float lo = -float(q.zero_point) * q.scale, hi = lo + q.scale * float(quant::kInputQMax);
@@ -249,24 +257,47 @@ Tensor QatLinearImpl::forward(const Tensor& x) {
     mx = observed ? mx + 0.01f * (hi - mx) : hi;
     observed = true;
   }
-  FRUGAL_CHECK(observed, "QatLinear: no batch observed yet; run forward in training mode first");
-  const float mn = std::min(observed_min.data<float>()[0], 0.0f),
-              mx = std::max(observed_max.data<float>()[0], 0.0f);
-  const float s = mx > mn ? (mx - mn) / float(quant::kInputQMax) : 1.0f;
-  const auto zp = int64_t(std::clamp(std::nearbyint(-mn / s), 0.0f, float(quant::kInputQMax)));
-  std::vector<double> ws(size_t(weight.size(0)));
+  FRUGAL_CHECK(observed, who, ": no batch observed yet; run forward in training mode first");
+  const quant::InputQuant in =
+      input_qparams_of_range(observed_min.data<float>()[0], observed_max.data<float>()[0]);
+  const int64_t rows = weight.size(0), cols = weight.numel() / rows;
+  std::vector<double> ws(static_cast<size_t>(rows));
   {
     const Tensor wc = contiguous(weight.detach());
-    const int64_t cols = weight.size(1);
-    for (int64_t o = 0; o < weight.size(0); ++o) {
+    for (int64_t o = 0; o < rows; ++o) {
       float amax = 0;
       for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(wc.data<float>()[o * cols + i]));
       ws[size_t(o)] = amax > 0 ? double(amax / 127.0f) : 1.0;
     }
   }
-  const Tensor xq = functional::fake_quantize(x, double(s), zp, 0, quant::kInputQMax);
-  const Tensor wq = functional::fake_quantize_per_row(weight, ws, -127, 127);
+  const Tensor xq = functional::fake_quantize(x, double(in.scale), in.zero_point, 0, quant::kInputQMax);
+  const Tensor wq =
+      functional::fake_quantize_per_row(weight.reshape({rows, cols}), ws, -127, 127).reshape(weight.shape());
+  return {xq, wq};
+}
+
+}  // namespace
+
+Tensor QatLinearImpl::forward(const Tensor& x) {
+  const auto [xq, wq] =
+      qat_fake_quantize("QatLinear", is_training(), x, weight, observed_min, observed_max, observed);
   return functional::linear(xq, wq, bias);
+}
+
+QatConv2dImpl::QatConv2dImpl(const Conv2dImpl& conv) : Module("QatConv2d"), options_(conv.options()) {
+  FRUGAL_CHECK_DTYPE(conv.weight.dtype() == kF32 && conv.weight.device() == kCPU,
+                     "prepare_qat: expected an f32 cpu Conv2d, got ", conv.weight.dtype());
+  weight = register_parameter("weight", conv.weight, conv.weight.requires_grad());
+  if (conv.bias.defined()) bias = register_parameter("bias", conv.bias, conv.bias.requires_grad());
+  observed_min = register_buffer("observed_min", zeros({1}, kF32));
+  observed_max = register_buffer("observed_max", zeros({1}, kF32));
+}
+
+Tensor QatConv2dImpl::forward(const Tensor& x) {
+  const auto [xq, wq] =
+      qat_fake_quantize("QatConv2d", is_training(), x, weight, observed_min, observed_max, observed);
+  const auto& o = options_;
+  return conv2d(xq, wq, bias, o.stride(), o.padding(), o.dilation(), o.groups());
 }
 
 namespace quant {
@@ -613,20 +644,14 @@ std::set<std::string> int8_names(const Module& model) {
   return names;
 }
 
-int prepare_qat(Module& model) {
-  FRUGAL_CHECK(dynamic_cast<LinearImpl*>(&model) == nullptr,
-               "prepare_qat: the model is itself a Linear, which cannot replace itself; wrap it first");
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> found;
-  for (const auto& [path, module] : model.named_modules())
-    if (dynamic_cast<LinearImpl*>(module.get())) found.emplace_back(path, module);
-  for (auto& [path, module] : found)
-    model.replace_module(path, std::make_shared<QatLinearImpl>(static_cast<const LinearImpl&>(*module)));
-  return int(found.size());
-}
+namespace {
 
-int prepare(Module& model, Observer observer) {
+// The layers prepare and prepare_qat take: every Linear, and the Conv2ds that pay in int8 (groups 1, patches
+// of at least kMinConvPatch values).
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> quantisable_layers(Module& model,
+                                                                                const char* who) {
   FRUGAL_CHECK(dynamic_cast<LinearImpl*>(&model) == nullptr && dynamic_cast<Conv2dImpl*>(&model) == nullptr,
-               "quant::prepare: the model is itself a ", model.type_name(),
+               who, ": the model is itself a ", model.type_name(),
                ", which cannot replace itself; wrap it first");
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> found;
   for (const auto& [path, module] : model.named_modules()) {
@@ -637,7 +662,27 @@ int prepare(Module& model, Observer observer) {
             kMinConvPatch;
     if (dynamic_cast<LinearImpl*>(module.get()) || conv_pays) found.emplace_back(path, module);
   }
-  for (auto& [path, module] : found) {
+  return found;
+}
+
+}  // namespace
+
+int prepare_qat(Module& model) {
+  const auto found = quantisable_layers(model, "prepare_qat");
+  for (const auto& [path, module] : found) {
+    std::shared_ptr<Module> qat;
+    if (auto* lin = dynamic_cast<const LinearImpl*>(module.get()))
+      qat = std::make_shared<QatLinearImpl>(*lin);
+    else
+      qat = std::make_shared<QatConv2dImpl>(static_cast<const Conv2dImpl&>(*module));
+    model.replace_module(path, qat);
+  }
+  return int(found.size());
+}
+
+int prepare(Module& model, Observer observer) {
+  const auto found = quantisable_layers(model, "quant::prepare");
+  for (const auto& [path, module] : found) {
     std::shared_ptr<Module> observed;
     if (auto* lin = dynamic_cast<const LinearImpl*>(module.get()))
       observed = std::make_shared<ObservedLinearImpl>(*lin, observer);
@@ -662,6 +707,10 @@ int convert(Module& model) {
       FRUGAL_CHECK(q->observed, "convert: QatLinear '", path, "' has observed no batch; train it first");
       found.push_back({path, module, q->weight, q->bias, q->observed_min.data<float>()[0],
                        q->observed_max.data<float>()[0], nullptr});
+    } else if (auto* c = dynamic_cast<QatConv2dImpl*>(module.get())) {
+      FRUGAL_CHECK(c->observed, "convert: QatConv2d '", path, "' has observed no batch; train it first");
+      found.push_back({path, module, c->weight, c->bias, c->observed_min.data<float>()[0],
+                       c->observed_max.data<float>()[0], &c->options()});
     } else if (auto* o = dynamic_cast<RangeObserver*>(module.get())) {
       FRUGAL_CHECK(o->batches > 0, "convert: ", module->type_name(), " '", path,
                    "' has observed no batch; calibrate it (run batches through the model) first");

@@ -118,6 +118,23 @@ class QatLinearImpl : public Module {
 };
 FRUGAL_MODULE(QatLinear);
 
+// Quantisation-aware training's Conv2d (quant::prepare_qat, for the convolutions quant::prepare takes): the
+// weight fake-quantised per output channel, the input as QatLinear's, then conv2d; convert gives a
+// QuantizedConv2d.
+class QatConv2dImpl : public Module {
+ public:
+  explicit QatConv2dImpl(const Conv2dImpl& conv);
+  Tensor forward(const Tensor& x) override;
+  const Conv2dOptions& options() const { return options_; }
+  Tensor weight, bias;
+  Tensor observed_min, observed_max;  // as QatLinear's
+  bool observed = false;
+
+ private:
+  Conv2dOptions options_;
+};
+FRUGAL_MODULE(QatConv2d);
+
 // Static post-training quantisation's observers (quant::prepare): ObservedLinear and ObservedConv2d run the
 // layer in f32 and observe its inputs, from which quant::convert fixes the input's scale and zero point.
 // MinMax keeps the smallest and largest value seen. Histogram also counts |x| into 2048 bins over [0, 2
@@ -196,8 +213,8 @@ int quantize_dynamic(Module& model);
 // io::save_safetensors(path, model.state_dict(), {}, int8_names(model)), which writes them as "I8".
 std::set<std::string> int8_names(const Module& model);
 
-// Replaces every Linear below `model` by a QatLinear (sharing its weight and bias: build the optimizer after
-// this). Returns how many.
+// Replaces every Linear below `model` by a QatLinear, and every Conv2d that quant::prepare would take by a
+// QatConv2d (sharing their weights and biases: build the optimizer after this). Returns how many.
 int prepare_qat(Module& model);
 // Static post-training quantisation: replaces every Linear below `model` by an ObservedLinear and every
 // Conv2d (groups 1, patches of at least kMinConvPatch values) by an ObservedConv2d; calibrate by running a
@@ -208,9 +225,9 @@ int prepare_qat(Module& model);
 // hundred bytes.
 inline constexpr int64_t kMinConvPatch = 16;
 int prepare(Module& model, Observer observer = Observer::MinMax);
-// Replaces every QatLinear and ObservedLinear below `model` by a QuantizedLinear, and every ObservedConv2d by
-// a QuantizedConv2d, with the observed input scale fixed (static activation quantisation). Throws Error for
-// one that has seen no batch. Returns how many.
+// Replaces every QatLinear and ObservedLinear below `model` by a QuantizedLinear, and every QatConv2d and
+// ObservedConv2d by a QuantizedConv2d, with the observed input scale fixed (static activation quantisation).
+// Throws Error for one that has seen no batch. Returns how many.
 int convert(Module& model);
 
 }  // namespace quant

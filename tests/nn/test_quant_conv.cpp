@@ -1,11 +1,12 @@
 // nn::QuantizedConv2d: against the convolution of the dequantised input and weight written out here (in
 // f64, through ops::conv2d), for strides, paddings, dilations, non-square kernels, no bias and batches that
 // span several of its chunks; close to the f32 Conv2d; the fused ReLU; static quantisation of a CNN
-// (prepare, calibrate, convert) with its bytes and a safetensors round trip; bad inputs.
+// (prepare, calibrate, convert) with its bytes and a safetensors round trip; QAT of convolutions; bad inputs.
 #include <algorithm>
 #include <cmath>
 #include <set>
 
+#include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "core/memory.h"
 #include "core/ops.h"
@@ -186,6 +187,40 @@ TEST(StaticQuant, ConvertsAConvNetAndItsBytesFall) {
   EXPECT_EQ(file.int8_names, nn::quant::int8_names(*net));
   other->load_state_dict(file.tensors);
   EXPECT_EQ(other->forward(x).to_vector<float>(), got);
+}
+
+// prepare_qat takes the convolutions prepare takes: gradients reach their weights through the fake
+// quantisation, and convert gives QuantizedConv2d layers that match the QAT model in eval.
+TEST(Qat, ConvolutionsTrainThroughFakeQuantAndConvertMatchesTheQatModel) {
+  manual_seed(6);
+  nn::Sequential net = small_cnn();
+  EXPECT_EQ(nn::quant::prepare_qat(*net), 3);
+  ASSERT_NE(dynamic_cast<nn::QatConv2dImpl*>((*net)[0].get()), nullptr);
+  const Tensor x = uniform({8, 2, 14, 14}, -0.5, 2, DType::F32, 9);
+  for (int step = 0; step < 3; ++step) {
+    for (const Tensor& p : net->parameters()) p.zero_grad();
+    sum(net->forward(x)).backward();
+  }
+  for (const auto& [name, p] : net->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    const std::vector<float> g = p.grad().to_vector<float>();
+    EXPECT_NE(std::count(g.begin(), g.end(), 0.0f), std::ptrdiff_t(g.size())) << name;
+  }
+  net->eval();
+  std::vector<float> qat;
+  {
+    NoGradGuard ng;
+    qat = net->forward(x).to_vector<float>();
+  }
+  EXPECT_EQ(nn::quant::convert(*net), 3);
+  auto* conv = dynamic_cast<nn::QuantizedConv2dImpl*>((*net)[3].get());
+  ASSERT_NE(conv, nullptr);
+  EXPECT_TRUE(conv->input_scale.defined());
+  NoGradGuard ng;
+  const std::vector<float> got = net->forward(x).to_vector<float>();
+  double scale = 0;
+  for (float v : qat) scale = std::max(scale, std::fabs(double(v)));
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], qat[i], 1e-4 * (1 + scale)) << i;
 }
 
 TEST(QuantizedConv2d, RejectsBadInputsAndPrepareSkipsGroupedAndTinyConvs) {
