@@ -426,7 +426,8 @@ Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu) {
   Tensor y = empty({N, O, OH, OW}, kF32);
   // Images go through in chunks of about 4096 output pixels, so that the patches (u8, K a pixel) and the
   // GEMM's pixel-major output stay small beside x and y.
-  const int64_t P = OH * OW, K = C * k.h * k.w, chunk = std::clamp<int64_t>(4096 / P, 1, N);
+  const int64_t P = OH * OW, K = C * k.h * k.w,
+                chunk = std::clamp<int64_t>(4096 / P, 1, std::max<int64_t>(N, 1));
   Tensor col = empty({K, chunk * P}, kU8), out = empty({chunk * P, O}, kF32);
   const uint8_t* xs = xq.data<uint8_t>();
   uint8_t* cs = col.data<uint8_t>();

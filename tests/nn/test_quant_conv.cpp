@@ -251,6 +251,7 @@ TEST(QuantizedConv2d, RejectsBadInputsAndPrepareSkipsGroupedAndTinyConvs) {
   // After the refusals the layer still gives its result.
   const Tensor x = uniform({1, 2, 5, 5}, -1, 1);
   EXPECT_EQ(q->forward(x).shape(), Shape({1, 4, 3, 3}));
+  EXPECT_EQ(q->forward(uniform({0, 2, 5, 5}, -1, 1)).shape(), Shape({0, 4, 3, 3}));  // an empty batch
   // Grouped convolutions, and those with fewer than kMinConvPatch values a patch (1 x 3 x 3), stay f32; a
   // 2 x 3 x 3 one is taken.
   nn::Sequential skipped{
