@@ -1,9 +1,11 @@
-// The int8 GEMM behind nn::quant's QuantizedLinear (kernels/cpu/quant.cpp): u8 activations with a zero point
-// times s8 weights, accumulated in s32. Plain declarations rather than an op-table entry: only the CPU has an
-// int8 kernel, and nn/quant.cpp is its one caller.
+// The int8 GEMM behind nn::quant's QuantizedLinear and QuantizedConv2d (kernels/cpu/quant.cpp): u8
+// activations with a zero point times s8 weights, accumulated in s32. Plain declarations rather than an
+// op-table entry: only the CPU has an int8 kernel, and nn/quant.cpp is its one caller.
 #pragma once
 
 #include <cstdint>
+
+#include "core/op_table_conv.h"
 
 namespace frugal::cpu {
 
@@ -18,6 +20,12 @@ void int8_linear(const uint8_t* x, int32_t x_zero_point, const int8_t* w, const 
 // patches laid out one row per (channel, kernel offset), each contiguous over the output pixels.
 void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, const float* scale,
                     const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu = false);
+// int8 convolution, groups 1, over a's geometry: a.x the u8 codes of x [n, c, h, w] (zero point
+// x_zero_point), a.weight s8 [o, c, kh, kw], a.bias f32 [o] or null, a.y f32 [n, o, oh, ow]:
+// y[n, o, p] = float(sum over the patch of (x - x_zero_point) * w) * scale[o] (+ bias[o]), then the ReLU
+// when relu. im2col (the padding at the zero point's code) into int8_linear_xt, a chunk of images at a time,
+// with working memory from the arena.
+void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu = false);
 // The s32 accumulators alone, acc (m, n); for the tests' exact comparison with the reference.
 void int8_linear_s32(const uint8_t* x, int32_t x_zero_point, const int8_t* w, int32_t* acc, int64_t m,
                      int64_t k, int64_t n);

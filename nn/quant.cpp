@@ -1,4 +1,6 @@
-// nn::quant: QuantizedLinear and quantize_dynamic (nn/quant.h). The int8 GEMM is kernels/cpu/quant.cpp.
+// nn::quant (nn/quant.h): the int8 layers (QuantizedLinear, QuantizedConv2d, QuantizedEmbedding), fake
+// quantisation and the QAT layers, the static observers, and the model rewrites (quantize_dynamic, prepare,
+// prepare_qat, convert). The int8 kernels are kernels/cpu/quant.cpp.
 #include "nn/quant.h"
 
 #include <algorithm>
@@ -24,6 +26,13 @@ using autograd::recorded;
 
 namespace {
 
+// The symmetric int8 scale of one weight row: max|row| / 127, 1 for an all-zero row.
+float row_scale(const float* row, int64_t cols) {
+  float amax = 0;
+  for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(row[i]));
+  return amax > 0 ? amax / 127.0f : 1.0f;
+}
+
 // Symmetric int8 per row of w (f32, contiguous, [rows, ...]): scale[r] = max|w[r, :]| / 127 (1 for an
 // all-zero row), q[r, i] = clamp(round(w[r, i] / scale[r]), -127, 127), into q's bytes (U8, w's numel) and
 // scale (f32 [rows]).
@@ -34,9 +43,7 @@ void quantize_rows(const Tensor& w, Tensor& q, Tensor& scale) {
   float* sc = scale.data<float>();
   for (int64_t o = 0; o < rows; ++o) {
     const float* row = src + o * cols;
-    float amax = 0;
-    for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(row[i]));
-    sc[o] = amax > 0 ? amax / 127.0f : 1.0f;
+    sc[o] = row_scale(row, cols);
     for (int64_t i = 0; i < cols; ++i)
       dst[o * cols + i] = int8_t(std::clamp(std::nearbyint(row[i] / sc[o]), -127.0f, 127.0f));
   }
@@ -135,13 +142,9 @@ Tensor QuantizedLinearImpl::forward(const Tensor& x) { return run(x, false); }
 Tensor QuantizedLinearImpl::forward_relu(const Tensor& x) { return run(x, true); }
 
 Tensor QuantizedLinearImpl::run(const Tensor& x, bool relu) {
-  FRUGAL_CHECK_DTYPE(x.dtype() == kF32 && x.device() == kCPU,
-                     "QuantizedLinear: expected an f32 cpu input, got ", x.dtype(), " on ", x.device());
+  check_inference_input("QuantizedLinear", x);
   FRUGAL_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) == in_features,
                      "QuantizedLinear: expected an input of shape [...,", in_features, "], got ", x.shape());
-  FRUGAL_CHECK(!(autograd::grad_mode_enabled() && x.requires_grad()),
-               "QuantizedLinear: inference only, but the input requires grad (run it under NoGradGuard, or "
-               "use nn::quant::prepare_qat for quantisation-aware training)");
   FRUGAL_CHECK_DTYPE(
       weight.dtype() == kU8 && weight_scale.dtype() == kF32 && (!bias.defined() || bias.dtype() == kF32),
       "QuantizedLinear: expected weight U8 (int8 bytes) and f32 weight_scale and bias, got ", weight.dtype(),
@@ -262,14 +265,8 @@ std::pair<Tensor, Tensor> qat_fake_quantize(const char* who, bool training, cons
       input_qparams_of_range(observed_min.data<float>()[0], observed_max.data<float>()[0]);
   const int64_t rows = weight.size(0), cols = weight.numel() / rows;
   std::vector<double> ws(static_cast<size_t>(rows));
-  {
-    const Tensor wc = contiguous(weight.detach());
-    for (int64_t o = 0; o < rows; ++o) {
-      float amax = 0;
-      for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(wc.data<float>()[o * cols + i]));
-      ws[size_t(o)] = amax > 0 ? double(amax / 127.0f) : 1.0;
-    }
-  }
+  const Tensor wc = contiguous(weight.detach());
+  for (int64_t o = 0; o < rows; ++o) ws[size_t(o)] = double(row_scale(wc.data<float>() + o * cols, cols));
   const Tensor xq = functional::fake_quantize(x, double(in.scale), in.zero_point, 0, quant::kInputQMax);
   const Tensor wq =
       functional::fake_quantize_per_row(weight.reshape({rows, cols}), ws, -127, 127).reshape(weight.shape());
@@ -424,79 +421,14 @@ Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu) {
   const quant::InputQuant qp = quantize_layer_input(xc, input_scale, input_zero_point, xq);
   const Tensor scale = output_scales(qp, weight_scale);
   Tensor y = empty({N, O, OH, OW}, kF32);
-  // Images go through in chunks of about 4096 output pixels, so that the patches (u8, K a pixel) and the
-  // GEMM's pixel-major output stay small beside x and y.
-  const int64_t P = OH * OW, K = C * k.h * k.w,
-                chunk = std::clamp<int64_t>(4096 / P, 1, std::max<int64_t>(N, 1));
-  Tensor col = empty({K, chunk * P}, kU8), out = empty({chunk * P, O}, kF32);
-  const uint8_t* xs = xq.data<uint8_t>();
-  uint8_t* cs = col.data<uint8_t>();
-  float* os = out.data<float>();
-  float* ys = y.data<float>();
-  const auto zp = uint8_t(qp.zero_point);  // the code of 0.0: the padding
-  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-    const int64_t images = std::min(chunk, N - n0), pixels = images * P;
-    // The patches transposed (im2col, as Caffe lays it out): row (c, i, j) holds, for every output pixel of
-    // the chunk, x[image, c, oh * stride - pad + i * dilation, ow * stride - pad + j * dilation], so each
-    // row is a run of strided (for stride 1, contiguous) reads of one input row; the GEMM takes it as x^T.
-    parallel_for(0, K, 1, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const int64_t c = r / (k.h * k.w), i = r / k.w % k.h, j = r % k.w;
-        const int64_t off = j * dl.w - pd.w;  // iw = ow * stride + off
-        // The output columns whose iw lies in [0, W): [ow_lo, ow_hi).
-        const int64_t ow_lo = std::min(OW, off >= 0 ? 0 : (-off + st.w - 1) / st.w);
-        const int64_t ow_hi = std::max(ow_lo, std::min(OW, W - off > 0 ? (W - off + st.w - 1) / st.w : 0));
-        // The output rows whose ih lies in [0, H): [oh_lo, oh_hi) (stride 1 only, for the fast path).
-        const int64_t oh_off = i * dl.h - pd.h;
-        const int64_t oh_lo = std::clamp<int64_t>(-oh_off, 0, OH),
-                      oh_hi = std::clamp<int64_t>(H - oh_off, oh_lo, OH);
-        for (int64_t img = 0; img < images; ++img) {
-          const uint8_t* plane = xs + ((n0 + img) * C + c) * H * W;
-          uint8_t* dst = cs + r * pixels + img * P;
-          if (st.h == 1 && st.w == 1 && OW == W && ow_lo < ow_hi) {
-            // Consecutive output rows read consecutive input rows: one copy of the valid rows' span, then
-            // the padding (rows above and below, the few columns at each row's ends) set to the zero code.
-            std::fill_n(dst, oh_lo * OW, zp);
-            if (oh_lo < oh_hi) {
-              std::copy(plane + (oh_lo + oh_off) * W + ow_lo + off,
-                        plane + (oh_hi - 1 + oh_off) * W + ow_hi + off, dst + oh_lo * OW + ow_lo);
-              for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-                for (int64_t ow = 0; ow < ow_lo; ++ow) dst[oh * OW + ow] = zp;
-                for (int64_t ow = ow_hi; ow < OW; ++ow) dst[oh * OW + ow] = zp;
-              }
-            }
-            std::fill(dst + oh_hi * OW, dst + P, zp);
-            continue;
-          }
-          for (int64_t oh = 0; oh < OH; ++oh, dst += OW) {
-            const int64_t ih = oh * st.h - pd.h + i * dl.h;
-            if (ih < 0 || ih >= H) {
-              std::fill_n(dst, OW, zp);
-              continue;
-            }
-            const uint8_t* src = plane + ih * W + off;
-            for (int64_t ow = 0; ow < ow_lo; ++ow) dst[ow] = zp;
-            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dst[ow] = src[ow * st.w];
-            for (int64_t ow = ow_hi; ow < OW; ++ow) dst[ow] = zp;
-          }
-        }
-      }
-    });
-    cpu::int8_linear_xt(cs, qp.zero_point, static_cast<const int8_t*>(weight.raw_data()), scale.data<float>(),
-                        bias.defined() ? bias.data<float>() : nullptr, os, pixels, K, O, relu);
-    // Pixel-major (image, pixel, o) to NCHW, in tiles of 32 pixels so that both sides stay in cache.
-    constexpr int64_t kTile = 32;
-    const int64_t tiles = (P + kTile - 1) / kTile;
-    parallel_for(0, images * tiles, std::max<int64_t>(1, kGrain / (kTile * O)), [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        const int64_t img = t / tiles, p0 = t % tiles * kTile, p1 = std::min(P, p0 + kTile);
-        const float* src = os + img * P * O;
-        float* dst = ys + (n0 + img) * O * P;
-        for (int64_t oc = 0; oc < O; ++oc)
-          for (int64_t p = p0; p < p1; ++p) dst[oc * P + p] = src[p * O + oc];
-      }
-    });
-  }
+  ConvArgs args;
+  args.n = N, args.c = C, args.h = H, args.w = W, args.o = O, args.kh = k.h, args.kw = k.w, args.oh = OH,
+  args.ow = OW;
+  args.stride_h = st.h, args.stride_w = st.w, args.pad_h = pd.h, args.pad_w = pd.w, args.dil_h = dl.h,
+  args.dil_w = dl.w;
+  args.x = xq.raw_data(), args.weight = weight.raw_data(), args.y = y.raw_data();
+  args.bias = bias.defined() ? bias.raw_data() : nullptr;
+  cpu::int8_conv2d(args, qp.zero_point, scale.data<float>(), relu);
   return y;
 }
 

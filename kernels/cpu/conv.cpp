@@ -19,6 +19,7 @@
 #include "core/parallel.h"
 #include "core/tensor.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/im2col.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/workspace.h"
 
@@ -42,31 +43,6 @@ using cpu::workspace;
 enum class Direction { Forward, BackwardData, BackwardWeight };
 
 // ---- im2col + GEMM -------------------------------------------------------------------------------------
-
-// col [c * kh * kw, oh * ow] of one image x [c, h, w]: row (c, i, j) holds the input each output position
-// reads through tap (i, j), zero where that falls in the padding.
-template <typename T>
-void im2col(const ConvArgs& a, const T* x, T* col) {
-  const int64_t ohw = a.oh * a.ow;
-  for (int64_t c = 0; c < a.c; ++c)
-    for (int64_t i = 0; i < a.kh; ++i)
-      for (int64_t j = 0; j < a.kw; ++j) {
-        T* row = col + ((c * a.kh + i) * a.kw + j) * ohw;
-        for (int64_t oh = 0; oh < a.oh; ++oh) {
-          const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dil_h;
-          T* out = row + oh * a.ow;
-          if (ih < 0 || ih >= a.h) {
-            std::fill(out, out + a.ow, T(0));
-            continue;
-          }
-          const T* in = x + (c * a.h + ih) * a.w;
-          for (int64_t ow = 0; ow < a.ow; ++ow) {
-            const int64_t iw = ow * a.stride_w - a.pad_w + j * a.dil_w;
-            out[ow] = iw >= 0 && iw < a.w ? in[iw] : T(0);
-          }
-        }
-      }
-}
 
 // The adjoint of im2col: adds each column entry back into the input position it was read from.
 template <typename T>
@@ -143,7 +119,7 @@ void conv2d_forward_im2col(const ConvArgs& a) {
   Tensor col_buf = workspace(im2col_elements(a, Direction::Forward) * int64_t(sizeof(T)));
   GemmKernel* gemm = op_gemm.get(kCPU, dtype_v<T>);
   for_each_image<T>(a, nt, col_size, col_buf, [&](int64_t n, T* col, int) {
-    im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
+    cpu::im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col, a.oh * a.ow, T(0));
     T* y = static_cast<T*>(a.y) + n * a.o * d.ohw;
     GemmArgs g;  // y_g = weight_g @ col_g for each group (the batch)
     g.batch = a.groups;
@@ -210,7 +186,7 @@ void conv2d_backward_weight_im2col(const ConvArgs& a) {
   std::fill_n(partials, nt * dw_size, T(0));
   for_each_image<T>(a, nt, col_size, buf, [&](int64_t n, T* col, int t) {
     T* dw = partials + t * dw_size;
-    im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col);
+    cpu::im2col(a, static_cast<const T*>(a.x) + n * a.c * a.h * a.w, col, a.oh * a.ow, T(0));
     GemmArgs g;  // dweight_g += dy_g @ col_g^T
     g.batch = a.groups;
     g.m = d.og;

@@ -8,6 +8,8 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/quant_kernels.h"
+#include "kernels/cpu/im2col.h"
+#include "kernels/cpu/workspace.h"
 
 #ifdef FRUGAL_HAVE_ONEDNN
 #include "kernels/cpu/onednn.h"
@@ -112,15 +114,18 @@ bool int8_linear_uses_onednn(int64_t m, int64_t k, int64_t n) {
 
 namespace {
 
-// int8_linear and int8_linear_xt: x (m, k), or its transpose (k, m) when x_transposed.
+// int8_linear and int8_linear_xt: x (m, k), or its transpose (k, m) when x_transposed. `sums`, when given, is
+// zero_point_sums(w, x_zero_point, k, n), computed once by a caller that multiplies by w several times.
 void linear(const uint8_t* x, bool x_transposed, int32_t x_zero_point, const int8_t* w, const float* scale,
-            const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu) {
+            const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu,
+            const std::vector<int32_t>* sums = nullptr) {
 #ifdef FRUGAL_HAVE_ONEDNN
   // The s32 products land in out's own bytes and become floats in place, one pass with the zero point's
   // term, the scale, the bias and the ReLU: the same integer and float operations as the reference.
   static_assert(sizeof(int32_t) == sizeof(float));
   if (m > 0 && k > 0 && n > 0 && run_onednn(x, w, reinterpret_cast<int32_t*>(out), m, k, n, x_transposed)) {
-    const std::vector<int32_t> zp_sums = zero_point_sums(w, x_zero_point, k, n);
+    const std::vector<int32_t> own = sums ? std::vector<int32_t>() : zero_point_sums(w, x_zero_point, k, n);
+    const std::vector<int32_t>& zp_sums = sums ? *sums : own;
     parallel_for(0, m, std::max<int64_t>(1, kGrain / n), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         float* row = out + i * n;
@@ -134,6 +139,8 @@ void linear(const uint8_t* x, bool x_transposed, int32_t x_zero_point, const int
     });
     return;
   }
+#else
+  (void)sums;
 #endif
   if (!x_transposed) return int8_linear_reference(x, x_zero_point, w, scale, bias, out, m, k, n, relu);
   std::vector<uint8_t> rows(size_t(m * k));
@@ -152,6 +159,48 @@ void int8_linear(const uint8_t* x, int32_t x_zero_point, const int8_t* w, const 
 void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, const float* scale,
                     const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu) {
   linear(xt, true, x_zero_point, w, scale, bias, out, m, k, n, relu);
+}
+
+void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu) {
+  const int64_t P = a.oh * a.ow, K = a.c * a.kh * a.kw, O = a.o;
+  // Images go through in chunks of about 4096 output pixels, so that the patches (u8, K a pixel) and the
+  // GEMM's pixel-major output stay small beside x and y.
+  const int64_t chunk = std::clamp<int64_t>(4096 / P, 1, std::max<int64_t>(a.n, 1));
+  Tensor col = workspace(K * chunk * P), out = workspace(chunk * P * O * int64_t(sizeof(float)));
+  const auto* xs = static_cast<const uint8_t*>(a.x);
+  const auto* w = static_cast<const int8_t*>(a.weight);
+  auto* cs = col.data<uint8_t>();
+  auto* os = reinterpret_cast<float*>(out.data<uint8_t>());
+  auto* ys = static_cast<float*>(a.y);
+  const std::vector<int32_t> sums =
+#ifdef FRUGAL_HAVE_ONEDNN
+      zero_point_sums(w, x_zero_point, K, O);
+#else
+      {};
+#endif
+  for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
+    const int64_t images = std::min(chunk, a.n - n0), pixels = images * P;
+    // The chunk's patches side by side in each row (c, i, j) of im2col, the padding at the zero point's code
+    // (the value 0.0); the GEMM takes them as x^T.
+    parallel_for(0, images, 1, [&](int64_t b, int64_t e) {
+      for (int64_t img = b; img < e; ++img)
+        im2col(a, xs + (n0 + img) * a.c * a.h * a.w, cs + img * P, pixels, uint8_t(x_zero_point));
+    });
+    linear(cs, true, x_zero_point, w, scale, static_cast<const float*>(a.bias), os, pixels, K, O, relu,
+           &sums);
+    // Pixel-major (image, pixel, o) to NCHW, in tiles of 32 pixels so that both sides stay in cache.
+    constexpr int64_t kTile = 32;
+    const int64_t tiles = (P + kTile - 1) / kTile;
+    parallel_for(0, images * tiles, std::max<int64_t>(1, kGrain / (kTile * O)), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t img = t / tiles, p0 = t % tiles * kTile, p1 = std::min(P, p0 + kTile);
+        const float* src = os + img * P * O;
+        float* dst = ys + (n0 + img) * O * P;
+        for (int64_t oc = 0; oc < O; ++oc)
+          for (int64_t p = p0; p < p1; ++p) dst[oc * P + p] = src[p * O + oc];
+      }
+    });
+  }
 }
 
 void int8_linear_s32(const uint8_t* x, int32_t x_zero_point, const int8_t* w, int32_t* acc, int64_t m,
