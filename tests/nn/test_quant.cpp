@@ -210,6 +210,10 @@ TEST(QuantizedEmbedding, RowsAreTheDequantisedInt8RowsAndQuantizeDynamicTakesThe
   }
   // i32 indices give the same rows; bad indices are refused by name.
   EXPECT_EQ(q->forward(idx.to(DType::I32)).to_vector<float>(), got);
+  // A non-contiguous view of indices gives the rows of its contiguous copy.
+  const Tensor idx_t = idx.transpose(0, 1);
+  ASSERT_FALSE(idx_t.is_contiguous());
+  EXPECT_EQ(q->forward(idx_t).to_vector<float>(), q->forward(idx_t.contiguous()).to_vector<float>());
   expect_error<IndexError>(
       [&] {
         q->forward(tensor<int64_t>({0, 300}, Shape({2})));

@@ -252,6 +252,10 @@ TEST(QuantizedConv2d, RejectsBadInputsAndPrepareSkipsGroupedAndTinyConvs) {
   const Tensor x = uniform({1, 2, 5, 5}, -1, 1);
   EXPECT_EQ(q->forward(x).shape(), Shape({1, 4, 3, 3}));
   EXPECT_EQ(q->forward(uniform({0, 2, 5, 5}, -1, 1)).shape(), Shape({0, 4, 3, 3}));  // an empty batch
+  // A non-contiguous view gives what its contiguous copy gives.
+  const Tensor view = uniform({1, 5, 2, 5}, -1, 1).transpose(1, 2);
+  ASSERT_FALSE(view.is_contiguous());
+  EXPECT_EQ(q->forward(view).to_vector<float>(), q->forward(view.contiguous()).to_vector<float>());
   // Grouped convolutions, and those with fewer than kMinConvPatch values a patch (1 x 3 x 3), stay f32; a
   // 2 x 3 x 3 one is taken.
   nn::Sequential skipped{
