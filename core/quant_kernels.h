@@ -23,8 +23,9 @@ void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, co
 // int8 convolution, groups 1, over a's geometry: a.x the u8 codes of x [n, c, h, w] (zero point
 // x_zero_point), a.weight s8 [o, c, kh, kw], a.bias f32 [o] or null, a.y f32 [n, o, oh, ow]:
 // y[n, o, p] = float(sum over the patch of (x - x_zero_point) * w) * scale[o] (+ bias[o]), then the ReLU
-// when relu. im2col (the padding at the zero point's code) into int8_linear_xt, a chunk of images at a time,
-// with working memory from the arena.
+// when relu; the padding counts as the zero point's code (the value 0.0). A chunk of images at a time, with
+// working memory from the arena: oneDNN's int8 convolution over channels-last codes where it has a kernel for
+// the shape, else im2col into int8_linear_xt.
 void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu = false);
 // The s32 accumulators alone, acc (m, n); for the tests' exact comparison with the reference.
 void int8_linear_s32(const uint8_t* x, int32_t x_zero_point, const int8_t* w, int32_t* acc, int64_t m,
