@@ -27,6 +27,9 @@ void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, co
 // working memory from the arena: oneDNN's int8 convolution over channels-last codes where it has a kernel for
 // the shape, else im2col into int8_linear_xt.
 void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu = false);
+// Whether int8_conv2d may take oneDNN's int8 convolution (the default); false runs the im2col path, for the
+// tests that check both. A no-op without oneDNN.
+void set_int8_conv_onednn(bool use);
 // The s32 accumulators alone, acc (m, n); for the tests' exact comparison with the reference.
 void int8_linear_s32(const uint8_t* x, int32_t x_zero_point, const int8_t* w, int32_t* acc, int64_t m,
                      int64_t k, int64_t n);

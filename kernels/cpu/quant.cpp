@@ -2,12 +2,14 @@
 // s32), then one pass of our own for the zero point, the per-column scales, the bias and a ReLU; the naive
 // reference loops beside it as fallback and test oracle.
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "core/error.h"
+#include "core/op_table_copy.h"
 #include "core/parallel.h"
 #include "core/quant_kernels.h"
 #include "kernels/cpu/im2col.h"
@@ -112,6 +114,8 @@ struct Int8ConvPlan {
   dnnl::reorder weight_reorder;  // [o, c, kh, kw] s8 into the primitive's layout
   dnnl::memory::desc x, w_user, w, y, scratchpad;
 };
+
+std::atomic<bool> g_int8_conv_onednn{true};
 
 std::shared_ptr<const Int8ConvPlan> int8_conv_plan(const ConvArgs& a, int64_t images) {
   static PlanCache<13, Int8ConvPlan> cache(64);
@@ -236,7 +240,8 @@ void to_nchw(const S* src_all, float* y, int64_t images, int64_t P, int64_t O, c
 #ifdef FRUGAL_HAVE_ONEDNN
 // int8_conv2d through oneDNN's int8 convolution; false where it has no kernel for the shape.
 bool conv2d_onednn(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu, int64_t chunk) {
-  if (a.groups != 1 || !int8_conv_plan(a, chunk)) return false;
+  if (a.groups != 1 || !g_int8_conv_onednn.load(std::memory_order_relaxed) || !int8_conv_plan(a, chunk))
+    return false;
   const int64_t C = a.c, HW = a.h * a.w, P = a.oh * a.ow, O = a.o;
   const auto* xs = static_cast<const uint8_t*>(a.x);
   auto* ys = static_cast<float*>(a.y);
@@ -256,14 +261,17 @@ bool conv2d_onednn(const ConvArgs& a, int32_t x_zero_point, const float* scale, 
       chunk_plan->weight_reorder.execute(onednn_stream(), user, packed);
     }
     plan = chunk_plan;
-    // NCHW codes to NHWC, an image at a time.
+    // NCHW codes to NHWC: each image's [C, HW] transposed, the images split across threads.
     uint8_t* xt = nhwc.data<uint8_t>();
     parallel_for(0, images, 1, [&](int64_t b, int64_t e) {
       for (int64_t img = b; img < e; ++img) {
-        const uint8_t* src = xs + (n0 + img) * C * HW;
-        uint8_t* dst = xt + img * C * HW;
-        for (int64_t c = 0; c < C; ++c)
-          for (int64_t p = 0; p < HW; ++p) dst[p * C + c] = src[c * HW + p];
+        TransposeArgs t;
+        t.in = xs + (n0 + img) * C * HW;
+        t.out = xt + img * C * HW;
+        t.rows = C;
+        t.cols = HW;
+        t.in_stride = HW;
+        op_transpose2d.get(kCPU, DType::U8)(t);
       }
     });
     std::unordered_map<int, dnnl::memory> args{
@@ -316,6 +324,12 @@ void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bo
            &sums);
     to_nchw(os, ys + n0 * O * P, images, P, O, nullptr, nullptr, false);
   }
+}
+
+void set_int8_conv_onednn([[maybe_unused]] bool use) {
+#ifdef FRUGAL_HAVE_ONEDNN
+  g_int8_conv_onednn.store(use, std::memory_order_relaxed);
+#endif
 }
 
 void int8_linear_s32(const uint8_t* x, int32_t x_zero_point, const int8_t* w, int32_t* acc, int64_t m,

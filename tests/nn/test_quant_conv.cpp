@@ -10,6 +10,7 @@
 #include "autograd/graph.h"
 #include "core/memory.h"
 #include "core/ops.h"
+#include "core/quant_kernels.h"
 #include "io/safetensors.h"
 #include "nn/containers.h"
 #include "nn/conv.h"
@@ -78,31 +79,34 @@ TEST(QuantizedConv2d, MatchesQuantiseThenConvolveAndIsCloseToF32) {
       {nn::Conv2dOptions(1, 4, 3).padding(1), Shape({12, 1, 28, 28})},
   };
   NoGradGuard ng;
-  for (const Case& c : cases) {
-    nn::Conv2d conv(c.options);
-    const Tensor x = uniform(c.input, -1, 2);
-    const nn::quant::InputQuant fixed{0.02f, 40};
-    for (bool dynamic : {true, false}) {
-      nn::QuantizedConv2d q(conv->options(), conv->weight, conv->bias, dynamic ? nullptr : &fixed);
-      const std::vector<float> got = q->forward(x).to_vector<float>();
-      const std::vector<double> want = reference(x, *conv, dynamic ? nullptr : &fixed);
-      ASSERT_EQ(got.size(), want.size());
-      for (size_t i = 0; i < got.size(); ++i)
-        ASSERT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
-            << i << (dynamic ? " dynamic" : " static");
-      if (!dynamic) continue;
-      const Tensor f32 = conv->forward(x);
-      EXPECT_EQ(q->forward(x).shape(), f32.shape());
-      const std::vector<float> fv = f32.to_vector<float>();
-      double err = 0, scale = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        err = std::max(err, std::fabs(double(got[i]) - fv[i]));
-        scale = std::max(scale, std::fabs(double(fv[i])));
+  for (const Case& c : cases)
+    for (bool onednn : {true, false}) {  // oneDNN's int8 convolution where it has one, and the im2col path
+      cpu::set_int8_conv_onednn(onednn);
+      nn::Conv2d conv(c.options);
+      const Tensor x = uniform(c.input, -1, 2);
+      const nn::quant::InputQuant fixed{0.02f, 40};
+      for (bool dynamic : {true, false}) {
+        nn::QuantizedConv2d q(conv->options(), conv->weight, conv->bias, dynamic ? nullptr : &fixed);
+        const std::vector<float> got = q->forward(x).to_vector<float>();
+        const std::vector<double> want = reference(x, *conv, dynamic ? nullptr : &fixed);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
+              << i << (dynamic ? " dynamic" : " static") << (onednn ? " oneDNN" : " im2col");
+        if (!dynamic) continue;
+        const Tensor f32 = conv->forward(x);
+        EXPECT_EQ(q->forward(x).shape(), f32.shape());
+        const std::vector<float> fv = f32.to_vector<float>();
+        double err = 0, scale = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          err = std::max(err, std::fabs(double(got[i]) - fv[i]));
+          scale = std::max(scale, std::fabs(double(fv[i])));
+        }
+        EXPECT_GT(err, 0.0);
+        EXPECT_LT(err, 0.05 * scale);  // int8 is close to, not equal to, f32
       }
-      EXPECT_GT(err, 0.0);
-      EXPECT_LT(err, 0.05 * scale);  // int8 is close to, not equal to, f32
     }
-  }
+  cpu::set_int8_conv_onednn(true);  // the default
 }
 
 TEST(QuantizedConv2d, ReluRunsInTheSamePassAndSequentialUsesIt) {
