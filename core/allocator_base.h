@@ -107,8 +107,8 @@ class AllocatorBase : public Allocator {
   }
   void reset_peak() override {
     std::lock_guard lock(mu_);
-    for (Stat* s :
-         {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks, &stats_.segments})
+    for (Stat* s : {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks,
+                    &stats_.segments, &stats_.mapped, &stats_.footprint})
       s->peak = s->current;
     publish_locked(smi::SlotWriter::kNoTag, true);
   }
@@ -125,12 +125,32 @@ class AllocatorBase : public Allocator {
     std::lock_guard lock(mu_);
     std::vector<TagStats> out;
     for (size_t id = 0; id < tags_.size(); ++id)
-      if (tags_[id].seen) out.push_back({tag_name(uint32_t(id)), tags_[id].allocated});
+      if (tags_[id].seen) out.push_back({tag_name(uint32_t(id)), tags_[id].allocated, tags_[id].mapped});
     return out;
   }
   void reset_tag_peaks() override {
     std::lock_guard lock(mu_);
-    for (TagStat& t : tags_) t.allocated.peak = t.allocated.current;
+    for (TagStat& t : tags_) {
+      t.allocated.peak = t.allocated.current;
+      t.mapped.peak = t.mapped.current;
+    }
+  }
+  void count_mapped(uint32_t tag, int64_t bytes) final {
+    std::lock_guard lock(mu_);
+    FRUGAL_ASSERT(bytes >= 0 || stats_.mapped.current >= -bytes, "count_mapped: more bytes unmapped (",
+                  -bytes, ") than mapped (", stats_.mapped.current, ")");
+    add(stats_.mapped, bytes);
+    add(stats_.footprint, bytes);
+    if (tag >= tags_.size()) tags_.resize(tag + 1);
+    tags_[tag].seen = true;
+    add(tags_[tag].mapped, bytes);
+  }
+  void retag_mapped(uint32_t from, uint32_t to, int64_t bytes) final {
+    std::lock_guard lock(mu_);
+    if (std::max(from, to) >= tags_.size()) tags_.resize(std::max(from, to) + 1);
+    add(tags_[from].mapped, -bytes);
+    tags_[to].seen = true;
+    add(tags_[to].mapped, bytes);
   }
   void retag(Block* b, uint32_t tag) override {
     std::lock_guard lock(mu_);
@@ -179,6 +199,7 @@ class AllocatorBase : public Allocator {
  protected:
   struct TagStat {
     Stat allocated;
+    Stat mapped;        // Note [mapped bytes]
     bool seen = false;  // ever had bytes: listed by tag_stats() even once they are all freed
   };
 
@@ -221,6 +242,7 @@ class AllocatorBase : public Allocator {
   void count_block_locked(const Block* b, int sign) {
     add(stats_.requested, sign * b->requested);
     add(stats_.allocated, sign * b->size);
+    add(stats_.footprint, sign * b->size);
     add(stats_.active_blocks, sign);
     ++(sign > 0 ? stats_.num_allocs : stats_.num_frees);
     if (b->tag >= tags_.size()) tags_.resize(b->tag + 1);
@@ -305,8 +327,11 @@ class AllocatorBase : public Allocator {
                   stats_.active_blocks.current, " != ", active_blocks);
     FRUGAL_ASSERT(stats_.segments.current == segments, "segments ", stats_.segments.current,
                   " != ", segments);
-    for (const Stat* s :
-         {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks, &stats_.segments})
+    FRUGAL_ASSERT(stats_.footprint.current == stats_.allocated.current + stats_.mapped.current, "footprint ",
+                  stats_.footprint.current, " != allocated ", stats_.allocated.current, " + mapped ",
+                  stats_.mapped.current);
+    for (const Stat* s : {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks,
+                          &stats_.segments, &stats_.mapped, &stats_.footprint})
       FRUGAL_ASSERT(s->peak >= s->current, "a peak (", s->peak, ") below its current value (", s->current,
                     ")");
     tag_bytes.resize(std::max(tag_bytes.size(), tags_.size()));

@@ -258,11 +258,14 @@ class Arena final : public AllocatorBase {
     next_segment_id_ = source.next_segment_id_;
     limit_ = source.limit_;
     stats_ = source.stats_;
-    for (Stat* st :
-         {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks, &stats_.segments})
+    for (Stat* st : {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks,
+                     &stats_.segments, &stats_.mapped, &stats_.footprint})
       st->peak = st->current;
     tags_ = source.tags_;
-    for (TagStat& t : tags_) t.allocated.peak = t.allocated.current;
+    for (TagStat& t : tags_) {
+      t.allocated.peak = t.allocated.current;
+      t.mapped.peak = t.mapped.current;
+    }
     return stats_.allocated.current;
   }
   void mark_simulated() { simulated_ = true; }

@@ -29,6 +29,12 @@ struct Stats {
   Stat reserved;       // bytes held from the system (segments), live or cached
   Stat active_blocks;  // live allocations
   Stat segments;       // segments held from the system
+  // Note [mapped bytes]: bytes of files mapped read-only that live tensors view (io::map_safetensors). No
+  // block of this allocator holds them and the page cache, not the allocator, backs them, but they are the
+  // device's tensors' bytes all the same, so they are counted here, beside the blocks, under the tag that
+  // was current when the file was mapped (TagStats::mapped).
+  Stat mapped;
+  Stat footprint;  // allocated + mapped: every byte the device's tensors hold (what serve::ModelPool budgets)
   int64_t num_allocs = 0;
   int64_t num_frees = 0;
   int64_t num_segment_allocs = 0;  // calls to the backing allocation
@@ -61,6 +67,7 @@ struct BlockInfo {
 struct TagStats {
   std::string tag;
   Stat allocated;  // bytes of live blocks carrying this tag
+  Stat mapped;     // bytes of mapped files viewed under this tag (Note [mapped bytes])
 };
 
 // Where a device's memory really comes from. Implementations: host (aligned), CUDA (kernels/cuda/).
@@ -109,6 +116,10 @@ class Allocator {
   virtual void reset_tag_peaks() = 0;
   // Moves a live block's bytes to another tag (a gradient buffer becoming a parameter's .grad, say).
   virtual void retag(Block* block, uint32_t tag) = 0;
+  // Note [mapped bytes]: a mapping of `bytes` that tensors view came (bytes > 0) or went (bytes < 0) under
+  // `tag`; retag_mapped moves such bytes from one tag to another.
+  virtual void count_mapped(uint32_t tag, int64_t bytes) = 0;
+  virtual void retag_mapped(uint32_t from, uint32_t to, int64_t bytes) = 0;
   // Throws InternalError if any invariant is broken (blocks overlap, a byte unaccounted, stats off). For
   // tests.
   virtual void check_invariants() const = 0;
@@ -149,6 +160,10 @@ int64_t parse_bytes(std::string_view text);
 class Tag {
  public:
   explicit Tag(std::string_view name);
+  // Names them with the interned tag `id` (memory::intern_tag) as it is, not joined with the current scope:
+  // for a library that keeps its own names whatever scope its caller is in (serve::ModelPool's
+  // "model/<name>/activations").
+  explicit Tag(uint32_t id);
   ~Tag();
   Tag(const Tag&) = delete;
   Tag& operator=(const Tag&) = delete;
@@ -162,6 +177,27 @@ uint32_t current_tag();
 // The id of a full tag name (not joined with the current scope), interning it on first use.
 uint32_t intern_tag(std::string_view name);
 std::string tag_name(uint32_t id);
+
+// Counts the blocks the calling thread allocates while it lives, and those it frees (a block made before it
+// and freed now counts too, so current() can go below 0): their bytes as `allocated` counts them (rounded),
+// and the most they came to at once. For measuring one piece of work on a thread while other threads
+// allocate too (serve::ModelPool sizes a request so where no dry run can). Blocks that the work makes on
+// other threads, or that other threads free, are not seen. Probes nest; each counts everything made in it.
+//   memory::AllocationProbe probe;  model->forward(x);  probe.peak();  // bytes the forward held at most
+class AllocationProbe {
+ public:
+  AllocationProbe();
+  ~AllocationProbe();
+  AllocationProbe(const AllocationProbe&) = delete;
+  AllocationProbe& operator=(const AllocationProbe&) = delete;
+  int64_t current() const { return current_; }
+  int64_t peak() const { return peak_; }
+  void count(int64_t bytes);  // a block of this many bytes made (> 0) or freed (< 0); Storage calls it
+
+ private:
+  AllocationProbe* outer_;
+  int64_t current_ = 0, peak_ = 0;
+};
 
 // The tag table holds at most kMaxTagNames names (every joined name of a Tag scope counts), so a program
 // that names a tag per step or per sample stays bounded: once it is full, a new name gets the id of

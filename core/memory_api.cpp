@@ -263,8 +263,9 @@ std::string memory_summary(Device device) {
   Allocator& a = allocator(device);
   const Stats s = a.stats();
   std::vector<TagStats> tags = a.tag_stats();
-  std::stable_sort(tags.begin(), tags.end(),
-                   [](const TagStats& x, const TagStats& y) { return x.allocated.peak > y.allocated.peak; });
+  std::stable_sort(tags.begin(), tags.end(), [](const TagStats& x, const TagStats& y) {
+    return x.allocated.peak + x.mapped.peak > y.allocated.peak + y.mapped.peak;
+  });
   const int64_t limit = a.limit();
   const std::string rule(78, '=');
   const std::string thin(78, '-');
@@ -288,6 +289,10 @@ std::string memory_summary(Device device) {
   bytes_row(out, "requested", s.requested);
   bytes_row(out, "allocated", s.allocated);
   bytes_row(out, "reserved", s.reserved);
+  if (s.mapped.peak > 0) {  // Note [mapped bytes]: files that tensors view, beside the blocks
+    bytes_row(out, "mapped (files)", s.mapped);
+    bytes_row(out, "allocated + mapped", s.footprint);
+  }
   count_row(out, "active blocks", s.active_blocks);
   count_row(out, "segments", s.segments);
   out += thin + "\n";
@@ -303,8 +308,9 @@ std::string memory_summary(Device device) {
   for (size_t i = 0; i < tags.size() && i < size_t(kSummaryTags); ++i) {
     const TagStats& t = tags[i];
     // Long tag paths widen their row rather than being cut: the name is what the reader is looking for.
-    appendf(out, " %-30s %22s %22s\n", t.tag.empty() ? "(untagged)" : t.tag.c_str(),
-            format_bytes(t.allocated.current).c_str(), format_bytes(t.allocated.peak).c_str());
+    appendf(out, " %-30s %22s %22s%s\n", t.tag.empty() ? "(untagged)" : t.tag.c_str(),
+            format_bytes(t.allocated.current).c_str(), format_bytes(t.allocated.peak).c_str(),
+            t.mapped.peak > 0 ? (" (mapped " + format_bytes(t.mapped.current) + ")").c_str() : "");
   }
   if (tags.size() > size_t(kSummaryTags)) {  // the rest in one line: their live bytes, the largest peak
     int64_t current = 0, peak = 0;
@@ -343,6 +349,14 @@ Tag::Tag(std::string_view name) : previous_(t_current_tag) {
                        : name.empty() ? table.names[previous_]
                                       : table.names[previous_] + "/" + std::string(name);
   t_current_tag = table.intern_locked(std::move(joined));
+}
+
+Tag::Tag(uint32_t id) : previous_(t_current_tag) {
+  TagTable& table = tag_table();
+  std::lock_guard lock(table.mu);
+  FRUGAL_CHECK_INDEX(id < table.names.size(), "memory::Tag: no tag has id ", id, " (", table.names.size(),
+                     " tags interned; memory::intern_tag makes one)");
+  t_current_tag = id;
 }
 
 Tag::~Tag() { t_current_tag = previous_; }

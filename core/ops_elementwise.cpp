@@ -95,6 +95,7 @@ Tensor& inplace(OpTable<ElementwiseKernel>& table, Tensor& self, const Tensor& o
   memory::OpScope op_scope(table.name(), self, other);  // Note [op names in the history]
   check_defined(self, table.name(), "first");
   check_defined(other, table.name(), "second");
+  check_writable(self, table.name());
   check_same_device(table.name(), self, other);
   const Shape shape = broadcast_shapes(self.shape(), other.shape(), table.name());
   FRUGAL_CHECK_SHAPE(shape == self.shape(), table.name(), "_: the result's shape ", shape,
@@ -160,6 +161,7 @@ enum class DTypes { floating, signed_numeric, numeric, all };
   Tensor name(const Tensor& x) { return unary(op_##name, x, DTypes::dtypes == DTypes::floating); } \
   FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self) {                                              \
     if (DTypes::dtypes == DTypes::floating) check_floating(#name "_", self);                       \
+    check_writable(self, #name "_");                                                               \
     op_##name.get(self.device(), self.dtype())(make_loop({&self, &self}), {});                     \
     self.storage()->bump_version();                                                                \
     return self;                                                                                   \
@@ -172,6 +174,7 @@ enum class DTypes { floating, signed_numeric, numeric, all };
   FRUGAL_IF_##inplace(Tensor& name##_(Tensor& self, Scalar p1, Scalar p2) {                            \
     FRUGAL_CHECK(check, #name "_: " why " (" #p1 " ", p1, ", " #p2 " ", p2, ")");                      \
     if (DTypes::dtypes == DTypes::floating) check_floating(#name "_", self);                           \
+    check_writable(self, #name "_");                                                                   \
     op_##name.get(self.device(), self.dtype())(make_loop({&self, &self}), {p1, p2});                   \
     self.storage()->bump_version();                                                                    \
     return self;                                                                                       \
@@ -244,6 +247,7 @@ bool is_transposed_matrix_copy(const Tensor& self, const Tensor& src) {
 Tensor& copy_(Tensor& self, const Tensor& src) {
   memory::OpScope op_scope("copy_", self, src);  // Note [op names in the history]
   check_defined(src, "copy_", "source");
+  check_writable(self, "copy_");
   const Shape shape = broadcast_shapes(self.shape(), src.shape(), "copy_");
   FRUGAL_CHECK_SHAPE(shape == self.shape(), "copy_: a source of shape ", src.shape(),
                      " does not broadcast to the destination's shape ", self.shape());
@@ -266,6 +270,7 @@ Tensor& copy_(Tensor& self, const Tensor& src) {
 }
 
 Tensor& fill_(Tensor& self, Scalar value) {
+  check_writable(self, "fill_");
   op_fill.get(self.device(), self.dtype())(make_loop({&self}), {value});
   self.storage()->bump_version();
   return self;

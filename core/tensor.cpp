@@ -34,6 +34,12 @@ void Tensor::set_data(const Tensor& src) const {
   me.dtype = src.dtype();
 }
 
+void check_writable(const Tensor& t, const char* op) {
+  FRUGAL_CHECK(t.is_writable(), op, ": the tensor (shape ", t.shape(), ", ", t.dtype(),
+               ") views a read-only mapped file (io::map_safetensors) and cannot be written; write into a "
+               "copy (clone()), or load the file with io::load_safetensors");
+}
+
 int64_t Tensor::size(int64_t dim) const { return shape()[wrap_dim(dim, this->dim(), "size")]; }
 int64_t Tensor::stride(int64_t dim) const { return strides()[wrap_dim(dim, this->dim(), "stride")]; }
 

@@ -136,6 +136,8 @@ class Tensor {
   // Points this tensor (and every handle to it) at src's data, shape and dtype, keeping its autograd
   // identity: how a module converts its parameters in place. Not recorded by autograd.
   void set_data(const Tensor& src) const;
+  // Whether ops may write into its bytes: not into a read-only mapped file's (io::map_safetensors).
+  bool is_writable() const { return !defined() || !storage()->read_only(); }
 
   // Conversions and writes.
   Tensor to(DType dtype) const;      // this tensor itself when the dtype already matches
@@ -206,6 +208,11 @@ class Tensor {
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// Throws Error naming `op` when t's bytes may not be written (Tensor::is_writable: a mapped file's); the ops
+// that write in place (copy_, fill_, the in-place math, an optimizer's step) check first, so a write into a
+// mapped weight is an error, never a fault.
+void check_writable(const Tensor& t, const char* op);
 
 // Named tensors: a module's parameters and buffers, an optimizer's state, the contents of a safetensors file.
 using StateDict = std::map<std::string, Tensor>;

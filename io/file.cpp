@@ -2,6 +2,7 @@
 #include "io/file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,6 +58,16 @@ InputFile::InputFile(std::string path, std::string who) : path_(std::move(path))
 }
 
 InputFile::~InputFile() { ::close(fd_); }
+
+std::shared_ptr<const void> InputFile::map() const {
+  FRUGAL_CHECK(size_ > 0, who_, ": cannot map '", path_, "': the file is empty");
+  void* base = ::mmap(nullptr, size_t(size_), PROT_READ, MAP_SHARED, fd_, 0);
+  FRUGAL_CHECK(base != MAP_FAILED, who_, ": cannot map '", path_, "' (", size_, " bytes): ", errno_text());
+  const size_t length = size_t(size_);
+  // The mapping outlives the descriptor (closed with this InputFile): munmap is what ends it.
+  return std::shared_ptr<const void>(base,
+                                     [length](const void* p) { ::munmap(const_cast<void*>(p), length); });
+}
 
 void InputFile::read_at(int64_t offset, void* dst, int64_t nbytes, const std::string& what) const {
   char* p = static_cast<char*>(dst);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -29,6 +30,11 @@ class InputFile {
   InputFile& operator=(const InputFile&) = delete;
 
   int64_t size() const { return size_; }  // when opened
+  // The first size() bytes of the file mapped read-only and shared (the page cache's pages: nothing is read
+  // or copied until touched), unmapped when the last holder lets go. A file cut shorter while mapped makes a
+  // later read of the lost pages fault (SIGBUS), as with every mapping: map only files nobody rewrites in
+  // place (frugal's saves replace files by renaming, which leaves a mapping of the old one intact).
+  std::shared_ptr<const void> map() const;
   // Exactly nbytes at `offset` into dst; throws when the file ends first (it shrank while being read).
   void read_at(int64_t offset, void* dst, int64_t nbytes, const std::string& what) const;
   const std::string& path() const { return path_; }

@@ -203,10 +203,8 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
 namespace {
 
 // Parses the header's JSON, refusing what nlohmann alone would accept or choke on (Note [hostile headers]).
-nlohmann::json parse_json(const std::string& path, std::string_view text) {
-  const auto fail = [&](const auto&... what) {
-    FRUGAL_CHECK(false, "load_safetensors('", path, "'): ", what...);
-  };
+nlohmann::json parse_json(const char* who, const std::string& path, std::string_view text) {
+  const auto fail = [&](const auto&... what) { FRUGAL_CHECK(false, who, "('", path, "'): ", what...); };
   // nlohmann ends its input at a NUL byte, so "{}\0garbage" would parse as "{}": look for one first.
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
     fail("the header holds a NUL byte at offset ", nul,
@@ -261,12 +259,10 @@ nlohmann::json parse_json(const std::string& path, std::string_view text) {
 
 // Parses and checks the header against a data buffer of data_size bytes; the entries come back in layout
 // order, covering the buffer exactly.
-std::vector<Entry> parse_header(const std::string& path, std::string_view text, int64_t data_size,
-                                std::map<std::string, std::string>& metadata) {
-  const auto fail = [&](const auto&... what) {
-    FRUGAL_CHECK(false, "load_safetensors('", path, "'): ", what...);
-  };
-  const nlohmann::json header = parse_json(path, text);
+std::vector<Entry> parse_header(const char* who, const std::string& path, std::string_view text,
+                                int64_t data_size, std::map<std::string, std::string>& metadata) {
+  const auto fail = [&](const auto&... what) { FRUGAL_CHECK(false, who, "('", path, "'): ", what...); };
+  const nlohmann::json header = parse_json(who, path, text);
 
   std::vector<Entry> entries;
   for (const auto& [name, value] : header.items()) {
@@ -359,23 +355,30 @@ struct Header {
   std::vector<Entry> entries;
   int64_t data_start = 0;
 };
-Header read_header(const InputFile& in, std::map<std::string, std::string>& metadata) {
+Header read_header(const char* who, const InputFile& in, std::map<std::string, std::string>& metadata) {
   const std::string& path = in.path();
   const int64_t file_size = in.size();
-  FRUGAL_CHECK(file_size >= 8, "load_safetensors('", path, "'): the file has ", file_size,
+  FRUGAL_CHECK(file_size >= 8, who, "('", path, "'): the file has ", file_size,
                " bytes, fewer than the 8 of the header length; it is truncated or not a safetensors file");
   uint64_t n = 0;
   in.read_at(0, &n, 8, "the header length");
-  FRUGAL_CHECK(n <= uint64_t(kMaxHeaderBytes), "load_safetensors('", path, "'): the header length ", n,
+  FRUGAL_CHECK(n <= uint64_t(kMaxHeaderBytes), who, "('", path, "'): the header length ", n,
                " exceeds the format's limit of ", kMaxHeaderBytes, " bytes; the file is corrupt");
-  FRUGAL_CHECK(int64_t(n) <= file_size - 8, "load_safetensors('", path, "'): the header length ", n,
-               " exceeds the ", file_size - 8, " bytes after it; the file is truncated or corrupt");
+  FRUGAL_CHECK(int64_t(n) <= file_size - 8, who, "('", path, "'): the header length ", n, " exceeds the ",
+               file_size - 8, " bytes after it; the file is truncated or corrupt");
   std::string text(n, '\0');
   in.read_at(8, text.data(), int64_t(n), "the header");
   Header h;
   h.data_start = 8 + int64_t(n);
-  h.entries = parse_header(path, text, file_size - h.data_start, metadata);
+  h.entries = parse_header(who, path, text, file_size - h.data_start, metadata);
   return h;
+}
+
+// Any byte of a BOOL tensor but 0 and 1 would be an invalid C++ bool.
+void check_bools(const char* who, const std::string& path, const Entry& e, const uint8_t* bytes, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    FRUGAL_CHECK(bytes[i] <= 1, who, "('", path, "'): BOOL tensor '", excerpt(e.name), "' holds byte ",
+                 int(bytes[i]), " at element ", i, "; only 0 and 1 are valid");
 }
 
 }  // namespace
@@ -383,26 +386,46 @@ Header read_header(const InputFile& in, std::map<std::string, std::string>& meta
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
   const InputFile in(path, "load_safetensors");
   std::map<std::string, std::string> metadata;
-  read_header(in, metadata);
+  read_header("load_safetensors", in, metadata);
   return metadata;
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
   const InputFile in(path, "load_safetensors");
   SafetensorsFile out;
-  const auto [entries, data_start] = read_header(in, out.metadata);
+  const auto [entries, data_start] = read_header("load_safetensors", in, out.metadata);
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, e.dtype);
     if (t.nbytes() > 0)
       in.read_at(data_start + e.begin, t.raw_data(), t.nbytes(), "tensor '" + excerpt(e.name) + "'");
-    if (e.dtype == DType::Bool) {  // any other byte would be an invalid C++ bool
-      const auto* bytes = static_cast<const uint8_t*>(t.raw_data());
-      for (int64_t i = 0; i < t.numel(); ++i)
-        FRUGAL_CHECK(bytes[i] <= 1, "load_safetensors('", path, "'): BOOL tensor '", excerpt(e.name),
-                     "' holds byte ", int(bytes[i]), " at element ", i, "; only 0 and 1 are valid");
-    }
+    if (e.dtype == DType::Bool)
+      check_bools("load_safetensors", path, e, static_cast<const uint8_t*>(t.raw_data()), t.numel());
     if (e.int8) out.int8_names.insert(e.name);
     out.tensors.emplace(e.name, std::move(t));
+  }
+  return out;
+}
+
+SafetensorsFile map_safetensors(const std::string& path) {
+  const InputFile in(path, "map_safetensors");
+  SafetensorsFile out;
+  // Everything is checked against the file's length before the file is mapped.
+  const auto [entries, data_start] = read_header("map_safetensors", in, out.metadata);
+  const std::shared_ptr<const void> mapping = in.map();
+  auto* base = static_cast<char*>(const_cast<void*>(mapping.get()));
+  // One storage over the whole mapping (its bytes count once, Note [mapped bytes]); each tensor views it.
+  const auto storage = std::make_shared<Storage>(mapping, base, in.size(), kCPU);
+  for (const Entry& e : entries) {
+    const int64_t at = data_start + e.begin;
+    if (e.dtype == DType::Bool)
+      check_bools("map_safetensors", path, e, reinterpret_cast<const uint8_t*>(base + at), e.end - e.begin);
+    // Note [mapped views are aligned to their element]: the data starts 8-byte aligned after the padded
+    // header and the layout puts wider dtypes first, so every view starts at a multiple of its element size.
+    FRUGAL_CHECK(at % dtype_size(e.dtype) == 0, "map_safetensors('", path, "'): tensor '", excerpt(e.name),
+                 "' starts at byte ", at, ", not a multiple of its element size ", dtype_size(e.dtype),
+                 " (a layout frugal and the reference never write); load it with load_safetensors");
+    if (e.int8) out.int8_names.insert(e.name);
+    out.tensors.emplace(e.name, Tensor(storage, at, e.shape, contiguous_strides(e.shape), e.dtype));
   }
   return out;
 }

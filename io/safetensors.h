@@ -4,6 +4,7 @@
 //   io::save_safetensors("mlp.safetensors", model->state_dict(), {{"epoch", "3"}});
 //   io::SafetensorsFile f = io::load_safetensors("mlp.safetensors");
 //   Tensor w = f.tensors.at("fc1.weight");  f.metadata.at("epoch") == "3";
+//   io::SafetensorsFile m = io::map_safetensors("mlp.safetensors");  // views of the file, no copy
 #pragma once
 
 #include <map>
@@ -47,6 +48,17 @@ struct SafetensorsFile {
 // Reads a whole file into cpu tensors. Throws Error naming the file and the problem when it is missing,
 // truncated or corrupt; never trusts a size it has not checked against the file's length.
 SafetensorsFile load_safetensors(const std::string& path);
+
+// The file's tensors without reading them: the file is mapped read-only and each tensor views its bytes
+// in place (zero-copy; the page cache holds them and faults them in as they are used). The header is
+// checked as load_safetensors checks it, against the file's length, before anything is mapped. The mapping
+// lives as long as any of its tensors (or views of them) does, and its bytes (the file's length) count as
+// the cpu's mapped bytes under the memory tag current at the call (Note [mapped bytes], core/memory.h).
+// Ops refuse to write into the tensors (check_writable, core/tensor.h). Map only files nobody rewrites in
+// place (io::InputFile::map).
+//   auto f = io::map_safetensors("mlp.safetensors");
+//   for (auto& [name, p] : model->named_parameters()) p.set_data(f.tensors.at(name));  // no copy
+SafetensorsFile map_safetensors(const std::string& path);
 
 // The metadata of a file whose header load_safetensors would accept (checked the same way, against the
 // file's length), without reading any tensor.

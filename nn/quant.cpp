@@ -112,9 +112,7 @@ QuantizedLinearImpl::QuantizedLinearImpl(int64_t in, int64_t out, bool has_bias)
   FRUGAL_CHECK(in > 0 && out > 0, "QuantizedLinear: in_features and out_features must be positive, got ", in,
                " and ", out);
   weight = register_buffer("weight", zeros({out, in}, kU8));
-  Tensor s = empty({out}, kF32);
-  std::fill_n(s.data<float>(), out, 1.0f);
-  weight_scale = register_buffer("weight_scale", s);
+  weight_scale = register_buffer("weight_scale", ones({out}, kF32));  // ones(): also on the meta device
   if (has_bias) bias = register_buffer("bias", zeros({out}, kF32));
 }
 
@@ -370,9 +368,7 @@ QuantizedConv2dImpl::QuantizedConv2dImpl(const Conv2dOptions& o, bool static_inp
                "QuantizedConv2d: channels and kernel size must be positive");
   const Size2 k = o.kernel_size();
   weight = register_buffer("weight", zeros({o.out_channels(), o.in_channels(), k.h, k.w}, kU8));
-  Tensor s = empty({o.out_channels()}, kF32);
-  std::fill_n(s.data<float>(), o.out_channels(), 1.0f);
-  weight_scale = register_buffer("weight_scale", s);
+  weight_scale = register_buffer("weight_scale", ones({o.out_channels()}, kF32));
   if (o.bias()) bias = register_buffer("bias", zeros({o.out_channels()}, kF32));
   if (static_input) {
     input_scale = register_buffer("input_scale", tensor<float>({1.0f}, Shape({1})));
@@ -438,9 +434,7 @@ QuantizedEmbeddingImpl::QuantizedEmbeddingImpl(int64_t num, int64_t dim)
                "QuantizedEmbedding: num_embeddings and embedding_dim must be positive, got ", num, " and ",
                dim);
   weight = register_buffer("weight", zeros({num, dim}, kU8));
-  Tensor s = empty({num}, kF32);
-  std::fill_n(s.data<float>(), num, 1.0f);
-  weight_scale = register_buffer("weight_scale", s);
+  weight_scale = register_buffer("weight_scale", ones({num}, kF32));
 }
 
 QuantizedEmbeddingImpl::QuantizedEmbeddingImpl(const Tensor& w)
