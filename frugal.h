@@ -55,3 +55,4 @@
 #include "optim/sgd.h"
 #include "optim/sparse_adam.h"
 #include "optim/step_in_backward.h"
+#include "serve/model_pool.h"
