@@ -51,6 +51,12 @@ struct Segment {
 namespace detail {
 
 inline constexpr int64_t kMiB = 1024 * 1024;
+// The caching arena's pools (core/arena.cpp): requests up to kSmallRequest come from the small pool, whose
+// blocks are split to the request (rounded to 512 bytes). A large block is split only if more than
+// kLargeSplitRemainder would be left (smaller tails would only fragment the pool), so a large request may get
+// a cached block up to that much larger than itself: what it takes then depends on what the arena caches.
+inline constexpr int64_t kSmallRequest = 1 * kMiB;
+inline constexpr int64_t kLargeSplitRemainder = 1 * kMiB;
 inline constexpr int64_t kHostAlign = 64;  // a cache line, and enough for AVX-512 loads
 // Beyond any memory; keeps the rounding from overflowing.
 inline constexpr int64_t kMaxRequest = int64_t(1) << 56;

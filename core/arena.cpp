@@ -29,14 +29,13 @@ namespace {
 
 using namespace detail;
 
-constexpr int64_t kMinBlock = 512;                  // every arena block is a multiple of this
-constexpr int64_t kSmallRequest = 1 * kMiB;         // requests up to this come from the small pool...
+constexpr int64_t kMinBlock = 512;  // every arena block is a multiple of this
+// kSmallRequest (core/allocator_base.h): requests up to it come from the small pool...
 constexpr int64_t kSmallSegment = 2 * kMiB;         // ...carved out of segments of this size
 constexpr int64_t kLargeSegment = 20 * kMiB;        // shared by large requests under kLargeSegmentCutoff
 constexpr int64_t kLargeSegmentCutoff = 10 * kMiB;  // larger requests get a segment of their own...
 constexpr int64_t kLargeRound = 2 * kMiB;           // ...rounded up to this
-// A large block is split only if more than this would be left: smaller tails would only fragment the pool.
-constexpr int64_t kLargeSplitRemainder = 1 * kMiB;
+// kLargeSplitRemainder (core/allocator_base.h): a large block is split only if more than it would be left.
 
 class Arena final : public AllocatorBase {
  public:

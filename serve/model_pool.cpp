@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "autograd/graph.h"
+#include "core/allocator_base.h"
 #include "core/estimate.h"
 #include "core/memory.h"
 #include "io/safetensors.h"
@@ -178,27 +179,37 @@ int64_t structure_bytes(const Variant& v) {
   return bytes;
 }
 
-// Note [sizing a request]: the dry run, or kUnsized when the forward cannot run on the meta device.
+// Note [sizing a request]: the dry run, or kUnsized when the forward cannot run on the meta device. The
+// figure is the most the request's blocks hold at once, each large block taken as up to
+// kLargeSplitRemainder larger than the dry run's (core/allocator_base.h): the real arena may hand a large
+// request a cached block that much larger, where the dry run's fresh arena splits one to size.
 int64_t dry_run_request(const Variant& v, const Tensor& input, Device device) {
-  int64_t base = 0;
+  size_t first_event = 0;
   memory::Estimate e;
   try {
     e = memory::estimate([&](Device d) {
       const std::shared_ptr<nn::Module> m = v.factory();
       m->eval();
-      const Tensor x = empty(input.shape(), TensorOptions(input.dtype()).device(d));
-      base = memory::stats(d).allocated.current;
-      memory::reset_peak(d);  // building the structure took temporaries; the request starts here
+      Tensor x = empty(input.shape(), TensorOptions(input.dtype()).device(d));
+      first_event = memory::history(d).events.size();  // the request starts here
+      // An input from another device is copied before the forward: its block is the request's.
+      if (input.device() != device) x = empty(input.shape(), TensorOptions(input.dtype()).device(d));
       forward_as(*m, x, v.precision, d);
     });
   } catch (const Error&) {
     return kUnsized;  // the real request will say what is wrong, if anything is
   }
-  int64_t bytes = e.peak_allocated - base;
-  // The copy of an input from another device (made before the forward, where the dry run had the input
-  // on its device already): its block, rounded as the arena rounds the smallest blocks.
-  if (input.device() != device) bytes += (input.nbytes() + 511) / 512 * 512;
-  return bytes;
+  FRUGAL_CHECK(!e.timeline.truncated, "ModelPool: the dry run of a request of ", input.shape(),
+               " recorded more events than a history holds");
+  int64_t live = 0, large = 0, most = 0;
+  for (size_t i = first_event; i < e.timeline.events.size(); ++i) {
+    const memory::HistoryEvent& ev = e.timeline.events[i];
+    const int sign = ev.kind == memory::EventKind::Alloc ? 1 : ev.kind == memory::EventKind::Free ? -1 : 0;
+    live += sign * ev.size;
+    if (ev.size > memory::detail::kSmallRequest) large += sign;
+    most = std::max(most, live + large * memory::detail::kLargeSplitRemainder);
+  }
+  return most;
 }
 
 // Maps the variant's file and points the structure's tensors at it (on the cpu; copies them elsewhere).
