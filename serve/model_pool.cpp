@@ -302,7 +302,7 @@ void ModelPool::add(const std::string& name, std::vector<Variant> variants) {
 
 namespace {
 
-// Releases a request's reservation and marks it done, however the request ends.
+// What admission gave a request (Done, in run, gives it back however the request ends).
 struct Admitted {
   ModelPool::State* state = nullptr;
   ModelState* model = nullptr;
