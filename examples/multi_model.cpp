@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kImageBatch = 32, kTextBatch = 8;
+constexpr int64_t kImageBatch = 8, kTextBatch = 4;  // a request: images, or windows of text
 
 // Trains a Fashion-MNIST model for `steps` steps of Adam (batch 64), or not at all.
 void train_images(nn::Module& model, const std::shared_ptr<data::FashionMNIST>& train, int steps) {
