@@ -40,5 +40,9 @@ void int8_linear_s32_reference(const uint8_t* x, int32_t x_zero_point, const int
                                int64_t m, int64_t k, int64_t n);
 // Whether int8_linear runs through oneDNN for this shape (false: the reference loops).
 bool int8_linear_uses_onednn(int64_t m, int64_t k, int64_t n);
+// int8_linear's twin on the meta device (Note [the meta device]): the working memory int8_linear takes from
+// the arena for this shape (oneDNN's scratchpad, whose size depends on the ISA), as meta bytes, taken and
+// given back as int8_linear does, so that a dry run of a quantised model sees it.
+void int8_linear_meta(int64_t m, int64_t k, int64_t n);
 
 }  // namespace frugal::cpu

@@ -70,9 +70,10 @@ quant::InputQuant input_qparams_of_range(float lo, float hi) {
   return {s, zp};
 }
 
-void check_inference_input(const char* who, const Tensor& x) {
-  FRUGAL_CHECK_DTYPE(x.dtype() == kF32 && x.device() == kCPU, who, ": expected an f32 cpu input, got ",
-                     x.dtype(), " on ", x.device());
+// meta_ok: the layer has a dry-run path (Note [the meta device]).
+void check_inference_input(const char* who, const Tensor& x, bool meta_ok = false) {
+  FRUGAL_CHECK_DTYPE(x.dtype() == kF32 && (x.device() == kCPU || (meta_ok && x.device().is_meta())), who,
+                     ": expected an f32 cpu input, got ", x.dtype(), " on ", x.device());
   FRUGAL_CHECK(!(autograd::grad_mode_enabled() && x.requires_grad()), who,
                ": inference only, but the input requires grad (run it under NoGradGuard, or use "
                "nn::quant::prepare_qat for quantisation-aware training)");
@@ -140,7 +141,7 @@ Tensor QuantizedLinearImpl::forward(const Tensor& x) { return run(x, false); }
 Tensor QuantizedLinearImpl::forward_relu(const Tensor& x) { return run(x, true); }
 
 Tensor QuantizedLinearImpl::run(const Tensor& x, bool relu) {
-  check_inference_input("QuantizedLinear", x);
+  check_inference_input("QuantizedLinear", x, /*meta_ok=*/true);
   FRUGAL_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) == in_features,
                      "QuantizedLinear: expected an input of shape [...,", in_features, "], got ", x.shape());
   FRUGAL_CHECK_DTYPE(
@@ -151,8 +152,13 @@ Tensor QuantizedLinearImpl::run(const Tensor& x, bool relu) {
   const int64_t m = x.numel() / in_features;
   std::vector<int64_t> dims(x.shape().begin(), x.shape().end());
   dims.back() = out_features;
-  Tensor y = empty(Shape(dims), kF32);
-  Tensor xq = empty({m, in_features}, kU8);
+  Tensor y = empty(Shape(dims), TensorOptions(kF32).device(x.device()));
+  Tensor xq = empty({m, in_features}, TensorOptions(kU8).device(x.device()));
+  if (x.device().is_meta()) {  // a dry run: the blocks below, in their order, without the values
+    const Tensor scale = empty(weight_scale.shape(), TensorOptions(kF32).device(x.device()));
+    cpu::int8_linear_meta(m, in_features, out_features);
+    return y;
+  }
   const quant::InputQuant qp = quantize_layer_input(xc, input_scale, input_zero_point, xq);
   const Tensor scale = output_scales(qp, weight_scale);
   cpu::int8_linear(xq.data<uint8_t>(), qp.zero_point, static_cast<const int8_t*>(weight.raw_data()),

@@ -37,7 +37,8 @@ namespace frugal::serve {
 // structure the factory makes, an input of the request's shape and dtype, the same casts; the dry run's
 // peak less the structure and the input is what the real forward's blocks take at most, to the byte (the
 // meta device follows the cpu's allocations). It is computed once per variant and input signature. A
-// structure whose forward cannot run on the meta device (nn::quant's int8 layers call their kernels directly)
+// structure whose forward cannot run on the meta device (one that reads a value, or nn::QuantizedConv2d and
+// QuantizedEmbedding, which have no meta path yet; QuantizedLinear has one)
 // is measured instead: its first request of a signature runs alone, with the whole free budget reserved,
 // under a memory::AllocationProbe, and what the probe saw sizes the later ones.
 

@@ -204,6 +204,17 @@ void int8_linear(const uint8_t* x, int32_t x_zero_point, const int8_t* w, const 
   linear(x, false, x_zero_point, w, scale, bias, out, m, k, n, relu);
 }
 
+void int8_linear_meta(int64_t m, int64_t k, int64_t n) {
+#ifdef FRUGAL_HAVE_ONEDNN
+  // run_onednn's one arena block; the zero point's sums and the reference path use the heap.
+  if (m <= 0 || k <= 0 || n <= 0) return;
+  const auto plan = int8_plan(m, k, n, false);
+  if (plan && plan->scratchpad.get_size() > 0) meta_workspace(int64_t(plan->scratchpad.get_size()));
+#else
+  (void)m, (void)k, (void)n;
+#endif
+}
+
 void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, const float* scale,
                     const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu) {
   linear(xt, true, x_zero_point, w, scale, bias, out, m, k, n, relu);

@@ -10,6 +10,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/graph.h"
+#include "core/estimate.h"
 #include "core/memory.h"
 #include "core/quant_kernels.h"
 #include "io/safetensors.h"
@@ -392,6 +393,40 @@ TEST(StaticQuant, ObserversFixTheInputRangeAndConvertQuantises) {
     } else {
       EXPECT_GT(err, 0.05 * scale) << "min-max over an outlier should lose";
     }
+  }
+}
+
+// A dry run (memory::estimate) of a quantised model's forward takes the blocks the real forward takes: the
+// layers' meta path allocates as the cpu path does, oneDNN's scratchpad included (int8_linear_meta).
+TEST(QuantizedLinear, ADryRunOfItsForwardIsExact) {
+  auto make = [] {
+    nn::Sequential m;
+    m->push_back(nn::QuantizedLinear(300, 700));
+    m->push_back(nn::ReLU());  // the fused path
+    m->push_back(nn::QuantizedLinear(700, 40));
+    return m;
+  };
+  for (int64_t batch : {1, 33, 256}) {
+    SCOPED_TRACE(batch);
+    int64_t base = 0;
+    const memory::Estimate e = memory::estimate([&](Device d) {
+      nn::Sequential m = make();
+      const Tensor x = empty({batch, 300}, TensorOptions(kF32).device(d));
+      base = memory::stats(d).allocated.current;
+      memory::reset_peak(d);
+      InferenceMode im;
+      const Tensor y = m->forward(x);
+      EXPECT_EQ(y.shape(), Shape({batch, 40}));
+    });
+    nn::Sequential m = make();
+    const Tensor x = testing::uniform({batch, 300}, -1, 2);
+    memory::reset_peak(kCPU);
+    const int64_t before = memory::stats(kCPU).allocated.current;
+    {
+      InferenceMode im;
+      const Tensor y = m->forward(x);
+    }
+    EXPECT_EQ(memory::stats(kCPU).allocated.peak - before, e.peak_allocated - base);
   }
 }
 

@@ -1,7 +1,7 @@
 // serve::ModelPool: lazy loading by mapping, outputs equal to the model loaded alone (also after eviction
 // and reload), LRU order, a model in use survives pressure, the budget holds under a random concurrent mix,
-// variants (bf16, int8 measured), inference keeps no activations beyond a layer's, and bad files and
-// impossible requests get clear errors.
+// variants (bf16, int8), requests no dry run can size measured, inference keeps no activations beyond a
+// layer's, and bad files and impossible requests get clear errors.
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
@@ -310,7 +310,18 @@ TEST_F(ModelPoolTest, InferenceKeepsNoActivationsBeyondALayersAndTheDryRunIsExac
   EXPECT_GE(taped_peak(deep) - taped_peak(shallow), 7 * 64 * 256 * 4);
 }
 
-TEST_F(ModelPoolTest, VariantsServeSmallerUnderPressureAndInt8RequestsAreMeasured) {
+// A forward that reads a value (its input's largest magnitude): no dry run can size it.
+struct DataDependentImpl : nn::Module {
+  nn::Linear fc{nullptr};
+  DataDependentImpl() { fc = register_module("fc", nn::Linear(128, 16)); }
+  Tensor forward(const Tensor& x) override {
+    const float largest = x.abs().max().item<float>();
+    return fc(x * (1.0 / double(largest)));
+  }
+};
+FRUGAL_MODULE(DataDependent);
+
+TEST_F(ModelPoolTest, VariantsServeSmallerUnderPressureAndRequestsNoDryRunSizesAreMeasured) {
   manual_seed(3);
   nn::Sequential f32 = make_mlp(128, 256, 16);
   io::save_safetensors(path("f32.safetensors"), f32->state_dict());
@@ -349,16 +360,32 @@ TEST_F(ModelPoolTest, VariantsServeSmallerUnderPressureAndInt8RequestsAreMeasure
     pool.add("int8", {{Precision::Int8, int8_factory, path("int8.safetensors")}});
     InferenceMode im;
     EXPECT_EQ(bytes_of(pool.run("bf16", x)), bytes_of(bf16_reference));
-    EXPECT_EQ(pool.request_bytes("int8", x), -1);  // no dry run for int8 layers: measured
-    EXPECT_EQ(bytes_of(pool.run("int8", x)), bytes_of(q->forward(x)));
-    EXPECT_GT(pool.request_bytes("int8", x), 0);
+    // The int8 layers' dry run (QuantizedLinear's meta path) sizes the request to the byte.
+    const int64_t sized = pool.request_bytes("int8", x);
+    EXPECT_GT(sized, 0);
     const std::string q_reference = bytes_of(q->forward(x));
     memory::reset_peak(kCPU);
     const int64_t before = memory::stats(kCPU).allocated.current;
-    const std::string again = bytes_of(pool.run("int8", x));
-    // What the measurement kept is what a request takes.
-    EXPECT_EQ(memory::stats(kCPU).allocated.peak - before, pool.request_bytes("int8", x));
-    EXPECT_EQ(again, q_reference);
+    EXPECT_EQ(bytes_of(pool.run("int8", x)), q_reference);  // loads the variant, then runs it
+    EXPECT_EQ(memory::stats(kCPU).allocated.peak - before, sized);
+  }
+  {
+    // A forward that reads a value cannot run on the meta device: its first request is measured, alone.
+    manual_seed(4);
+    DataDependent d;
+    io::save_safetensors(path("dd.safetensors"), d->state_dict());
+    const Tensor expected = reference([] { return DataDependent().ptr(); }, "dd.safetensors", x);
+    ModelPool pool(kCPU, 8 << 20);
+    pool.add(
+        "dd", [] { return DataDependent().ptr(); }, path("dd.safetensors"));
+    EXPECT_EQ(pool.request_bytes("dd", x), -1);
+    EXPECT_EQ(bytes_of(pool.run("dd", x)), bytes_of(expected));
+    const int64_t measured = pool.request_bytes("dd", x);
+    EXPECT_GT(measured, 0);
+    memory::reset_peak(kCPU);
+    const int64_t before = memory::stats(kCPU).allocated.current;
+    EXPECT_EQ(bytes_of(pool.run("dd", x)), bytes_of(expected));
+    EXPECT_EQ(memory::stats(kCPU).allocated.peak - before, measured);  // what the probe saw is a request
   }
 
   // Under pressure: room for the f32 weights with a request, or the bf16 ones beside another model.
