@@ -44,11 +44,13 @@ namespace frugal::serve {
 
 // Note [choosing a variant]
 // A request goes to the model's first variant (the one to serve first) when that variant is loaded or can
-// be loaded without evicting anything, and it fits; with RunOptions::allow_smaller a later variant that
-// fits so is taken before anything is evicted for the first. Otherwise the least recently used idle
-// variants (of any model) are evicted until the first variant fits, and if it still does not, the request
-// waits for the requests in flight to finish. A variant that cannot fit even alone (its weights and the
-// request above the budget) is an OutOfMemoryError, unless allow_smaller names a later one that can.
+// be loaded without evicting anything, and it fits. With RunOptions::allow_smaller, a variant that is loaded
+// already and fits is taken first (in the order given: no load, and no second copy of the model's weights),
+// then one that can be loaded without evicting anything, before anything is evicted for the first. Otherwise
+// the least recently used idle variants (of any model) are evicted until the first variant fits, and if it
+// still does not, the request waits for the requests in flight to finish. A variant that cannot fit even
+// alone (its weights and the request above the budget) is an OutOfMemoryError, unless allow_smaller names a
+// later one that can.
 
 namespace {
 
@@ -363,10 +365,14 @@ Tensor ModelPool::run(const std::string& name, const Tensor& input, const RunOpt
       };
       // First a variant that fits as things are. One still to measure never does: it runs alone, with every
       // idle variant evicted (below), so that its unknown need meets the most room there can be.
+      // With several candidates, one loaded already goes first: no load, and no second copy of the model.
       VariantState* chosen = nullptr;
-      for (size_t i = 0; i < candidates && !chosen; ++i)
-        if (request_of(model->variants[i]) != kUnsized && fits_now(model->variants[i]))
-          chosen = &model->variants[i];
+      for (int pass = candidates > 1 ? 0 : 1; pass < 2 && !chosen; ++pass)
+        for (size_t i = 0; i < candidates && !chosen; ++i) {
+          VariantState& v = model->variants[i];
+          if ((pass == 1 || v.status != Status::Unloaded) && request_of(v) != kUnsized && fits_now(v))
+            chosen = &v;
+        }
       if (!chosen) {
         // Then the first variant that can fit alone, evicting idle variants least recently used first, as
         // long as evicting can make it fit; else the request waits.

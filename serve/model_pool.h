@@ -46,9 +46,9 @@ struct Variant {
 };
 
 struct RunOptions {
-  // Note [choosing a variant]: when the model's first variant is not loaded and loading it now would need
-  // an eviction or a wait, serve from a later variant (in the order given to add) that fits as things are;
-  // and when the first cannot fit at all, from the first later one that can.
+  // Note [choosing a variant]: serve from any of the model's variants that is loaded already and fits; else
+  // when loading the first would need an eviction or a wait, from a later variant (in the order given to
+  // add) that fits as things are; and when the first cannot fit at all, from the first later one that can.
   FRUGAL_ARG(bool, allow_smaller) = false;
 };
 
