@@ -33,14 +33,17 @@ namespace frugal::serve {
 // the budget, or calls memory::empty_cache.
 
 // Note [sizing a request]
-// A request's bytes are those of a dry run of the same forward on the meta device (memory::estimate): the
-// structure the factory makes, an input of the request's shape and dtype, the same casts; the dry run's
-// peak less the structure and the input is what the real forward's blocks take at most, to the byte (the
-// meta device follows the cpu's allocations). It is computed once per variant and input signature. A
-// structure whose forward cannot run on the meta device (one that reads a value, or nn::QuantizedConv2d and
-// QuantizedEmbedding, which have no meta path yet; QuantizedLinear has one)
-// is measured instead: its first request of a signature runs alone, with the whole free budget reserved,
-// under a memory::AllocationProbe, and what the probe saw sizes the later ones.
+// A request's bytes come from a dry run of the same forward on the meta device (memory::estimate): the
+// structure the factory makes, an input of the request's shape and dtype, the same casts. The meta device
+// follows the cpu's allocations, so the dry run's blocks are the real forward's, in the same order; the most
+// they hold at once, past the structure and the input, is the request's figure, with one margin: each block
+// above kSmallRequest counts kLargeSplitRemainder more (core/allocator_base.h), because the real arena may
+// hand such a request a cached block up to that much larger where the dry run's fresh arena splits one to
+// size. It is computed once per variant and input signature. A structure whose forward cannot run on the
+// meta device (one that reads a value; nn::QuantizedConv2d and QuantizedEmbedding, which have no meta path
+// yet, where QuantizedLinear has one) is measured instead: its first request of a signature runs alone, with
+// every idle variant evicted and the whole free budget reserved, under a memory::AllocationProbe, and what
+// the probe saw sizes the later ones.
 
 // Note [choosing a variant]
 // A request goes to the model's first variant (the one to serve first) when that variant is loaded or can
@@ -182,10 +185,7 @@ int64_t structure_bytes(const Variant& v) {
   return bytes;
 }
 
-// Note [sizing a request]: the dry run, or kUnsized when the forward cannot run on the meta device. The
-// figure is the most the request's blocks hold at once, each large block taken as up to
-// kLargeSplitRemainder larger than the dry run's (core/allocator_base.h): the real arena may hand a large
-// request a cached block that much larger, where the dry run's fresh arena splits one to size.
+// Note [sizing a request]: the dry run's figure, or kUnsized when the forward cannot run on the meta device.
 int64_t dry_run_request(const Variant& v, const Tensor& input, Device device) {
   size_t first_event = 0;
   memory::Estimate e;
