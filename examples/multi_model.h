@@ -49,7 +49,9 @@ inline std::string bytes_of(const Tensor& t) {
   return std::string(static_cast<const char*>(c.raw_data()), size_t(c.nbytes()));
 }
 
-// Each variant loaded alone the usual way (load_safetensors, load_state_dict), run on every input.
+// Each variant loaded alone the usual way (load_safetensors, load_state_dict), run on every input. It casts
+// as the pool does for a bf16 variant, written out here rather than taken from the pool, so that the check
+// does not share the code it checks.
 inline void compute_expected(Served& s) {
   s.expected.clear();
   for (const serve::Variant& v : s.variants) {

@@ -188,7 +188,7 @@ void Optimizer::step_only(const Tensor* only) {
           u.grad = grad;  // converted in phase 2, into master_grads
           master_numel = std::max(master_numel, p.numel());
         }
-        check_writable(p, (std::string(name_) + ".step").c_str());
+        if (!p.is_writable()) check_writable(p, (std::string(name_) + ".step").c_str());  // names the step
         if (!u.master) {
           // The kernels walk flat contiguous buffers; a strided parameter is updated through a copy.
           u.work = p.is_contiguous() ? p : p.contiguous();

@@ -53,14 +53,16 @@ struct RunOptions {
 };
 
 struct ModelStats {
-  int64_t requests = 0;            // run calls answered
-  int64_t hits = 0;                // answered by a variant that was loaded already
-  int64_t loads = 0;               // variants loaded
-  int64_t evictions = 0;           // variants evicted
-  int64_t smaller = 0;             // answered by a variant other than the first (RunOptions::allow_smaller)
-  int64_t weight_bytes = 0;        // of the variants loaded now
-  std::vector<double> latency_ms;  // of each answered request in order, waiting and loading included
-  std::vector<double> load_ms;     // of each load: mapping the file and pointing the structure at it
+  int64_t requests = 0;      // run calls answered
+  int64_t hits = 0;          // answered by a variant that was loaded already
+  int64_t loads = 0;         // variants loaded
+  int64_t evictions = 0;     // variants evicted
+  int64_t smaller = 0;       // answered by a variant other than the first (RunOptions::allow_smaller)
+  int64_t weight_bytes = 0;  // of the variants loaded now
+  // Of each answered request in order, waiting and loading included; one double a request, kept for the
+  // pool's life (a long-running server would want a bounded summary instead).
+  std::vector<double> latency_ms;
+  std::vector<double> load_ms;  // of each load: mapping the file and pointing the structure at it
   double latency_percentile_ms(double p) const;  // p in [0, 100], nearest rank; 0 when none
 };
 
