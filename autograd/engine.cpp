@@ -2,6 +2,7 @@
 // each node runs once with its whole gradient), and releases each node's saved tensors as soon as its rule
 // has run. Iterative: no recursion, whatever the depth.
 #include <atomic>
+#include <mutex>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -10,6 +11,14 @@
 #include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "core/memory_history.h"
+
+namespace frugal {
+bool AutogradMeta::has_updating_hook() const {
+  for (const autograd::GradReadyHook& h : grad_ready)
+    if (h.kind == autograd::GradReadyKind::Updates) return true;
+  return false;
+}
+}  // namespace frugal
 
 namespace frugal::autograd {
 
@@ -44,16 +53,24 @@ struct Newest {
   bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
 };
 
-// Leaves with a grad-ready hook, in every thread: while there are none, backward() does not look for them.
+// Grad-ready hooks on leaves, in every thread (all; of kind Updates): while there are none, backward() does
+// not look for them.
 std::atomic<int64_t> g_ready_hooks{0};
+std::atomic<int64_t> g_updating_hooks{0};
 
-// A leaf with a grad-ready hook takes its gradient after a backward as that backward's alone.
+// A leaf with an Updates hook takes its gradient after a backward as that backward's alone.
 void check_no_earlier_gradient(const AutogradMeta& leaf) {
-  FRUGAL_CHECK(!(leaf.grad_ready && leaf.grad.defined()),
+  FRUGAL_CHECK(!(leaf.has_updating_hook() && leaf.grad.defined()),
                "backward: a parameter whose update runs in backward (a grad-ready hook: "
                "optim::StepInBackward) already has a gradient; gradients cannot accumulate over several "
                "backward calls then (each backward is a step): no gradient accumulation, or no "
                "StepInBackward");
+}
+
+void run_grad_ready_hooks(AutogradMeta& leaf) {
+  // A hook may remove hooks (its owner's destructor, say): run a copy of the list.
+  const std::vector<GradReadyHook> hooks = leaf.grad_ready;
+  for (const GradReadyHook& h : hooks) h.fn();
 }
 
 // Note [grad-ready hooks]: for each leaf with a hook, how many edges of the graph below `first` will bring it
@@ -71,7 +88,7 @@ std::unordered_map<AutogradMeta*, PendingLeaf> leaves_with_hooks(Node* first) {
     Node* n = todo.back();
     todo.pop_back();
     for (const Edge& e : n->inputs) {
-      if (e.leaf && e.leaf->grad_ready) {
+      if (e.leaf && !e.leaf->grad_ready.empty()) {
         check_no_earlier_gradient(*e.leaf);
         ++pending[e.leaf.get()].edges;
       }
@@ -81,20 +98,70 @@ std::unordered_map<AutogradMeta*, PendingLeaf> leaves_with_hooks(Node* first) {
   return pending;
 }
 
+// The backward-end hooks, by id (Note: few, and called once a backward).
+std::mutex g_end_hooks_mutex;
+std::vector<std::pair<int64_t, std::function<void()>>> g_end_hooks;
+int64_t g_next_end_hook = 1;
+
+void run_backward_end_hooks() {
+  std::vector<std::pair<int64_t, std::function<void()>>> hooks;
+  {
+    std::lock_guard<std::mutex> lock(g_end_hooks_mutex);
+    if (g_end_hooks.empty()) return;
+    hooks = g_end_hooks;
+  }
+  for (const auto& h : hooks) h.second();
+}
+
 }  // namespace
+
+void add_grad_ready_hook(const Tensor& leaf, const void* owner, GradReadyKind kind,
+                         std::function<void()> hook) {
+  FRUGAL_CHECK(leaf.defined() && leaf.autograd_meta() && leaf.autograd_meta()->requires_grad &&
+                   !leaf.autograd_meta()->grad_fn,
+               "add_grad_ready_hook: the tensor must be a leaf that requires grad (a parameter)");
+  FRUGAL_CHECK(static_cast<bool>(hook), "add_grad_ready_hook: the hook is empty");
+  leaf.autograd_meta()->grad_ready.push_back({owner, kind, std::move(hook)});
+  g_ready_hooks.fetch_add(1, std::memory_order_relaxed);
+  if (kind == GradReadyKind::Updates) g_updating_hooks.fetch_add(1, std::memory_order_relaxed);
+}
+
+void remove_grad_ready_hook(const Tensor& leaf, const void* owner) {
+  if (!leaf.defined() || !leaf.autograd_meta()) return;
+  auto& hooks = leaf.autograd_meta()->grad_ready;
+  for (auto it = hooks.begin(); it != hooks.end();) {
+    if (it->owner != owner) {
+      ++it;
+      continue;
+    }
+    g_ready_hooks.fetch_sub(1, std::memory_order_relaxed);
+    if (it->kind == GradReadyKind::Updates) g_updating_hooks.fetch_sub(1, std::memory_order_relaxed);
+    it = hooks.erase(it);
+  }
+}
 
 void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook) {
   FRUGAL_CHECK(leaf.defined() && leaf.autograd_meta() && leaf.autograd_meta()->requires_grad &&
                    !leaf.autograd_meta()->grad_fn,
                "set_grad_ready_hook: the tensor must be a leaf that requires grad (a parameter)");
-  AutogradMeta& meta = *leaf.autograd_meta();
-  const bool had = static_cast<bool>(meta.grad_ready);
-  meta.grad_ready = std::move(hook);
-  g_ready_hooks.fetch_add(int64_t(static_cast<bool>(meta.grad_ready)) - int64_t(had),
-                          std::memory_order_relaxed);
+  remove_grad_ready_hook(leaf, nullptr);
+  if (hook) add_grad_ready_hook(leaf, nullptr, GradReadyKind::Updates, std::move(hook));
 }
 
 bool grad_ready_hooks_exist() { return g_ready_hooks.load(std::memory_order_relaxed) > 0; }
+bool updating_grad_ready_hooks_exist() { return g_updating_hooks.load(std::memory_order_relaxed) > 0; }
+
+int64_t add_backward_end_hook(std::function<void()> hook) {
+  FRUGAL_CHECK(static_cast<bool>(hook), "add_backward_end_hook: the hook is empty");
+  std::lock_guard<std::mutex> lock(g_end_hooks_mutex);
+  g_end_hooks.emplace_back(g_next_end_hook, std::move(hook));
+  return g_next_end_hook++;
+}
+
+void remove_backward_end_hook(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_end_hooks_mutex);
+  std::erase_if(g_end_hooks, [id](const auto& h) { return h.first == id; });
+}
 
 void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
   FRUGAL_CHECK(root.defined(), "backward: the tensor is undefined");
@@ -123,7 +190,8 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
   if (!meta->grad_fn) {  // a leaf
     check_no_earlier_gradient(*meta);
     accumulate_leaf(*meta, grad);
-    if (meta->grad_ready) meta->grad_ready();
+    run_grad_ready_hooks(*meta);
+    run_backward_end_hooks();
     return;
   }
 
@@ -154,7 +222,7 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
     if (--it->second.edges > 0) return;
     const bool call = it->second.got;
     pending_leaves.erase(it);
-    if (call && leaf->grad_ready) leaf->grad_ready();
+    if (call) run_grad_ready_hooks(*leaf);
   };
   first->pending_grad = grad;
   first->queued = true;
@@ -208,7 +276,8 @@ void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
   }
   // Leaves some of whose edges were never reached (every gradient above those was undefined): complete now.
   for (auto& [leaf, p] : pending_leaves)
-    if (p.got && leaf->grad_ready) leaf->grad_ready();
+    if (p.got) run_grad_ready_hooks(*leaf);
+  run_backward_end_hooks();
 }
 
 }  // namespace frugal::autograd

@@ -32,6 +32,23 @@ struct SparseGrad {
   bool defined() const { return indices.defined(); }
 };
 
+namespace autograd {
+// What a grad-ready hook does with the finished gradient, which decides what it rules out.
+enum class GradReadyKind {
+  // Changes the gradient or the parameter (optim::StepInBackward's update, pruning's mask): the gradient must
+  // be this backward's alone (no accumulation over several backward calls), and neither recompute segments
+  // nor the loss scaler can run beside it (Note [stepping in backward], optim/step_in_backward.h).
+  Updates,
+  // Only reads it (dist::DistributedDataParallel hands it to a reduction): rules nothing out.
+  Reads,
+};
+struct GradReadyHook {
+  const void* owner;  // who added it, to remove it by
+  GradReadyKind kind;
+  std::function<void()> fn;
+};
+}  // namespace autograd
+
 // What a tensor knows about autograd. A leaf has requires_grad and no grad_fn; an op's output has a grad_fn.
 struct AutogradMeta {
   bool requires_grad = false;
@@ -39,7 +56,8 @@ struct AutogradMeta {
   Tensor grad;
   SparseGrad sparse_grad;  // written by nn::Embedding with sparse(true) instead of grad
   std::shared_ptr<autograd::Node> grad_fn;
-  std::function<void()> grad_ready;  // a leaf's autograd::set_grad_ready_hook
+  std::vector<autograd::GradReadyHook> grad_ready;  // a leaf's hooks (autograd::add_grad_ready_hook)
+  bool has_updating_hook() const;
 };
 
 namespace autograd {
@@ -103,12 +121,25 @@ struct Node {
 
 // Calls `hook` in each backward() once this leaf's gradient for that backward is complete: after the last
 // of the graph's contributions to it has been added to .grad (a leaf used several times gets one call).
-// optim::StepInBackward updates and frees the gradient there. An empty hook removes it. Throws Error for a
-// tensor that is not a leaf requiring grad.
+// optim::StepInBackward updates and frees the gradient there. A leaf's hooks run in the order they were
+// added. Throws Error for a tensor that is not a leaf requiring grad.
+void add_grad_ready_hook(const Tensor& leaf, const void* owner, GradReadyKind kind,
+                         std::function<void()> hook);
+// Removes the hooks `owner` added to leaf (none: a no-op).
+void remove_grad_ready_hook(const Tensor& leaf, const void* owner);
+// The leaf's one anonymous Updates hook (owner nullptr: StepInBackward's, pruning's), replaced; an empty
+// hook removes it.
 void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook);
 
-// True while some leaf, in any thread, has a grad-ready hook.
+// True while some leaf, in any thread, has a grad-ready hook (of either kind; of kind Updates).
 bool grad_ready_hooks_exist();
+bool updating_grad_ready_hooks_exist();
+
+// Calls `hook` at the end of every backward() that completes, in the thread that ran it, after every
+// grad-ready hook: where dist::DistributedDataParallel waits for its reductions. Returns an id for
+// remove_backward_end_hook.
+int64_t add_backward_end_hook(std::function<void()> hook);
+void remove_backward_end_hook(int64_t id);
 
 // Grad mode: recording happens only while it is on (the default) and some input requires grad.
 bool grad_mode_enabled();

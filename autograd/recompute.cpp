@@ -145,7 +145,7 @@ Tensor recompute(const SegmentFn& fn, const std::vector<Tensor>& inputs, const R
   if (!grad_mode_enabled()) return fn(inputs);
   // Note [stepping in backward] (optim/step_in_backward.h): the second run would read parameters that
   // backward may have updated already.
-  FRUGAL_CHECK(!grad_ready_hooks_exist(),
+  FRUGAL_CHECK(!updating_grad_ready_hooks_exist(),
                "recompute: segments cannot run while parameters step in backward (optim::StepInBackward): "
                "the segment's second run would read parameters already updated; use one or the other");
   auto segment = std::make_shared<Segment>(fn, inputs, policy);

@@ -33,6 +33,21 @@ if(NOT FRUGAL_ONEDNN STREQUAL "OFF")
   endif()
 endif()
 
+# MPI (Debian's OpenMPI) for dist/: several processes training one model under mpirun. Without it a run is
+# one process, and dist's collectives are copies.
+set(FRUGAL_MPI AUTO CACHE STRING "Distributed training over MPI: AUTO (when found), ON (required), OFF")
+set_property(CACHE FRUGAL_MPI PROPERTY STRINGS AUTO ON OFF)
+set(FRUGAL_HAVE_MPI OFF)
+if(NOT FRUGAL_MPI STREQUAL "OFF")
+  find_package(MPI QUIET COMPONENTS C)
+  if(MPI_C_FOUND)
+    set(FRUGAL_HAVE_MPI ON)
+    message(STATUS "frugal: MPI ${MPI_C_VERSION} (dist: mpirun ${MPIEXEC_EXECUTABLE})")
+  elseif(FRUGAL_MPI STREQUAL "ON")
+    message(FATAL_ERROR "FRUGAL_MPI=ON but MPI was not found (apt-get install libopenmpi-dev openmpi-bin)")
+  endif()
+endif()
+
 set(FRUGAL_HAVE_CUDA OFF)
 if(NOT FRUGAL_CUDA STREQUAL "OFF")
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)

@@ -17,24 +17,34 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
                options_.batch_size_);
   FRUGAL_CHECK(options_.prefetch_ >= 0, "DataLoader: prefetch must be >= 0 (0 = no worker thread), got ",
                options_.prefetch_);
+  if (options_.sampler_) {
+    FRUGAL_CHECK(
+        !options_.shuffle_,
+        "DataLoader: with a sampler, the sampler shuffles (DistributedSampler(..., shuffle)); leave the "
+        "loader's shuffle off");
+    FRUGAL_CHECK_SHAPE(options_.sampler_->dataset_size() == dataset_->size(),
+                       "DataLoader: the sampler is for ", options_.sampler_->dataset_size(),
+                       " examples, the dataset has ", dataset_->size());
+  }
 }
 
 DataLoader::~DataLoader() { stop_worker(); }
 
 int64_t DataLoader::num_batches() const {
-  const int64_t n = dataset_->size(), b = options_.batch_size_;
+  const int64_t n = options_.sampler_ ? options_.sampler_->num_samples() : dataset_->size();
+  const int64_t b = options_.batch_size_;
   return options_.drop_last_ ? n / b : (n + b - 1) / b;
 }
 
-std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
-  FRUGAL_CHECK(epoch >= 0, "DataLoader: epoch must be >= 0, got ", epoch);
-  std::vector<int64_t> order(size_t(dataset_->size()));
+// Note [epoch order] is the DataLoader's and the DistributedSampler's.
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  FRUGAL_CHECK(epoch >= 0, "epoch must be >= 0, got ", epoch);
+  std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), int64_t(0));
-  if (!options_.shuffle_) return order;
   // Note [epoch order]: each epoch draws from its own stretch of the generator's counter (2^32 blocks, enough
   // for 2^33 examples), so its order depends on (seed, epoch) only, never on how many epochs ran before.
-  Generator gen(options_.seed_);
-  gen.set_state({options_.seed_, uint64_t(epoch) << 32});
+  Generator gen(seed);
+  gen.set_state({seed, uint64_t(epoch) << 32});
   uint32_t words[4];
   int used = 4;
   const auto next_u64 = [&] {
@@ -51,6 +61,15 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
     const size_t j = size_t((unsigned __int128)next_u64() * (i + 1) >> 64);
     std::swap(order[i], order[j]);
   }
+  return order;
+}
+
+std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
+  FRUGAL_CHECK(epoch >= 0, "DataLoader: epoch must be >= 0, got ", epoch);
+  if (options_.sampler_) return options_.sampler_->indices(epoch);
+  if (options_.shuffle_) return epoch_permutation(dataset_->size(), options_.seed_, epoch);
+  std::vector<int64_t> order(size_t(dataset_->size()));
+  std::iota(order.begin(), order.end(), int64_t(0));
   return order;
 }
 
@@ -150,6 +169,42 @@ void DataLoader::stop_worker() {
   std::lock_guard lock(mutex_);
   queue_.clear();
   stop_ = false;
+}
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, int rank, bool shuffle,
+                                       uint64_t seed, bool drop_last)
+    : dataset_size_(dataset_size),
+      num_replicas_(num_replicas),
+      rank_(rank),
+      shuffle_(shuffle),
+      seed_(seed),
+      drop_last_(drop_last) {
+  FRUGAL_CHECK(dataset_size >= 0, "DistributedSampler: the dataset size must be >= 0, got ", dataset_size);
+  FRUGAL_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be at least 1, got ", num_replicas);
+  FRUGAL_CHECK(rank >= 0 && rank < num_replicas, "DistributedSampler: rank ", rank, " is not in [0, ",
+               num_replicas, ")");
+}
+
+int64_t DistributedSampler::num_samples() const {
+  return drop_last_ ? dataset_size_ / num_replicas_ : (dataset_size_ + num_replicas_ - 1) / num_replicas_;
+}
+
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
+  std::vector<int64_t> order;
+  if (shuffle_) {
+    order = epoch_permutation(dataset_size_, seed_, epoch);
+  } else {
+    FRUGAL_CHECK(epoch >= 0, "DistributedSampler: epoch must be >= 0, got ", epoch);
+    order.resize(size_t(dataset_size_));
+    std::iota(order.begin(), order.end(), int64_t(0));
+  }
+  const int64_t per_rank = num_samples(), total = per_rank * num_replicas_;
+  // Padded by repeating the order from its start, so that every rank has as many (PyTorch's rule).
+  for (size_t i = 0; int64_t(order.size()) < total && !order.empty(); ++i) order.push_back(order[i]);
+  std::vector<int64_t> mine;
+  mine.reserve(size_t(per_rank));
+  for (int64_t i = rank_; i < total; i += num_replicas_) mine.push_back(order[size_t(i)]);
+  return mine;
 }
 
 }  // namespace frugal::data

@@ -18,11 +18,44 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dataset.h"
 
 namespace frugal::data {
+
+// The example order of an epoch when shuffled: a permutation of [0, n) that depends only on (seed, epoch)
+// (Note [epoch order]).
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
+
+// Data-parallel training's share of each epoch (dist::DistributedDataParallel): the ranks' shares are
+// disjoint, each num_samples() long, and together the whole epoch, in an order fixed by (seed, epoch) that
+// every rank computes alike. The epoch's order (shuffled or not) is padded by repeating its start to a
+// multiple of num_replicas (drop_last: cut to one), and rank r takes its elements r, r + num_replicas, ...,
+// as torch.utils.data.DistributedSampler does.
+//
+//   auto sampler = std::make_shared<data::DistributedSampler>(train->size(), dist::world_size(),
+//   dist::rank(),
+//                                                              /*shuffle=*/true, seed);
+//   data::DataLoader loader(train, data::DataLoaderOptions().batch_size(64).sampler(sampler));
+class DistributedSampler {
+ public:
+  DistributedSampler(int64_t dataset_size, int num_replicas, int rank, bool shuffle = true, uint64_t seed = 0,
+                     bool drop_last = false);
+  // This rank's example indices in epoch `epoch`.
+  std::vector<int64_t> indices(int64_t epoch) const;
+  int64_t num_samples() const;
+  int64_t dataset_size() const { return dataset_size_; }
+
+ private:
+  int64_t dataset_size_;
+  int num_replicas_;
+  int rank_;
+  bool shuffle_;
+  uint64_t seed_;
+  bool drop_last_;
+};
 
 struct DataLoaderOptions {
   int64_t batch_size_ = 64;
@@ -35,6 +68,8 @@ struct DataLoaderOptions {
   // every run. A dry run (core/estimate.h) uses it to see what the worker's queue holds.
   bool in_caller_thread_ = false;
   uint64_t seed_ = 0;  // with the epoch number, fixes the shuffled order
+  // Draws each epoch's indices from it (it shuffles; shuffle must be off).
+  std::shared_ptr<const DistributedSampler> sampler_;
 
   DataLoaderOptions& batch_size(int64_t v) { return batch_size_ = v, *this; }
   DataLoaderOptions& shuffle(bool v) { return shuffle_ = v, *this; }
@@ -43,6 +78,9 @@ struct DataLoaderOptions {
   DataLoaderOptions& prefetch(int v) { return prefetch_ = v, *this; }
   DataLoaderOptions& seed(uint64_t v) { return seed_ = v, *this; }
   DataLoaderOptions& in_caller_thread(bool v) { return in_caller_thread_ = v, *this; }
+  DataLoaderOptions& sampler(std::shared_ptr<const DistributedSampler> v) {
+    return sampler_ = std::move(v), *this;
+  }
 };
 
 class DataLoader {

@@ -36,6 +36,10 @@ struct Options {
   std::optional<DType> autocast;
   double clip = 0;                // clip the dense gradients' norm to this (0: off)
   bool step_in_backward = false;  // each parameter updated during backward, its gradient freed at once
+  // Data-parallel over the processes mpirun starts (dist::DistributedDataParallel): batch is the global
+  // batch, each rank draws batch / world_size windows of its own; zero: ZeRO-1 (dist::ZeroOptimizer).
+  bool ddp = false;
+  bool zero = false;
 };
 
 // Mean cross-entropy of next-byte prediction, for logits [B, T, V] and targets [B, T].
@@ -66,9 +70,12 @@ class Trainer {
   Trainer(const Options& opts, int64_t vocab)
       : scaler(amp::GradScalerOptions().enabled(opts.autocast == DType::F16)),
         opts_(opts),
-        batches_(opts.seed + 1) {
-    FRUGAL_CHECK(opts.batch % opts.accum == 0, "--batch ", opts.batch, " must be a multiple of --accum ",
-                 opts.accum);
+        // Under --ddp each rank draws its own windows.
+        batches_(opts.seed + 1 + (opts.ddp ? 1000003 * uint64_t(dist::rank()) : 0)) {
+    const int64_t ranks = opts.ddp ? dist::world_size() : 1;
+    FRUGAL_CHECK(opts.batch % (opts.accum * ranks) == 0, "--batch ", opts.batch,
+                 " must be a multiple of --accum ", opts.accum, opts.ddp ? " times the number of ranks " : "",
+                 opts.ddp ? std::to_string(ranks) : "");
     // A shape too big for this machine fails here, with its numbers, and not when the system runs out of
     // pages while the weights are initialised. A lower bound of the f32 weights (the blocks' 12 d^2 each,
     // the embeddings and the head), in double so that no product overflows.
@@ -122,6 +129,23 @@ class Trainer {
                    "above 1, --clip, --sparse-embeddings or --amp f16 (the loss scaler)");
       in_backward_ = std::make_unique<optim::StepInBackward>(*optimizer);
     }
+    if (opts.ddp) {
+      FRUGAL_CHECK(!opts.sparse_embeddings && !opts.step_in_backward,
+                   "--ddp reduces dense gradients at the end of backward: not with --sparse-embeddings or "
+                   "--step-in-backward");
+      ddp_ = std::make_unique<dist::DistributedDataParallel>(
+          *model, dist::DistributedDataParallelOptions().reduce_gradients(!opts.zero));
+    }
+    if (opts.zero) {
+      // Note [ZeRO shards] (dist/zero.h): the step reduce-scatters the gradients itself, before any norm or
+      // overflow could be seen across the ranks.
+      FRUGAL_CHECK(
+          opts.ddp && opts.optimizer == "adamw" && opts.clip == 0 &&
+              opts.autocast != std::optional<DType>(DType::F16),
+          "--zero shards AdamW's state over the --ddp ranks: it needs --ddp and --optimizer adamw, and "
+          "cannot go with --clip or --amp f16 (the loss scaler)");
+      zero_ = std::make_unique<dist::ZeroOptimizer>(*optimizer);
+    }
   }
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -133,7 +157,7 @@ class Trainer {
     const bool dry = model->head->weight.device().is_meta();
     std::vector<data::Batch> micro;
     for (int m = 0; m < opts_.accum; ++m) {
-      const int64_t b = opts_.batch / opts_.accum;
+      const int64_t b = opts_.batch / opts_.accum / (opts_.ddp ? dist::world_size() : 1);
       micro.push_back(dry ? dry_sample_batch(train, b, batches_) : train.sample_batch(b, batches_));
     }
     return train_step(micro);
@@ -142,10 +166,12 @@ class Trainer {
   // One optimizer step over the given micro-batches (the gradient is their mean). Returns the mean loss.
   double train_step(const std::vector<data::Batch>& micro) {
     FRUGAL_CHECK(!micro.empty(), "train_step: no micro-batches");
-    optimizer->zero_grad();
-    if (sparse_adam) sparse_adam->zero_grad();
+    zero_grad();
     double loss_sum = 0;
     for (const data::Batch& b : micro) {
+      // Under --ddp the gradients are reduced once a step, in the last micro-batch's backward.
+      std::optional<dist::DistributedDataParallel::NoSync> no_sync;
+      if (ddp_ && &b != &micro.back()) no_sync.emplace(*ddp_);
       Tensor loss;
       {
         memory::Tag tag("activations");
@@ -163,14 +189,16 @@ class Trainer {
         optim::clip_grad_norm_(optimizer->param_groups()[0].params, opts_.clip);
       }
       // A step whose f16 gradients overflowed is skipped (and the scale backs off).
-      scaler.step(*optimizer);
+      if (zero_)
+        zero_->step();
+      else
+        scaler.step(*optimizer);
       if (sparse_adam) scaler.step(*sparse_adam);
       scaler.update();
     }
     // The gradients are done with: freed now rather than at the next step's start, so that what runs
     // between steps (validation, a checkpoint) has their bytes (the training itself is unchanged).
-    optimizer->zero_grad();
-    if (sparse_adam) sparse_adam->zero_grad();
+    zero_grad();
     for (auto& s : schedules_) s->step();
     ++step_;
     return loss_sum;
@@ -178,6 +206,19 @@ class Trainer {
 
   int64_t step() const { return step_; }
   const Options& options() const { return opts_; }
+  const dist::DistributedDataParallel* ddp() const { return ddp_.get(); }
+  // The optimizer state's bytes (this rank's, under --zero).
+  int64_t optimizer_state_bytes() const {
+    return zero_ ? zero_->num_state_bytes() : optimizer->num_state_bytes();
+  }
+
+  void zero_grad() {
+    if (zero_)
+      zero_->zero_grad();
+    else
+      optimizer->zero_grad();
+    if (sparse_adam) sparse_adam->zero_grad();
+  }
 
   // The weights in `path` (safetensors), with what a user of them needs in the metadata (the model's shape
   // and the vocabulary: token id -> byte; Note [the model file is the whole model] in examples/fmnist.h);
@@ -248,7 +289,9 @@ class Trainer {
   nn::GPT model{nullptr};
   std::unique_ptr<optim::Optimizer> optimizer;  // AdamW, Adafactor or AdamW8bit, for the dense parameters
   std::unique_ptr<optim::SparseAdam> sparse_adam;
-  amp::GradScaler scaler;  // enabled for f16 autocast only
+  std::unique_ptr<dist::DistributedDataParallel> ddp_;  // under --ddp
+  std::unique_ptr<dist::ZeroOptimizer> zero_;           // under --zero: steps `optimizer` on this rank's part
+  amp::GradScaler scaler;                               // enabled for f16 autocast only
 
  private:
   Options opts_;

@@ -23,6 +23,12 @@ namespace examples {
 
 using namespace frugal;
 
+// Under mpirun (--ddp), the ranks other than 0 write nothing to stdout (their errors still go to stderr).
+inline void only_rank_zero_prints() {
+  if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout))
+    std::fprintf(stderr, "rank %d: cannot silence stdout\n", dist::rank());
+}
+
 // Checks of command-line values, in the form CLI11's validators take (CLI::Validator(fn, "NAME")): "" when
 // the value is good, otherwise why not. Every size flag goes through the library's one parser.
 inline std::string check_byte_count(const std::string& s) {

@@ -65,6 +65,14 @@ int main(int argc, char** argv) {
          "run each block as a recompute segment that keeps its GEMMs' results: backward recomputes only "
          "norms, activations and adds (less memory than none, less time than --recompute)")
       ->excludes(whole);
+  app.add_flag(
+      "--ddp", o.ddp,
+      "data-parallel over the processes mpirun starts (mpirun -np N train_chargpt --ddp): --batch is "
+      "the global batch, each rank trains on its share and the gradients are averaged; only rank 0 "
+      "prints");
+  app.add_flag("--zero", o.zero,
+               "with --ddp and --optimizer adamw: each rank keeps only its 1/N share of the optimizer state "
+               "(ZeRO-1)");
   app.add_flag("--step-in-backward", o.step_in_backward,
                "update each parameter during backward as soon as its gradient is complete, and free that "
                "gradient at once (optim::StepInBackward; not with --accum, --clip, --sparse-embeddings, "
@@ -110,6 +118,17 @@ int main(int argc, char** argv) {
                "memory): print it by category and a last line estimated_peak_bytes=N, then exit");
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
+  // Under --ddp: one process of several (dist/dist.h); only rank 0 prints, an error on any rank stops all.
+  std::optional<dist::Guard> dist_guard;
+  if (o.ddp) {
+    try {
+      dist_guard.emplace();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+    examples::only_rank_zero_prints();
+  }
 
   // Made before the try: the out-of-memory handler below plans a run that fits, which needs the corpus.
   std::unique_ptr<data::TextDataset> train, val;
@@ -122,6 +141,9 @@ int main(int argc, char** argv) {
     if (!save.empty()) examples::check_can_write("--save", save);
     examples::MemoryTrace trace(memory_trace);
     examples::RunProfile run_profile(profile);
+    FRUGAL_CHECK(!o.ddp || (save.empty() && resume.empty() && !estimate && memory_budget.empty()),
+                 "--ddp does not yet go with --save, --resume, --estimate or --memory-budget");
+    FRUGAL_CHECK(!o.zero || o.ddp, "--zero shards the optimizer over the --ddp ranks: add --ddp");
     if (amp_name == "bf16") o.autocast = DType::BF16;
     if (amp_name == "f16") o.autocast = DType::F16;
     {
@@ -238,6 +260,14 @@ int main(int argc, char** argv) {
     run_profile.finish();
     std::printf("\n%s", examples::memory_report().c_str());
     std::printf("peak_allocated_bytes=%lld\n", static_cast<long long>(memory::stats().allocated.peak));
+    if (const dist::DistributedDataParallel* ddp = trainer.ddp())
+      std::printf(
+          "ddp: %d ranks, %lld buckets, reduced_bytes_per_step=%lld (gradients %lld), "
+          "optimizer_state_bytes_per_rank=%lld\n",
+          dist::world_size(), static_cast<long long>(ddp->num_buckets()),
+          static_cast<long long>(o.zero ? model.parameter_bytes() : ddp->last_reduced_bytes()),
+          static_cast<long long>(model.parameter_bytes()),
+          static_cast<long long>(trainer.optimizer_state_bytes()));
     if (!std::isnan(validation)) std::printf("validation_loss=%.4f\n", validation);
     return 0;
   } catch (const OutOfMemoryError& e) {
@@ -249,6 +279,7 @@ int main(int argc, char** argv) {
             .c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    if (dist::world_size() > 1) dist::abort(1, "stopping every rank after this rank's error");
     return 1;
   }
 }

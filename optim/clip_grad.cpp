@@ -32,7 +32,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   std::vector<Tensor> grads;
   for (const Tensor& p : params) {
     // Note [stepping in backward] (optim/step_in_backward.h): such a gradient is gone once backward returns.
-    FRUGAL_CHECK(!(p.defined() && p.autograd_meta() && p.autograd_meta()->grad_ready),
+    FRUGAL_CHECK(!(p.defined() && p.autograd_meta() && p.autograd_meta()->has_updating_hook()),
                  "clip_grad_norm_: a parameter (shape ", p.shape(),
                  ") is updated in backward (optim::StepInBackward): the global norm needs every gradient "
                  "before any update; clip per parameter inside the step, or no StepInBackward");

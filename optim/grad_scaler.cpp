@@ -39,7 +39,7 @@ Tensor GradScaler::scale(const Tensor& outputs) {
   FRUGAL_CHECK(outputs.defined(), "GradScaler.scale: the tensor is undefined");
   // Note [stepping in backward] (optim/step_in_backward.h): the updates would take the scaled gradients
   // before any overflow could be seen.
-  FRUGAL_CHECK(!autograd::grad_ready_hooks_exist(),
+  FRUGAL_CHECK(!autograd::updating_grad_ready_hooks_exist(),
                "GradScaler.scale: parameters step in backward (optim::StepInBackward), which updates each "
                "one before the scaler could see an overflow in the others; use bf16 autocast (no scaler) "
                "or no StepInBackward");

@@ -31,7 +31,10 @@
 
 namespace frugal {
 struct SparseGrad;  // autograd/graph.h
+namespace dist {
+class ZeroOptimizer;  // dist/zero.h: replaces the parameters by its shards
 }
+}  // namespace frugal
 
 namespace frugal::optim {
 
@@ -171,6 +174,7 @@ class Optimizer {
 
  private:
   friend class StepInBackward;
+  friend class dist::ZeroOptimizer;
   void step_only(const Tensor* only);  // step() when only is null; else that parameter alone
   int in_backward_ = 0;
   void check_new_params(const std::vector<Tensor>& params) const;

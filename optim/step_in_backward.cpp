@@ -1,9 +1,17 @@
 // optim::StepInBackward; see Note [stepping in backward] in optim/step_in_backward.h.
 #include "optim/step_in_backward.h"
 
+#include <atomic>
+
 #include "autograd/graph.h"
 
 namespace frugal::optim {
+
+namespace {
+std::atomic<int> g_active{0};
+}  // namespace
+
+int StepInBackward::active() { return g_active.load(); }
 
 StepInBackward::StepInBackward(Optimizer& optimizer) : optimizer_(optimizer) {
   FRUGAL_CHECK(!optimizer.takes_sparse_grads(), "StepInBackward: ", optimizer.name(),
@@ -13,7 +21,13 @@ StepInBackward::StepInBackward(Optimizer& optimizer) : optimizer_(optimizer) {
                " already steps in backward (one StepInBackward an optimizer)");
   for (const ParamGroup& g : optimizer.param_groups())
     for (const Tensor& p : g.params) {
-      FRUGAL_CHECK(!p.autograd_meta()->grad_ready, "StepInBackward: a parameter (shape ", p.shape(),
+      for (const autograd::GradReadyHook& h : p.autograd_meta()->grad_ready)
+        FRUGAL_CHECK(h.kind != autograd::GradReadyKind::Reads, "StepInBackward: a parameter (shape ",
+                     p.shape(),
+                     ") has its gradient reduced across processes (dist::DistributedDataParallel); an update "
+                     "needs the reduced gradient, which exists only at the end of backward: use one or the "
+                     "other");
+      FRUGAL_CHECK(!p.autograd_meta()->has_updating_hook(), "StepInBackward: a parameter (shape ", p.shape(),
                    ") already has a grad-ready hook (another optimizer steps it in backward?)");
       params_.push_back(p);
     }
@@ -28,11 +42,13 @@ StepInBackward::StepInBackward(Optimizer& optimizer) : optimizer_(optimizer) {
       p.zero_grad();  // freed: the point of stepping in backward
     });
   optimizer.in_backward_ = 1;
+  ++g_active;
 }
 
 StepInBackward::~StepInBackward() {
   for (const Tensor& p : params_) autograd::set_grad_ready_hook(p, {});
   optimizer_.in_backward_ = 0;
+  --g_active;
 }
 
 }  // namespace frugal::optim

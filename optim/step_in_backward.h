@@ -28,6 +28,8 @@ class StepInBackward {
  public:
   explicit StepInBackward(Optimizer& optimizer);
   ~StepInBackward();
+  // How many are alive, in every thread (dist::DistributedDataParallel refuses to run beside one).
+  static int active();
   StepInBackward(const StepInBackward&) = delete;
   StepInBackward& operator=(const StepInBackward&) = delete;
 

@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packages=(
   cmake ninja-build g++
-  libeigen3-dev libdnnl-dev ocl-icd-opencl-dev libgtest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
+  libeigen3-dev libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin libgtest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
   librandom123-dev
   dataset-fashion-mnist fortunes
   clang-format
