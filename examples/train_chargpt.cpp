@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
     // Three steps (the second holds the optimizer's state, the third repeats it) and one validation, as the
     // run makes them, on the meta device (core/estimate.h). The sample generated at the end (--sample) is
     // not estimated: one sequence, without a tape, far below a training step.
-    auto dry_run = [&](const chargpt::Options& opts) {
+    auto dry_run = [&](chargpt::Options opts) {
+      opts.ddp = opts.zero = false;  // a dry run sizes one process (--ddp refuses --estimate and budgets)
       chargpt::Trainer dry(opts, train->vocab_size());
       for (int64_t step = 0; step < std::min<int64_t>(opts.steps, 3); ++step) dry.train_step(*train);
       chargpt::validation_loss(*dry.model, *val, opts.batch, 8, opts.autocast, opts.accum);

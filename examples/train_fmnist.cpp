@@ -89,6 +89,12 @@ int main(int argc, char** argv) {
       "--normalize,!--no-normalize", normalize,
       "centre and scale the pixels by the training set's mean and std (default), or keep pixel / 255");
   app.add_flag("--recompute", recompute, "recompute activations in backward instead of keeping them");
+  bool ddp_flag = false;
+  app.add_flag(
+      "--ddp", ddp_flag,
+      "data-parallel over the processes mpirun starts (mpirun -np N train_fmnist --ddp): --batch is "
+      "the global batch, each rank trains on its share of every epoch (data::DistributedSampler) and "
+      "the gradients are averaged; only rank 0 prints");
   bool step_in_backward = false;
   app.add_flag("--step-in-backward", step_in_backward,
                "update each parameter during backward as soon as its gradient is complete, and free that "
@@ -122,6 +128,18 @@ int main(int argc, char** argv) {
                "memory): print it by category and a last line estimated_peak_bytes=N, then exit");
   CLI11_PARSE(app, argc, argv);
   examples::line_buffered_stdout();
+  // Under --ddp: one process of several (dist/dist.h); only rank 0 prints, an error on any rank stops all.
+  std::optional<dist::Guard> dist_guard;
+  if (ddp_flag) {
+    try {
+      dist_guard.emplace();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+    examples::only_rank_zero_prints();
+  }
+  const int ranks = ddp_flag ? dist::world_size() : 1;
 
   // Set once the data is loaded: the out-of-memory handler below asks it which plan would fit.
   std::function<memory::Plan(int64_t)> plan_for;
@@ -136,7 +154,12 @@ int main(int argc, char** argv) {
     if (batch == 0) batch = model_name == "mlp" ? 128 : 64;
     manual_seed(seed);
 
-    FRUGAL_CHECK(batch % accum == 0, "--batch ", batch, " must be a multiple of --accum ", accum);
+    FRUGAL_CHECK(batch % (accum * ranks) == 0, "--batch ", batch, " must be a multiple of --accum ", accum,
+                 ddp_flag ? " times the number of ranks " + std::to_string(ranks) : "");
+    FRUGAL_CHECK(!ddp_flag || (save.empty() && resume.empty() && !estimate && memory_budget.empty() &&
+                               !step_in_backward),
+                 "--ddp does not yet go with --save, --resume, --estimate, --memory-budget or "
+                 "--step-in-backward");
     std::shared_ptr<data::FashionMNIST> train_set, test_set;
     {
       memory::Tag tag("dataset");
@@ -152,8 +175,14 @@ int main(int argc, char** argv) {
       test_set->normalize(info.input_mean, info.input_std);
     }
     // The loader yields micro-batches; `accum` of them make one step of `batch` examples.
+    // Under --ddp each rank's loader draws its share of every epoch, batch / ranks examples a step.
+    std::shared_ptr<data::DistributedSampler> sampler;
+    if (ddp_flag)
+      sampler = std::make_shared<data::DistributedSampler>(train_set->size(), ranks, dist::rank(),
+                                                           /*shuffle=*/true, seed, /*drop_last=*/true);
     auto train_options = [&](int micro) {
-      return data::DataLoaderOptions().batch_size(batch / micro).shuffle(true).seed(seed).drop_last(true);
+      auto o = data::DataLoaderOptions().batch_size(batch / micro / ranks).seed(seed).drop_last(true);
+      return sampler ? o.sampler(sampler) : o.shuffle(true);
     };
     const auto test_options = data::DataLoaderOptions().batch_size(250);
     data::DataLoader test(test_set, test_options);
@@ -213,6 +242,8 @@ int main(int argc, char** argv) {
     }
     data::DataLoader train(train_set, train_options(accum));
     nn::Sequential model = make_model(recompute);
+    std::optional<dist::DistributedDataParallel> ddp;
+    if (ddp_flag) ddp.emplace(*model);
     auto opt = fmnist::make_optimizer(optimizer, model->parameters(), lr);
     std::optional<optim::StepInBackward> in_backward;
     if (step_in_backward) {
@@ -225,11 +256,12 @@ int main(int argc, char** argv) {
     fmnist::Precision precision(autocast);
     std::printf(
         "frugal: training %s (%lld parameters, %s) on Fashion-MNIST, batch %lld, %s lr %g, accum %d%s, "
-        "%s%s, %d threads\n",
+        "%s%s, %d threads%s\n",
         model_name.c_str(), static_cast<long long>(model->num_parameters()),
         memory::format_bytes(model->parameter_bytes()).c_str(), static_cast<long long>(batch),
         optimizer.c_str(), lr, accum, recompute ? ", recompute" : "", precision.autocast ? "autocast " : "",
-        precision.autocast ? dtype_name(*precision.autocast) : "f32", num_threads());
+        precision.autocast ? dtype_name(*precision.autocast) : "f32", num_threads(),
+        ddp_flag ? (", " + std::to_string(ranks) + " ranks (--ddp)").c_str() : "");
 
     fmnist::TrainingState st;
     if (!resume.empty()) {
@@ -295,6 +327,7 @@ int main(int argc, char** argv) {
             .c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    if (dist::world_size() > 1) dist::abort(1, "stopping every rank after this rank's error");
     return 1;
   }
 }
