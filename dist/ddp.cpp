@@ -1,6 +1,8 @@
 // dist::DistributedDataParallel; see Note [gradient buckets] in dist/ddp.h.
 #include "dist/ddp.h"
 
+#include <chrono>
+
 #include "autograd/graph.h"
 #include "core/memory.h"
 #include "nn/module.h"
@@ -103,6 +105,7 @@ void DistributedDataParallel::finish() {
   // Parameters this backward did not reach: zeros (Note [gradient buckets]).
   for (Bucket& b : buckets_) b.pending = 0;
   try {
+    const auto t0 = std::chrono::steady_clock::now();
     start_ready_buckets();
     NoGradGuard no_grad;
     int64_t bytes = 0;
@@ -116,6 +119,7 @@ void DistributedDataParallel::finish() {
       }
     }
     last_reduced_bytes_ = bytes;
+    last_wait_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } catch (...) {
     abandon();
     throw;

@@ -77,6 +77,8 @@ class DistributedDataParallel {
   int64_t num_buckets() const { return int64_t(buckets_.size()); }
   // Bytes of flat gradients the last backward reduced (the payload of its all-reduces).
   int64_t last_reduced_bytes() const { return last_reduced_bytes_; }
+  // Seconds the end of the last backward waited for its reductions: the communication backward did not hide.
+  double last_wait_seconds() const { return last_wait_seconds_; }
 
  private:
   struct Bucket {
@@ -107,6 +109,7 @@ class DistributedDataParallel {
   bool no_sync_ = false;
   int64_t end_hook_ = 0;
   int64_t last_reduced_bytes_ = 0;
+  double last_wait_seconds_ = 0;
 };
 
 }  // namespace frugal::dist

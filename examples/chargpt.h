@@ -40,6 +40,7 @@ struct Options {
   // batch, each rank draws batch / world_size windows of its own; zero: ZeRO-1 (dist::ZeroOptimizer).
   bool ddp = false;
   bool zero = false;
+  double bucket_mb = 25;  // --ddp: MiB of gradients reduced at once (Note [gradient buckets])
 };
 
 // Mean cross-entropy of next-byte prediction, for logits [B, T, V] and targets [B, T].
@@ -134,7 +135,8 @@ class Trainer {
                    "--ddp reduces dense gradients at the end of backward: not with --sparse-embeddings or "
                    "--step-in-backward");
       ddp_ = std::make_unique<dist::DistributedDataParallel>(
-          *model, dist::DistributedDataParallelOptions().reduce_gradients(!opts.zero));
+          *model,
+          dist::DistributedDataParallelOptions().reduce_gradients(!opts.zero).bucket_cap_mb(opts.bucket_mb));
     }
     if (opts.zero) {
       // Note [ZeRO shards] (dist/zero.h): the step reduce-scatters the gradients itself, before any norm or
@@ -200,6 +202,7 @@ class Trainer {
     // between steps (validation, a checkpoint) has their bytes (the training itself is unchanged).
     zero_grad();
     for (auto& s : schedules_) s->step();
+    if (ddp_) ddp_wait_ms.push_back(ddp_->last_wait_seconds() * 1e3);
     ++step_;
     return loss_sum;
   }
@@ -290,8 +293,9 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer;  // AdamW, Adafactor or AdamW8bit, for the dense parameters
   std::unique_ptr<optim::SparseAdam> sparse_adam;
   std::unique_ptr<dist::DistributedDataParallel> ddp_;  // under --ddp
-  std::unique_ptr<dist::ZeroOptimizer> zero_;           // under --zero: steps `optimizer` on this rank's part
-  amp::GradScaler scaler;                               // enabled for f16 autocast only
+  std::vector<double> ddp_wait_ms;             // each step's wait for its reductions at the end of backward
+  std::unique_ptr<dist::ZeroOptimizer> zero_;  // under --zero: steps `optimizer` on this rank's part
+  amp::GradScaler scaler;                      // enabled for f16 autocast only
 
  private:
   Options opts_;

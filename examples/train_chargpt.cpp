@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -70,6 +71,10 @@ int main(int argc, char** argv) {
       "data-parallel over the processes mpirun starts (mpirun -np N train_chargpt --ddp): --batch is "
       "the global batch, each rank trains on its share and the gradients are averaged; only rank 0 "
       "prints");
+  app.add_option(
+         "--bucket-mb", o.bucket_mb,
+         "with --ddp: MiB of gradients reduced at once; smaller buckets start during backward, sooner")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--zero", o.zero,
                "with --ddp and --optimizer adamw: each rank keeps only its 1/N share of the optimizer state "
                "(ZeRO-1)");
@@ -261,14 +266,18 @@ int main(int argc, char** argv) {
     run_profile.finish();
     std::printf("\n%s", examples::memory_report().c_str());
     std::printf("peak_allocated_bytes=%lld\n", static_cast<long long>(memory::stats().allocated.peak));
-    if (const dist::DistributedDataParallel* ddp = trainer.ddp())
+    if (const dist::DistributedDataParallel* ddp = trainer.ddp()) {
+      std::vector<double> waits = trainer.ddp_wait_ms;
+      std::sort(waits.begin(), waits.end());
       std::printf(
-          "ddp: %d ranks, %lld buckets, reduced_bytes_per_step=%lld (gradients %lld), "
-          "optimizer_state_bytes_per_rank=%lld\n",
+          "ddp: %d ranks, %lld buckets, median wait for the reductions at the end of backward %.2f ms, "
+          "reduced_bytes_per_step=%lld (gradients %lld), optimizer_state_bytes_per_rank=%lld\n",
           dist::world_size(), static_cast<long long>(ddp->num_buckets()),
+          waits.empty() ? 0.0 : waits[waits.size() / 2],
           static_cast<long long>(o.zero ? model.parameter_bytes() : ddp->last_reduced_bytes()),
           static_cast<long long>(model.parameter_bytes()),
           static_cast<long long>(trainer.optimizer_state_bytes()));
+    }
     if (!std::isnan(validation)) std::printf("validation_loss=%.4f\n", validation);
     return 0;
   } catch (const OutOfMemoryError& e) {
