@@ -13,6 +13,7 @@ packages=(
   dataset-fashion-mnist fortunes
   clang-format
   librsvg2-bin  # rsvg-convert: tests/core/test_memory_history.cpp renders the memory SVG with it
+  iproute2      # ip netns: tests/dist/two_hosts.sh runs 2 ranks on two network namespaces
 )
 
 log="$(mktemp)"
