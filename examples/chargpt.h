@@ -235,13 +235,22 @@ class Trainer {
     for (uint8_t b : vocabulary) bytes += (bytes.size() > 1 ? ", " : "") + std::to_string(int(b));
     StateDict st;
     // Under the optimizer's name ("adamw." as before Adafactor existed, so older checkpoints still resume).
-    for (auto& [k, t] : optimizer->state_dict()) st[opts_.optimizer + "." + k] = t;
+    // Under --zero, gathered from every rank's part (every rank calls save; rank 0 writes).
+    for (auto& [k, t] : zero_ ? zero_->state_dict() : optimizer->state_dict())
+      st[opts_.optimizer + "." + k] = t;
     if (sparse_adam)
       for (auto& [k, t] : sparse_adam->state_dict()) st["sparse_adam." + k] = t;
     for (auto& [k, t] : scaler.state_dict()) st["scaler." + k] = t;  // nothing when disabled
     st["trainer.step"] = tensor<int64_t>({step_}, Shape{});
     st["trainer.batch_seed"] = tensor<int64_t>({int64_t(batches_.state().seed)}, Shape{});
     st["trainer.batch_offset"] = tensor<int64_t>({int64_t(batches_.state().offset)}, Shape{});
+    if (opts_.ddp) {
+      // Each rank's window generator, [ranks, 2]: (seed, offset).
+      const Tensor mine =
+          tensor<int64_t>({int64_t(batches_.state().seed), int64_t(batches_.state().offset)}, Shape{1, 2});
+      st["trainer.batch_states"] = dist::all_gather(mine);
+      if (dist::rank() != 0) return;
+    }
     io::save_checkpoint(path, model->state_dict(),
                         {{"format", "frugal"},
                          {"model", "gpt"},
@@ -278,10 +287,25 @@ class Trainer {
       return it->second.item<int64_t>();
     };
     const int64_t step = get("trainer.step");
-    const Generator::State batches{uint64_t(get("trainer.batch_seed")),
-                                   uint64_t(get("trainer.batch_offset"))};
+    Generator::State batches{uint64_t(get("trainer.batch_seed")), uint64_t(get("trainer.batch_offset"))};
+    if (opts_.ddp) {
+      // Each rank continues its own windows when the checkpoint has as many ranks; with another number of
+      // ranks, each starts its own generator again past rank 0's offset (the run goes on, with other windows
+      // than an uninterrupted one would draw).
+      auto it = ckpt.state.tensors.find("trainer.batch_states");
+      if (it != ckpt.state.tensors.end() && it->second.dim() == 2 &&
+          it->second.size(0) == dist::world_size()) {
+        const std::vector<int64_t> v = it->second.to_vector<int64_t>();
+        batches = {uint64_t(v[size_t(2 * dist::rank())]), uint64_t(v[size_t(2 * dist::rank() + 1)])};
+      } else {
+        batches.seed = opts_.seed + 1 + 1000003 * uint64_t(dist::rank());
+      }
+    }
     model->load_state_dict(ckpt.weights.tensors);
-    optimizer->load_state_dict(a);
+    if (zero_)
+      zero_->load_state_dict(a);  // this rank's part of the whole state
+    else
+      optimizer->load_state_dict(a);
     if (sparse_adam) sparse_adam->load_state_dict(s);
     scaler.load_state_dict(sc);  // a no-op when disabled
     step_ = step;

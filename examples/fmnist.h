@@ -140,11 +140,12 @@ inline StepResult forward_backward(nn::Module& model, const data::Batch& batch, 
 // One epoch (or its first max_steps optimizer steps, when > 0). The loader yields micro-batches; every
 // `accum` of them make one step (gradient accumulation: the batch never has to fit in memory at once, not
 // even as data). Calls on_step(step, samples, result) after each step and returns the step losses. With a
-// precision, the forward runs under its autocast and the steps go through its scaler.
+// precision, the forward runs under its autocast and the steps go through its scaler. With ddp (--ddp), the
+// gradients are reduced once a step, in its last micro-batch's backward.
 inline std::vector<double> train_epoch(
     nn::Module& model, optim::Optimizer& opt, data::DataLoader& loader, int64_t epoch, int64_t max_steps,
     int accum, const std::function<void(int64_t, int64_t, const StepResult&)>& on_step = {},
-    Precision* precision = nullptr) {
+    Precision* precision = nullptr, dist::DistributedDataParallel* ddp = nullptr) {
   FRUGAL_CHECK(accum >= 1, "train_epoch: accum must be at least 1, got ", accum);
   model.train();
   std::vector<double> losses;
@@ -157,6 +158,8 @@ inline std::vector<double> train_epoch(
     for (; micro < accum; ++micro) {
       std::optional<data::Batch> b = loader.next();
       if (!b) break;
+      std::optional<dist::DistributedDataParallel::NoSync> no_sync;
+      if (ddp && micro + 1 < accum) no_sync.emplace(*ddp);
       const StepResult r = forward_backward(model, *b, 1.0 / accum, precision);
       step.loss += r.loss;
       step.correct += r.correct;

@@ -146,8 +146,8 @@ int main(int argc, char** argv) {
     if (!save.empty()) examples::check_can_write("--save", save);
     examples::MemoryTrace trace(memory_trace);
     examples::RunProfile run_profile(profile);
-    FRUGAL_CHECK(!o.ddp || (save.empty() && resume.empty() && !estimate && memory_budget.empty()),
-                 "--ddp does not yet go with --save, --resume, --estimate or --memory-budget");
+    FRUGAL_CHECK(!o.ddp || (!estimate && memory_budget.empty()),
+                 "--estimate and --memory-budget size one process: not with --ddp yet");
     FRUGAL_CHECK(!o.zero || o.ddp, "--zero shards the optimizer over the --ddp ranks: add --ddp");
     if (amp_name == "bf16") o.autocast = DType::BF16;
     if (amp_name == "f16") o.autocast = DType::F16;

@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
             bar.update(step, loss_sum / double(step), double(correct) / double(seen), double(seen) / secs);
             trace.after_step(++run_steps);
           },
-          &precision);
+          &precision, ddp ? &*ddp : nullptr);
       const int64_t step = int64_t(losses.size());
       bar.finish();
       accuracy = fmnist::evaluate(*model, test, precision.autocast);
