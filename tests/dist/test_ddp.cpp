@@ -188,6 +188,31 @@ TEST(DDP, TheGradScalerSkipsTheSameStepsOnEveryRank) {
   scaler.update();
 }
 
+TEST(DDP, Bf16ParametersAndAutocastReduceInF32) {
+  const int w = dist::world_size();
+  // One backward of the global batch in one process, in bf16 parameters under bf16 autocast.
+  nn::Sequential alone = make_model();
+  alone->to(DType::BF16);
+  {
+    amp::Autocast autocast(DType::BF16);
+    plain_loss(alone, global_inputs(0, w).to(DType::BF16), global_targets(0, w)).backward();
+  }
+  nn::Sequential net = make_model();
+  net->to(DType::BF16);
+  dist::DistributedDataParallel ddp(*net);
+  {
+    amp::Autocast autocast(DType::BF16);
+    plain_loss(net, my_rows(global_inputs(0, w)).to(DType::BF16), my_rows(global_targets(0, w))).backward();
+  }
+  const std::vector<Tensor> a = net->parameters(), b = alone->parameters();
+  for (size_t k = 0; k < a.size(); ++k) {
+    ASSERT_EQ(a[k].grad().dtype(), DType::BF16);
+    // The mean of the ranks' bf16 gradients against the whole batch's: bf16 rounding apart.
+    testing::expect_close(a[k].grad().to_vector<double>(), b[k].grad().to_vector<double>(), {2e-3, 3e-2},
+                          "gradient " + std::to_string(k));
+  }
+}
+
 TEST(DDP, ParametersStartAsRankZeros) {
   nn::Sequential net = make_model(3 + uint64_t(dist::rank()));  // different on every rank
   dist::DistributedDataParallel ddp(*net);
