@@ -3,8 +3,10 @@
 // time (Note [the communication thread], dist/dist.h).
 //   dist_failure throw: the last rank throws out of the dist::Guard's scope;
 //   dist_failure hang:  the last rank sleeps instead of reducing; the others' wait runs out
-//                       (FRUGAL_DIST_TIMEOUT).
+//                       (FRUGAL_DIST_TIMEOUT);
+//   dist_failure die:   the last rank is killed (SIGKILL: nothing of it runs on).
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -14,9 +16,11 @@
 int main(int argc, char** argv) {
   using namespace frugal;
   const bool hang = argc > 1 && std::strcmp(argv[1], "hang") == 0;
+  const bool die = argc > 1 && std::strcmp(argv[1], "die") == 0;
   try {
     dist::Guard guard;  // its destructor sees the exception leave and stops every rank
     const bool failing = dist::rank() == dist::world_size() - 1;
+    if (failing && die) std::raise(SIGKILL);
     if (failing && !hang) throw Error("a rank's own error");
     if (failing && hang) std::this_thread::sleep_for(std::chrono::seconds(600));
     Tensor t = ones({4});
