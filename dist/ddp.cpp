@@ -40,10 +40,11 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module,
   for (size_t k = params_.size(); k-- > 0;) {
     const Tensor& p = params_[k];
     const DType flat = p.dtype() == DType::F64 ? DType::F64 : DType::F32;
-    if (buckets_.empty() || buckets_.back().dtype != flat ||
+    if (buckets_.empty() || buckets_.back().dtype != flat || buckets_.back().device != p.device() ||
         buckets_.back().numel * int64_t(dtype_size(flat)) >= cap) {
       buckets_.emplace_back();
       buckets_.back().dtype = flat;
+      buckets_.back().device = p.device();
     }
     Bucket& b = buckets_.back();
     b.params.push_back(k);
@@ -82,7 +83,7 @@ void DistributedDataParallel::start_ready_buckets() {
 void DistributedDataParallel::start(Bucket& b) {
   NoGradGuard no_grad;
   static const uint32_t kGradientsTag = memory::intern_tag("gradients");
-  b.flat = empty({b.numel}, b.dtype);
+  b.flat = empty({b.numel}, TensorOptions(b.dtype).device(b.device));
   b.flat.storage()->retag(kGradientsTag);
   for (size_t j = 0; j < b.params.size(); ++j) {
     const Tensor& p = params_[b.params[j]];

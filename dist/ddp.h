@@ -10,16 +10,16 @@
 //   { auto no_sync = ddp.no_sync(); loss1.backward(); }  // accumulate locally; the next backward reduces all
 //
 // Note [gradient buckets]: the parameters are packed, in reverse order (about the order backward finishes
-// them), into buckets of about bucket_cap_mb. A grad-ready hook (autograd::add_grad_ready_hook, kind Reads)
-// marks each parameter's gradient final; once a bucket's are, its gradients are copied into one flat f32
-// (f64 for f64 parameters) tensor, freed, and the flat tensor is handed to the communication thread
-// (dist::all_reduce_async, Average) while backward goes on with the layers below: the reduction overlaps the
-// rest of backward. Buckets start in one order on every rank (bucket k only after bucket k-1), so the
-// ranks' collectives always match. At the end of backward (autograd::add_backward_end_hook) the remaining
-// buckets start, every bucket is waited for, and each parameter's .grad becomes a view of its bucket
-// (f16/bf16 parameters: a copy, rounded once): the reduced gradients take the bytes the local ones had, and
-// the gradients are never held twice. A parameter that got no gradient on this rank counts as zeros (the
-// other ranks' may not be), and gets the mean too.
+// them), into buckets of about bucket_cap_mb, one device and flat dtype a bucket. A grad-ready hook
+// (autograd::add_grad_ready_hook, kind Reads) marks each parameter's gradient final; once a bucket's are, its
+// gradients are copied into one flat f32 (f64 for f64 parameters) tensor, freed, and the flat tensor is
+// handed to the communication thread (dist::all_reduce_async, Average) while backward goes on with the layers
+// below: the reduction overlaps the rest of backward. Buckets start in one order on every rank (bucket k only
+// after bucket k-1), so the ranks' collectives always match. At the end of backward
+// (autograd::add_backward_end_hook) the remaining buckets start, every bucket is waited for, and each
+// parameter's .grad becomes a view of its bucket (f16/bf16 parameters: a copy, rounded once): the reduced
+// gradients take the bytes the local ones had, and the gradients are never held twice. A parameter that got
+// no gradient on this rank counts as zeros (the other ranks' may not be), and gets the mean too.
 //
 // Works with recompute segments, autocast and the GradScaler: the scaler unscales the reduced gradients,
 // which are equal on every rank, so an inf or nan in any rank's gradient is in every rank's sum and every
@@ -86,6 +86,7 @@ class DistributedDataParallel {
     std::vector<int64_t> offsets;
     int64_t numel = 0;
     DType dtype = DType::F32;  // of the flat tensor
+    Device device = kCPU;      // its parameters'
     // One backward's:
     size_t pending = 0;
     Tensor flat;

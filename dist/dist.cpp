@@ -13,7 +13,9 @@
 #include <thread>
 
 #include "autograd/graph.h"
+#include "core/device.h"
 #include "core/error.h"
+#include "dist/device_collectives.h"
 
 #if FRUGAL_HAVE_MPI
 // The C API only: without these, OpenMPI's and MPICH's headers also pull in the removed C++ bindings.
@@ -52,6 +54,10 @@ struct World {
   double timeout_s = 300;
   std::mutex stats_mutex;
   CommStats stats;
+  // CUDA tensors' collectives (dist/device_collectives.h): the table the backend registered, and whether
+  // this rank has joined its communicator.
+  const detail::DeviceCollectives* cuda = nullptr;
+  bool cuda_joined = false;
 };
 
 World& world() {
@@ -88,9 +94,9 @@ void wait_state(Work::State& st) {
   std::unique_lock<std::mutex> lock(st.mutex);
   const auto limit = std::chrono::duration<double>(world().timeout_s);
   if (!st.cv.wait_for(lock, limit, [&] { return st.done; }))
-    stop_everything(1, detail::str_cat("waited ", world().timeout_s, " s for ", st.what,
-                                       " to finish; another rank is gone or stuck (the limit is "
-                                       "FRUGAL_DIST_TIMEOUT seconds); stopping every rank"));
+    stop_everything(1, frugal::detail::str_cat("waited ", world().timeout_s, " s for ", st.what,
+                                               " to finish; another rank is gone or stuck (the limit is "
+                                               "FRUGAL_DIST_TIMEOUT seconds); stopping every rank"));
   if (st.error) std::rethrow_exception(st.error);
 }
 
@@ -146,10 +152,16 @@ void check_ready(const char* op) {
 
 void check_tensor(const Tensor& t, const char* op) {
   FRUGAL_CHECK(t.defined(), "dist::", op, ": the tensor is undefined");
-  FRUGAL_CHECK_T(DeviceError, t.device().is_cpu(), "dist::", op, ": the tensor is on ", t.device(),
-                 "; CUDA tensors need NCCL, which this build does not use yet: copy it to the CPU");
+  FRUGAL_CHECK_T(DeviceError, t.device().is_cpu() || t.device().is_cuda(), "dist::", op,
+                 ": the tensor is on ", t.device(),
+                 "; collectives take CPU tensors (MPI) and CUDA tensors (NCCL)");
   FRUGAL_CHECK(t.is_contiguous(), "dist::", op, ": the tensor (shape ", t.shape(),
                ") is not contiguous; pass t.contiguous()");
+}
+
+void check_cpu(const Tensor& t, const char* op) {
+  FRUGAL_CHECK_T(DeviceError, t.device().is_cpu(), "dist::", op, ": the tensor is on ", t.device(),
+                 "; this collective takes CPU tensors only");
 }
 
 void check_float(const Tensor& t, const char* op) {
@@ -183,7 +195,7 @@ void mpi_check(int rc, const char* what) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw Error(detail::str_cat("dist: ", what, " failed: ", std::string(text, size_t(len))));
+  throw Error(frugal::detail::str_cat("dist: ", what, " failed: ", std::string(text, size_t(len))));
 }
 
 MPI_Datatype mpi_type(DType d) {
@@ -193,7 +205,7 @@ MPI_Datatype mpi_type(DType d) {
     case DType::F64:
       return MPI_DOUBLE;
     default:
-      throw DTypeError(detail::str_cat("dist: no MPI type for ", dtype_name(d)));
+      throw DTypeError(frugal::detail::str_cat("dist: no MPI type for ", dtype_name(d)));
   }
 }
 
@@ -216,10 +228,52 @@ void agree(int64_t sig, const char* op, const Shape& shape) {
 }
 #endif
 
+// The CUDA collectives for t (a CUDA tensor, in a world of more than one), with this rank in their
+// communicator: joined on the first call (every rank makes the same calls, so they join together).
+const detail::DeviceCollectives& cuda_for(const Tensor& t, const char* op) {
+  World& w = world();
+  load_backend(DeviceType::CUDA);  // throws, saying why, when there is none; its loading registers the table
+  FRUGAL_CHECK_T(
+      DeviceError, w.cuda != nullptr, "dist::", op,
+      ": CUDA tensors need NCCL, which this build's CUDA backend does not have (reconfigure with the "
+      "CUDA toolkit's NCCL and MPI found); or copy the tensor to the CPU");
+  if (!w.cuda_joined) {
+#if FRUGAL_HAVE_MPI
+    // Rank 0's id, or -1 as its size when rank 0 could not make one: then every rank throws, none waits.
+    std::vector<uint8_t> id;
+    std::string why;
+    if (w.rank == 0) {
+      try {
+        id = w.cuda->make_id();
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    int64_t n = why.empty() ? int64_t(id.size()) : -1;
+    run([&] { mpi_check(MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD), "MPI_Bcast"); },
+        "the NCCL id's size");
+    FRUGAL_CHECK_T(DeviceError, n >= 0, "dist::", op, ": rank 0 could not make a NCCL communicator",
+                   why.empty() ? "" : ": ", why);
+    id.resize(size_t(n));
+    run([&] { mpi_check(MPI_Bcast(id.data(), int(n), MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast"); },
+        "the NCCL id");
+    w.cuda->join(id, w.rank, w.size, t.device().index);
+    w.cuda_joined = true;
+#endif
+  }
+  return *w.cuda;
+}
+
 // The f32 (or f64) tensor a reduction works on: t itself, or a copy of an f16/bf16 t.
 Tensor wide(const Tensor& t) { return t.dtype() == DType::F64 ? t : t.to(DType::F32); }
 
 }  // namespace
+
+namespace detail {
+void register_device_collectives(DeviceType type, const DeviceCollectives* table) {
+  if (type == DeviceType::CUDA) world().cuda = table;
+}
+}  // namespace detail
 
 void init() {
   World& w = world();
@@ -255,6 +309,10 @@ void finalize() {
   World& w = world();
   if (!w.initialized) return;
 #if FRUGAL_HAVE_MPI
+  if (w.cuda_joined) {
+    w.cuda->leave();
+    w.cuda_joined = false;
+  }
   if (w.mpi) {
     run([] { mpi_check(MPI_Finalize(), "MPI_Finalize"); }, "MPI_Finalize");
     {
@@ -307,14 +365,19 @@ void all_reduce(Tensor& t, ReduceOp op) {
   Tensor buf = wide(t);
   const int64_t sig = signature("all_reduce", t, int64_t(op));
   const int n = as_count(buf.numel(), "all_reduce");
-  run(
-      [&] {
-        agree(sig, "all_reduce", t.shape());
-        mpi_check(
-            MPI_Allreduce(MPI_IN_PLACE, buf.raw_data(), n, mpi_type(buf.dtype()), mpi_op(op), MPI_COMM_WORLD),
-            "MPI_Allreduce");
-      },
-      "all_reduce");
+  if (t.device().is_cuda()) {
+    run([&] { agree(sig, "all_reduce", t.shape()); }, "all_reduce");
+    cuda_for(t, "all_reduce").all_reduce(buf.raw_data(), buf.numel(), buf.dtype(), op == ReduceOp::Max);
+  } else {
+    run(
+        [&] {
+          agree(sig, "all_reduce", t.shape());
+          mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf.raw_data(), n, mpi_type(buf.dtype()), mpi_op(op),
+                                  MPI_COMM_WORLD),
+                    "MPI_Allreduce");
+        },
+        "all_reduce");
+  }
   if (op == ReduceOp::Average) buf.div_(double(world().size));
   if (!buf.is_same(t)) t.copy_(buf);
 #endif
@@ -330,6 +393,11 @@ void broadcast(Tensor& t, int root) {
   if (world().size == 1) return;
 #if FRUGAL_HAVE_MPI
   const int64_t sig = signature("broadcast", t, root);
+  if (t.device().is_cuda()) {
+    run([&] { agree(sig, "broadcast", t.shape()); }, "broadcast");
+    cuda_for(t, "broadcast").broadcast(t.raw_data(), t.nbytes(), root);
+    return;
+  }
   run(
       [&] {
         agree(sig, "broadcast", t.shape());
@@ -359,6 +427,11 @@ Tensor all_gather(const Tensor& t) {
   }
 #if FRUGAL_HAVE_MPI
   const int64_t sig = signature("all_gather", t, 0);
+  if (t.device().is_cuda()) {
+    run([&] { agree(sig, "all_gather", t.shape()); }, "all_gather");
+    cuda_for(t, "all_gather").all_gather(in.raw_data(), out.raw_data(), in.nbytes());
+    return out;
+  }
   const int n = as_count(in.nbytes(), "all_gather");
   run(
       [&] {
@@ -388,15 +461,21 @@ Tensor reduce_scatter(const Tensor& t, ReduceOp op) {
   const Tensor in = wide(t);
   Tensor out = empty(shape, in.options());
   const int64_t sig = signature("reduce_scatter", t, int64_t(op));
-  const int n = as_count(out.numel(), "reduce_scatter");
-  run(
-      [&] {
-        agree(sig, "reduce_scatter", t.shape());
-        mpi_check(MPI_Reduce_scatter_block(in.raw_data(), out.raw_data(), n, mpi_type(in.dtype()), mpi_op(op),
-                                           MPI_COMM_WORLD),
-                  "MPI_Reduce_scatter_block");
-      },
-      "reduce_scatter");
+  if (t.device().is_cuda()) {
+    run([&] { agree(sig, "reduce_scatter", t.shape()); }, "reduce_scatter");
+    cuda_for(t, "reduce_scatter")
+        .reduce_scatter(in.raw_data(), out.raw_data(), out.numel(), in.dtype(), op == ReduceOp::Max);
+  } else {
+    const int n = as_count(out.numel(), "reduce_scatter");
+    run(
+        [&] {
+          agree(sig, "reduce_scatter", t.shape());
+          mpi_check(MPI_Reduce_scatter_block(in.raw_data(), out.raw_data(), n, mpi_type(in.dtype()),
+                                             mpi_op(op), MPI_COMM_WORLD),
+                    "MPI_Reduce_scatter_block");
+        },
+        "reduce_scatter");
+  }
   if (op == ReduceOp::Average) out.div_(double(size));
   return out.to(t.dtype());
 #else
@@ -431,6 +510,8 @@ void reduce_scatter_flat(const Tensor& flat, Tensor& part, const std::vector<int
   check_ready("reduce_scatter_flat");
   check_counts(flat, counts, "reduce_scatter_flat");
   check_tensor(part, "reduce_scatter_flat");
+  check_cpu(flat, "reduce_scatter_flat");
+  check_cpu(part, "reduce_scatter_flat");
   FRUGAL_CHECK_DTYPE(
       flat.dtype() == part.dtype() && (flat.dtype() == DType::F32 || flat.dtype() == DType::F64),
       "dist::reduce_scatter_flat: f32 or f64 tensors of one dtype");
@@ -465,6 +546,7 @@ void reduce_scatter_flat(const Tensor& flat, Tensor& part, const std::vector<int
 void all_gather_flat(Tensor& flat, const std::vector<int64_t>& counts) {
   check_ready("all_gather_flat");
   check_counts(flat, counts, "all_gather_flat");
+  check_cpu(flat, "all_gather_flat");
   check_writable(flat, "dist::all_gather_flat");
   count(flat.nbytes());
   if (world().size == 1) return;
@@ -515,6 +597,18 @@ Work all_reduce_async(Tensor t, ReduceOp op) {
     return work;
   }
 #if FRUGAL_HAVE_MPI
+  if (t.device().is_cuda()) {  // synchronous on the device's stream: no overlap with backward yet
+    const int64_t sig = signature("all_reduce", t, int64_t(op));
+    run([&] { agree(sig, "all_reduce", t.shape()); }, "all_reduce");
+    cuda_for(t, "all_reduce_async").all_reduce(t.raw_data(), t.numel(), t.dtype(), op == ReduceOp::Max);
+    if (op == ReduceOp::Average) {
+      NoGradGuard no_grad;
+      t.div_(double(size));
+    }
+    work.state_ = std::make_shared<Work::State>();
+    work.state_->done = true;
+    return work;
+  }
   const int n = as_count(t.numel(), "all_reduce_async");
   void* data = t.raw_data();
   const MPI_Datatype type = mpi_type(t.dtype());

@@ -19,9 +19,12 @@
 // waited for and exits with status 1, which makes mpirun stop the others. A rank that throws out of the
 // Guard (or calls dist::abort) stops the whole run the same way, at once.
 //
-// Collectives take contiguous CPU tensors of the same shape and dtype on every rank (checked: a rank whose
-// shape or dtype differs gets an Error on every rank, before any data moves). f16 and bf16 are summed in f32
-// and rounded once. CUDA tensors would go through NCCL, which this build does not use yet: an Error.
+// Collectives take contiguous tensors of the same shape and dtype on every rank (checked: a rank whose shape
+// or dtype differs gets an Error on every rank, before any data moves). f16 and bf16 are summed in f32 and
+// rounded once. CPU tensors go through MPI; CUDA tensors through NCCL, from the CUDA backend
+// (dist/device_collectives.h: its communicator is made on the first CUDA collective, its id handed out by
+// MPI), synchronously on the device's current stream (a DDP bucket of CUDA gradients is reduced at once, not
+// overlapped with backward yet). A build whose CUDA backend has no NCCL says so (an Error).
 #pragma once
 
 #include <cstdint>
@@ -71,7 +74,7 @@ Tensor all_gather(const Tensor& t);
 Tensor reduce_scatter(const Tensor& t, ReduceOp op = ReduceOp::Sum);
 void barrier();
 
-// Collectives over a flat tensor split unevenly between the ranks (what ZeroOptimizer's shards need):
+// Collectives over a flat CPU tensor split unevenly between the ranks (what ZeroOptimizer's shards need):
 // counts[r] elements from offset sum(counts[0..r)) are rank r's; sum(counts) == flat.numel().
 // reduce_scatter_flat: the rank's part of op over the ranks' flat, into `part` (counts[rank()] elements).
 // all_gather_flat: every rank's flat receives each rank's part in place (part r from rank r).

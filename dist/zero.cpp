@@ -41,7 +41,7 @@ ZeroOptimizer::ZeroOptimizer(optim::Optimizer& optimizer) : optimizer_(optimizer
     int64_t total = 0;
     for (const Tensor& p : pg.params) {
       FRUGAL_CHECK(p.device().is_cpu(), "ZeroOptimizer: a parameter is on ", p.device(),
-                   "; CUDA parameters need NCCL, which this build does not use yet");
+                   "; it shards CPU parameters only (its uneven parts go through MPI), CUDA ones not yet");
       FRUGAL_CHECK_DTYPE(
           p.dtype() == pg.params.front().dtype() && (p.dtype() == DType::F32 || p.dtype() == DType::F64),
           "ZeroOptimizer: a group's parameters must all be f32 or all f64, got ", dtype_name(p.dtype()));

@@ -14,6 +14,12 @@ if [[ "$(id -u)" -ne 0 ]] || ! command -v ip >/dev/null; then
   echo "two_hosts: needs root and iproute2's ip; skipped"
   exit 77
 fi
+# ip netns exec remounts / (as a slave mount): in a chroot, whose / is no mount point, it cannot, and a
+# namespace made there would leave its mount behind. A container may refuse new namespaces altogether.
+if ! mountpoint -q / || ! unshare --net --mount true 2>/dev/null; then
+  echo "two_hosts: no network namespaces here (a chroot, or a container without the right); skipped"
+  exit 77
+fi
 a="frugal_a_$$"
 b="frugal_b_$$"
 work=$(mktemp -d)
