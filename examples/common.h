@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,10 +24,18 @@ namespace examples {
 
 using namespace frugal;
 
-// Under mpirun (--ddp), the ranks other than 0 write nothing to stdout (their errors still go to stderr).
-inline void only_rank_zero_prints() {
+// --ddp: joins the run's processes (a dist::Guard in `guard`) and, on the ranks other than 0, silences
+// stdout (their errors still go to stderr). False, having said why, when that fails.
+inline bool start_ddp(std::optional<dist::Guard>& guard) {
+  try {
+    guard.emplace();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return false;
+  }
   if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout))
     std::fprintf(stderr, "rank %d: cannot silence stdout\n", dist::rank());
+  return true;
 }
 
 // Checks of command-line values, in the form CLI11's validators take (CLI::Validator(fn, "NAME")): "" when

@@ -125,15 +125,7 @@ int main(int argc, char** argv) {
   examples::line_buffered_stdout();
   // Under --ddp: one process of several (dist/dist.h); only rank 0 prints, an error on any rank stops all.
   std::optional<dist::Guard> dist_guard;
-  if (o.ddp) {
-    try {
-      dist_guard.emplace();
-    } catch (const Error& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
-      return 1;
-    }
-    examples::only_rank_zero_prints();
-  }
+  if (o.ddp && !examples::start_ddp(dist_guard)) return 1;
 
   // Made before the try: the out-of-memory handler below plans a run that fits, which needs the corpus.
   std::unique_ptr<data::TextDataset> train, val;

@@ -130,15 +130,7 @@ int main(int argc, char** argv) {
   examples::line_buffered_stdout();
   // Under --ddp: one process of several (dist/dist.h); only rank 0 prints, an error on any rank stops all.
   std::optional<dist::Guard> dist_guard;
-  if (ddp_flag) {
-    try {
-      dist_guard.emplace();
-    } catch (const Error& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
-      return 1;
-    }
-    examples::only_rank_zero_prints();
-  }
+  if (ddp_flag && !examples::start_ddp(dist_guard)) return 1;
   const int ranks = ddp_flag ? dist::world_size() : 1;
 
   // Set once the data is loaded: the out-of-memory handler below asks it which plan would fit.
