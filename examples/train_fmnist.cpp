@@ -148,10 +148,9 @@ int main(int argc, char** argv) {
 
     FRUGAL_CHECK(batch % (accum * ranks) == 0, "--batch ", batch, " must be a multiple of --accum ", accum,
                  ddp_flag ? " times the number of ranks " + std::to_string(ranks) : "");
-    FRUGAL_CHECK(!ddp_flag || (save.empty() && resume.empty() && !estimate && memory_budget.empty() &&
-                               !step_in_backward),
-                 "--ddp does not yet go with --save, --resume, --estimate, --memory-budget or "
-                 "--step-in-backward");
+    FRUGAL_CHECK(!ddp_flag || (!estimate && memory_budget.empty() && !step_in_backward),
+                 "--estimate and --memory-budget size one process, and --step-in-backward updates before the "
+                 "gradients are reduced: none of them goes with --ddp yet");
     std::shared_ptr<data::FashionMNIST> train_set, test_set;
     {
       memory::Tag tag("dataset");
@@ -302,7 +301,10 @@ int main(int argc, char** argv) {
                   double(correct) / double(std::max<int64_t>(seen, 1)), accuracy, secs);
       st.epoch = epoch + 1;
       st.rng = default_generator().state();
-      if (!save.empty()) fmnist::save_checkpoint(save, *model, *opt, st, info, &precision.scaler);
+      // Under --ddp every rank holds the same weights, optimizer state and generator: rank 0 writes them, and
+      // every rank resumes from them (the sampler's shares follow from the seed and the epoch).
+      if (!save.empty() && (!ddp_flag || dist::rank() == 0))
+        fmnist::save_checkpoint(save, *model, *opt, st, info, &precision.scaler);
     }
     trace.finish(run_steps);
     run_profile.finish();
