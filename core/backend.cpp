@@ -2,11 +2,13 @@
 // libfrugal_cuda.so beside libfrugal.so, dlopen once, and the reason when it cannot be had.
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "core/device.h"
+#include "core/device_collectives.h"
 #include "core/error.h"
 
 namespace frugal {
@@ -67,6 +69,18 @@ bool load_backend(DeviceType type) {
 std::string backend_error(DeviceType type) {
   if (load_backend(type)) return "";
   return cuda_state().error;
+}
+
+namespace {
+std::atomic<const DeviceCollectives*> g_cuda_collectives{nullptr};
+}  // namespace
+
+void register_device_collectives(DeviceType type, const DeviceCollectives* table) {
+  if (type == DeviceType::CUDA) g_cuda_collectives.store(table);
+}
+
+const DeviceCollectives* device_collectives(DeviceType type) {
+  return type == DeviceType::CUDA ? g_cuda_collectives.load() : nullptr;
 }
 
 }  // namespace frugal

@@ -14,8 +14,8 @@
 
 #include "autograd/graph.h"
 #include "core/device.h"
+#include "core/device_collectives.h"
 #include "core/error.h"
-#include "dist/device_collectives.h"
 
 #if FRUGAL_HAVE_MPI
 // The C API only: without these, OpenMPI's and MPICH's headers also pull in the removed C++ bindings.
@@ -54,9 +54,9 @@ struct World {
   double timeout_s = 300;
   std::mutex stats_mutex;
   CommStats stats;
-  // CUDA tensors' collectives (dist/device_collectives.h): the table the backend registered, and whether
-  // this rank has joined its communicator.
-  const detail::DeviceCollectives* cuda = nullptr;
+  // CUDA tensors' collectives (core/device_collectives.h): the table the backend registered, once looked
+  // up, and whether this rank has joined its communicator.
+  const DeviceCollectives* cuda = nullptr;
   bool cuda_joined = false;
 };
 
@@ -230,9 +230,10 @@ void agree(int64_t sig, const char* op, const Shape& shape) {
 
 // The CUDA collectives for t (a CUDA tensor, in a world of more than one), with this rank in their
 // communicator: joined on the first call (every rank makes the same calls, so they join together).
-const detail::DeviceCollectives& cuda_for(const Tensor& t, const char* op) {
+const DeviceCollectives& cuda_for(const Tensor& t, const char* op) {
   World& w = world();
   load_backend(DeviceType::CUDA);  // throws, saying why, when there is none; its loading registers the table
+  w.cuda = device_collectives(DeviceType::CUDA);
   FRUGAL_CHECK_T(
       DeviceError, w.cuda != nullptr, "dist::", op,
       ": CUDA tensors need NCCL, which this build's CUDA backend does not have (reconfigure with the "
@@ -268,12 +269,6 @@ const detail::DeviceCollectives& cuda_for(const Tensor& t, const char* op) {
 Tensor wide(const Tensor& t) { return t.dtype() == DType::F64 ? t : t.to(DType::F32); }
 
 }  // namespace
-
-namespace detail {
-void register_device_collectives(DeviceType type, const DeviceCollectives* table) {
-  if (type == DeviceType::CUDA) world().cuda = table;
-}
-}  // namespace detail
 
 void init() {
   World& w = world();

@@ -22,7 +22,7 @@
 // Collectives take contiguous tensors of the same shape and dtype on every rank (checked: a rank whose shape
 // or dtype differs gets an Error on every rank, before any data moves). f16 and bf16 are summed in f32 and
 // rounded once. CPU tensors go through MPI; CUDA tensors through NCCL, from the CUDA backend
-// (dist/device_collectives.h: its communicator is made on the first CUDA collective, its id handed out by
+// (core/device_collectives.h: its communicator is made on the first CUDA collective, its id handed out by
 // MPI), synchronously on the device's current stream (a DDP bucket of CUDA gradients is reduced at once, not
 // overlapped with backward yet). A build whose CUDA backend has no NCCL says so (an Error).
 #pragma once

@@ -1,7 +1,7 @@
-// dist's collectives for CUDA tensors through NCCL (dist/device_collectives.h), registered as the backend
+// dist's collectives for CUDA tensors through NCCL (core/device_collectives.h), registered as the backend
 // loads. Built with NCCL where CMake found it (FRUGAL_HAVE_NCCL); without it nothing is registered, and dist
 // says a CUDA collective needs NCCL.
-#include "dist/device_collectives.h"
+#include "core/device_collectives.h"
 
 #if FRUGAL_HAVE_NCCL
 #include <nccl.h>
@@ -102,9 +102,9 @@ std::string version() {
 
 [[maybe_unused]] const bool kRegistered = [] {
   static const std::string name = version();
-  static const dist::detail::DeviceCollectives table{name.c_str(), make_id,   join,       leave,
-                                                     all_reduce,   broadcast, all_gather, reduce_scatter};
-  dist::detail::register_device_collectives(DeviceType::CUDA, &table);
+  static const DeviceCollectives table{name.c_str(), make_id,   join,       leave,
+                                       all_reduce,   broadcast, all_gather, reduce_scatter};
+  register_device_collectives(DeviceType::CUDA, &table);
   return true;
 }();
 

@@ -1,17 +1,17 @@
-// How dist reaches a device's collective library (NCCL for CUDA) without linking it: the device's backend
-// (libfrugal_cuda.so, loaded on demand) registers a table of plain functions when it loads, and dist's
-// collectives call them for that device's tensors (Note [the communication thread] in dist/dist.h covers the
-// CPU's MPI). The communicator is made on the first collective of a device's tensors: rank 0 makes an id,
-// MPI broadcasts its bytes, every rank joins with it.
+// A device's collective library (NCCL for CUDA), as the device's backend registers it: libfrugal_cuda.so,
+// loaded on demand, registers a table of plain functions when it loads (kernels/cuda/nccl.cu), and dist's
+// collectives (dist/dist.h) call them for that device's tensors. Here in core, as the op tables are, so that
+// neither the backend nor dist includes the other. The communicator is made on the first collective of a
+// device's tensors: rank 0 makes an id, MPI broadcasts its bytes, every rank joins with it.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "../core/device.h"
-#include "../core/dtype.h"
+#include "device.h"
+#include "dtype.h"
 
-namespace frugal::dist::detail {
+namespace frugal {
 
 struct DeviceCollectives {
   const char* library;                // "NCCL 2.27.3", for messages
@@ -28,5 +28,7 @@ struct DeviceCollectives {
 
 // Called by a backend as it loads; a null table removes it.
 void register_device_collectives(DeviceType type, const DeviceCollectives* table);
+// The table registered for `type`, or null (no backend loaded, or one without a collective library).
+const DeviceCollectives* device_collectives(DeviceType type);
 
-}  // namespace frugal::dist::detail
+}  // namespace frugal
