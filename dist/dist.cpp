@@ -58,6 +58,20 @@ struct World {
   // up, and whether this rank has joined its communicator.
   const DeviceCollectives* cuda = nullptr;
   bool cuda_joined = false;
+
+  // Stops the communication thread (nothing queued is lost: it empties the queue first).
+  void stop_thread() {
+    if (!thread.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    cv.notify_one();
+    thread.join();
+  }
+  // A process that never called finalize(): its thread must not outlive it (a joinable std::thread at exit
+  // ends the process with std::terminate). MPI then reports a rank that ended without finalizing.
+  ~World() { stop_thread(); }
 };
 
 World& world() {
@@ -282,15 +296,20 @@ void init() {
 #if FRUGAL_HAVE_MPI
   w.stop = false;
   w.thread = std::thread(comm_loop);
-  run(
-      [&w] {
-        int provided = 0;
-        mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
-        MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &w.size);
-        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-      },
-      "MPI_Init");
+  try {
+    run(
+        [&w] {
+          int provided = 0;
+          mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+          MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+          MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+          MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        },
+        "MPI_Init");
+  } catch (...) {
+    w.stop_thread();
+    throw;
+  }
   w.mpi = true;
   w.initialized = true;
 #else
@@ -310,12 +329,7 @@ void finalize() {
   }
   if (w.mpi) {
     run([] { mpi_check(MPI_Finalize(), "MPI_Finalize"); }, "MPI_Finalize");
-    {
-      std::lock_guard<std::mutex> lock(w.mutex);
-      w.stop = true;
-    }
-    w.cv.notify_one();
-    w.thread.join();
+    w.stop_thread();
     w.mpi = false;
   }
 #endif
