@@ -246,12 +246,14 @@ void agree(int64_t sig, const char* op, const Shape& shape) {
 // communicator: joined on the first call (every rank makes the same calls, so they join together).
 const DeviceCollectives& cuda_for(const Tensor& t, const char* op) {
   World& w = world();
-  load_backend(DeviceType::CUDA);  // throws, saying why, when there is none; its loading registers the table
+  // Loading the backend registers its table (kernels/cuda/nccl.cu).
+  const bool loaded = load_backend(DeviceType::CUDA);
   w.cuda = device_collectives(DeviceType::CUDA);
-  FRUGAL_CHECK_T(
-      DeviceError, w.cuda != nullptr, "dist::", op,
-      ": CUDA tensors need NCCL, which this build's CUDA backend does not have (reconfigure with the "
-      "CUDA toolkit's NCCL and MPI found); or copy the tensor to the CPU");
+  FRUGAL_CHECK_T(DeviceError, w.cuda != nullptr, "dist::", op, ": CUDA tensors need NCCL, ",
+                 loaded ? "which this build's CUDA backend does not have (reconfigure where CMake finds the "
+                          "CUDA toolkit's NCCL, with MPI)"
+                        : "from the CUDA backend, which is not loaded",
+                 "; or copy the tensor to the CPU");
   if (!w.cuda_joined) {
 #if FRUGAL_HAVE_MPI
     // Rank 0's id, or -1 as its size when rank 0 could not make one: then every rank throws, none waits.
