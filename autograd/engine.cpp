@@ -98,12 +98,15 @@ std::unordered_map<AutogradMeta*, PendingLeaf> leaves_with_hooks(Node* first) {
   return pending;
 }
 
-// The backward-end hooks, by id (Note: few, and called once a backward).
+// The backward-end hooks, by id: few, and called once a backward. While there are none (g_end_hook_count),
+// backward() takes no lock for them.
 std::mutex g_end_hooks_mutex;
 std::vector<std::pair<int64_t, std::function<void()>>> g_end_hooks;
 int64_t g_next_end_hook = 1;
+std::atomic<int64_t> g_end_hook_count{0};
 
 void run_backward_end_hooks() {
+  if (g_end_hook_count.load(std::memory_order_relaxed) == 0) return;
   std::vector<std::pair<int64_t, std::function<void()>>> hooks;
   {
     std::lock_guard<std::mutex> lock(g_end_hooks_mutex);
@@ -155,12 +158,14 @@ int64_t add_backward_end_hook(std::function<void()> hook) {
   FRUGAL_CHECK(static_cast<bool>(hook), "add_backward_end_hook: the hook is empty");
   std::lock_guard<std::mutex> lock(g_end_hooks_mutex);
   g_end_hooks.emplace_back(g_next_end_hook, std::move(hook));
+  g_end_hook_count.store(int64_t(g_end_hooks.size()), std::memory_order_relaxed);
   return g_next_end_hook++;
 }
 
 void remove_backward_end_hook(int64_t id) {
   std::lock_guard<std::mutex> lock(g_end_hooks_mutex);
   std::erase_if(g_end_hooks, [id](const auto& h) { return h.first == id; });
+  g_end_hook_count.store(int64_t(g_end_hooks.size()), std::memory_order_relaxed);
 }
 
 void backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {

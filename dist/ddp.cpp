@@ -10,12 +10,28 @@
 
 namespace frugal::dist {
 
+namespace detail {
+void move_gradient(const Tensor& param, Tensor slot) {
+  const Tensor g = param.grad();
+  if (!g.defined()) {
+    slot.zero_();
+    return;
+  }
+  slot.copy_(g.reshape({-1}));
+  param.set_grad(Tensor());  // freed: the slot holds it now
+}
+}  // namespace detail
+
 DistributedDataParallel::DistributedDataParallel(nn::Module& module,
                                                  const DistributedDataParallelOptions& options)
     : module_(module), options_(options) {
   FRUGAL_CHECK(is_initialized(), "DistributedDataParallel: call dist::init() (or make a dist::Guard) first");
   FRUGAL_CHECK(options.bucket_cap_mb() > 0, "DistributedDataParallel: bucket_cap_mb must be positive, got ",
                options.bucket_cap_mb());
+  FRUGAL_CHECK(
+      optim::StepInBackward::active() == 0,
+      "DistributedDataParallel: parameters step in backward (optim::StepInBackward); an update needs "
+      "the reduced gradient, which exists only at the end of backward: use one or the other");
   {
     NoGradGuard no_grad;
     for (const auto& item : module.named_parameters()) {
@@ -27,10 +43,6 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module,
       broadcast(b, 0);
     }
   }
-  FRUGAL_CHECK(
-      optim::StepInBackward::active() == 0,
-      "DistributedDataParallel: parameters step in backward (optim::StepInBackward); an update needs "
-      "the reduced gradient, which exists only at the end of backward: use one or the other");
   for (const Tensor& p : module.parameters())
     if (p.requires_grad()) params_.push_back(p);
 
@@ -52,7 +64,6 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module,
     b.numel += p.numel();
     bucket_of_[k] = buckets_.size() - 1;
   }
-  ready_.assign(params_.size(), false);
   for (Bucket& b : buckets_) b.pending = b.params.size();
   for (size_t k = 0; k < params_.size(); ++k)
     autograd::add_grad_ready_hook(params_[k], this, autograd::GradReadyKind::Reads,
@@ -69,7 +80,6 @@ DistributedDataParallel::~DistributedDataParallel() {
 void DistributedDataParallel::on_grad_ready(size_t k) {
   if (no_sync_ || !options_.reduce_gradients()) return;
   active_ = true;
-  ready_[k] = true;
   Bucket& b = buckets_[bucket_of_[k]];
   --b.pending;
   if (options_.overlap()) start_ready_buckets();
@@ -87,16 +97,8 @@ void DistributedDataParallel::start(Bucket& b) {
   b.flat.storage()->retag(kGradientsTag);
   for (size_t j = 0; j < b.params.size(); ++j) {
     const Tensor& p = params_[b.params[j]];
-    Tensor part = b.flat.narrow(0, b.offsets[j], p.numel());
-    const Tensor g = p.grad();
-    if (g.defined()) {
-      part.copy_(g.reshape({-1}));
-      p.set_grad(Tensor());  // freed: the bucket holds it now
-    } else {
-      part.zero_();
-    }
+    detail::move_gradient(p, b.flat.narrow(0, b.offsets[j], p.numel()));
   }
-  b.started = true;
   b.work = all_reduce_async(b.flat, ReduceOp::Average);
 }
 
@@ -135,10 +137,8 @@ void DistributedDataParallel::abandon() noexcept {
     } catch (...) {  // NOLINT(bugprone-empty-catch): the error was reported by the caller that waited first
     }
     b.flat = Tensor();
-    b.started = false;
     b.pending = b.params.size();
   }
-  std::fill(ready_.begin(), ready_.end(), false);
   next_bucket_ = 0;
   active_ = false;
 }

@@ -42,6 +42,12 @@ class Module;
 
 namespace frugal::dist {
 
+namespace detail {
+// Copies param's gradient (zeros without one) into slot, a flat stretch of its numel, and frees the gradient:
+// how DistributedDataParallel fills a bucket and ZeroOptimizer its flat gradient.
+void move_gradient(const Tensor& param, Tensor slot);
+}  // namespace detail
+
 class DistributedDataParallelOptions {
  public:
   FRUGAL_ARG(double, bucket_cap_mb) = 25;  // MiB of f32 gradients a bucket gathers before it is reduced
@@ -91,7 +97,6 @@ class DistributedDataParallel {
     size_t pending = 0;
     Tensor flat;
     Work work;
-    bool started = false;
   };
   void on_grad_ready(size_t param);
   void start_ready_buckets();
@@ -103,7 +108,6 @@ class DistributedDataParallel {
   DistributedDataParallelOptions options_;
   std::vector<Tensor> params_;
   std::vector<size_t> bucket_of_;
-  std::vector<bool> ready_;
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;
   bool active_ = false;  // some parameter became ready in this backward

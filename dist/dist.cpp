@@ -52,8 +52,6 @@ struct World {
   int rank = 0;
   int size = 1;
   double timeout_s = 300;
-  std::mutex stats_mutex;
-  CommStats stats;
   // CUDA tensors' collectives (core/device_collectives.h): the table the backend registered, once looked
   // up, and whether this rank has joined its communicator.
   const DeviceCollectives* cuda = nullptr;
@@ -184,13 +182,6 @@ void check_float(const Tensor& t, const char* op) {
                      ": reduces f32, f64, f16 and bf16 tensors, got ", dtype_name(d));
 }
 
-void count(int64_t bytes) {
-  World& w = world();
-  std::lock_guard<std::mutex> lock(w.stats_mutex);
-  ++w.stats.collectives;
-  w.stats.payload_bytes += bytes;
-}
-
 // A signature of what this rank is about to do: equal on every rank, or the ranks disagree.
 int64_t signature(const char* op, const Tensor& t, int64_t extra) {
   uint64_t h = 1469598103934665603ull;
@@ -239,6 +230,11 @@ void agree(int64_t sig, const char* op, const Shape& shape) {
   FRUGAL_CHECK(lo[0] == -lo[1], "dist::", op,
                ": the ranks passed tensors of different shapes or dtypes (this rank's shape ", shape,
                "), or called different collectives; every rank must make the same calls in the same order");
+}
+
+// agree() alone, before a collective that does not run on the communication thread (NCCL's).
+void agree_first(int64_t sig, const char* op, const Shape& shape) {
+  run([&] { agree(sig, op, shape); }, op);
 }
 #endif
 
@@ -370,16 +366,15 @@ void all_reduce(Tensor& t, ReduceOp op) {
   check_float(t, "all_reduce");
   check_writable(t, "dist::all_reduce");
   NoGradGuard no_grad;
-  count(t.nbytes());
   if (world().size == 1) return;
 #if FRUGAL_HAVE_MPI
   Tensor buf = wide(t);
   const int64_t sig = signature("all_reduce", t, int64_t(op));
-  const int n = as_count(buf.numel(), "all_reduce");
   if (t.device().is_cuda()) {
-    run([&] { agree(sig, "all_reduce", t.shape()); }, "all_reduce");
+    agree_first(sig, "all_reduce", t.shape());
     cuda_for(t, "all_reduce").all_reduce(buf.raw_data(), buf.numel(), buf.dtype(), op == ReduceOp::Max);
   } else {
+    const int n = as_count(buf.numel(), "all_reduce");
     run(
         [&] {
           agree(sig, "all_reduce", t.shape());
@@ -400,12 +395,11 @@ void broadcast(Tensor& t, int root) {
   FRUGAL_CHECK(root >= 0 && root < world().size, "dist::broadcast: root ", root,
                " is not a rank of a world of ", world().size);
   if (world().rank != root) check_writable(t, "dist::broadcast");
-  count(t.nbytes());
   if (world().size == 1) return;
 #if FRUGAL_HAVE_MPI
   const int64_t sig = signature("broadcast", t, root);
   if (t.device().is_cuda()) {
-    run([&] { agree(sig, "broadcast", t.shape()); }, "broadcast");
+    agree_first(sig, "broadcast", t.shape());
     cuda_for(t, "broadcast").broadcast(t.raw_data(), t.nbytes(), root);
     return;
   }
@@ -431,7 +425,6 @@ Tensor all_gather(const Tensor& t) {
   const Tensor in = t.reshape(shape);
   shape[0] *= world().size;
   Tensor out = empty(shape, t.options());
-  count(t.nbytes());
   if (world().size == 1) {
     out.copy_(in);
     return out;
@@ -439,7 +432,7 @@ Tensor all_gather(const Tensor& t) {
 #if FRUGAL_HAVE_MPI
   const int64_t sig = signature("all_gather", t, 0);
   if (t.device().is_cuda()) {
-    run([&] { agree(sig, "all_gather", t.shape()); }, "all_gather");
+    agree_first(sig, "all_gather", t.shape());
     cuda_for(t, "all_gather").all_gather(in.raw_data(), out.raw_data(), in.nbytes());
     return out;
   }
@@ -466,14 +459,13 @@ Tensor reduce_scatter(const Tensor& t, ReduceOp op) {
   NoGradGuard no_grad;
   Shape shape = t.shape();
   shape[0] /= size;
-  count(t.nbytes());
   if (size == 1) return t.clone();
 #if FRUGAL_HAVE_MPI
   const Tensor in = wide(t);
   Tensor out = empty(shape, in.options());
   const int64_t sig = signature("reduce_scatter", t, int64_t(op));
   if (t.device().is_cuda()) {
-    run([&] { agree(sig, "reduce_scatter", t.shape()); }, "reduce_scatter");
+    agree_first(sig, "reduce_scatter", t.shape());
     cuda_for(t, "reduce_scatter")
         .reduce_scatter(in.raw_data(), out.raw_data(), out.numel(), in.dtype(), op == ReduceOp::Max);
   } else {
@@ -531,7 +523,6 @@ void reduce_scatter_flat(const Tensor& flat, Tensor& part, const std::vector<int
                      part.numel(), " elements, this rank's count is ", counts[size_t(r)]);
   check_writable(part, "dist::reduce_scatter_flat");
   NoGradGuard no_grad;
-  count(flat.nbytes());
   int64_t offset = 0;
   for (int i = 0; i < r; ++i) offset += counts[size_t(i)];
   if (world().size == 1) {
@@ -559,7 +550,6 @@ void all_gather_flat(Tensor& flat, const std::vector<int64_t>& counts) {
   check_counts(flat, counts, "all_gather_flat");
   check_cpu(flat, "all_gather_flat");
   check_writable(flat, "dist::all_gather_flat");
-  count(flat.nbytes());
   if (world().size == 1) return;
 #if FRUGAL_HAVE_MPI
   // In elements of a type the size of flat's elements (counts in int).
@@ -599,7 +589,6 @@ Work all_reduce_async(Tensor t, ReduceOp op) {
   FRUGAL_CHECK_DTYPE(t.dtype() == DType::F32 || t.dtype() == DType::F64,
                      "dist::all_reduce_async: f32 or f64 tensors, got ", dtype_name(t.dtype()));
   check_writable(t, "dist::all_reduce_async");
-  count(t.nbytes());
   Work work;
   const int size = world().size;
   if (size == 1) {
@@ -609,13 +598,7 @@ Work all_reduce_async(Tensor t, ReduceOp op) {
   }
 #if FRUGAL_HAVE_MPI
   if (t.device().is_cuda()) {  // synchronous on the device's stream: no overlap with backward yet
-    const int64_t sig = signature("all_reduce", t, int64_t(op));
-    run([&] { agree(sig, "all_reduce", t.shape()); }, "all_reduce");
-    cuda_for(t, "all_reduce_async").all_reduce(t.raw_data(), t.numel(), t.dtype(), op == ReduceOp::Max);
-    if (op == ReduceOp::Average) {
-      NoGradGuard no_grad;
-      t.div_(double(size));
-    }
+    all_reduce(t, op);
     work.state_ = std::make_shared<Work::State>();
     work.state_->done = true;
     return work;
@@ -624,11 +607,15 @@ Work all_reduce_async(Tensor t, ReduceOp op) {
   void* data = t.raw_data();
   const MPI_Datatype type = mpi_type(t.dtype());
   const bool is64 = t.dtype() == DType::F64;
+  const int64_t sig = signature("all_reduce", t, int64_t(op));
+  const Shape shape = t.shape();
   work.state_ = submit(
-      [data, n, type, op, size, is64] {
+      [data, n, type, op, size, is64, sig, shape] {
+        agree(sig, "all_reduce_async", shape);
         mpi_check(MPI_Allreduce(MPI_IN_PLACE, data, n, type, mpi_op(op), MPI_COMM_WORLD), "MPI_Allreduce");
         if (op != ReduceOp::Average) return;
-        // The mean here, on the communication thread: plain loops over the bucket's bytes.
+        // The mean here, on the communication thread, in plain loops: frugal's div_ would start an OpenMP
+        // team of this thread's own beside the one backward is using.
         if (is64)
           for (double *p = static_cast<double*>(data), *e = p + n; p < e; ++p) *p /= size;
         else
@@ -637,16 +624,6 @@ Work all_reduce_async(Tensor t, ReduceOp op) {
       "a gradient bucket's all_reduce", std::move(t));
 #endif
   return work;
-}
-
-CommStats comm_stats() {
-  std::lock_guard<std::mutex> lock(world().stats_mutex);
-  return world().stats;
-}
-
-void reset_comm_stats() {
-  std::lock_guard<std::mutex> lock(world().stats_mutex);
-  world().stats = {};
 }
 
 }  // namespace frugal::dist

@@ -95,16 +95,8 @@ class Work {
   friend Work all_reduce_async(Tensor t, ReduceOp op);
   std::shared_ptr<State> state_;
 };
-// all_reduce of a contiguous f32 or f64 tensor, started now; t must not be touched until wait() returns.
+// all_reduce of a contiguous f32 or f64 tensor, started now (the ranks' shapes checked too); t must not be
+// touched until wait() returns. CUDA tensors are reduced at once, before it returns.
 Work all_reduce_async(Tensor t, ReduceOp op = ReduceOp::Sum);
-
-// What this process has handed to collectives: bytes of the tensors reduced, broadcast and gathered (the
-// payload, before the algorithm's own traffic: a ring all-reduce moves 2 (n-1)/n of it each way).
-struct CommStats {
-  int64_t collectives = 0;
-  int64_t payload_bytes = 0;
-};
-CommStats comm_stats();
-void reset_comm_stats();
 
 }  // namespace frugal::dist

@@ -6,6 +6,7 @@
 
 #include "autograd/graph.h"
 #include "core/memory.h"
+#include "dist/ddp.h"
 #include "dist/dist.h"
 
 namespace frugal::dist {
@@ -35,20 +36,26 @@ ZeroOptimizer::ZeroOptimizer(optim::Optimizer& optimizer) : optimizer_(optimizer
   const int me = rank();
   NoGradGuard no_grad;
   static const uint32_t kParametersTag = memory::intern_tag("parameters");
+  // Every group is checked before any parameter moves: a refusal changes nothing.
   for (size_t g = 0; g < optimizer.groups_.size(); ++g) {
-    optim::ParamGroup& pg = optimizer.groups_[g];
-    Group group;
-    int64_t total = 0;
+    const optim::ParamGroup& pg = optimizer.groups_[g];
+    FRUGAL_CHECK(!pg.params.empty(), "ZeroOptimizer: parameter group ", g, " is empty");
     for (const Tensor& p : pg.params) {
       FRUGAL_CHECK(p.device().is_cpu(), "ZeroOptimizer: a parameter is on ", p.device(),
                    "; it shards CPU parameters only (its uneven parts go through MPI), CUDA ones not yet");
       FRUGAL_CHECK_DTYPE(
           p.dtype() == pg.params.front().dtype() && (p.dtype() == DType::F32 || p.dtype() == DType::F64),
           "ZeroOptimizer: a group's parameters must all be f32 or all f64, got ", dtype_name(p.dtype()));
+    }
+  }
+  for (size_t g = 0; g < optimizer.groups_.size(); ++g) {
+    optim::ParamGroup& pg = optimizer.groups_[g];
+    Group group;
+    int64_t total = 0;
+    for (const Tensor& p : pg.params) {
       group.offsets.push_back(total);
       total += p.numel();
     }
-    FRUGAL_CHECK(!pg.params.empty(), "ZeroOptimizer: parameter group ", g, " is empty");
     group.flat = empty({total}, pg.params.front().dtype());
     group.flat.storage()->retag(kParametersTag);
     for (size_t i = 0; i < pg.params.size(); ++i) {
@@ -81,17 +88,8 @@ void ZeroOptimizer::step() {
   for (Group& g : groups_) {
     Tensor flat = empty({g.flat.numel()}, g.flat.dtype());
     flat.storage()->retag(kGradientsTag);
-    for (size_t i = 0; i < g.params.size(); ++i) {
-      const Tensor& p = g.params[i];
-      Tensor slot = flat.narrow(0, g.offsets[i], p.numel());
-      const Tensor grad = p.grad();
-      if (grad.defined()) {
-        slot.copy_(grad.reshape({-1}));
-        p.set_grad(Tensor());
-      } else {
-        slot.zero_();
-      }
-    }
+    for (size_t i = 0; i < g.params.size(); ++i)
+      detail::move_gradient(g.params[i], flat.narrow(0, g.offsets[i], g.params[i].numel()));
     Tensor part = empty({g.counts[size_t(me)]}, g.flat.dtype());
     part.storage()->retag(kGradientsTag);
     reduce_scatter_flat(flat, part, g.counts, ReduceOp::Average);

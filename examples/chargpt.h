@@ -202,7 +202,7 @@ class Trainer {
     // between steps (validation, a checkpoint) has their bytes (the training itself is unchanged).
     zero_grad();
     for (auto& s : schedules_) s->step();
-    if (ddp_) ddp_wait_ms.push_back(ddp_->last_wait_seconds() * 1e3);
+    if (ddp_) ddp_wait_ms_.push_back(ddp_->last_wait_seconds() * 1e3);
     ++step_;
     return loss_sum;
   }
@@ -210,6 +210,8 @@ class Trainer {
   int64_t step() const { return step_; }
   const Options& options() const { return opts_; }
   const dist::DistributedDataParallel* ddp() const { return ddp_.get(); }
+  // Each step's wait for its gradients' reduction at the end of backward (--ddp), in ms.
+  const std::vector<double>& ddp_wait_ms() const { return ddp_wait_ms_; }
   // The optimizer state's bytes (this rank's, under --zero).
   int64_t optimizer_state_bytes() const {
     return zero_ ? zero_->num_state_bytes() : optimizer->num_state_bytes();
@@ -316,10 +318,7 @@ class Trainer {
   nn::GPT model{nullptr};
   std::unique_ptr<optim::Optimizer> optimizer;  // AdamW, Adafactor or AdamW8bit, for the dense parameters
   std::unique_ptr<optim::SparseAdam> sparse_adam;
-  std::unique_ptr<dist::DistributedDataParallel> ddp_;  // under --ddp
-  std::vector<double> ddp_wait_ms;             // each step's wait for its reductions at the end of backward
-  std::unique_ptr<dist::ZeroOptimizer> zero_;  // under --zero: steps `optimizer` on this rank's part
-  amp::GradScaler scaler;                      // enabled for f16 autocast only
+  amp::GradScaler scaler;  // enabled for f16 autocast only
 
  private:
   Options opts_;
@@ -327,6 +326,10 @@ class Trainer {
   std::vector<std::unique_ptr<optim::LRScheduler>> schedules_;
   std::unique_ptr<optim::StepInBackward> in_backward_;  // --step-in-backward
   int64_t step_ = 0;
+  // Declared last, destroyed first: they refer to the model and the optimizer.
+  std::unique_ptr<dist::DistributedDataParallel> ddp_;  // under --ddp
+  std::vector<double> ddp_wait_ms_;            // each step's wait for its reductions at the end of backward
+  std::unique_ptr<dist::ZeroOptimizer> zero_;  // under --zero: steps `optimizer` on this rank's part
 };
 
 // Loss over a fixed set of windows of the held-out text (the same windows every time), under autocast to

@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
     std::printf("\n%s", examples::memory_report().c_str());
     std::printf("peak_allocated_bytes=%lld\n", static_cast<long long>(memory::stats().allocated.peak));
     if (const dist::DistributedDataParallel* ddp = trainer.ddp()) {
-      std::vector<double> waits = trainer.ddp_wait_ms;
+      std::vector<double> waits = trainer.ddp_wait_ms();
       std::sort(waits.begin(), waits.end());
       std::printf(
           "ddp: %d ranks, %lld buckets, median wait for the reductions at the end of backward %.2f ms, "

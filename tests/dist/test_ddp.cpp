@@ -109,6 +109,24 @@ TEST(DDP, RanksWithBatchBEqualOneProcessWithBatchNB) {
     }
 }
 
+TEST(DDP, BucketsReducedAtTheEndGiveTheSameWeights) {
+  const int w = dist::world_size();
+  const auto run = [&](bool overlap) {
+    nn::Sequential net = make_model();
+    dist::DistributedDataParallel ddp(
+        *net, dist::DistributedDataParallelOptions().bucket_cap_mb(0.0001).overlap(overlap));
+    optim::SGD opt(net->parameters(), optim::SGDOptions(0.1));
+    for (int64_t s = 0; s < 5; ++s) {
+      opt.zero_grad();
+      plain_loss(net, my_rows(global_inputs(s, w)), my_rows(global_targets(s, w))).backward();
+      opt.step();
+    }
+    return weights(net);
+  };
+  const auto a = run(true), b = run(false);
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], b[k]) << "parameter " << k;
+}
+
 TEST(DDP, NoSyncAccumulationEqualsNone) {
   const int w = dist::world_size();
   // Reference: one backward a step over the rank's kBatch rows.

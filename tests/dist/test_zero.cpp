@@ -146,6 +146,14 @@ TEST(Zero, WhatCannotBeShardedIsRefused) {
   nn::Sequential net = make_model();
   optim::Adafactor adafactor(net->parameters(), optim::AdafactorOptions());
   expect_error<Error>([&] { dist::ZeroOptimizer opt(adafactor); }, {"not elementwise"});
+  // A bad second group is refused before the first group's parameters move.
+  const Tensor first = net->parameters().front();
+  const auto* bytes_before = first.storage().get();
+  Tensor f64 = zeros({3}, DType::F64).requires_grad_();
+  optim::SGD mixed({{net->parameters()}, {{zeros({3}).requires_grad_(), f64}}}, optim::SGDOptions(0.1));
+  expect_error<Error>([&] { dist::ZeroOptimizer opt(mixed); }, {"must all be f32 or all f64"});
+  EXPECT_EQ(first.storage().get(), bytes_before);
+  EXPECT_EQ(mixed.param_groups()[0].params.size(), net->parameters().size());
   optim::Adam adam(net->parameters(), optim::AdamOptions());
   F::cross_entropy(net->forward(inputs(0)), targets(0)).backward();
   adam.step();
