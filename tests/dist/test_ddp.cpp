@@ -109,21 +109,29 @@ TEST(DDP, RanksWithBatchBEqualOneProcessWithBatchNB) {
     }
 }
 
-TEST(DDP, BucketsReducedAtTheEndGiveTheSameWeights) {
+// 5 SGD steps of the rank's rows under DDP with these options, the forward in a recompute segment or not.
+std::vector<std::vector<float>> five_sgd_steps(const dist::DistributedDataParallelOptions& options,
+                                               bool segments) {
   const int w = dist::world_size();
-  const auto run = [&](bool overlap) {
-    nn::Sequential net = make_model();
-    dist::DistributedDataParallel ddp(
-        *net, dist::DistributedDataParallelOptions().bucket_cap_mb(0.0001).overlap(overlap));
-    optim::SGD opt(net->parameters(), optim::SGDOptions(0.1));
-    for (int64_t s = 0; s < 5; ++s) {
-      opt.zero_grad();
-      plain_loss(net, my_rows(global_inputs(s, w)), my_rows(global_targets(s, w))).backward();
-      opt.step();
-    }
-    return weights(net);
-  };
-  const auto a = run(true), b = run(false);
+  nn::Sequential net = make_model();
+  dist::DistributedDataParallel ddp(*net, options);
+  optim::SGD opt(net->parameters(), optim::SGDOptions(0.1));
+  for (int64_t s = 0; s < 5; ++s) {
+    opt.zero_grad();
+    const Tensor x = my_rows(global_inputs(s, w)), y = my_rows(global_targets(s, w));
+    Tensor logits = segments ? autograd::recompute(
+                                   [&](const std::vector<Tensor>& in) { return net->forward(in[0]); }, {x})
+                             : net->forward(x);
+    F::cross_entropy(logits, y).backward();
+    opt.step();
+  }
+  return weights(net);
+}
+
+TEST(DDP, BucketsReducedAtTheEndGiveTheSameWeights) {
+  const auto small = dist::DistributedDataParallelOptions().bucket_cap_mb(0.0001);
+  const auto a = five_sgd_steps(small, false),
+             b = five_sgd_steps(dist::DistributedDataParallelOptions(small).overlap(false), false);
   for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], b[k]) << "parameter " << k;
 }
 
@@ -160,23 +168,7 @@ TEST(DDP, NoSyncAccumulationEqualsNone) {
 }
 
 TEST(DDP, RecomputeSegmentsGiveTheSameWeights) {
-  const int w = dist::world_size();
-  const auto run = [&](bool segments) {
-    nn::Sequential net = make_model();
-    dist::DistributedDataParallel ddp(*net);
-    optim::SGD opt(net->parameters(), optim::SGDOptions(0.1));
-    for (int64_t s = 0; s < 5; ++s) {
-      opt.zero_grad();
-      const Tensor x = my_rows(global_inputs(s, w)), y = my_rows(global_targets(s, w));
-      Tensor logits = segments ? autograd::recompute(
-                                     [&](const std::vector<Tensor>& in) { return net->forward(in[0]); }, {x})
-                               : net->forward(x);
-      F::cross_entropy(logits, y).backward();
-      opt.step();
-    }
-    return weights(net);
-  };
-  const auto a = run(false), b = run(true);
+  const auto a = five_sgd_steps({}, false), b = five_sgd_steps({}, true);
   for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], b[k]) << "parameter " << k;
 }
 
