@@ -55,13 +55,18 @@ FRUGAL_HOST_DEVICE inline uint8_t quantize(const Code& c, float q) {
   return uint8_t(side ? c.zero - k : c.zero + k);
 }
 
+// The decades of the code (Note [the dynamic code]): decade i holds decade_items(is_signed, i) entries evenly
+// spread over [0.1, 1] x 10^(i - 6).
+inline constexpr int kDecades = 7;
+constexpr int decade_items(bool is_signed, int i) { return is_signed ? 1 << i : 1 << (i + 1); }
+
 // Builds the signed or unsigned code (host only; signed_code()/unsigned_code() keep one of each).
 inline Code make_code(bool is_signed) {
   double mags[256];  // the positive entries below 1, ascending
   int n = 0;
   double scale = 1e-6;
-  for (int i = 0; i < 7; ++i, scale *= 10) {
-    const int items = is_signed ? 1 << i : 1 << (i + 1);
+  for (int i = 0; i < kDecades; ++i, scale *= 10) {
+    const int items = decade_items(is_signed, i);
     for (int j = 0; j < items; ++j) {
       const double lo = 0.1 + 0.9 * double(j) / double(items), hi = 0.1 + 0.9 * double(j + 1) / double(items);
       mags[n++] = scale * (lo + hi) / 2;
