@@ -143,11 +143,9 @@ class Segment {
 
 Tensor recompute(const SegmentFn& fn, const std::vector<Tensor>& inputs, const RecomputePolicy& policy) {
   if (!grad_mode_enabled()) return fn(inputs);
-  // Note [stepping in backward] (optim/step_in_backward.h): the second run would read parameters that
-  // backward may have updated already.
-  FRUGAL_CHECK(!updating_grad_ready_hooks_exist(),
-               "recompute: segments cannot run while parameters step in backward (optim::StepInBackward): "
-               "the segment's second run would read parameters already updated; use one or the other");
+  // With optim::StepInBackward, parameters may be updated before the segment runs again, and what it saves
+  // the second time is still what it saved the first: Note [recompute and stepping in backward]
+  // (optim/step_in_backward.h).
   auto segment = std::make_shared<Segment>(fn, inputs, policy);
   SavedTensorHooks hooks(
       [segment](const Tensor&) -> std::any { return std::make_pair(segment, segment->pack()); },

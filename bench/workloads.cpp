@@ -88,9 +88,9 @@ void fashion(const char* name, bool cnn) {
       num_threads());
 }
 
-// W4 / W4r / W4g: 32 x (Linear 1024 -> 1024, ReLU), batch 1024, MSE to a random target, SGD lr 1e-3 momentum
-// 0.9; W4r runs segments of 6 layers (about sqrt(32)) as recompute segments; W4g steps in backward
-// (optim::StepInBackward: each gradient freed once its update is done).
+// W4 / W4r / W4g / W4rg: 32 x (Linear 1024 -> 1024, ReLU), batch 1024, MSE to a random target, SGD lr 1e-3
+// momentum 0.9; W4r runs segments of 6 layers (about sqrt(32)) as recompute segments; W4g steps in backward
+// (optim::StepInBackward: each gradient freed once its update is done); W4rg does both.
 void deep(const char* name, int recompute_every, bool step_in_backward = false) {
   manual_seed(0);
   nn::Sequential net;
@@ -259,12 +259,14 @@ int main(int argc, char** argv) {
         deep("W4r", 6);
       else if (n == "W4g")
         deep("W4g", 0, true);
+      else if (n == "W4rg")
+        deep("W4rg", 6, true);
       else if (n == "W5")
         gemm();
       else if (n == "W6")
         gpt_bf16();
       else {
-        std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W4g W5 W6)\n",
+        std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W4g W4rg W5 W6)\n",
                      n.c_str());
         return 1;
       }

@@ -80,8 +80,8 @@ int main(int argc, char** argv) {
                "(ZeRO-1)");
   app.add_flag("--step-in-backward", o.step_in_backward,
                "update each parameter during backward as soon as its gradient is complete, and free that "
-               "gradient at once (optim::StepInBackward; not with --accum, --clip, --sparse-embeddings, "
-               "--amp f16 or recompute)");
+               "gradient at once (optim::StepInBackward; not with --accum, --clip, --sparse-embeddings or "
+               "--amp f16)");
   app.add_flag("--sparse-embeddings", o.sparse_embeddings,
                "sparse gradients for the token embedding, updated by SparseAdam (AdamW for the rest)");
   app.add_option("--amp", amp_name,
@@ -173,8 +173,8 @@ int main(int argc, char** argv) {
       return memory::plan(
           [&](Device, const memory::PlanChoice& c) { dry_run(shaped(c)); }, budget,
           memory::PlanSpace()
-              // Stepping in backward: no recompute, no accumulation.
-              .blocks(o.step_in_backward ? 0 : int(o.layers))
+              // Stepping in backward: no accumulation (recompute goes with it).
+              .blocks(int(o.layers))
               .micro_batches(o.step_in_backward ? std::vector<int>{1} : examples::micro_batch_counts(o.batch))
               .low_precision(allow_low_precision)
               .selective(true)

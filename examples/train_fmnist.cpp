@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   bool step_in_backward = false;
   app.add_flag("--step-in-backward", step_in_backward,
                "update each parameter during backward as soon as its gradient is complete, and free that "
-               "gradient at once (optim::StepInBackward; not with --accum, --recompute or --amp f16)");
+               "gradient at once (optim::StepInBackward; not with --accum or --amp f16)");
   app.add_option("--memory-limit", memory_limit, "arena limit, e.g. 64M or 1G: beyond it, OutOfMemoryError")
       ->check(byte_count);
   app.add_option("--save", save,
@@ -210,8 +210,8 @@ int main(int argc, char** argv) {
           },
           budget,
           memory::PlanSpace()
-              // Stepping in backward: no recompute, no accumulation.
-              .blocks(step_in_backward ? 0 : 1)
+              // Stepping in backward: no accumulation (recompute goes with it).
+              .blocks(1)
               .micro_batches(step_in_backward ? std::vector<int>{1} : examples::micro_batch_counts(batch))
               .low_precision(allow_low_precision)
               .from(kCPU));
@@ -239,9 +239,9 @@ int main(int argc, char** argv) {
     std::optional<optim::StepInBackward> in_backward;
     if (step_in_backward) {
       // Note [stepping in backward] (optim/step_in_backward.h): what needs every gradient first is refused.
-      FRUGAL_CHECK(accum == 1 && !recompute && autocast != std::optional<DType>(DType::F16),
+      FRUGAL_CHECK(accum == 1 && autocast != std::optional<DType>(DType::F16),
                    "--step-in-backward makes each backward the optimizer's step: it cannot go with --accum "
-                   "above 1, --recompute or --amp f16 (the loss scaler)");
+                   "above 1 or --amp f16 (the loss scaler)");
       in_backward.emplace(*opt);
     }
     fmnist::Precision precision(autocast);

@@ -1,8 +1,8 @@
 // CPU Adam8bit update (op_adam8bit_step): per quantisation block, dequantise both moments, the Adam/AdamW
 // step from the new f32 moments (math::adam8bit_step, kernels/dynamic_code.h), the block's new scales, and
-// the moments requantised (kernels/dynamic_code.h). Blocks run in parallel; inside one, two passes with AVX2
-// where the build targets it (Note [Adam8bit with AVX2]), else plain loops the compiler vectorises (Note
-// [four passes over a block]). Beside it, the naive reference it is tested against bit for bit
+// the moments requantised (kernels/dynamic_code.h). Blocks run in parallel; inside one, two passes with
+// AVX-512 (Note [Adam8bit with AVX-512]) or AVX2 (Note [Adam8bit with AVX2]) where the build targets it, else
+// plain loops the compiler vectorises (Note [four passes over a block]). Beside it, the naive reference it is tested against bit for bit
 // (adam8bit_step_reference_cpu, kernels/cpu/reference.h).
 #include <algorithm>
 #include <array>
@@ -18,12 +18,13 @@
 #include "kernels/cpu/register.h"
 #include "kernels/dynamic_code.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
+// The f32 kernel's vector path: AVX-512 with VBMI where the build targets it, else AVX2 (one of the two).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
+#include <immintrin.h>
+#define FRUGAL_ADAM8BIT_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define FRUGAL_ADAM8BIT_AVX2 1
-#endif
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
-#define FRUGAL_ADAM8BIT_AVX512 1
 #endif
 
 namespace frugal {
@@ -694,7 +695,7 @@ void adam8bit_loop(const Adam8bitStepArgs& a) {
       uint8_t* c2 = a.exp_avg_sq_codes + begin;
       float* absmax1 = a.exp_avg_absmax + b;
       float* absmax2 = a.exp_avg_sq_absmax + b;
-#if FRUGAL_ADAM8BIT_AVX2 && !FRUGAL_ADAM8BIT_AVX512
+#if FRUGAL_ADAM8BIT_AVX2
       if constexpr (std::is_same_v<T, float>) {
         avx2::adam8bit_block<kCoupled, kDecoupled>(p, g, c1, absmax1, c2, absmax2, hyper, m, v, len);
         continue;

@@ -386,6 +386,7 @@ TEST(TrainerFlags, EstimateEqualsTheRunsPeak) {
         {"--epochs", "1", "--max-steps", "4", "--optimizer", "adafactor"},
         {"--epochs", "1", "--max-steps", "4", "--optimizer", "adam8bit"},
         {"--epochs", "1", "--max-steps", "4", "--step-in-backward"},
+        {"--epochs", "1", "--max-steps", "4", "--step-in-backward", "--recompute"},
         {"--epochs", "1", "--max-steps", "4", "--model", "cnn", "--batch", "32"}}},
       {"chargpt",
        {{},
@@ -397,7 +398,8 @@ TEST(TrainerFlags, EstimateEqualsTheRunsPeak) {
         {"--optimizer", "adafactor"},
         {"--optimizer", "adamw8bit"},
         {"--selective-recompute"},
-        {"--step-in-backward"}}}};
+        {"--step-in-backward"},
+        {"--step-in-backward", "--recompute"}}}};
   int ran = 0;
   for (const auto& [program, runs] : variants) {
     const std::string exe = binary(program);
