@@ -91,6 +91,12 @@ inline std::vector<Technique> techniques_for(const std::string& model) {
                      "each update runs as soon as its gradient is complete, which is freed then: lowers a "
                      "peak that falls at the end of backward",
                  .step_in_backward = true});
+  all.push_back({.key = "recompute_step_in_backward",
+                 .name = "recompute + step in backward",
+                 .when = "both: once recompute has removed most activations, the parameters' gradients "
+                         "can be much of the peak, and are freed one by one (bench/workloads W4rg)",
+                 .recompute = true,
+                 .step_in_backward = true});
   all.push_back({.key = "bf16_autocast",
                  .name = "bf16 autocast",
                  .when = "bf16 matmuls where the hardware has them; the GEMM outputs kept for backward halve",
