@@ -68,10 +68,16 @@ class Arena final : public AllocatorBase {
     FreeSet& pool = small ? small_free_ : large_free_;
     if (!pending_.empty()) process_events_locked(false);
 
-    FreeSet::node_type node;  // reused for the split-off tail, so a split does not allocate a set node
-    Block* block = take_free_locked(pool, size, stream, node);
+    Block* block = take_free_locked(pool, size, small, stream);
     bool refused = false;
-    if (!block) block = new_segment_locked(size, small, stream, refused);
+    // A new segment goes into the pool as one free block, and the request is carved out of it as out of any.
+    auto from_new_segment = [&]() -> Block* {
+      Block* head = new_segment_locked(size, small, stream, refused);
+      if (!head) return nullptr;
+      pool.insert(head);
+      return take_free_locked(pool, size, small, stream);
+    };
+    if (!block) block = from_new_segment();
     // Short of memory. Unless the request would not fit under the limit even alone (then the cache stays):
     // wait for the blocks other streams' work holds back, then return the cached segments, retrying each
     // time.
@@ -79,12 +85,12 @@ class Arena final : public AllocatorBase {
     const bool could_fit = limit_ <= 0 || minimal <= limit_;
     if (!block && could_fit && !pending_.empty()) {
       process_events_locked(true);
-      block = take_free_locked(pool, size, stream, node);
-      if (!block) block = new_segment_locked(size, small, stream, refused);
+      block = take_free_locked(pool, size, small, stream);
+      if (!block) block = from_new_segment();
     }
     if (!block && could_fit) {
       release_free_segments_locked();
-      block = new_segment_locked(size, small, stream, refused);
+      block = from_new_segment();
     }
     // Note [a small request borrows from the large pool]: the pools are kept apart so that small blocks do
     // not scatter through the large segments, but under a limit that is no reason to fail while a large
@@ -92,33 +98,8 @@ class Arena final : public AllocatorBase {
     // it (split at the block size, as a small segment would be, and merged back when freed). W3 in 32
     // micro-batches under 0.3x its plain peak needed this: 10.5 MiB live, 15 MiB free in a large segment,
     // and the small pool's segments full.
-    bool borrowed = false;
-    if (!block && small) {
-      block = take_free_locked(large_free_, size, stream, node);
-      borrowed = block != nullptr;
-    }
+    if (!block && small) block = take_free_locked(large_free_, size, small, stream);
     if (!block) throw_oom_locked(nbytes, minimal, refused);
-
-    FreeSet& home = borrowed ? large_free_ : pool;
-    const int64_t remainder = block->size - size;
-    if (small ? remainder >= kMinBlock : remainder > kLargeSplitRemainder) {
-      Block* rest = take_spare_block();
-      *rest = Block{.ptr = block->ptr + size,
-                    .size = remainder,
-                    .segment = block->segment,
-                    .prev = block,
-                    .next = block->next,
-                    .stream = stream};
-      if (block->next) block->next->prev = rest;
-      block->next = rest;
-      block->size = size;
-      if (node) {
-        node.value() = rest;
-        home.insert(std::move(node));
-      } else {
-        home.insert(rest);
-      }
-    }
     block->allocated = true;
     block->requested = nbytes;
     block->tag = tag;
@@ -294,9 +275,21 @@ class Arena final : public AllocatorBase {
     if (std::find(b->uses.begin(), b->uses.end(), s) == b->uses.end()) b->uses.push_back(s);
   }
 
-  // Best fit on `stream`: the smallest free block that is big enough, the oldest segment's among equals; null
-  // when there is none. The block's set node is moved into `node`.
-  Block* take_free_locked(FreeSet& pool, int64_t size, Stream stream, FreeSet::node_type& node) {
+  // Note [blocks change in place]: a training step allocates and frees the same sizes over and over, and
+  // each pair splits a free block and merges the piece back. Done with the free pools' set operations (take
+  // the block out, put the rest in; take the rest out, put the merged block in), that was four rebalancing
+  // tree updates a pair, most of its time. Instead the free block's record stays in its pool and changes in
+  // place: a split gives the front to a fresh record and leaves the record with the tail (smaller, at a
+  // higher address), a merge grows the free neighbour's record. The set is ordered by (stream, size,
+  // segment, address); a record that got smaller still sorts after everything its successor sorts after, so
+  // it stays where it is if it still sorts after its predecessor (and symmetrically for one that grew); only
+  // otherwise does it move (reposition_locked). The blocks, their sizes and addresses, and so every choice
+  // the arena makes, are the same as before: only which record stands for a free block differs.
+
+  // Best fit on `stream`: the smallest free block that is big enough, the oldest segment's among equals,
+  // split when more than the pool's threshold would be left (Note [blocks change in place]); null when there
+  // is none. `small`: the request is from the small pool (even when it borrows from the large one).
+  Block* take_free_locked(FreeSet& pool, int64_t size, bool small, Stream stream) {
     static const Segment kFirst{.id = -1};  // before every segment: the key sorts first among its size
     Block key;
     key.size = size;
@@ -304,32 +297,64 @@ class Arena final : public AllocatorBase {
     key.segment = const_cast<Segment*>(&kFirst);
     auto it = pool.lower_bound(&key);
     if (it == pool.end() || (*it)->stream != stream) return nullptr;
-    node = pool.extract(it);
-    return node.value();
+    Block* free = *it;
+    const int64_t remainder = free->size - size;
+    if (!(small ? remainder >= kMinBlock : remainder > kLargeSplitRemainder)) {
+      pool.erase(it);
+      return free;
+    }
+    Block* front = take_spare_block();
+    *front = Block{.ptr = free->ptr,
+                   .size = size,
+                   .segment = free->segment,
+                   .prev = free->prev,
+                   .next = free,
+                   .stream = stream};
+    (free->prev ? free->prev->next : free->segment->head) = front;
+    free->prev = front;
+    free->ptr += size;
+    free->size = remainder;
+    if (it != pool.begin() && !pool.key_comp()(*std::prev(it), free)) reposition_locked(pool, it);
+    return front;
   }
 
-  // Puts a block that has just become free into its pool, merged with its free neighbours.
+  // Moves the record at `it`, whose key changed, to its place.
+  static void reposition_locked(FreeSet& pool, FreeSet::iterator it) {
+    FreeSet::node_type node = pool.extract(it);
+    pool.insert(std::move(node));
+  }
+
+  // Puts a block that has just become free into its pool, merged with its free neighbours (Note [blocks
+  // change in place]).
   void insert_free_locked(Block* block) {
     FreeSet& pool = pool_of(block->segment);
-    FreeSet::node_type node;  // a neighbour's set node, reused for the merged block
-    if (Block* prev = block->prev; is_free(prev)) {
-      node = pool.extract(prev);  // before its size changes: the set is ordered by size
+    Block* prev = is_free(block->prev) ? block->prev : nullptr;
+    Block* next = is_free(block->next) ? block->next : nullptr;
+    if (!prev && !next) {
+      pool.insert(block);
+      return;
+    }
+    // The record that takes the block in, found while its key is still the one it is filed under.
+    Block* grown = prev ? prev : next;
+    const auto it = pool.find(grown);
+    FRUGAL_ASSERT(it != pool.end(), "arena: a free block missing from its pool");
+    if (prev) {
+      if (next) {
+        pool.erase(next);
+        prev->size += next->size;
+        unlink(next);
+      }
       prev->size += block->size;
       unlink(block);
-      block = prev;
-    }
-    if (Block* next = block->next; is_free(next)) {
-      auto next_node = pool.extract(next);
-      if (!node) node = std::move(next_node);
-      block->size += next->size;
-      unlink(next);
-    }
-    if (node) {
-      node.value() = block;
-      pool.insert(std::move(node));
     } else {
-      pool.insert(block);
+      next->ptr = block->ptr;
+      next->size += block->size;
+      next->prev = block->prev;
+      (block->prev ? block->prev->next : block->segment->head) = next;
+      spare_blocks_.push_back(block);
     }
+    if (auto after = std::next(it); after != pool.end() && !pool.key_comp()(grown, *after))
+      reposition_locked(pool, it);
   }
 
   // Returns the blocks whose events have all completed to the free pools; with `wait`, waits for every event
