@@ -1,8 +1,10 @@
 // Core kernels: GEMM 1024^3 (workload W5) in f32 through the registered kernel (oneDNN) and Eigen's GEMM, and
-// in bf16 and f16 through theirs; an elementwise add over 16M floats. Each benchmark first checks its result
-// against a naive reference.
+// in bf16 and f16 through theirs; an elementwise add, softmax and LayerNorm (forward and backward) over 16M
+// floats, beside a STREAM-like copy of as many (the bandwidth they are compared with). Each benchmark first
+// checks its result against a naive reference.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/op_table_linalg.h"
@@ -107,6 +109,99 @@ void BM_AddF32(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * 3 * 4 * n);  // two reads and one write per element
 }
 BENCHMARK(BM_AddF32)->Arg(16 << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The machine's copy bandwidth, as STREAM's Copy kernel measures it (c[i] = a[i] over 16M floats, on the
+// library's threads, counted as one read and one write an element): the ceiling add's bytes per second are
+// compared with (#22: add at >= 0.8 of it).
+void BM_CopyF32Stream(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const Tensor a = randn({n});
+  Tensor c = empty({n});
+  const float* pa = a.data<float>();
+  float* pc = c.data<float>();
+  auto copy = [&] {
+    parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+      for (int64_t i = begin; i < end; ++i) pc[i] = pa[i];
+    });
+  };
+  copy();
+  for (int64_t i = 0; i < n; i += 997)
+    if (pc[i] != pa[i]) return state.SkipWithError("the copy differs from its source");
+  for (auto _ : state) {
+    copy();
+    benchmark::DoNotOptimize(pc);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * 2 * 4 * n);
+}
+BENCHMARK(BM_CopyF32Stream)->Arg(16 << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Softmax and LayerNorm over 16M floats (16384 rows of 1024), forward and backward through autograd, in
+// bytes a second counted as STREAM counts (each tensor an element is read or written once: forward x in, y
+// out; backward y or x, dy in, dx out), to compare with the copy's (#22: at >= 0.6 of it). Each checks one
+// row against a naive reference first.
+enum class RowOp { Softmax, LayerNorm };
+Tensor row_op(RowOp op, const Tensor& x) {
+  return op == RowOp::Softmax ? softmax(x, -1) : layer_norm(x, {x.size(1)});
+}
+
+const char* check_row(RowOp op, const Tensor& x, const Tensor& y) {
+  const int64_t d = x.size(1);
+  const float *px = x.data<float>(), *py = y.data<float>();
+  double m = 0, v = 0, z = 0;
+  for (int64_t j = 0; j < d; ++j) m = std::max(m, double(px[j]));
+  for (int64_t j = 0; j < d; ++j) z += std::exp(double(px[j]) - m);
+  double mean = 0;
+  for (int64_t j = 0; j < d; ++j) mean += px[j];
+  mean /= double(d);
+  for (int64_t j = 0; j < d; ++j) v += (px[j] - mean) * (px[j] - mean);
+  const double rstd = 1 / std::sqrt(v / double(d) + 1e-5);
+  for (int64_t j = 0; j < d; ++j) {
+    const double want = op == RowOp::Softmax ? std::exp(double(px[j]) - m) / z : (px[j] - mean) * rstd;
+    if (std::fabs(want - py[j]) > 1e-5 * (1 + std::fabs(want))) return "a row differs from the reference";
+  }
+  return "";
+}
+
+void BM_RowOpF32(benchmark::State& state, RowOp op, bool backward) {
+  const int64_t n = state.range(0), d = 1024;
+  const Tensor x = randn({n / d, d});
+  if (const char* problem = check_row(op, x, row_op(op, x)); *problem) return state.SkipWithError(problem);
+  const Tensor dy = randn({n / d, d});
+  const Tensor xg = x.detach().requires_grad_();
+  for (auto _ : state) {
+    if (!backward) {
+      NoGradGuard no_grad;
+      Tensor y = row_op(op, x);
+      benchmark::DoNotOptimize(y.raw_data());
+      continue;
+    }
+    state.PauseTiming();
+    xg.zero_grad();
+    Tensor y = row_op(op, xg);
+    state.ResumeTiming();
+    y.backward(dy);
+    benchmark::DoNotOptimize(xg.grad().raw_data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * (backward ? 3 : 2) * 4 * n);
+}
+BENCHMARK_CAPTURE(BM_RowOpF32, softmax_forward, RowOp::Softmax, false)
+    ->Arg(16 << 20)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_RowOpF32, softmax_backward, RowOp::Softmax, true)
+    ->Arg(16 << 20)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_RowOpF32, layer_norm_forward, RowOp::LayerNorm, false)
+    ->Arg(16 << 20)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_RowOpF32, layer_norm_backward, RowOp::LayerNorm, true)
+    ->Arg(16 << 20)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 

@@ -174,7 +174,9 @@ void exp_into(O&& out, const X& x) {
   using C = typename std::decay_t<O>::Scalar;
   constexpr C lo = std::is_same_v<C, float> ? C(-87) : C(-708);
   out = x.exp();
-  if ((x < lo).any()) out = (x < lo).select((x + C(64)).exp() * C(1.6038108905486378e-28), out);
+  // minCoeff is a vectorised reduction where any() is a scalar loop; PropagateNumbers: the least number
+  // among NaNs.
+  if (x.template minCoeff<Eigen::PropagateNumbers>() < lo) out = (x < lo).select((x + C(64)).exp() * C(1.6038108905486378e-28), out);
 }
 
 }  // namespace frugal::cpu
