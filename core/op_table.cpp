@@ -36,6 +36,7 @@ constinit OpTable<GemmKernel> op_gemm{"matmul"};
 constinit OpTable<LinearReluKernel> op_linear_relu{"linear_relu"};
 constinit OpTable<ReluBackwardBiasKernel> op_relu_backward_bias{"relu_backward_bias"};
 constinit OpTable<SoftmaxKernel> op_softmax{"softmax"};
+constinit OpTable<SoftmaxBackwardKernel> op_softmax_backward{"softmax_backward"};
 constinit OpTable<SgdStepKernel> op_sgd_step{"sgd_step"};
 constinit OpTable<AdamStepKernel> op_adam_step{"adam_step"};
 constinit OpTable<Adam8bitStepKernel> op_adam8bit_step{"adam8bit_step"};

@@ -19,6 +19,21 @@ struct SoftmaxArgs {
 using SoftmaxKernel = void(const SoftmaxArgs& args);
 extern OpTable<SoftmaxKernel> op_softmax;
 
+// The gradient of softmax (or log-softmax) over the last dim of contiguous [rows, cols] tensors, from its
+// output y and the output's gradient g, in one pass that sums and one that writes (no temporary of their
+// size; f16/bf16 compute in f32):
+//   softmax:      dx[r, j] = y[r, j] (g[r, j] - sum_k g[r, k] y[r, k])
+//   log_softmax:  dx[r, j] = g[r, j] - exp(y[r, j]) sum_k g[r, k]
+struct SoftmaxBackwardArgs {
+  const void* y = nullptr;
+  const void* grad = nullptr;
+  void* dx = nullptr;
+  int64_t rows = 0, cols = 0;
+  bool log = false;
+};
+using SoftmaxBackwardKernel = void(const SoftmaxBackwardArgs& args);
+extern OpTable<SoftmaxBackwardKernel> op_softmax_backward;
+
 // Fused softmax + cross-entropy over contiguous [rows, classes] logits with i64 targets [rows]; one pass over
 // each row in each direction (nn/functional.h). Per-row tensors (loss, lse, grad) are f32 for f16/bf16 logits
 // and of the logits' dtype otherwise.

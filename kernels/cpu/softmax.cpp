@@ -1,5 +1,6 @@
-// CPU softmax / log-softmax over contiguous rows: max, then sum of exp(x - max), then the outputs. f32/f64
-// rows use Eigen's vectorised exp (through cpu::exp_into); f16/bf16 rows compute in f32 element by element.
+// CPU softmax / log-softmax over contiguous rows: max, then sum of exp(x - max), then the outputs; and their
+// backward (a row's sum, then the outputs). f32/f64 rows use Eigen's vectorised exp (through cpu::exp_into);
+// f16/bf16 rows compute in f32 element by element.
 #include <Eigen/Core>
 #include <cmath>
 
@@ -46,10 +47,47 @@ void softmax_cpu(const SoftmaxArgs& s) {
                });
 }
 
+// op_softmax_backward: per row, the sum (of g y, or of g for log-softmax), then the outputs.
+template <typename T>
+void softmax_backward_cpu(const SoftmaxBackwardArgs& s) {
+  using C = acc_t<T>;
+  const T* ys = static_cast<const T*>(s.y);
+  const T* gs = static_cast<const T*>(s.grad);
+  T* dxs = static_cast<T*>(s.dx);
+  const int64_t cols = s.cols;
+  parallel_for(
+      0, s.rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const T* y = ys + r * cols;
+          const T* g = gs + r * cols;
+          T* dx = dxs + r * cols;
+          if constexpr (std::is_same_v<T, C>) {
+            Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>> yv(y, cols), gv(g, cols);
+            Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> dv(dx, cols);
+            if (s.log) {
+              const C sum = gv.sum();
+              cpu::exp_into(dv, yv);
+              dv = gv - dv * sum;
+            } else {
+              const C dot = (gv * yv).sum();
+              dv = yv * (gv - dot);
+            }
+          } else {
+            float sum = 0;
+            for (int64_t j = 0; j < cols; ++j) sum += s.log ? float(g[j]) : float(g[j]) * float(y[j]);
+            for (int64_t j = 0; j < cols; ++j)
+              dx[j] =
+                  T(s.log ? float(g[j]) - std::exp(float(y[j])) * sum : float(y[j]) * (float(g[j]) - sum));
+          }
+        }
+      });
+}
+
 const bool kRegistered = [] {
   cpu::for_types<float, double, Half, BFloat16>([](auto t) {
     using T = decltype(t);
     op_softmax.set(DeviceType::CPU, dtype_v<T>, softmax_cpu<T>);
+    op_softmax_backward.set(DeviceType::CPU, dtype_v<T>, softmax_backward_cpu<T>);
   });
   return true;
 }();

@@ -1,7 +1,7 @@
-// CUDA softmax / log-softmax over contiguous rows, and the fused softmax + cross-entropy forward and backward
-// (CrossEntropyArgs in core/op_table.h). One block per row: the threads fold the row into a running maximum
-// and sum of exponentials (kernels/cuda/math.h), merge them across the block, and a second pass over the row
-// writes the outputs. f16/bf16 compute in f32.
+// CUDA softmax / log-softmax over contiguous rows and their backward, and the fused softmax + cross-entropy
+// forward and backward (CrossEntropyArgs in core/op_table.h). One block per row: the threads fold the row
+// into a running maximum and sum of exponentials (kernels/cuda/math.h), or a sum, merge them across the
+// block, and a second pass over the row writes the outputs. f16/bf16 compute in f32.
 #include <algorithm>
 
 #include "core/op_table_softmax.h"
@@ -51,6 +51,39 @@ void softmax_cuda(const SoftmaxArgs& a) {
   softmax_kernel<T><<<grid_for_rows(a.rows), threads, 0, on.stream>>>(
       static_cast<const T*>(a.in), static_cast<T*>(a.out), a.rows, a.cols, a.log);
   FRUGAL_CUDA_CHECK_LAUNCH("softmax_kernel");
+}
+
+struct Plus {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// y, grad, dx [rows, cols]: op_softmax_backward, one block per row (a sum, then the outputs).
+template <typename T>
+__global__ void softmax_backward_kernel(const T* ys, const T* gs, T* dxs, int64_t rows, int64_t cols,
+                                        bool log) {
+  __shared__ float scratch[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* y = ys + r * cols;
+    const T* g = gs + r * cols;
+    T* dx = dxs + r * cols;
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      sum += log ? gpu::load(g[j]) : gpu::load(g[j]) * gpu::load(y[j]);
+    sum = gpu::block_merge(sum, Plus{}, scratch);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const float yj = gpu::load(y[j]), gj = gpu::load(g[j]);
+      dx[j] = gpu::store<T>(log ? gj - expf(yj) * sum : yj * (gj - sum));
+    }
+  }
+}
+
+template <typename T>
+void softmax_backward_cuda(const SoftmaxBackwardArgs& a) {
+  gpu::LaunchOn on(a.y);
+  softmax_backward_kernel<T><<<grid_for_rows(a.rows), threads_for(a.cols), 0, on.stream>>>(
+      static_cast<const T*>(a.y), static_cast<const T*>(a.grad), static_cast<T*>(a.dx), a.rows, a.cols,
+      a.log);
+  FRUGAL_CUDA_CHECK_LAUNCH("softmax_backward_kernel");
 }
 
 // The row state of the cross-entropy forward: max/sum of exponentials and the plain sum (label smoothing).
@@ -132,6 +165,7 @@ const bool kRegistered = [] {
   gpu::for_types(gpu::Floating{}, [](auto t) {
     using T = decltype(t);
     op_softmax.set(DeviceType::CUDA, dtype_v<T>, softmax_cuda<T>);
+    op_softmax_backward.set(DeviceType::CUDA, dtype_v<T>, softmax_backward_cuda<T>);
     op_cross_entropy.set(DeviceType::CUDA, dtype_v<T>, cross_entropy_forward_cuda<T>);
     op_cross_entropy_backward.set(DeviceType::CUDA, dtype_v<T>, cross_entropy_backward_cuda<T>);
   });

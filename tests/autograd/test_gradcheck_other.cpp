@@ -146,6 +146,26 @@ TEST(GradcheckSoftmax, EveryDimEveryLayout) {
                   "log_softmax 1-d");
 }
 
+// Along the last dim of contiguous tensors the backward is one kernel (op_softmax_backward): it allocates the
+// input's gradient and nothing of that size besides (the ops' formula made two temporaries as large), and
+// gives that formula's result.
+TEST(SoftmaxBackward, FusedAllocatesOnlyTheGradientAndMatchesTheFormula) {
+  for (bool log : {false, true}) {
+    const Tensor x = testing::uniform({64, 256}, -3, 3, DType::F32, 131).requires_grad_();
+    const Tensor g = testing::uniform({64, 256}, -1, 1, DType::F32, 132);
+    Tensor y = log ? log_softmax(x, -1) : softmax(x, -1);
+    const Tensor yd = y.detach();
+    const Tensor want =
+        log ? sub(g, mul(exp(yd), sum(g, {1}, true))) : mul(yd, sub(g, sum(mul(g, yd), {1}, true)));
+    const int64_t before = memory::stats().allocated.current;
+    memory::reset_peak();
+    y.backward(g);
+    const int64_t bytes = 64 * 256 * 4;
+    EXPECT_LE(memory::stats().allocated.peak - before, bytes + 4096) << (log ? "log_softmax" : "softmax");
+    testing::expect_close(x.grad(), want.to_vector<double>(), {1e-6, 1e-6}, log ? "log_softmax" : "softmax");
+  }
+}
+
 TEST(GradcheckIndex, IndexSelectRepeatedAndNegativeIndices) {
   struct Case {
     Shape x;

@@ -54,6 +54,7 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
   expect_kernels(op_scatter_add, {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32});
   for (auto* t : {&op_gemm}) expect_kernels(*t, floats);
   expect_kernels(op_softmax, floats);
+  expect_kernels(op_softmax_backward, floats);
   expect_kernels(op_cross_entropy, floats);
   expect_kernels(op_cross_entropy_backward, floats);
   expect_kernels(op_sgd_step, floats);
