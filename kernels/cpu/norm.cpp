@@ -131,47 +131,58 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
   const C inv_n = C(1) / C(n);
   const int64_t per_chunk = (rows + chunks - 1) / chunks;
   const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(per_chunk * n, 1));
-  parallel_for(0, chunks, grain, [&](int64_t cb, int64_t ce) {
-    for (int64_t c = cb; c < ce; ++c) {
-      C* pdw = param_grads ? ws + c * 2 * n : nullptr;  // this chunk's partial sums
-      C* pdb = param_grads ? pdw + n : nullptr;
-      if (param_grads) std::fill(pdw, pdw + 2 * n, C(0));
-      for (int64_t r = c * per_chunk, r_end = std::min(rows, (c + 1) * per_chunk); r < r_end; ++r) {
-        const T* dy = dys + r * n;
-        const C rs = rstds[r];
-        const auto xhat = [&] {
-          if constexpr (kFromX)
-            return XhatFromX<T, C>{xs + r * n, means[r], rs};
-          else
-            return XhatSaved<S, C>{xs + r * n};
-        }();
-        C sum_g = 0, sum_gx = 0;
-        if (param_grads) {
+  // One chunk's rows; kWeight: the weight multiplies dy (a branch on it inside the loops made GCC gather the
+  // weight under a mask, as slow with no weight as with one).
+  auto chunk_rows = [&]<bool kWeight>(int64_t c) {
+    C* pdw = param_grads ? ws + c * 2 * n : nullptr;  // this chunk's partial sums
+    C* pdb = param_grads ? pdw + n : nullptr;
+    if (param_grads) std::fill(pdw, pdw + 2 * n, C(0));
+    for (int64_t r = c * per_chunk, r_end = std::min(rows, (c + 1) * per_chunk); r < r_end; ++r) {
+      const T* dy = dys + r * n;
+      const C rs = rstds[r];
+      const auto xhat = [&] {
+        if constexpr (kFromX)
+          return XhatFromX<T, C>{xs + r * n, means[r], rs};
+        else
+          return XhatSaved<S, C>{xs + r * n};
+      }();
+      const auto grad = [&](int64_t j) {
+        if constexpr (kWeight)
+          return C(dy[j]) * w[j];
+        else
+          return C(dy[j]);
+      };
+      C sum_g = 0, sum_gx = 0;
+      if (param_grads) {
 #pragma omp simd reduction(+ : sum_g, sum_gx)
-          for (int64_t j = 0; j < n; ++j) {
-            const C xh = xhat[j], d = C(dy[j]), g = w ? d * w[j] : d;
-            sum_g += g;
-            sum_gx += g * xh;
-            pdw[j] += d * xh;
-            pdb[j] += d;
-          }
-        } else {
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-          for (int64_t j = 0; j < n; ++j) {
-            const C xh = xhat[j], d = C(dy[j]), g = w ? d * w[j] : d;
-            sum_g += g;
-            sum_gx += g * xh;
-          }
-        }
-        if (!dxs) continue;
-        T* dx = dxs + r * n;
-        const C mean_g = sum_g * inv_n, mean_gx = sum_gx * inv_n;
-#pragma omp simd
         for (int64_t j = 0; j < n; ++j) {
-          const C xh = xhat[j], d = C(dy[j]), g = w ? d * w[j] : d;
-          dx[j] = T(rs * (g - mean_g - xh * mean_gx));
+          const C xh = xhat[j], d = C(dy[j]), g = grad(j);
+          sum_g += g;
+          sum_gx += g * xh;
+          pdw[j] += d * xh;
+          pdb[j] += d;
+        }
+      } else {
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+        for (int64_t j = 0; j < n; ++j) {
+          const C xh = xhat[j], g = grad(j);
+          sum_g += g;
+          sum_gx += g * xh;
         }
       }
+      if (!dxs) continue;
+      T* dx = dxs + r * n;
+      const C mean_g = sum_g * inv_n, mean_gx = sum_gx * inv_n;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) dx[j] = T(rs * (grad(j) - mean_g - xhat[j] * mean_gx));
+    }
+  };
+  parallel_for(0, chunks, grain, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      if (w)
+        chunk_rows.template operator()<true>(c);
+      else
+        chunk_rows.template operator()<false>(c);
     }
   });
   if (!param_grads) return;
