@@ -176,7 +176,8 @@ void exp_into(O&& out, const X& x) {
   out = x.exp();
   // minCoeff is a vectorised reduction where any() is a scalar loop; PropagateNumbers: the least number
   // among NaNs.
-  if (x.template minCoeff<Eigen::PropagateNumbers>() < lo) out = (x < lo).select((x + C(64)).exp() * C(1.6038108905486378e-28), out);
+  if (x.template minCoeff<Eigen::PropagateNumbers>() < lo)
+    out = (x < lo).select((x + C(64)).exp() * C(1.6038108905486378e-28), out);
 }
 
 }  // namespace frugal::cpu

@@ -2,8 +2,8 @@
 // step from the new f32 moments (math::adam8bit_step, kernels/dynamic_code.h), the block's new scales, and
 // the moments requantised (kernels/dynamic_code.h). Blocks run in parallel; inside one, two passes with
 // AVX-512 (Note [Adam8bit with AVX-512]) or AVX2 (Note [Adam8bit with AVX2]) where the build targets it, else
-// plain loops the compiler vectorises (Note [four passes over a block]). Beside it, the naive reference it is tested against bit for bit
-// (adam8bit_step_reference_cpu, kernels/cpu/reference.h).
+// plain loops the compiler vectorises (Note [four passes over a block]). Beside it, the naive reference it is
+// tested against bit for bit (adam8bit_step_reference_cpu, kernels/cpu/reference.h).
 #include <algorithm>
 #include <array>
 #include <bit>
