@@ -14,7 +14,9 @@
 # Round r runs W1/W2 with seed FRUGAL_BENCH_SEED + r - 1 (FRUGAL_BENCH_SEED defaults to 0) on every side, so
 # their accuracy is a mean over ROUNDS seeds: one seed's accuracy swings by about 2 points, more than the
 # 0.5-point target. Times and memory do not depend on the seed.
-# W4r and W6 are judged against frugal's own W4 and W3 (run W4r with W4; W6 carries its W3 figures itself).
+# W4r and W6 are judged against frugal's own W4 and W3 (run W4r with W4; W6 and W4b carry the W3 and W4 figures
+# of runs alternated with them in the same process). FRUGAL_PEAK_GFLOPS and FRUGAL_PEAK_BF16_GFLOPS (the f32
+# and bf16 ceilings from fma-peak.sh, measured now on this machine) add each GEMM's fraction of its ceiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}

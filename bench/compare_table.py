@@ -62,7 +62,7 @@ def judge(name, f, runs, best_ratio, rss_ratio, peer_best):
         if acc is not None and py_acc is not None:
             checks.append(acc >= py_acc - 0.005)
         return "time ≤ 0.5 × best peer; RSS ≤ 0.5 × PyTorch's; accuracy ≥ PyTorch's − 0.5 pt", all(checks)
-    limits = {"W2": 1.0, "W3": 0.7, "W5": 1.0}
+    limits = {"W2": 1.0, "W3": 0.7, "W5": 1.0, "W5b": 1.0}
     if name in limits:
         return f"time ≤ {limits[name]} × best peer", best_ratio is not None and best_ratio <= limits[name]
     if name == "W4":
@@ -80,6 +80,15 @@ def judge(name, f, runs, best_ratio, rss_ratio, peer_best):
         t = f / med(w4, time_of)
         a = med(fr, lambda d: d.get("activation_bytes")) / med(w4, lambda d: d.get("activation_bytes"))
         return f"time ≤ 1.35 × W4 (is {t:.3f}); activations ≤ 0.35 × W4's (is {a:.3f})", t <= 1.35 and a <= 0.35
+    if name == "W4b":
+        # W4b's line carries the W4 run it alternated with.
+        t = med(fr, lambda d: d.get("step_ms_ratio_to_W4"))
+        loss = med(fr, lambda d: d.get("loss_ratio_to_W4"))
+        text = (f"time ≤ 0.55 × W4 (is {fmt(t)}) and ≤ 0.8 × best peer; loss within 1% of W4's "
+                f"(is {fmt(loss, '.5f')})")
+        ok = (t is not None and t <= 0.55 and best_ratio is not None and best_ratio <= 0.8 and loss is not None
+              and abs(loss - 1) <= 0.01)
+        return text, ok
     if name == "W6":
         # W6's line carries the W3 run it alternated with; otherwise frugal's W3 of this comparison.
         t = med(fr, lambda d: d.get("step_ms_ratio_to_W3"))
@@ -98,6 +107,21 @@ def judge(name, f, runs, best_ratio, rss_ratio, peer_best):
             ok = ok and abs(loss - 1) <= 0.02
         return text, (ok if t is not None and a is not None else None)
     return "", None
+
+
+# The least fraction of the machine's ceiling (fma-peak.sh: f32 FMA, or bf16 dot for the bf16 workloads) a
+# workload's GFLOP/s should reach, judged where bench/workloads was given the ceiling ("ceiling_fraction").
+CEILING_TARGETS = {"W4": 0.90, "W5": 0.90, "W5b": 0.85}
+
+
+def judge_ceiling(name, runs, text, ok):
+    """judge()'s target and verdict with the ceiling's, where the workload has one and its runs knew it."""
+    frac = med(runs[name]["frugal"], lambda d: d.get("ceiling_fraction"))
+    if name not in CEILING_TARGETS or frac is None:
+        return text, ok
+    part = f"≥ {CEILING_TARGETS[name]} of the ceiling (is {frac:.3f})"
+    reached = frac >= CEILING_TARGETS[name]
+    return (f"{text}; {part}" if text else part), (reached if ok is None else ok and reached)
 
 
 def main():
@@ -134,7 +158,7 @@ def main():
             qf = agg(sides["frugal"], lambda d: d.get(q))
             qp = agg(py, lambda d: d.get(q)) if py else None
             qual = f"{qf:.4g} / {fmt(qp, '.4g')} ({q}, {how})"
-        target, ok = judge(name, f, runs, ratio, rss_ratio, peer_best)
+        target, ok = judge_ceiling(name, runs, *judge(name, f, runs, ratio, rss_ratio, peer_best))
         row = [name, f"{f:.3f}"] + cells + [fmt(ratio, ".3f"), rss, qual, target,
                                             "–" if ok is None else met(ok)]
         print("| " + " | ".join(row) + " |")

@@ -1,5 +1,6 @@
 // The reference workloads of shared/WORKLOADS.md in frugal, one JSON line each:
-//   build/bench/workloads W1 W4 W4r      (none named: all that are built in)
+//   build/bench/workloads W1 W4 W4r      (none named: W1 W2 W3 W4 W4r W5 W6)
+//   build/bench/workloads --peak-gflops=222 --peak-bf16-gflops=418 W5 W5b   (with the ceilings: fractions)
 // Figures: median step ms, peak arena bytes (exact, from the arena's statistics) and the process's peak RSS,
 // plus each workload's quality figure. FRUGAL_BENCH_PROFILE=1 runs each workload under the profiler
 // (core/profiler.h), FRUGAL_BENCH_HISTORY=1 under the memory history (core/memory_history.h), to measure what
@@ -88,47 +89,111 @@ void fashion(const char* name, bool cnn) {
       num_threads());
 }
 
-// W4 / W4r / W4g / W4rg: 32 x (Linear 1024 -> 1024, ReLU), batch 1024, MSE to a random target, SGD lr 1e-3
-// momentum 0.9; W4r runs segments of 6 layers (about sqrt(32)) as recompute segments; W4g steps in backward
-// (optim::StepInBackward: each gradient freed once its update is done); W4rg does both.
-void deep(const char* name, int recompute_every, bool step_in_backward = false) {
-  manual_seed(0);
-  nn::Sequential net;
-  for (int i = 0; i < 32; ++i) {
-    net->push_back(nn::Linear(1024, 1024));
-    net->push_back(nn::ReLU());
+// The machine's compute ceilings in GFLOP/s (shared/WORKLOADS.md: measured by fma-peak.sh on the same machine
+// at the same time), from --peak-gflops=F32 and --peak-bf16-gflops=BF16 or FRUGAL_PEAK_GFLOPS and
+// FRUGAL_PEAK_BF16_GFLOPS; 0 when not given. With one, every GEMM-bound line gains "ceiling_fraction".
+double peak_f32 = 0, peak_bf16 = 0;
+
+// `, "ceiling_fraction": x` for a rate against a ceiling, or nothing without a ceiling.
+std::string ceiling_field(double gflops, double peak) {
+  if (peak <= 0) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, ", \"ceiling_fraction\": %.3f", gflops / peak);
+  return buf;
+}
+
+// W4 / W4r / W4g / W4rg / W4b: 32 x (Linear 1024 -> 1024, ReLU), batch 1024, MSE to a random target, SGD lr
+// 1e-3 momentum 0.9; W4r runs segments of 6 layers (about sqrt(32)) as recompute segments; W4g steps in
+// backward (optim::StepInBackward: each gradient freed once its update is done); W4rg does both; W4b runs the
+// forward and the loss under bf16 autocast. Every run starts from the same weights, input and target.
+struct DeepRun {
+  DeepRun(int recompute_every, bool step_in_backward, bool bf16) : bf16(bf16) {
+    manual_seed(0);
+    for (int i = 0; i < 32; ++i) {
+      net->push_back(nn::Linear(1024, 1024));
+      net->push_back(nn::ReLU());
+    }
+    if (recompute_every > 0) net->recompute_every(2 * recompute_every);
+    opt = std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions(1e-3).momentum(0.9));
+    // W4g: each layer's update runs in backward as soon as its gradient is complete, which is then freed.
+    if (step_in_backward) in_backward = std::make_unique<optim::StepInBackward>(*opt);
+    x = randn({1024, 1024});
+    target = randn({1024, 1024});
   }
-  if (recompute_every > 0) net->recompute_every(2 * recompute_every);
-  optim::SGD opt(net->parameters(), optim::SGDOptions(1e-3).momentum(0.9));
-  // W4g: each layer's update runs in backward as soon as its gradient is complete, which is then freed.
-  std::unique_ptr<optim::StepInBackward> in_backward;
-  if (step_in_backward) in_backward = std::make_unique<optim::StepInBackward>(opt);
-  const Tensor x = randn({1024, 1024}), target = randn({1024, 1024});
-  std::vector<double> step_ms;
-  double loss = 0;
-  int64_t kept = 0, step_peak = 0;
-  const int64_t steps = steps_or(8);
-  for (int64_t s = 0; s < steps + 2; ++s) {  // two warm-up steps
+  // One step; returns its ms. With `measure`, the peak of the step's own bytes counts.
+  double step(bool measure) {
     const Clock::time_point t = Clock::now();
-    opt.zero_grad();
+    opt->zero_grad();
     const int64_t base = memory::stats().allocated.current;  // parameters, momentum, data
     memory::reset_peak();
-    Tensor l = nn::functional::mse_loss(net->forward(x), target);
+    Tensor l;
+    {
+      amp::Autocast autocast(DType::BF16, bf16);
+      l = nn::functional::mse_loss(net->forward(x), target);
+    }
     kept = memory::stats().allocated.current - base;  // what the forward keeps for backward
     l.backward();
-    if (!step_in_backward) opt.step();
-    if (s >= 2) step_ms.push_back(ms_since(t));
+    if (!in_backward) opt->step();
+    const double ms = ms_since(t);
     loss = l.item<double>();
     // Activations, gradients and temporaries (after the warm-up, whose first step also creates the momentum).
-    if (s >= 2) step_peak = std::max(step_peak, memory::stats().allocated.peak - base);
+    if (measure) step_peak = std::max(step_peak, memory::stats().allocated.peak - base);
+    return ms;
   }
-  const double flops = 3.0 * 2.0 * 1024.0 * 1024.0 * 1024.0 * 32.0;  // forward + two backward GEMMs per layer
+  bool bf16;
+  nn::Sequential net;
+  std::unique_ptr<optim::SGD> opt;
+  std::unique_ptr<optim::StepInBackward> in_backward;
+  Tensor x, target;
+  double loss = 0;
+  int64_t kept = 0, step_peak = 0;
+};
+
+constexpr double kDeepFlops =
+    3.0 * 2.0 * 1024.0 * 1024.0 * 1024.0 * 32.0;  // forward + two backward GEMMs a layer
+
+void deep(const char* name, int recompute_every, bool step_in_backward = false) {
+  DeepRun run(recompute_every, step_in_backward, false);
+  std::vector<double> step_ms;
+  const int64_t steps = steps_or(8);
+  for (int64_t s = 0; s < steps + 2; ++s) {  // two warm-up steps
+    const double ms = run.step(s >= 2);
+    if (s >= 2) step_ms.push_back(ms);
+  }
+  const double gflops = kDeepFlops / (median(step_ms) * 1e6);
   std::printf(
-      "{\"name\": \"%s\", \"median_step_ms\": %.3f, \"steps\": %zu, \"gflops\": %.1f, \"loss\": %.6f, "
+      "{\"name\": \"%s\", \"median_step_ms\": %.3f, \"steps\": %zu, \"gflops\": %.1f%s, \"loss\": %.6f, "
       "\"activation_bytes\": %lld, \"peak_step_bytes\": %lld, \"peak_rss_bytes\": %lld, \"threads\": %d}\n",
-      name, median(step_ms), step_ms.size(), flops / (median(step_ms) * 1e6), loss,
-      static_cast<long long>(kept), static_cast<long long>(step_peak),
+      name, median(step_ms), step_ms.size(), gflops, ceiling_field(gflops, peak_f32).c_str(), run.loss,
+      static_cast<long long>(run.kept), static_cast<long long>(run.step_peak),
       static_cast<long long>(peak_rss_bytes()), num_threads());
+}
+
+// W4b: W4 under bf16 autocast beside W4 itself, stepped alternately in this process (so the ratios come from
+// one run): 20 steps each by default (the first 2 not timed), the loss after the last. Its GFLOP/s are W4's
+// FLOPs over its time, against the bf16 dot-product ceiling.
+void deep_bf16() {
+  DeepRun f32(0, false, false), bf16(0, false, true);
+  std::vector<double> f32_ms, bf16_ms;
+  const int64_t steps = steps_or(18);
+  for (int64_t s = 0; s < steps + 2; ++s) {
+    const double a = bf16.step(s >= 2), b = f32.step(s >= 2);
+    if (s >= 2) {
+      bf16_ms.push_back(a);
+      f32_ms.push_back(b);
+    }
+  }
+  const double ms = median(bf16_ms), w4_ms = median(f32_ms), gflops = kDeepFlops / (ms * 1e6);
+  std::printf(
+      "{\"name\": \"W4b\", \"median_step_ms\": %.3f, \"steps\": %zu, \"gflops\": %.1f%s, \"loss\": %.6f, "
+      "\"activation_bytes\": %lld, \"peak_step_bytes\": %lld, \"W4_median_step_ms\": %.3f, \"W4_loss\": "
+      "%.6f, "
+      "\"W4_activation_bytes\": %lld, \"step_ms_ratio_to_W4\": %.4f, \"act_ratio_to_W4\": %.4f, "
+      "\"loss_ratio_to_W4\": %.5f, \"peak_rss_bytes\": %lld, \"threads\": %d}\n",
+      ms, bf16_ms.size(), gflops, ceiling_field(gflops, peak_bf16).c_str(), bf16.loss,
+      static_cast<long long>(bf16.kept), static_cast<long long>(bf16.step_peak), w4_ms, f32.loss,
+      static_cast<long long>(f32.kept), ms / w4_ms, double(bf16.kept) / double(f32.kept),
+      bf16.loss / f32.loss, static_cast<long long>(peak_rss_bytes()), num_threads());
 }
 
 // W3's training run (nn/gpt.h's GPT: 4 pre-norm blocks, d 128, 4 heads, context 64, on the fortunes corpus;
@@ -221,23 +286,91 @@ void gpt_bf16() {
       num_threads());
 }
 
-// W5: f32 GEMM 1024^3.
-void gemm() {
-  const Tensor a = randn({1024, 1024}), b = randn({1024, 1024});
+// W5: f32 GEMM 1024^3; W5b: the same in bf16 (f32 accumulation inside the GEMM, a bf16 result).
+void gemm(bool bf16) {
+  const DType dtype = bf16 ? DType::BF16 : DType::F32;
+  const Tensor a = randn({1024, 1024}).to(dtype), b = randn({1024, 1024}).to(dtype);
   std::vector<double> ms;
   for (int i = 0; i < 23; ++i) {
     const Clock::time_point t = Clock::now();
     Tensor c = matmul(a, b);
     if (i >= 3) ms.push_back(ms_since(t));
   }
-  std::printf("{\"name\": \"W5\", \"median_ms\": %.4f, \"gflops\": %.1f, \"threads\": %d}\n", median(ms),
-              2.0 * 1024 * 1024 * 1024 / (median(ms) * 1e6), num_threads());
+  const double gflops = 2.0 * 1024 * 1024 * 1024 / (median(ms) * 1e6);
+  std::printf("{\"name\": \"%s\", \"median_ms\": %.4f, \"gflops\": %.1f%s, \"threads\": %d}\n",
+              bf16 ? "W5b" : "W5", median(ms), gflops,
+              ceiling_field(gflops, bf16 ? peak_bf16 : peak_f32).c_str(), num_threads());
+}
+
+// gemms: each GEMM of W1's and W3's training steps on its own, in the three layouts a Linear runs (forward
+// x·Wᵀ + b, dX = g·W, dW = gᵀ·x), through the ops the autograd calls (ops::linear, ops::linear_backward): one
+// line each, named "W1.fc1.forward" and so on, with the GEMM's m, k, n (C[m,n] = A[m,k]·B[k,n]), its GFLOP/s
+// (and fraction of the f32 ceiling, given one). Not a workload of the peers (bench/compare.sh); W1's first
+// layer's dX is listed though its step skips it.
+void gemm_shapes() {
+  struct Layer {
+    const char* name;
+    int64_t m, in, out;
+  };
+  const int64_t vocab = fortunes()->vocab_size(), tokens = 32 * 64, d = 128;
+  const Layer layers[] = {{"W1.fc1", 128, 784, 256},        {"W1.fc2", 128, 256, 256},
+                          {"W1.fc3", 128, 256, 10},         {"W3.qkv", tokens, d, 3 * d},
+                          {"W3.proj", tokens, d, d},        {"W3.fc", tokens, d, 4 * d},
+                          {"W3.fc_proj", tokens, 4 * d, d}, {"W3.head", tokens, d, vocab}};
+  for (const Layer& l : layers) {
+    const Tensor x = randn({l.m, l.in}), w = randn({l.out, l.in}), b = randn({l.out}),
+                 g = randn({l.m, l.out});
+    const double flops = 2.0 * double(l.m) * double(l.in) * double(l.out);
+    // Calls per sample: enough for about 20 MFLOP, so that the clock's resolution does not count.
+    const int64_t calls = std::max<int64_t>(1, int64_t(2e7 / flops));
+    for (const char* layout : {"forward", "dX", "dW"}) {
+      const std::string lay = layout;
+      std::vector<double> us;
+      for (int i = 0; i < 13; ++i) {
+        const Clock::time_point t = Clock::now();
+        for (int64_t c = 0; c < calls; ++c) {
+          if (lay == "forward")
+            ops::linear(x, w, b);
+          else
+            ops::linear_backward(g, x, w, lay == "dX", lay == "dW", false);
+        }
+        if (i >= 3) us.push_back(ms_since(t) * 1000 / double(calls));
+      }
+      const double gflops = flops / (median(us) * 1e3);
+      std::printf(
+          "{\"name\": \"%s.%s\", \"m\": %lld, \"k\": %lld, \"n\": %lld, \"median_us\": %.2f, "
+          "\"gflops\": %.1f%s, \"threads\": %d}\n",
+          l.name, layout, static_cast<long long>(lay == "dW" ? l.out : l.m),
+          static_cast<long long>(lay == "dW"   ? l.m
+                                 : lay == "dX" ? l.out
+                                               : l.in),
+          static_cast<long long>(lay == "forward" ? l.out : l.in), median(us), gflops,
+          ceiling_field(gflops, peak_f32).c_str(), num_threads());
+    }
+  }
+}
+
+// A ceiling from `--flag=X` in the arguments (which it removes) or else the environment variable `env`.
+double ceiling_arg(std::vector<std::string>& args, const std::string& flag, const char* env) {
+  double v = 0;
+  if (const char* e = std::getenv(env)) v = std::atof(e);
+  for (auto it = args.begin(); it != args.end();) {
+    if (it->rfind(flag + "=", 0) == 0) {
+      v = std::atof(it->c_str() + flag.size() + 1);
+      it = args.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return v;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> names(argv + 1, argv + argc);
+  peak_f32 = ceiling_arg(names, "--peak-gflops", "FRUGAL_PEAK_GFLOPS");
+  peak_bf16 = ceiling_arg(names, "--peak-bf16-gflops", "FRUGAL_PEAK_BF16_GFLOPS");
   if (names.empty()) names = {"W1", "W2", "W3", "W4", "W4r", "W5", "W6"};
   const bool profile = std::getenv("FRUGAL_BENCH_PROFILE") != nullptr,
              history = std::getenv("FRUGAL_BENCH_HISTORY") != nullptr;
@@ -261,13 +394,21 @@ int main(int argc, char** argv) {
         deep("W4g", 0, true);
       else if (n == "W4rg")
         deep("W4rg", 6, true);
+      else if (n == "W4b")
+        deep_bf16();
       else if (n == "W5")
-        gemm();
+        gemm(false);
+      else if (n == "W5b")
+        gemm(true);
       else if (n == "W6")
         gpt_bf16();
+      else if (n == "gemms")
+        gemm_shapes();
       else {
-        std::fprintf(stderr, "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W4g W4rg W5 W6)\n",
-                     n.c_str());
+        std::fprintf(
+            stderr,
+            "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W4g W4rg W4b W5 W5b W6 gemms)\n",
+            n.c_str());
         return 1;
       }
       std::fflush(stdout);

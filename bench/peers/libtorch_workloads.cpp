@@ -201,7 +201,20 @@ torch::Tensor checkpoint_sequential(nn::Sequential& net, int64_t segments, torch
   return run_modules(net, end + 1, n, x);
 }
 
-void deep(const char* name, int64_t segments) {
+// torch.autocast("cpu", torch.bfloat16) on entry and exit, in either API.
+void set_cpu_autocast(bool on) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, on);
+#else
+  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  at::autocast::set_cpu_enabled(on);
+#endif
+  if (!on) at::autocast::clear_cache();
+}
+
+// W4, W4r (segments > 0) and W4b (bf16: the forward and the loss under bf16 autocast, 20 steps).
+void deep(const char* name, int64_t segments, bool bf16 = false) {
   torch::manual_seed(0);
   nn::Sequential net;
   for (int i = 0; i < 32; ++i) {
@@ -212,12 +225,14 @@ void deep(const char* name, int64_t segments) {
   const torch::Tensor x = torch::randn({1024, 1024}), target = torch::randn({1024, 1024});
   std::vector<double> times;
   double loss = 0;
-  const int64_t steps = steps_or(8);
+  const int64_t steps = steps_or(bf16 ? 18 : 8);
   for (int64_t s = 0; s < steps + 2; ++s) {
     const Clock::time_point t = Clock::now();
     opt.zero_grad();
+    if (bf16) set_cpu_autocast(true);
     const torch::Tensor y = segments ? checkpoint_sequential(net, segments, x) : net->forward(x);
     torch::Tensor l = F::mse_loss(y, target);
+    if (bf16) set_cpu_autocast(false);
     l.backward();
     opt.step();
     if (s >= 2) times.push_back(ms_since(t));
@@ -298,18 +313,6 @@ struct GPTImpl : nn::Module {
 };
 TORCH_MODULE(GPT);
 
-// torch.autocast("cpu", torch.bfloat16) on entry and exit, in either API.
-void set_cpu_autocast(bool on) {
-#if TORCH_VERSION_MAJOR >= 2
-  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-  at::autocast::set_autocast_enabled(at::kCPU, on);
-#else
-  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-  at::autocast::set_cpu_enabled(on);
-#endif
-  if (!on) at::autocast::clear_cache();
-}
-
 // W3, and W6 (W3 under bf16 autocast) when bf16 is set.
 void gpt(const char* name, bool bf16) {
   namespace fs = std::filesystem;
@@ -370,8 +373,10 @@ void gpt(const char* name, bool bf16) {
 // ---- W5
 // ----------------------------------------------------------------------------------------------------
 
-void gemm() {
-  const torch::Tensor a = torch::randn({1024, 1024}), b = torch::randn({1024, 1024});
+// W5, and W5b in bf16 (a bf16 result; the GEMM accumulates in f32).
+void gemm(bool bf16) {
+  const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
+  const torch::Tensor a = torch::randn({1024, 1024}).to(dtype), b = torch::randn({1024, 1024}).to(dtype);
   std::vector<double> times;
   for (int i = 0; i < 23; ++i) {
     const Clock::time_point t = Clock::now();
@@ -380,8 +385,9 @@ void gemm() {
   }
   const double med = median(times);
   std::printf(
-      "{\"name\": \"W5\", \"median_ms\": %.4f, \"gflops\": %.1f, \"threads\": %d, \"peer\": \"%s\"}\n", med,
-      2 * std::pow(1024.0, 3) / (med * 1e6), torch::get_num_threads(), peer().c_str());
+      "{\"name\": \"%s\", \"median_ms\": %.4f, \"gflops\": %.1f, \"threads\": %d, \"peer\": \"%s\"}\n",
+      bf16 ? "W5b" : "W5", med, 2 * std::pow(1024.0, 3) / (med * 1e6), torch::get_num_threads(),
+      peer().c_str());
 }
 
 }  // namespace
@@ -401,12 +407,16 @@ int main(int argc, char** argv) {
         deep("W4", 0);
       else if (n == "W4r")
         deep("W4r", 6);
+      else if (n == "W4b")
+        deep("W4b", 0, true);
       else if (n == "W5")
-        gemm();
+        gemm(false);
+      else if (n == "W5b")
+        gemm(true);
       else if (n == "W6")
         gpt("W6", true);
       else {
-        std::fprintf(stderr, "libtorch_workloads: unknown workload '%s' (W1 W2 W3 W4 W4r W5 W6)\n",
+        std::fprintf(stderr, "libtorch_workloads: unknown workload '%s' (W1 W2 W3 W4 W4r W4b W5 W5b W6)\n",
                      n.c_str());
         return 1;
       }

@@ -67,7 +67,9 @@ def fashion(name, cnn):
             "test_accuracy": correct / 10000, "peak_rss_bytes": peak_rss(), "threads": torch.get_num_threads()}
 
 
-def deep(name, segments):
+def deep(name, segments, bf16=False):
+    """W4, W4r (segments: checkpoint_sequential), W4b (bf16: the forward and the loss under
+    torch.autocast("cpu", dtype=torch.bfloat16), 20 steps, the first 2 not timed, as bench/workloads' W4b)."""
     from torch.utils.checkpoint import checkpoint_sequential
     torch.manual_seed(0)
     layers = []
@@ -76,12 +78,13 @@ def deep(name, segments):
     net = nn.Sequential(*layers)
     opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
     x, target = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    times, steps = [], steps_or(8)
+    times, steps = [], steps_or(18 if bf16 else 8)
     for s in range(steps + 2):
         t = time.perf_counter()
         opt.zero_grad()
-        y = checkpoint_sequential(net, segments, x, use_reentrant=False) if segments else net(x)
-        loss = F.mse_loss(y, target)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = checkpoint_sequential(net, segments, x, use_reentrant=False) if segments else net(x)
+            loss = F.mse_loss(y, target)
         loss.backward()
         opt.step()
         if s >= 2:
@@ -225,8 +228,9 @@ def gpt_bf16():
             "peak_rss_bytes": peak_rss(), "threads": torch.get_num_threads()}
 
 
-def gemm():
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+def gemm(dtype=torch.float32):
+    """W5, and W5b with dtype=torch.bfloat16 (a bf16 result; the GEMM accumulates in f32)."""
+    a, b = torch.randn(1024, 1024).to(dtype), torch.randn(1024, 1024).to(dtype)
     times = []
     for i in range(23):
         t = time.perf_counter()
@@ -234,13 +238,14 @@ def gemm():
         if i >= 3:
             times.append((time.perf_counter() - t) * 1e3)
     med = statistics.median(times)
-    return {"name": "W5", "median_ms": med, "gflops": 2 * 1024**3 / (med * 1e6), "threads": torch.get_num_threads()}
+    return {"name": "W5b" if dtype == torch.bfloat16 else "W5", "median_ms": med, "gflops": 2 * 1024**3 / (med * 1e6), "threads": torch.get_num_threads()}
 
 
 def main():
     names = sys.argv[1:] or ["W1", "W2", "W3", "W4", "W4r", "W5", "W6"]
     run = {"W1": lambda: fashion("W1", False), "W2": lambda: fashion("W2", True), "W3": gpt, "W4": lambda: deep("W4", 0),
-           "W4r": lambda: deep("W4r", 6), "W5": gemm, "W6": gpt_bf16, "W3c": gpt_checkpoint}
+           "W4r": lambda: deep("W4r", 6), "W4b": lambda: deep("W4b", 0, bf16=True), "W5": gemm, "W5b": lambda: gemm(torch.bfloat16),
+           "W6": gpt_bf16, "W3c": gpt_checkpoint}
     for n in names:
         if n not in run:
             sys.exit(f"torch_workloads: unknown workload {n}")
