@@ -302,24 +302,25 @@ void gemm(bool bf16) {
               ceiling_field(gflops, bf16 ? peak_bf16 : peak_f32).c_str(), num_threads());
 }
 
-// gemms: each GEMM of W1's and W3's training steps on its own, in the three layouts a Linear runs (forward
-// x·Wᵀ + b, dX = g·W, dW = gᵀ·x), through the ops the autograd calls (ops::linear, ops::linear_backward): one
-// line each, named "W1.fc1.forward" and so on, with the GEMM's m, k, n (C[m,n] = A[m,k]·B[k,n]), its GFLOP/s
-// (and fraction of the f32 ceiling, given one). Not a workload of the peers (bench/compare.sh); W1's first
-// layer's dX is listed though its step skips it.
-void gemm_shapes() {
+// gemms: each GEMM of W1's, W3's and W4's training steps on its own, in the three layouts a Linear runs
+// (forward x·Wᵀ + b, dX = g·W, dW = gᵀ·x), through the ops the autograd calls (ops::linear,
+// ops::linear_backward): one line each, named "W1.fc1.forward" and so on, with the GEMM's m, k, n (C[m,n] =
+// A[m,k]·B[k,n]), its GFLOP/s (and fraction of the f32 ceiling, given one). gemms-bf16: the same in bf16 (as
+// under autocast: W4b, W6), against the bf16 ceiling. Not a workload of the peers (bench/compare.sh); W1's
+// first layer's dX is listed though its step skips it.
+void gemm_shapes(DType dtype) {
   struct Layer {
     const char* name;
     int64_t m, in, out;
   };
   const int64_t vocab = fortunes()->vocab_size(), tokens = 32 * 64, d = 128;
-  const Layer layers[] = {{"W1.fc1", 128, 784, 256},        {"W1.fc2", 128, 256, 256},
-                          {"W1.fc3", 128, 256, 10},         {"W3.qkv", tokens, d, 3 * d},
-                          {"W3.proj", tokens, d, d},        {"W3.fc", tokens, d, 4 * d},
-                          {"W3.fc_proj", tokens, 4 * d, d}, {"W3.head", tokens, d, vocab}};
+  const Layer layers[] = {
+      {"W1.fc1", 128, 784, 256},        {"W1.fc2", 128, 256, 256},     {"W1.fc3", 128, 256, 10},
+      {"W3.qkv", tokens, d, 3 * d},     {"W3.proj", tokens, d, d},     {"W3.fc", tokens, d, 4 * d},
+      {"W3.fc_proj", tokens, 4 * d, d}, {"W3.head", tokens, d, vocab}, {"W4.linear", 1024, 1024, 1024}};
   for (const Layer& l : layers) {
-    const Tensor x = randn({l.m, l.in}), w = randn({l.out, l.in}), b = randn({l.out}),
-                 g = randn({l.m, l.out});
+    const Tensor x = randn({l.m, l.in}).to(dtype), w = randn({l.out, l.in}).to(dtype),
+                 b = randn({l.out}).to(dtype), g = randn({l.m, l.out}).to(dtype);
     const double flops = 2.0 * double(l.m) * double(l.in) * double(l.out);
     // Calls per sample: enough for about 20 MFLOP, so that the clock's resolution does not count.
     const int64_t calls = std::max<int64_t>(1, int64_t(2e7 / flops));
@@ -345,7 +346,7 @@ void gemm_shapes() {
                                  : lay == "dX" ? l.out
                                                : l.in),
           static_cast<long long>(lay == "forward" ? l.out : l.in), median(us), gflops,
-          ceiling_field(gflops, peak_f32).c_str(), num_threads());
+          ceiling_field(gflops, dtype == DType::BF16 ? peak_bf16 : peak_f32).c_str(), num_threads());
     }
   }
 }
@@ -403,12 +404,14 @@ int main(int argc, char** argv) {
       else if (n == "W6")
         gpt_bf16();
       else if (n == "gemms")
-        gemm_shapes();
+        gemm_shapes(DType::F32);
+      else if (n == "gemms-bf16")
+        gemm_shapes(DType::BF16);
       else {
-        std::fprintf(
-            stderr,
-            "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W4g W4rg W4b W5 W5b W6 gemms)\n",
-            n.c_str());
+        std::fprintf(stderr,
+                     "workloads: unknown workload '%s' (built in: W1 W2 W3 W4 W4r W4g W4rg W4b W5 W5b W6 "
+                     "gemms gemms-bf16)\n",
+                     n.c_str());
         return 1;
       }
       std::fflush(stdout);
@@ -416,8 +419,8 @@ int main(int argc, char** argv) {
         p.reset();
         int64_t calls = 0;
         for (const profiler::OpStats& o : profiler::op_stats()) calls += o.calls;
-        std::fprintf(stderr, "%s: profiled %lld op calls (%zu records kept)\n", n.c_str(),
-                     static_cast<long long>(calls), profiler::records().size());
+        std::fprintf(stderr, "%s: profiled %lld op calls (%zu records kept)\n%s", n.c_str(),
+                     static_cast<long long>(calls), profiler::records().size(), profiler::summary().c_str());
       }
       if (h) {
         h.reset();

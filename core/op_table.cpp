@@ -33,7 +33,7 @@ constinit OpTable<ElementwiseKernel> op_where{"where"};
 constinit OpTable<ElementwiseKernel> op_cast{"cast"};
 constinit OpTable<ElementwiseKernel> op_fill{"fill"};
 constinit OpTable<GemmKernel> op_gemm{"matmul"};
-constinit OpTable<LinearReluKernel> op_linear_relu{"linear_relu"};
+constinit OpTable<LinearKernel> op_linear{"linear"};
 constinit OpTable<ReluBackwardBiasKernel> op_relu_backward_bias{"relu_backward_bias"};
 constinit OpTable<SoftmaxKernel> op_softmax{"softmax"};
 constinit OpTable<SoftmaxBackwardKernel> op_softmax_backward{"softmax_backward"};

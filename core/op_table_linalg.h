@@ -24,17 +24,19 @@ struct GemmArgs {
 };
 using GemmKernel = void(const GemmArgs& args);
 
-// A linear layer followed by ReLU, the bias and the ReLU applied as the GEMM stores C: y [m, n] =
-// max(x [m, k] w^T + bias, 0), x and y contiguous, w [n, k] contiguous, bias [n] or null. Registered where a
-// device has such a fused GEMM (f32 through oneDNN on the CPU); ops::linear_relu composes it elsewhere.
-struct LinearReluArgs {
+// A linear layer, the bias (and with relu the ReLU) applied as the GEMM stores C: y [m, n] = x [m, k] w^T +
+// bias, or max(that, 0), x and y contiguous, w [n, k] contiguous, bias [n] or null. Registered where a device
+// has such a fused GEMM (f32 and bf16 through oneDNN's matmul primitive on the CPU); ops::linear and
+// ops::linear_relu compose it elsewhere.
+struct LinearArgs {
   int64_t m = 0, n = 0, k = 0;
   const void* x = nullptr;
   const void* w = nullptr;
   const void* bias = nullptr;
   void* y = nullptr;
+  bool relu = false;
 };
-using LinearReluKernel = void(const LinearReluArgs& args);
+using LinearKernel = void(const LinearArgs& args);
 
 // ReLU's backward and the bias gradient in one pass over contiguous [rows, cols] g and y (ReLU's output):
 // gz = y > 0 ? g : 0 and dbias [cols] = the column sums of gz, summed in the order ops::sum(gz, {0}) uses
@@ -49,7 +51,7 @@ struct ReluBackwardBiasArgs {
 using ReluBackwardBiasKernel = void(const ReluBackwardBiasArgs& args);
 
 extern OpTable<GemmKernel> op_gemm;
-extern OpTable<LinearReluKernel> op_linear_relu;
+extern OpTable<LinearKernel> op_linear;
 extern OpTable<ReluBackwardBiasKernel> op_relu_backward_bias;
 
 }  // namespace frugal

@@ -153,9 +153,10 @@ LayerNormGrads layer_norm_backward_xhat(const Tensor& grad_out, const Tensor& xh
                                         const Tensor& rstd, bool need_dx, bool need_dweight, bool need_dbias);
 
 // The affine map of a linear layer as one GEMM: y [M, out] = x [M, in] weight^T + bias, x, weight [out, in]
-// and bias [out] (or undefined) of one floating dtype that has a GEMM kernel on their device. The bias
-// fills y first and the GEMM adds onto it; the weight is transposed once into [in, out], which runs faster
-// than a GEMM reading it transposed.
+// and bias [out] (or undefined) of one floating dtype that has a GEMM kernel on their device. Where the
+// device registers a fused linear kernel (op_linear: f32 and bf16 on the CPU with oneDNN), that one call:
+// the weight read as its transpose in place and the bias added as y is stored. Elsewhere the bias fills y
+// first, the weight is transposed into [in, out] and the GEMM adds onto y.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // Its gradients from d y [M, out]: d x = d y weight (when need_dx; weight needed), d weight = d y^T x, in
 // weight's [out, in] layout (when need_dweight; x needed), d bias = the column sums of d y (when need_dbias).
@@ -164,9 +165,9 @@ struct LinearGrads {
 };
 LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_dx,
                             bool need_dweight, bool need_dbias);
-// relu(linear(x, weight, bias)) with the same checks: one fused GEMM where the device registers one
-// (op_linear_relu: f32 on the CPU with oneDNN), whose products may round differently from linear's (within
-// f32 rounding); linear then relu_ (exactly their values) elsewhere.
+// relu(linear(x, weight, bias)) with the same checks: the fused kernel with the ReLU applied as y is stored
+// where the device registers one (op_linear), exactly linear's values then max(y, 0); linear then relu_
+// elsewhere.
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // Its gradients from d y and y, its output: d z = y > 0 ? d y : 0, then linear_backward's from d z; d bias
 // and d z come from one pass (op_relu_backward_bias) where the device has it, with exactly the values of

@@ -53,23 +53,39 @@ void gemm(const void* a, int64_t a_row, int64_t a_col, const void* b, int64_t b_
 
 }  // namespace
 
+namespace {
+
+// y = x w^T + bias (relu: then max(y, 0)) through the device's fused kernel, which the caller checked exists.
+Tensor fused_linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias, bool relu) {
+  const Tensor x = contiguous(x_in), w = contiguous(weight), b = bias.defined() ? contiguous(bias) : Tensor();
+  Tensor y = empty({x.size(0), w.size(0)}, x.options());
+  LinearArgs a;
+  a.m = x.size(0);
+  a.n = w.size(0);
+  a.k = x.size(1);
+  a.x = x.raw_data();
+  a.w = w.raw_data();
+  a.bias = b.defined() ? b.raw_data() : nullptr;
+  a.y = y.raw_data();
+  a.relu = relu;
+  op_linear.get(x.device(), x.dtype())(a);
+  return y;
+}
+
+bool has_fused_linear(const Tensor& x, const Tensor& weight) {
+  return op_linear.has(x.device(), x.dtype()) && x.size(0) > 0 && x.size(1) > 0 && weight.size(0) > 0;
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   memory::OpScope op_scope("linear", x_in, weight, bias);  // Note [op names in the history]
   check_linear("linear", x_in, weight, bias);
+  if (has_fused_linear(x_in, weight)) return fused_linear(x_in, weight, bias, false);
   const Tensor x = contiguous(x_in);
   const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
   Tensor y = empty({m, out}, x.options());
   if (bias.defined()) copy_(y, ops::expand(bias, {m, out}));
-  if (!ops::transpose(weight, 0, 1).is_contiguous() && x.device().type == DeviceType::CPU &&
-      x.dtype() == DType::F32 && weight.is_contiguous() && std::min(in, out) >= 512 &&
-      m <= std::min(in, out)) {
-    // A large square-ish weight and few rows (W4's 1024 x 1024 layers at batch 1024): the f32 CPU GEMM
-    // reads the transposed weight within 2% of an untransposed one (it packs B itself), while the transposing
-    // copy costs more than that. With more rows or a smaller weight the transposed read costs 5-25% more
-    // (measured with dnnl_sgemm at the W1 and W3 shapes), so those transpose first, below.
-    gemm(x.raw_data(), in, 1, weight.raw_data(), 1, in, y, in, bias.defined());
-    return y;
-  }
   // [in, out]: a transposing copy, unless weight is a transposed view already.
   const Tensor wt = contiguous(ops::transpose(weight, 0, 1));
   gemm(x.raw_data(), in, 1, wt.raw_data(), out, 1, y, in, bias.defined());
@@ -106,23 +122,9 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x_in, const Te
 Tensor linear_relu(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   memory::OpScope op_scope("linear_relu", x_in, weight, bias);  // Note [op names in the history]
   check_linear("linear_relu", x_in, weight, bias);
-  const int64_t m = x_in.size(0), in = x_in.size(1), out = weight.size(0);
-  if (!op_linear_relu.has(x_in.device(), x_in.dtype()) || m == 0 || in == 0 || out == 0) {
-    Tensor y = linear(x_in, weight, bias);
-    return relu_(y);
-  }
-  const Tensor x = contiguous(x_in), w = contiguous(weight), b = bias.defined() ? contiguous(bias) : Tensor();
-  Tensor y = empty({m, out}, x.options());
-  LinearReluArgs a;
-  a.m = m;
-  a.n = out;
-  a.k = in;
-  a.x = x.raw_data();
-  a.w = w.raw_data();
-  a.bias = b.defined() ? b.raw_data() : nullptr;
-  a.y = y.raw_data();
-  op_linear_relu.get(x.device(), x.dtype())(a);
-  return y;
+  if (has_fused_linear(x_in, weight)) return fused_linear(x_in, weight, bias, true);
+  Tensor y = linear(x_in, weight, bias);
+  return relu_(y);
 }
 
 LinearGrads linear_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,

@@ -249,6 +249,7 @@ int main(int argc, char** argv) {
     if (!save.empty()) trainer.save(save, train->vocabulary());
 
     if (sample_bytes > 0) {
+      memory::Tag tag("inference");  // the report counts the sample's bytes as activations, not "other"
       Generator gen(o.seed + 2);
       const Tensor prompt = train->encode("\n");
       const Tensor out =

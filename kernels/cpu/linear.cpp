@@ -1,15 +1,18 @@
-// CPU kernels of the fused linear + ReLU layer (core/ops.h: linear_relu, linear_relu_backward).
-// Forward, f32 with oneDNN only (f16 and bf16 compose it in the op layer): oneDNN's matmul primitive adds the
-// bias and applies the ReLU as it stores each tile of y, at the speed of dnnl_sgemm alone, so no pass fills y
-// with the bias first and none applies the ReLU after. Backward (every floating dtype): the ReLU mask and the
-// bias gradient's column sums in one pass over d y. Their references are the unfused ops
-// (tests/nn/test_linear_relu.cpp).
+// CPU kernels of the fused linear layer (core/ops.h: linear, linear_relu, linear_relu_backward).
+// Forward, f32 and bf16 with oneDNN (f16 composes it in the op layer): oneDNN's matmul primitive reads the
+// weight [n, k] as its transpose in place, adds the bias and (linear_relu) applies the ReLU as it stores each
+// tile of y, so no pass transposes the weight, fills y with the bias first or applies the ReLU after. bf16
+// multiplies with AVX-512 BF16 dot products accumulated in f32, the bias added in f32, y rounded once.
+// Backward (every floating dtype): the ReLU mask and the bias gradient's column sums in one pass over d y.
+// Their references are the unfused ops (tests/nn/test_linear_relu.cpp).
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "core/op_table_linalg.h"
 #include "core/parallel.h"
 #include "kernels/cpu/cascade.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/register.h"
 
 #ifdef FRUGAL_HAVE_ONEDNN
@@ -24,25 +27,33 @@ namespace {
 
 #ifdef FRUGAL_HAVE_ONEDNN
 
-struct LinearReluPlan {
+struct LinearPlan {
   dnnl::matmul primitive;
   dnnl::memory::desc x, w, bias, y, scratchpad;
 };
 
-using LinearReluPlans = cpu::PlanCache<4, LinearReluPlan>;
+using LinearPlans = cpu::PlanCache<6, LinearPlan>;
 
-std::shared_ptr<const LinearReluPlan> build_plan(const LinearReluArgs& a) {
-  using dt = dnnl::memory::data_type;
-  auto plan = std::make_shared<LinearReluPlan>();
-  plan->x = dnnl::memory::desc({a.m, a.k}, dt::f32, {a.k, 1});
-  plan->w = dnnl::memory::desc({a.k, a.n}, dt::f32, {1, a.k});  // w [n, k] read as its transpose
-  plan->y = dnnl::memory::desc({a.m, a.n}, dt::f32, {a.n, 1});
-  if (a.bias) plan->bias = dnnl::memory::desc({1, a.n}, dt::f32, {a.n, 1});
+template <typename T>
+constexpr dnnl::memory::data_type onednn_type() {
+  return std::is_same_v<T, float> ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+}
+
+template <typename T>
+std::shared_ptr<const LinearPlan> build_plan(const LinearArgs& a) {
+  constexpr dnnl::memory::data_type dt = onednn_type<T>();
+  auto plan = std::make_shared<LinearPlan>();
+  plan->x = dnnl::memory::desc({a.m, a.k}, dt, {a.k, 1});
+  plan->w = dnnl::memory::desc({a.k, a.n}, dt, {1, a.k});  // w [n, k] read as its transpose
+  plan->y = dnnl::memory::desc({a.m, a.n}, dt, {a.n, 1});
+  if (a.bias) plan->bias = dnnl::memory::desc({1, a.n}, dt, {a.n, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  dnnl::post_ops ops;
-  ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-  attr.set_post_ops(ops);
+  if (a.relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
   const dnnl::matmul::desc desc = a.bias ? dnnl::matmul::desc(plan->x, plan->w, plan->bias, plan->y)
                                          : dnnl::matmul::desc(plan->x, plan->w, plan->y);
   const dnnl::matmul::primitive_desc pd(desc, attr, cpu::onednn_engine());
@@ -51,15 +62,9 @@ std::shared_ptr<const LinearReluPlan> build_plan(const LinearReluArgs& a) {
   return plan;
 }
 
-// Where oneDNN declines the shape: the unfused steps (bias rows, a GEMM adding onto them, the ReLU).
-void linear_relu_unfused_f32(const LinearReluArgs& a) {
-  float* y = static_cast<float*>(a.y);
-  const float* bias = static_cast<const float*>(a.bias);
-  for (int64_t i = 0; i < a.m; ++i)
-    if (bias)
-      std::copy(bias, bias + a.n, y + i * a.n);
-    else
-      std::fill(y + i * a.n, y + (i + 1) * a.n, 0.0f);
+// Where oneDNN declines the shape: the unfused steps (bias rows, a GEMM adding onto them, the ReLU). The GEMM
+// they run, C = y (+)= x w^T:
+GemmArgs unfused_gemm(const LinearArgs& a) {
   GemmArgs g;
   g.m = a.m;
   g.n = a.n;
@@ -72,19 +77,36 @@ void linear_relu_unfused_f32(const LinearReluArgs& a) {
   g.c = a.y;
   g.c_row = a.n;
   g.beta = 1;
-  op_gemm.get(kCPU, DType::F32)(g);
-  for (int64_t i = 0; i < a.m * a.n; ++i) y[i] = std::max(y[i], 0.0f);
+  return g;
 }
 
-// One cache for the CPU kernel and its meta twin, so that a dry run sizes the scratchpad the run will take.
-std::shared_ptr<const LinearReluPlan> plan_for(const LinearReluArgs& a) {
-  static LinearReluPlans plans(64);
-  return plans.get({a.m, a.n, a.k, a.bias ? 1 : 0}, [&] { return build_plan(a); });
+template <typename T>
+void linear_unfused(const LinearArgs& a) {
+  T* y = static_cast<T*>(a.y);
+  const T* bias = static_cast<const T*>(a.bias);
+  for (int64_t i = 0; i < a.m; ++i)
+    if (bias)
+      std::copy(bias, bias + a.n, y + i * a.n);
+    else
+      std::fill(y + i * a.n, y + (i + 1) * a.n, T(0.0f));
+  op_gemm.get(kCPU, dtype_v<T>)(unfused_gemm(a));
+  if (a.relu)
+    for (int64_t i = 0; i < a.m * a.n; ++i) y[i] = float(y[i]) > 0.0f ? y[i] : T(0.0f);
 }
 
-void linear_relu_f32(const LinearReluArgs& a) {
-  const auto plan = plan_for(a);
-  if (!plan) return linear_relu_unfused_f32(a);
+// One cache for the CPU kernels and their meta twins, so that a dry run sizes the scratchpad the run will
+// take.
+template <typename T>
+std::shared_ptr<const LinearPlan> plan_for(const LinearArgs& a) {
+  static LinearPlans plans(64);
+  return plans.get({a.m, a.n, a.k, a.bias ? 1 : 0, a.relu ? 1 : 0, int64_t(dtype_v<T>)},
+                   [&] { return build_plan<T>(a); });
+}
+
+template <typename T>
+void linear_cpu(const LinearArgs& a) {
+  const auto plan = plan_for<T>(a);
+  if (!plan) return linear_unfused<T>(a);
   auto& eng = cpu::onednn_engine();
   auto& stream = cpu::onednn_stream();
   std::unordered_map<int, dnnl::memory> args{
@@ -99,9 +121,11 @@ void linear_relu_f32(const LinearReluArgs& a) {
 
 // The meta kernel (core/op_table.h): the scratchpad oneDNN's matmul takes, which depends on the ISA it runs
 // on: none on a Zen 3 (AVX2), 257 KiB for a layer of the estimate tests' MLP on an AVX-512 Xeon.
-void linear_relu_f32_meta(const LinearReluArgs& a) {
-  const auto plan = plan_for(a);
-  const size_t bytes = plan ? plan->scratchpad.get_size() : 0;
+template <typename T>
+void linear_meta(const LinearArgs& a) {
+  const auto plan = plan_for<T>(a);
+  if (!plan) return op_gemm.get(DeviceType::Meta, dtype_v<T>)(unfused_gemm(a));
+  const size_t bytes = plan->scratchpad.get_size();
   const Tensor scratch = bytes ? cpu::meta_workspace(int64_t(bytes)) : Tensor();
 }
 
@@ -118,16 +142,34 @@ void relu_backward_bias_cpu(const ReluBackwardBiasArgs& a) {
   T* gz = static_cast<T*>(a.gz);
   T* db = static_cast<T*>(a.dbias);
   const int64_t rows = a.rows, n = a.cols;
-  // Masks columns [c0, c1) of row r into gz and adds them to acc (indexed from c0).
+  // Masks columns [c0, c1) of row r into gz and adds them to acc (indexed from c0). 16-bit rows are widened
+  // into f32 on the stack first (at most kSumSlice columns at a time): element by element, the conversions
+  // (with their NaN test) kept the loop scalar, a sixth of W4b's step outside its GEMMs. The values are the
+  // same: the rounding back of a widened value is exact.
   auto row = [&](int64_t r, C* acc, int64_t c0, int64_t c1) {
     const T* gr = g + r * n;
     const T* yr = y + r * n;
     T* zr = gz + r * n;
+    if constexpr (sizeof(T) == 2) {
+      float gf[cpu::kSumSlice], yf[cpu::kSumSlice];
+      const int64_t w = c1 - c0;
+      FRUGAL_ASSERT(w <= cpu::kSumSlice, "relu_backward_bias: a slice of ", w, " columns");
+      cpu::to_f32(gr + c0, gf, w);
+      cpu::to_f32(yr + c0, yf, w);
 #pragma omp simd
-    for (int64_t j = c0; j < c1; ++j) {
-      const C v = C(yr[j]) > C(0) ? C(gr[j]) : C(0);
-      zr[j] = T(v);
-      acc[j - c0] += v;
+      for (int64_t j = 0; j < w; ++j) {
+        const float v = yf[j] > 0.0f ? gf[j] : 0.0f;
+        gf[j] = v;
+        acc[j] += v;
+      }
+      cpu::from_f32(gf, zr + c0, w);
+    } else {
+#pragma omp simd
+      for (int64_t j = c0; j < c1; ++j) {
+        const C v = C(yr[j]) > C(0) ? C(gr[j]) : C(0);
+        zr[j] = T(v);
+        acc[j - c0] += v;
+      }
     }
   };
   if (n == 1) {
@@ -145,8 +187,10 @@ void relu_backward_bias_cpu(const ReluBackwardBiasArgs& a) {
 
 const bool kRegistered = [] {
 #ifdef FRUGAL_HAVE_ONEDNN
-  op_linear_relu.set(DeviceType::CPU, DType::F32, linear_relu_f32);
-  op_linear_relu.set(DeviceType::Meta, DType::F32, linear_relu_f32_meta);
+  op_linear.set(DeviceType::CPU, DType::F32, linear_cpu<float>);
+  op_linear.set(DeviceType::Meta, DType::F32, linear_meta<float>);
+  op_linear.set(DeviceType::CPU, DType::BF16, linear_cpu<BFloat16>);
+  op_linear.set(DeviceType::Meta, DType::BF16, linear_meta<BFloat16>);
 #endif
   cpu::for_types<float, double, Half, BFloat16>([](auto t) {
     using T = decltype(t);

@@ -12,9 +12,9 @@ namespace {
 
 // Ops whose CPU f32 kernel deliberately has no f16/bf16 twin, each with the reason.
 const std::map<std::string, std::string> kAllowedWithoutHalf = {
-    {"linear_relu",
-     "a fused f32 GEMM (oneDNN's matmul with a ReLU post-op); ops::linear_relu composes linear "
-     "and relu_ for f16/bf16"},
+    {"linear",
+     "the fused linear layer (oneDNN's matmul primitive, f32 and bf16: this CPU has no f16 dot products); "
+     "ops::linear and ops::linear_relu compose the GEMM, the bias and relu_ for f16"},
     {"csr_matmul",
      "nn::SparseLinear's CSR product: built from a pruned f32 Linear, it holds f32 values only"},
 };

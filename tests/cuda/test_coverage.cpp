@@ -18,7 +18,9 @@ namespace {
 // CPU-only module's kernel. A CUDA kernel for them (cuBLASLt's RELU_BIAS epilogue; a masked copy with column
 // sums) is a later step.
 const std::map<std::string, std::string> kAllowedWithoutCuda = {
-    {"linear_relu", "the fused Linear + ReLU; without it ops::linear_relu runs linear, then relu_"},
+    {"linear",
+     "the fused Linear (+ ReLU); without it ops::linear runs the GEMM onto the bias rows and ops::linear_relu "
+     "then relu_"},
     {"relu_backward_bias",
      "its backward's one pass; without it ops::linear_relu_backward runs relu_backward, "
      "then sum"},

@@ -59,6 +59,39 @@ TEST(LinearRelu, ForwardKernelMatchesLinearThenRelu) {
   }
 }
 
+// The fused linear kernel (op_linear, f32 and bf16 where oneDNN is built in) against x w^T + b computed in
+// f64 from the same inputs: with and without the bias and the ReLU, shapes down to one row, one column and
+// one input, and W1's and W4's layers. bf16 rounds y once (relative 2^-8), its products summed in f32.
+TEST(LinearRelu, FusedLinearKernelMatchesAnF64Reference) {
+  const int64_t shapes[][3] = {{5, 7, 3}, {1, 9, 1},       {4, 1, 6},
+                               {1, 1, 1}, {128, 784, 256}, {1024, 1024, 1024}};
+  for (const auto& sh : shapes)
+    for (DType t : {DType::F32, DType::BF16})
+      for (bool bias : {true, false})
+        for (bool relu : {true, false}) {
+          const int64_t m = sh[0], k = sh[1], n = sh[2];
+          const Tensor x = uniform({m, k}, -1, 1, t, 31), w = uniform({n, k}, -0.1, 0.1, t, 32);
+          const Tensor b = bias ? uniform({n}, -0.5, 0.5, t, 33) : Tensor();
+          const Tensor y = relu ? ops::linear_relu(x, w, b) : ops::linear(x, w, b);
+          ASSERT_EQ(y.shape(), (Shape{m, n}));
+          ASSERT_EQ(y.dtype(), t);
+          const auto xv = x.to_vector<double>(), wv = w.to_vector<double>();
+          const auto bv = bias ? b.to_vector<double>() : std::vector<double>(size_t(n), 0.0);
+          std::vector<double> ref(size_t(m * n));
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double acc = bv[size_t(j)];
+              for (int64_t p = 0; p < k; ++p) acc += xv[size_t(i * k + p)] * wv[size_t(j * k + p)];
+              ref[size_t(i * n + j)] = relu ? std::max(acc, 0.0) : acc;
+            }
+          std::ostringstream what;
+          what << m << "x" << k << "x" << n << " " << dtype_name(t) << (bias ? " bias" : "")
+               << (relu ? " relu" : "");
+          const double tol = t == DType::BF16 ? 1.0 / 128 : 1e-5;
+          expect_close(y, ref, testing::Tol{tol, tol}, what.str());
+        }
+}
+
 // The backward op's one pass gives exactly what the unfused ops give from the same y.
 TEST(LinearRelu, BackwardOpIsBitIdenticalToTheUnfusedOps) {
   const Shape shapes[][2] = {{{5, 7}, {3, 7}},       {{300, 64}, {96, 64}},    {{1024, 256}, {1024, 256}},
@@ -120,7 +153,8 @@ TEST(LinearRelu, RunsTheFusedOpWhereItApplies) {
   // Mixed dtypes take the composite, whose matmul names them.
   expect_error<DTypeError>([&] { F::linear_relu(x, w.detach().to(DType::F64)); }, {"matmul", "f32", "f64"});
 #ifdef FRUGAL_HAVE_ONEDNN
-  EXPECT_TRUE(op_linear_relu.has(kCPU, DType::F32));
+  EXPECT_TRUE(op_linear.has(kCPU, DType::F32));
+  EXPECT_TRUE(op_linear.has(kCPU, DType::BF16));
 #endif
   EXPECT_TRUE(op_relu_backward_bias.has(kCPU, DType::F32));
 }
