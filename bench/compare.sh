@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side by side: frugal's bench/workloads and its peers, alternated for ROUNDS rounds (default 3) on this
-# machine, then a Markdown table of medians, ratios and shared/WORKLOADS.md's targets.
+# machine, then a Markdown table of medians, ratios and shared/WORKLOADS.md's targets. Every side runs under
+# each of its settings below every round; the table keeps each side's better setting and names it.
 #   bench/compare.sh W1 W5          (default: W1 W3 W4 W4r W5)
 # Peers (PEERS, default "pytorch libtorch"):
 #   pytorch          bench/peers/torch_workloads.py under python3 (pip's torch)
@@ -9,8 +10,8 @@
 #                    on the reference BLAS (about 3 GFLOP/s here), so W4/W4r take minutes a step; not by default
 # The C++ peers are built with cmake -DFRUGAL_LIBTORCH_WORKLOADS=ON; a peer that is missing is left out. Each
 # peer runs with the settings WORKLOADS.md names (OpenBLAS core-type pin removed, passive OpenMP waiting),
-# once with OPENBLAS_NUM_THREADS=1 and once with the default each round; the table keeps its better setting.
-# frugal runs with the same passive OpenMP waiting. FRUGAL_BENCH_STEPS shortens every side's runs alike;
+# once with OPENBLAS_NUM_THREADS=1 and once with the default each round, and once more with one OpenBLAS
+# thread under OpenMP's default waiting. frugal runs with passive waiting and with OpenMP's default. FRUGAL_BENCH_STEPS shortens every side's runs alike;
 # Round r runs W1/W2 with seed FRUGAL_BENCH_SEED + r - 1 (FRUGAL_BENCH_SEED defaults to 0) on every side, so
 # their accuracy is a mean over ROUNDS seeds: one seed's accuracy swings by about 2 points, more than the
 # 0.5-point target. Times and memory do not depend on the seed.
@@ -48,14 +49,22 @@ base_seed=${FRUGAL_BENCH_SEED:-0}
 for r in $(seq "$rounds"); do
   export FRUGAL_BENCH_SEED=$((base_seed + r - 1))
   for w in "${workloads[@]}"; do
-    # frugal gets the peers' OpenMP setting: on a loaded host, threads spinning at barriers cost it up to 2x.
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE "$ours" "$w" | sed "s/^/frugal $r /" >>"$log"
+    # frugal under both OpenMP waiting policies, its better one kept: passive waiting (the peers') wins on a
+    # loaded host, where threads spinning at barriers cost up to 2x; OpenMP's default (spin a while, then
+    # sleep) wins where many small parallel regions follow one another (W1: 1.1 against 1.7 ms a step).
+    for wait in passive spin; do
+      if [ "$wait" = passive ]; then policy=(OMP_WAIT_POLICY=PASSIVE); else policy=(-u OMP_WAIT_POLICY); fi
+      env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "${policy[@]}" "$ours" "$w" | sed "s/^/frugal:$wait $r /" >>"$log"
+    done
+    # The peers: passive waiting with one OpenBLAS thread and with its default; and, as frugal gets it,
+    # OpenMP's default waiting with one OpenBLAS thread (whose threads then do not spin against OpenMP's).
     for p in "${peers[@]}"; do
-      for t in 1 default; do
-        if [ "$t" = 1 ]; then extra=(OPENBLAS_NUM_THREADS=1); else extra=(); fi
+      for t in 1 default 1-spin; do
+        extra=(OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1)
+        [ "$t" = default ] && extra=(OMP_WAIT_POLICY=PASSIVE)
+        [ "$t" = 1-spin ] && extra=(-u OMP_WAIT_POLICY OPENBLAS_NUM_THREADS=1)
         # shellcheck disable=SC2086  # the command is words
-        env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE "${extra[@]}" \
-          ${peer_cmd[$p]} "$w" | sed "s/^/$p:$t $r /" >>"$log"
+        env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "${extra[@]}" ${peer_cmd[$p]} "$w" | sed "s/^/$p:$t $r /" >>"$log"
       done
     done
   done
