@@ -176,6 +176,19 @@ TEST_F(IdxTest, FashionMNISTOnSyntheticFiles) {
   }
   // Exactly PyTorch's ToTensor value (a division in f32) for f32.
   EXPECT_EQ(test.get_batch(std::vector<int64_t>{0}, DType::F32).input.to_vector<float>()[51], 51.0f / 255.0f);
+  // Every byte value (image 0's pixel i is i % 256), normalised: exactly ToTensor then Normalize in f32, each
+  // step rounded as PyTorch rounds it.
+  {
+    data::FashionMNIST normalised(dir_.string(), data::Split::Test);
+    normalised.normalize(0.2860, 0.3530);
+    const auto px = normalised.get_batch(std::vector<int64_t>{0}, DType::F32).input.to_vector<float>();
+    size_t differ = 0;
+    for (int i = 0; i < 784; ++i) {
+      const float v = float(i % 256) / 255.0f, want = (v - 0.2860f) / 0.3530f;
+      differ += px[size_t(i)] != want;
+    }
+    EXPECT_EQ(differ, 0u) << "of 784 normalised pixels";
+  }
 
   const data::FashionMNIST flat(dir_.string(), data::Split::Test, /*flatten=*/true);
   EXPECT_EQ(flat.get_batch(idx, DType::F32).input.shape(), Shape({3, 784}));
