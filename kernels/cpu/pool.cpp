@@ -31,9 +31,62 @@ int64_t first_tap(int64_t start, int64_t dilation) {
   return start;
 }
 
+// The 2x2 window of stride 2 without padding or dilation (the CNNs' usual pooling, W2's): the same taps in
+// the same order and the same rule as the general loop below, without branches, so that GCC vectorises
+// rows of 16 windows or more (W2's rows of 14 and 7 mostly run its scalar remainder). The general loop's
+// per-tap branches and NaN tests took 2.4 ms a call on W2's first pool, this 1.6 ms (profiler, 2 threads).
+template <typename T>
+void max_pool2d_2x2_plane(const PoolArgs& a, const T* x, T* y, int64_t* idx) {
+  using A = acc_t<T>;
+  constexpr int64_t kChunk = 256;
+  int32_t tap[kChunk];  // the winning tap of each window: 0..3 in row-major order
+  for (int64_t oh = 0; oh < a.oh; ++oh) {
+    const T* r0 = x + 2 * oh * a.w;
+    const T* r1 = r0 + a.w;
+    for (int64_t c0 = 0; c0 < a.ow; c0 += kChunk) {
+      const int64_t n = std::min(kChunk, a.ow - c0);
+      const T* p0 = r0 + 2 * c0;
+      const T* p1 = r1 + 2 * c0;
+      T* yr = y + oh * a.ow + c0;
+      // Strictly greater wins, so ties keep the first tap; a NaN wins, and a later NaN replaces it. In one
+      // loop of one lane width (the int64 index is made in a second loop), which GCC vectorises.
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) {
+        const A t0 = A(p0[2 * j]), t1 = A(p0[2 * j + 1]), t2 = A(p1[2 * j]), t3 = A(p1[2 * j + 1]);
+        A best = t0;
+        int32_t k = 0;
+        bool take = (t1 > best) | (t1 != t1);
+        best = take ? t1 : best;
+        k = take ? 1 : k;
+        take = (t2 > best) | (t2 != t2);
+        best = take ? t2 : best;
+        k = take ? 2 : k;
+        take = (t3 > best) | (t3 != t3);
+        best = take ? t3 : best;
+        k = take ? 3 : k;
+        yr[j] = T(best);
+        tap[j] = k;
+      }
+      int64_t* ir = idx + oh * a.ow + c0;
+      const int64_t base = 2 * oh * a.w + 2 * c0;
+      for (int64_t j = 0; j < n; ++j) ir[j] = base + 2 * j + (tap[j] & 1) + (tap[j] >> 1) * a.w;
+    }
+  }
+}
+
 template <typename T>
 void max_pool2d_forward_cpu(const PoolArgs& a) {
   using A = acc_t<T>;
+  const bool two_by_two = a.kh == 2 && a.kw == 2 && a.stride_h == 2 && a.stride_w == 2 && a.pad_h == 0 &&
+                          a.pad_w == 0 && a.dil_h == 1 && a.dil_w == 1 && 2 * a.oh <= a.h && 2 * a.ow <= a.w;
+  if (two_by_two) {
+    parallel_for(0, a.planes, plane_grain(a), [&](int64_t pb, int64_t pe) {
+      for (int64_t p = pb; p < pe; ++p)
+        max_pool2d_2x2_plane<T>(a, static_cast<const T*>(a.x) + p * a.h * a.w,
+                                static_cast<T*>(a.y) + p * a.oh * a.ow, a.indices + p * a.oh * a.ow);
+    });
+    return;
+  }
   parallel_for(0, a.planes, plane_grain(a), [&](int64_t pb, int64_t pe) {
     for (int64_t p = pb; p < pe; ++p) {
       const T* x = static_cast<const T*>(a.x) + p * a.h * a.w;

@@ -129,6 +129,32 @@ TEST(MaxPool2d, TiesTakeTheFirstAndNanPropagates) {
   EXPECT_FALSE(std::isnan(yn[1]));
 }
 
+// The 2x2, stride-2 path (kernels/cpu/pool.cpp: max_pool2d_2x2_plane) against the reference where ties are
+// everywhere (values from {0, 1, 2}), with NaNs (a later NaN in a window takes the index), -inf, odd sizes
+// whose last row and column no window reads, and wide planes, in every dtype.
+TEST(MaxPool2d, TwoByTwoStrideTwoMatchesTheReferenceWithTiesAndNans) {
+  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
+    for (const Shape& shape : {Shape{2, 3, 8, 8}, Shape{1, 2, 5, 7}, Shape{1, 1, 2, 2}, Shape{2, 2, 6, 70}}) {
+      Tensor x = uniform(shape, 0, 3, DType::F64, 7);
+      double* v = x.data<double>();
+      for (int64_t i = 0; i < x.numel(); ++i) v[i] = std::floor(v[i]);
+      for (int64_t i = 0; i < x.numel(); i += 7) v[i] = std::numeric_limits<double>::quiet_NaN();
+      for (int64_t i = 3; i < x.numel(); i += 11) v[i] = -INFINITY;
+      x = x.to(t);
+      const PoolCase c{shape, 2, 2};
+      std::vector<double> want;
+      std::vector<int64_t> want_idx;
+      reference_max(x, c, want, want_idx);
+      auto [y, idx] = ops::max_pool2d_with_indices(x, c.kernel, c.stride, c.pad, c.dil);
+      const auto got = y.to_vector<double>();
+      ASSERT_EQ(got.size(), want.size()) << c.str();
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))
+            << dtype_name(t) << " " << c.str() << " at " << i << ": " << got[i] << " against " << want[i];
+      EXPECT_EQ(idx.to_vector<int64_t>(), want_idx) << dtype_name(t) << " " << c.str();
+    }
+}
+
 TEST(AvgPool2d, MatchesReferenceInEveryDtype) {
   for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
     for (bool include_pad : {true, false})
