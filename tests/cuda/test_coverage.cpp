@@ -19,7 +19,8 @@ namespace {
 // sums) is a later step.
 const std::map<std::string, std::string> kAllowedWithoutCuda = {
     {"linear",
-     "the fused Linear (+ ReLU); without it ops::linear runs the GEMM onto the bias rows and ops::linear_relu "
+     "the fused Linear (+ ReLU); without it ops::linear runs the GEMM onto the bias rows and "
+     "ops::linear_relu "
      "then relu_"},
     {"relu_backward_bias",
      "its backward's one pass; without it ops::linear_relu_backward runs relu_backward, "
