@@ -166,8 +166,8 @@ struct LinearGrads {
 LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_dx,
                             bool need_dweight, bool need_dbias);
 // relu(linear(x, weight, bias)) with the same checks: the fused kernel with the ReLU applied as y is stored
-// where the device registers one (op_linear), exactly linear's values then max(y, 0); linear then relu_
-// elsewhere.
+// where the device registers one (op_linear: the same primitive as linear's with a ReLU post-op, equal to
+// linear then relu within f32 rounding, tests/nn/test_linear_relu.cpp); linear then relu_ elsewhere.
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // Its gradients from d y and y, its output: d z = y > 0 ? d y : 0, then linear_backward's from d z; d bias
 // and d z come from one pass (op_relu_backward_bias) where the device has it, with exactly the values of
