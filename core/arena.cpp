@@ -53,10 +53,10 @@ class Arena final : public AllocatorBase {
   Allocation allocate(int64_t nbytes) override {
     FRUGAL_CHECK(nbytes >= 0, "memory: cannot allocate a negative number of bytes (", nbytes, ") on ",
                  device_);
-    const uint32_t tag = current_tag();
+    const uint32_t tag = t_current_tag;
     const char* op = current_op();
-    const Phase phase = current_phase();
-    const Stream stream = backing_->current_stream();
+    const Phase phase = thread_phase();
+    const Stream stream = current_stream();
     std::lock_guard lock(mu_);
     if (!simulated_) count_allocation_locked(nbytes);  // Note [failing an allocation]: real ones only
     if (nbytes > kMaxRequest) throw_oom_locked(nbytes, 0, false);
@@ -69,37 +69,8 @@ class Arena final : public AllocatorBase {
     if (!pending_.empty()) process_events_locked(false);
 
     Block* block = take_free_locked(pool, size, small, stream);
-    bool refused = false;
-    // A new segment goes into the pool as one free block, and the request is carved out of it as out of any.
-    auto from_new_segment = [&]() -> Block* {
-      Block* head = new_segment_locked(size, small, stream, refused);
-      if (!head) return nullptr;
-      pool.insert(head);
-      return take_free_locked(pool, size, small, stream);
-    };
-    if (!block) block = from_new_segment();
-    // Short of memory. Unless the request would not fit under the limit even alone (then the cache stays):
-    // wait for the blocks other streams' work holds back, then return the cached segments, retrying each
-    // time.
-    const int64_t minimal = small ? kSmallSegment : round_up(size, kLargeRound);
-    const bool could_fit = limit_ <= 0 || minimal <= limit_;
-    if (!block && could_fit && !pending_.empty()) {
-      process_events_locked(true);
-      block = take_free_locked(pool, size, small, stream);
-      if (!block) block = from_new_segment();
-    }
-    if (!block && could_fit) {
-      release_free_segments_locked();
-      block = from_new_segment();
-    }
-    // Note [a small request borrows from the large pool]: the pools are kept apart so that small blocks do
-    // not scatter through the large segments, but under a limit that is no reason to fail while a large
-    // segment has a free piece big enough: the last resort before giving up is to carve the request out of
-    // it (split at the block size, as a small segment would be, and merged back when freed). W3 in 32
-    // micro-batches under 0.3x its plain peak needed this: 10.5 MiB live, 15 MiB free in a large segment,
-    // and the small pool's segments full.
-    if (!block && small) block = take_free_locked(large_free_, size, small, stream);
-    if (!block) throw_oom_locked(nbytes, minimal, refused);
+    if (!block) [[unlikely]]
+      block = take_short_locked(nbytes, size, small, stream);
     block->allocated = true;
     block->requested = nbytes;
     block->tag = tag;
@@ -112,7 +83,7 @@ class Arena final : public AllocatorBase {
 
   void deallocate(Block* block) override {
     if (!block) return;
-    const Stream current = backing_->current_stream();
+    const Stream current = current_stream();
     std::lock_guard lock(mu_);
     FRUGAL_ASSERT(block->allocated, "deallocate of a block that is not live (freed twice?)");
     count_block_locked(block, -1);
@@ -256,13 +227,25 @@ class Arena final : public AllocatorBase {
   // the order is that of the segments' ids, not of the addresses the backing returned, so the arena makes
   // the same choices for the same requests whatever the system hands out, and a simulation over virtual
   // addresses (the meta device's, core/estimate.cpp) reproduces it exactly.
+  // A lookup's key is the sort key alone (a Block on the stack would construct and destroy its vector).
+  struct FreeKey {
+    Stream stream;
+    int64_t size;
+    int64_t segment;  // id; -1 sorts before every segment
+    const char* ptr;
+  };
+  static FreeKey key_of(const Block* b) { return {b->stream, b->size, b->segment->id, b->ptr}; }
   struct ByStreamSizeSegment {
-    bool operator()(const Block* a, const Block* b) const {
-      if (a->stream != b->stream) return a->stream < b->stream;
-      if (a->size != b->size) return a->size < b->size;
-      if (a->segment != b->segment) return a->segment->id < b->segment->id;
-      return std::less<const char*>()(a->ptr, b->ptr);
+    using is_transparent = void;
+    static bool less(const FreeKey& a, const FreeKey& b) {
+      if (a.stream != b.stream) return a.stream < b.stream;
+      if (a.size != b.size) return a.size < b.size;
+      if (a.segment != b.segment) return a.segment < b.segment;
+      return std::less<const char*>()(a.ptr, b.ptr);
     }
+    bool operator()(const Block* a, const Block* b) const { return less(key_of(a), key_of(b)); }
+    bool operator()(const Block* a, const FreeKey& b) const { return less(key_of(a), b); }
+    bool operator()(const FreeKey& a, const Block* b) const { return less(a, key_of(b)); }
   };
   using FreeSet = std::set<Block*, ByStreamSizeSegment>;
   struct PendingFree {
@@ -270,6 +253,7 @@ class Arena final : public AllocatorBase {
     Block* block;
   };
 
+  Stream current_stream() const { return streams_ ? backing_->current_stream() : 0; }
   static bool is_free(const Block* b) { return b && !b->allocated && b->pending_events == 0; }
   static void add_use(Block* b, Stream s) {
     if (std::find(b->uses.begin(), b->uses.end(), s) == b->uses.end()) b->uses.push_back(s);
@@ -290,12 +274,7 @@ class Arena final : public AllocatorBase {
   // split when more than the pool's threshold would be left (Note [blocks change in place]); null when there
   // is none. `small`: the request is from the small pool (even when it borrows from the large one).
   Block* take_free_locked(FreeSet& pool, int64_t size, bool small, Stream stream) {
-    static const Segment kFirst{.id = -1};  // before every segment: the key sorts first among its size
-    Block key;
-    key.size = size;
-    key.stream = stream;
-    key.segment = const_cast<Segment*>(&kFirst);
-    auto it = pool.lower_bound(&key);
+    auto it = pool.lower_bound(FreeKey{stream, size, -1, nullptr});  // the first of its size on the stream
     if (it == pool.end() || (*it)->stream != stream) return nullptr;
     Block* free = *it;
     const int64_t remainder = free->size - size;
@@ -303,19 +282,60 @@ class Arena final : public AllocatorBase {
       pool.erase(it);
       return free;
     }
+    // A spare record is as a freed block leaves it: not allocated, no request, tag, events or uses.
     Block* front = take_spare_block();
-    *front = Block{.ptr = free->ptr,
-                   .size = size,
-                   .segment = free->segment,
-                   .prev = free->prev,
-                   .next = free,
-                   .stream = stream};
+    front->ptr = free->ptr;
+    front->size = size;
+    front->segment = free->segment;
+    front->prev = free->prev;
+    front->next = free;
+    front->stream = stream;
+    front->category = -1;
     (free->prev ? free->prev->next : free->segment->head) = front;
     free->prev = front;
     free->ptr += size;
     free->size = remainder;
     if (it != pool.begin() && !pool.key_comp()(*std::prev(it), free)) reposition_locked(pool, it);
     return front;
+  }
+
+  // allocate()'s way when no cached block fits: a new segment; under a limit, what other streams hold back
+  // and then the cache go back first; then a small request borrows from the large pool; else out of memory.
+  // Out of line, so that the path a training step takes almost always stays small.
+  [[gnu::noinline]] Block* take_short_locked(int64_t nbytes, int64_t size, bool small, Stream stream) {
+    FreeSet& pool = small ? small_free_ : large_free_;
+    bool refused = false;
+    // A new segment goes into the pool as one free block, and the request is carved out of it as out of any.
+    auto from_new_segment = [&]() -> Block* {
+      Block* head = new_segment_locked(size, small, stream, refused);
+      if (!head) return nullptr;
+      pool.insert(head);
+      return take_free_locked(pool, size, small, stream);
+    };
+    Block* block = from_new_segment();
+    // Short of memory. Unless the request would not fit under the limit even alone (then the cache stays):
+    // wait for the blocks other streams' work holds back, then return the cached segments, retrying each
+    // time.
+    const int64_t minimal = small ? kSmallSegment : round_up(size, kLargeRound);
+    const bool could_fit = limit_ <= 0 || minimal <= limit_;
+    if (!block && could_fit && !pending_.empty()) {
+      process_events_locked(true);
+      block = take_free_locked(pool, size, small, stream);
+      if (!block) block = from_new_segment();
+    }
+    if (!block && could_fit) {
+      release_free_segments_locked();
+      block = from_new_segment();
+    }
+    // Note [a small request borrows from the large pool]: the pools are kept apart so that small blocks do
+    // not scatter through the large segments, but under a limit that is no reason to fail while a large
+    // segment has a free piece big enough: the last resort before giving up is to carve the request out of
+    // it (split at the block size, as a small segment would be, and merged back when freed). W3 in 32
+    // micro-batches under 0.3x its plain peak needed this: 10.5 MiB live, 15 MiB free in a large segment,
+    // and the small pool's segments full.
+    if (!block && small) block = take_free_locked(large_free_, size, small, stream);
+    if (!block) throw_oom_locked(nbytes, minimal, refused);
+    return block;
   }
 
   // Moves the record at `it`, whose key changed, to its place.
@@ -462,6 +482,7 @@ class Arena final : public AllocatorBase {
     return largest;
   }
 
+  const bool streams_ = backing_->uses_streams();
   FreeSet small_free_, large_free_;
   std::map<int64_t, std::unique_ptr<Segment>> segments_;  // by id: oldest first in snapshots
   std::vector<Block*> spare_blocks_;                      // recycled Block records

@@ -36,6 +36,7 @@ class MetaBacking final : public Backing {
     return reinterpret_cast<void*>(at);
   }
   void free(void*, int64_t) override {}
+  bool uses_streams() const override { return false; }
 
  private:
   uint64_t next_ = uint64_t(1) << 62;

@@ -16,10 +16,12 @@
 
 namespace frugal::memory {
 
-namespace {
 // Note [thread-locals on the allocation path] (core/history_log.h).
-FRUGAL_STATIC_TLS thread_local int t_phase = -1;         // a Phase, or -1: none set (Note [memory phases])
-FRUGAL_STATIC_TLS thread_local bool t_grad_mode = true;  // autograd's (memory::detail::set_thread_grad_mode)
+FRUGAL_STATIC_TLS thread_local int detail::t_phase = -1;
+FRUGAL_STATIC_TLS thread_local bool detail::t_grad_mode = true;
+FRUGAL_STATIC_TLS thread_local const char* detail::t_current_op = nullptr;
+
+namespace {
 std::atomic<uint32_t> g_next_thread{0};
 thread_local uint32_t t_thread = 0;  // 0: not numbered yet
 
@@ -89,15 +91,12 @@ Category category_of(std::string_view tag, Phase phase) {
   return c >= 0 ? Category(c) : phase_category(phase);
 }
 
-PhaseScope::PhaseScope(Phase phase) : previous_(t_phase) { t_phase = int(phase); }
-PhaseScope::~PhaseScope() { t_phase = previous_; }
+PhaseScope::PhaseScope(Phase phase) : previous_(detail::t_phase) { detail::t_phase = int(phase); }
+PhaseScope::~PhaseScope() { detail::t_phase = previous_; }
 
-Phase current_phase() {
-  if (t_phase >= 0) return Phase(t_phase);
-  return t_grad_mode ? Phase::Forward : Phase::Other;
-}
+Phase current_phase() { return detail::thread_phase(); }
 
-void detail::set_thread_grad_mode(bool enabled) { t_grad_mode = enabled; }
+void detail::set_thread_grad_mode(bool enabled) { detail::t_grad_mode = enabled; }
 
 // ---- the buffer ----
 

@@ -29,6 +29,17 @@ struct Segment;
 
 namespace detail {
 
+// Those thread-locals, defined where their scopes set them and read inline by the allocators.
+extern FRUGAL_STATIC_TLS thread_local uint32_t t_current_tag;  // memory::Tag's id (core/memory_api.cpp)
+extern FRUGAL_STATIC_TLS thread_local int t_phase;       // a Phase, or -1: none set (Note [memory phases])
+extern FRUGAL_STATIC_TLS thread_local bool t_grad_mode;  // autograd's (memory::detail::set_thread_grad_mode)
+
+// memory::current_phase(), inline for the allocation path.
+inline Phase thread_phase() {
+  if (t_phase >= 0) return Phase(t_phase);
+  return t_grad_mode ? Phase::Forward : Phase::Other;
+}
+
 // Every call is made with the owning allocator's mutex held; on() is the one check on the allocation path
 // while no history records.
 class HistoryLog {

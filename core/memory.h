@@ -80,7 +80,10 @@ class Backing {
   // Streams and events, for a device that runs work asynchronously in streams: which stream the calling
   // thread issues work to, and events that say when work queued so far on a stream has finished. The arena
   // needs nothing else to keep a block away from a stream that could race with work still queued on another
-  // (Note [streams and the arena]). The host runs everything in order on one stream, as the defaults say.
+  // (Note [streams and the arena]). The host runs everything in order on one stream, as the defaults say,
+  // and says so with uses_streams() false: the arena then never calls current_stream() (a virtual call on
+  // every allocate and free).
+  virtual bool uses_streams() const { return true; }
   virtual Stream current_stream() { return 0; }
   virtual Event record_event(Stream) { return nullptr; }  // nullptr: nothing to wait for
   virtual bool event_done(Event) { return true; }
@@ -221,7 +224,8 @@ namespace frugal::memory::detail {
 // training step guarantees: Note [a failed step changes nothing] in optim/optimizer.h.
 //   memory::detail::fail_allocation_at(3);   // the third allocation from here fails
 void fail_allocation_at(int64_t n);
-// Allocations made since the last fail_allocation_at() (or since FRUGAL_FAIL_ALLOC_AT was read).
+// Allocations made since the last fail_allocation_at(n) with n >= 1 (or since FRUGAL_FAIL_ALLOC_AT was read),
+// the one that failed included; fail_allocation_at(0) stops counting and sets it back to 0.
 int64_t allocations_counted();
 // The n a value of FRUGAL_FAIL_ALLOC_AT asks for, 0 for unset or empty; throws Error naming the variable, the
 // value and what is valid otherwise. Exposed for tests.

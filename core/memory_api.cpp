@@ -30,6 +30,11 @@ const char* detail::allocator_kind_from_env(const char* value) {
 
 namespace memory {
 
+// Note [thread-locals on the allocation path] (core/history_log.h).
+FRUGAL_STATIC_TLS thread_local uint32_t detail::t_current_tag = 0;
+
+std::atomic<bool> detail::g_counting_allocations{false};
+
 namespace {
 std::atomic<int64_t> g_fail_at{0};      // the allocation to fail (1-based), 0 for none
 std::atomic<int64_t> g_allocations{0};  // counted since the last fail_allocation_at
@@ -39,6 +44,7 @@ void detail::fail_allocation_at(int64_t n) {
   FRUGAL_CHECK(n >= 0, "memory::detail::fail_allocation_at: expected n >= 0 (0 disarms), got ", n);
   g_allocations.store(0);
   g_fail_at.store(n);
+  g_counting_allocations.store(n > 0);
 }
 
 int64_t detail::allocations_counted() { return g_allocations.load(); }
@@ -141,8 +147,6 @@ TagTable& tag_table() {
       new TagTable;  // leaked on purpose, like the registry: tags may outlive static destructors
   return *t;
 }
-
-FRUGAL_STATIC_TLS thread_local uint32_t t_current_tag = 0;  // Note [thread-locals on the allocation path]
 
 // printf into a std::string; the summary is a fixed-width table and printf widths say that most plainly.
 __attribute__((format(printf, 2, 3))) void appendf(std::string& out, const char* fmt, ...) {
@@ -342,26 +346,26 @@ int64_t folded_tag_names() {
   return int64_t(table.folded_hashes.size());
 }
 
-Tag::Tag(std::string_view name) : previous_(t_current_tag) {
+Tag::Tag(std::string_view name) : previous_(detail::t_current_tag) {
   TagTable& table = tag_table();
   std::lock_guard lock(table.mu);
   std::string joined = previous_ == 0 ? std::string(name)
                        : name.empty() ? table.names[previous_]
                                       : table.names[previous_] + "/" + std::string(name);
-  t_current_tag = table.intern_locked(std::move(joined));
+  detail::t_current_tag = table.intern_locked(std::move(joined));
 }
 
-Tag::Tag(uint32_t id) : previous_(t_current_tag) {
+Tag::Tag(uint32_t id) : previous_(detail::t_current_tag) {
   TagTable& table = tag_table();
   std::lock_guard lock(table.mu);
   FRUGAL_CHECK_INDEX(id < table.names.size(), "memory::Tag: no tag has id ", id, " (", table.names.size(),
                      " tags interned; memory::intern_tag makes one)");
-  t_current_tag = id;
+  detail::t_current_tag = id;
 }
 
-Tag::~Tag() { t_current_tag = previous_; }
+Tag::~Tag() { detail::t_current_tag = previous_; }
 
-uint32_t current_tag() { return t_current_tag; }
+uint32_t current_tag() { return detail::t_current_tag; }
 
 std::string tag_name(uint32_t id) {
   TagTable& table = tag_table();

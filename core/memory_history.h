@@ -190,6 +190,16 @@ class PhaseScope {
 };
 Phase current_phase();
 
+namespace detail {
+// OpScope's name, read by every allocation: in the static TLS block (Note [thread-locals on the allocation
+// path], core/history_log.h); nvcc's front end refuses the attribute, as on detail::t_default_device.
+#if defined(__CUDACC__)
+extern thread_local const char* t_current_op;
+#else
+extern thread_local const char* t_current_op __attribute__((tls_model("initial-exec")));
+#endif
+}  // namespace detail
+
 // Note [op names in the history]
 // The op layer names itself: each op function of core/ (and each backward rule the engine runs) opens an
 // OpScope with its name, a string that lives for the whole program (a literal or an op table's name), and
@@ -217,10 +227,7 @@ class OpScope {
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
 
-  static const char*& current_op_slot() {
-    static thread_local const char* op = nullptr;
-    return op;
-  }
+  static const char*& current_op_slot() { return detail::t_current_op; }
 
  private:
   const char* previous_;

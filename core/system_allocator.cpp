@@ -24,6 +24,7 @@ class HostBacking final : public Backing {
     return std::aligned_alloc(kHostAlign, std::max(kHostAlign, round_up(nbytes, kHostAlign)));
   }
   void free(void* ptr, int64_t) override { std::free(ptr); }
+  bool uses_streams() const override { return false; }
 };
 
 class SystemAllocator final : public AllocatorBase {
