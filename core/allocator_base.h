@@ -292,23 +292,34 @@ class AllocatorBase : public Allocator {
     ++(sign > 0 ? stats_.num_segment_allocs : stats_.num_segment_frees);
     publish_locked(smi::SlotWriter::kNoTag);
   }
-  // Accounts a block that has just become live (sign +1) or free (sign -1).
-  void count_block_locked(const Block* b, int sign) {
-    add(stats_.requested, sign * b->requested);
-    add(stats_.allocated, sign * b->size);
-    add(stats_.footprint, sign * b->size);
-    add(stats_.active_blocks, sign);
+  // Accounts a block that has just become live (sign +1) or free (sign -1). A peak can only rise with its
+  // value, so a free leaves the peaks alone.
+  template <int sign>
+  void count_block_locked(const Block* b) {
+    static_assert(sign == 1 || sign == -1);
+    auto change = [](Stat& s, int64_t delta) {
+      s.current += delta;
+      if constexpr (sign > 0) s.peak = std::max(s.peak, s.current);
+    };
+    change(stats_.requested, sign * b->requested);
+    change(stats_.allocated, sign * b->size);
+    change(stats_.footprint, sign * b->size);
+    change(stats_.active_blocks, sign);
     ++(sign > 0 ? stats_.num_allocs : stats_.num_frees);
-    if (b->tag >= tags_.size()) tags_.resize(b->tag + 1);
-    tags_[b->tag].seen = true;
-    add(tags_[b->tag].allocated, sign * b->size);
+    if (b->tag >= tags_.size()) [[unlikely]]
+      tags_.resize(b->tag + 1);
+    TagStat& t = tags_[b->tag];
+    t.seen = true;
+    change(t.allocated, sign * b->size);
     publish_locked(b->tag);
   }
 
   // The figures to the frugal-smi page, if this allocator publishes: after every change, so that the page
   // says what stats() would. The tags are ranked only now and then (Note [frugal-smi page]).
   void publish_locked(uint32_t changed_tag, bool rank_tags = false) {
-    if (!smi_.on()) return;
+    if (smi_.on()) publish_on_locked(changed_tag, rank_tags);
+  }
+  [[gnu::noinline]] void publish_on_locked(uint32_t changed_tag, bool rank_tags) {
     const int64_t tag_bytes = changed_tag < tags_.size() ? tags_[changed_tag].allocated.current : 0;
     const bool due = smi_.write({stats_.allocated.current, stats_.allocated.peak, stats_.reserved.current,
                                  stats_.reserved.peak, limit_},

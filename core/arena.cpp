@@ -76,7 +76,7 @@ class Arena final : public AllocatorBase {
     block->tag = tag;
     block->phase = phase;
     block->op = op;
-    count_block_locked(block, +1);
+    count_block_locked<+1>(block);
     note_block_locked(EventKind::Alloc, block);
     return {block->ptr, block->size, block};
   }
@@ -86,7 +86,7 @@ class Arena final : public AllocatorBase {
     const Stream current = current_stream();
     std::lock_guard lock(mu_);
     FRUGAL_ASSERT(block->allocated, "deallocate of a block that is not live (freed twice?)");
-    count_block_locked(block, -1);
+    count_block_locked<-1>(block);
     note_block_locked(EventKind::Free, block);
     block->allocated = false;
     block->requested = 0;

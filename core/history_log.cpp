@@ -17,9 +17,9 @@
 namespace frugal::memory {
 
 // Note [thread-locals on the allocation path] (core/history_log.h).
-FRUGAL_STATIC_TLS thread_local int detail::t_phase = -1;
-FRUGAL_STATIC_TLS thread_local bool detail::t_grad_mode = true;
-FRUGAL_STATIC_TLS thread_local const char* detail::t_current_op = nullptr;
+constinit FRUGAL_STATIC_TLS thread_local int detail::t_phase = -1;
+constinit FRUGAL_STATIC_TLS thread_local bool detail::t_grad_mode = true;
+constinit FRUGAL_STATIC_TLS thread_local const char* detail::t_current_op = nullptr;
 
 namespace {
 std::atomic<uint32_t> g_next_thread{0};

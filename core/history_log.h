@@ -19,7 +19,8 @@
 // Note [thread-locals on the allocation path]
 // The library is linked by the programs that use it, not dlopened (the CUDA backend is, and defines none of
 // these), so the thread-locals every allocation reads (the tag, the phase, grad mode's mirror) can live in
-// the static TLS block: one load each instead of a __tls_get_addr call.
+// the static TLS block: one load each instead of a __tls_get_addr call. They are constinit (constant
+// initialisers): otherwise every read in another file first checks for a TLS init function to call.
 #define FRUGAL_STATIC_TLS __attribute__((tls_model("initial-exec")))
 
 namespace frugal::memory {
@@ -30,9 +31,12 @@ struct Segment;
 namespace detail {
 
 // Those thread-locals, defined where their scopes set them and read inline by the allocators.
-extern FRUGAL_STATIC_TLS thread_local uint32_t t_current_tag;  // memory::Tag's id (core/memory_api.cpp)
-extern FRUGAL_STATIC_TLS thread_local int t_phase;       // a Phase, or -1: none set (Note [memory phases])
-extern FRUGAL_STATIC_TLS thread_local bool t_grad_mode;  // autograd's (memory::detail::set_thread_grad_mode)
+extern constinit FRUGAL_STATIC_TLS thread_local uint32_t
+    t_current_tag;  // memory::Tag's id (core/memory_api.cpp)
+extern constinit FRUGAL_STATIC_TLS thread_local int
+    t_phase;  // a Phase, or -1: none set (Note [memory phases])
+extern constinit FRUGAL_STATIC_TLS thread_local bool
+    t_grad_mode;  // autograd's (memory::detail::set_thread_grad_mode)
 
 // memory::current_phase(), inline for the allocation path.
 inline Phase thread_phase() {

@@ -31,7 +31,7 @@ const char* detail::allocator_kind_from_env(const char* value) {
 namespace memory {
 
 // Note [thread-locals on the allocation path] (core/history_log.h).
-FRUGAL_STATIC_TLS thread_local uint32_t detail::t_current_tag = 0;
+constinit FRUGAL_STATIC_TLS thread_local uint32_t detail::t_current_tag = 0;
 
 std::atomic<bool> detail::g_counting_allocations{false};
 

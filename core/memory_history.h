@@ -196,7 +196,7 @@ namespace detail {
 #if defined(__CUDACC__)
 extern thread_local const char* t_current_op;
 #else
-extern thread_local const char* t_current_op __attribute__((tls_model("initial-exec")));
+extern constinit thread_local const char* t_current_op __attribute__((tls_model("initial-exec")));
 #endif
 }  // namespace detail
 

@@ -64,7 +64,7 @@ class SystemAllocator final : public AllocatorBase {
     live_.emplace(segment->id, std::move(segment));
     count_segment_locked(size, +1);
     note_segment_locked(EventKind::SegmentAlloc, made);
-    count_block_locked(block, +1);
+    count_block_locked<+1>(block);
     note_block_locked(EventKind::Alloc, block);
     return {base, size, block};
   }
@@ -74,7 +74,7 @@ class SystemAllocator final : public AllocatorBase {
     std::lock_guard lock(mu_);
     auto it = live_.find(block->segment->id);
     FRUGAL_ASSERT(it != live_.end() && it->second->head == block, "deallocate of a block that is not live");
-    count_block_locked(block, -1);
+    count_block_locked<-1>(block);
     note_block_locked(EventKind::Free, block);
     count_segment_locked(block->size, -1);
     note_segment_locked(EventKind::SegmentFree, *block->segment);
