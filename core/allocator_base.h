@@ -298,8 +298,10 @@ class AllocatorBase : public Allocator {
   void count_block_locked(const Block* b) {
     static_assert(sign == 1 || sign == -1);
     auto change = [](Stat& s, int64_t delta) {
-      s.current += delta;
-      if constexpr (sign > 0) s.peak = std::max(s.peak, s.current);
+      if constexpr (sign > 0)
+        add(s, delta);
+      else
+        s.current += delta;
     };
     change(stats_.requested, sign * b->requested);
     change(stats_.allocated, sign * b->size);

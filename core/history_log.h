@@ -30,13 +30,12 @@ struct Segment;
 
 namespace detail {
 
-// Those thread-locals, defined where their scopes set them and read inline by the allocators.
-extern constinit FRUGAL_STATIC_TLS thread_local uint32_t
-    t_current_tag;  // memory::Tag's id (core/memory_api.cpp)
-extern constinit FRUGAL_STATIC_TLS thread_local int
-    t_phase;  // a Phase, or -1: none set (Note [memory phases])
-extern constinit FRUGAL_STATIC_TLS thread_local bool
-    t_grad_mode;  // autograd's (memory::detail::set_thread_grad_mode)
+// Those thread-locals, defined where their scopes set them and read inline by the allocators:
+// t_current_tag is memory::Tag's id (core/memory_api.cpp); t_phase a Phase, or -1 when none is set (Note
+// [memory phases]); t_grad_mode autograd's grad mode (memory::detail::set_thread_grad_mode).
+extern constinit FRUGAL_STATIC_TLS thread_local uint32_t t_current_tag;
+extern constinit FRUGAL_STATIC_TLS thread_local int t_phase;
+extern constinit FRUGAL_STATIC_TLS thread_local bool t_grad_mode;
 
 // memory::current_phase(), inline for the allocation path.
 inline Phase thread_phase() {
