@@ -252,6 +252,59 @@ TEST(Arena, SplitsAndMergesNeighbours) {
   EXPECT_EQ(f.arena->stats().fragmentation, 0.0);
 }
 
+// A freed small block waits, unmerged, in the bin of its size (Note [exact-fit bins]): a request of that size
+// takes the newest one back; a request its bin cannot serve first merges the bins back into the pool, so it
+// gets the best fit that merging at once would have given, and no new segment. Throughout, the snapshot and
+// largest_free_block show adjacent free blocks as the one block they merge into.
+TEST(Arena, BinnedBlocksComeBackExactlyAndMergeOnAMiss) {
+  Fixture f;
+  Allocation a = f.arena->allocate(1024), b = f.arena->allocate(2048), c = f.arena->allocate(4096),
+             d = f.arena->allocate(512);
+  f.arena->deallocate(b.block);
+  f.arena->deallocate(c.block);
+  f.arena->check_invariants();
+  EXPECT_EQ(f.arena->stats().allocated.current, 1024 + 512);
+  auto snap = f.arena->snapshot();
+  ASSERT_EQ(snap.size(), 4u);  // a, b and c as one free block, d, the tail
+  EXPECT_EQ(snap[1].address, reinterpret_cast<uintptr_t>(b.ptr));
+  EXPECT_EQ(snap[1].size, 2048 + 4096);
+  EXPECT_FALSE(snap[1].allocated);
+  EXPECT_EQ(f.arena->stats().largest_free_block, 2 * kMiB - 1024 - 2048 - 4096 - 512);
+
+  // A binned block of the size comes back, not the best fit of the merged layout (b's address).
+  const Allocation c2 = f.arena->allocate(4096), b2 = f.arena->allocate(2048);
+  EXPECT_EQ(c2.ptr, c.ptr);
+  EXPECT_EQ(b2.ptr, b.ptr);
+  f.arena->check_invariants();
+  f.arena->deallocate(b2.block);
+  f.arena->deallocate(c2.block);
+
+  // 5 KiB has no bin entry: the bins merge back, and b and c together are the best fit, not the tail.
+  Allocation e = f.arena->allocate(5000);
+  EXPECT_EQ(e.ptr, b.ptr);
+  EXPECT_EQ(f.arena->stats().segments.current, 1);
+  f.arena->check_invariants();
+  snap = f.arena->snapshot();
+  ASSERT_EQ(snap.size(), 5u);  // a, e, what is left of b and c, d, the tail
+  EXPECT_EQ(snap[1].size, 5120);
+  EXPECT_FALSE(snap[2].allocated);
+  EXPECT_EQ(snap[2].size, 1024);
+
+  // Two blocks of one size: the newest comes back first (merged at once, p's address would be the best fit).
+  Allocation p = f.arena->allocate(512), q = f.arena->allocate(512);
+  EXPECT_EQ(p.ptr, static_cast<char*>(e.ptr) + 5120);
+  EXPECT_EQ(q.ptr, static_cast<char*>(p.ptr) + 512);
+  f.arena->deallocate(p.block);
+  f.arena->deallocate(q.block);
+  const Allocation q2 = f.arena->allocate(512);
+  EXPECT_EQ(q2.ptr, q.ptr);
+  f.arena->check_invariants();
+  for (memory::Block* blk : {a.block, d.block, e.block, q2.block}) f.arena->deallocate(blk);
+  f.arena->empty_cache();  // every segment is one free block again: all go back
+  EXPECT_EQ(f.arena->stats().reserved.current, 0);
+  EXPECT_EQ(f.ledger->live_bytes, 0);
+}
+
 // (c) Rounding, the choice of pool, and segment sizes.
 TEST(Arena, RoundsRequestsAndPicksPoolAndSegmentSize) {
   {
