@@ -95,7 +95,7 @@ std::string explain_out_of_memory(const std::vector<Block*>& live, const Stats& 
 // futex-based lock would need a read-modify-write to unlock, to learn whether anyone sleeps.
 class AllocatorLock {
  public:
-  void lock() noexcept {
+  [[gnu::always_inline]] void lock() noexcept {
     if (!held_.exchange(true, std::memory_order_acquire)) [[likely]]
       return;
     lock_contended();
@@ -106,7 +106,7 @@ class AllocatorLock {
   void unlock() noexcept { held_.store(false, std::memory_order_release); }
 
  private:
-  void lock_contended() noexcept {
+  [[gnu::noinline, gnu::cold]] void lock_contended() noexcept {
     constexpr int kSpins = 128;  // a few hundred ns: longer than an uncontended allocate or free
     for (int spins = 0;;) {
       while (held_.load(std::memory_order_relaxed)) {
