@@ -61,6 +61,10 @@ Tensor to(const Tensor& x, Device device);
 // Convolution and pooling (PyTorch semantics; see core/ops.h). Gradients are first order only.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Size2 stride = 1,
               Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
+// relu(conv2d(...)) as one op (core/ops.h: the ReLU applied as the kernel stores y, no tensor for the value
+// before it); first order only. nn::Sequential calls it for a Conv2d followed by a ReLU.
+Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Size2 stride = 1,
+                   Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
 Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {}, Size2 padding = 0,
                   Size2 dilation = 1);
 Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {}, Size2 padding = 0,

@@ -12,6 +12,38 @@ using autograd::Grads;
 using autograd::Node;
 using autograd::recorded;
 
+namespace {
+
+// conv2d's rule, and conv2d_relu's (relu): then y, the output, is saved for the ReLU's mask first, and d z =
+// y > 0 ? d y : 0 goes into the convolution's rule.
+void record_conv(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
+                 Size2 stride, Size2 padding, Size2 dilation, int64_t groups, bool relu) {
+  Node* n = recorded(op, {&x, &weight, &bias}, y);
+  if (!n) return;
+  const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
+             need_b = autograd::needs_grad({&bias});
+  // Save only what the needed gradients read: dx reads the weight, dweight reads x, dbias neither.
+  if (relu) n->save_output(y);
+  if (need_x) n->save(weight);
+  if (need_w) n->save(x);
+  const Shape xs = x.shape(), ws = weight.shape();
+  n->backward = [=](const Grads& s, const Tensor& g_in) -> Grads {
+    const size_t first = relu ? 1 : 0;  // the conv's saved tensors start after y
+    const Tensor g = relu ? ops::relu_backward(g_in, s[0]) : g_in;
+    Tensor dx, dw, db;
+    if (need_x) dx = ops::conv2d_backward_data(g, s[first], xs, stride, padding, dilation, groups);
+    if (need_w) {
+      std::tie(dw, db) = ops::conv2d_backward_weight(g, s[first + (need_x ? 1 : 0)], ws, stride, padding,
+                                                     dilation, groups, need_b);
+    } else if (need_b) {
+      db = ops::sum(g, {0, 2, 3});
+    }
+    return {dx, dw, db};
+  };
+}
+
+}  // namespace
+
 Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, Size2 stride, Size2 padding,
               Size2 dilation, int64_t groups) {
   // In the autocast dtype under autocast (Note [autocast policy], amp/autocast.h).
@@ -23,25 +55,19 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   // Kept by a recompute segment whose policy says so (Note [selective recompute]).
   Tensor y = autograd::detail::replayable(
       "conv2d", [&] { return ops::conv2d(x, weight, bias, stride, padding, dilation, groups); });
-  if (Node* n = recorded("conv2d", {&x, &weight, &bias}, y)) {
-    const bool need_x = autograd::needs_grad({&x}), need_w = autograd::needs_grad({&weight}),
-               need_b = autograd::needs_grad({&bias});
-    // Save only what the needed gradients read: dx reads the weight, dweight reads x, dbias neither.
-    if (need_x) n->save(weight);
-    if (need_w) n->save(x);
-    const Shape xs = x.shape(), ws = weight.shape();
-    n->backward = [=](const Grads& s, const Tensor& g) -> Grads {
-      Tensor dx, dw, db;
-      if (need_x) dx = ops::conv2d_backward_data(g, s[0], xs, stride, padding, dilation, groups);
-      if (need_w) {
-        std::tie(dw, db) =
-            ops::conv2d_backward_weight(g, s[need_x ? 1 : 0], ws, stride, padding, dilation, groups, need_b);
-      } else if (need_b) {
-        db = ops::sum(g, {0, 2, 3});
-      }
-      return {dx, dw, db};
-    };
-  }
+  record_conv("conv2d", x, weight, bias, y, stride, padding, dilation, groups, false);
+  return y;
+}
+
+Tensor conv2d_relu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, Size2 stride,
+                   Size2 padding, Size2 dilation, int64_t groups) {
+  const auto in = amp::autocast("conv2d", x_in, weight_in, bias_in);
+  const Tensor &x = in[0], &weight = in[1], &bias = in[2];
+  if (x.defined() && x.dim() == 3)
+    return squeeze(conv2d_relu(unsqueeze(x, 0), weight, bias, stride, padding, dilation, groups), 0);
+  Tensor y = autograd::detail::replayable(
+      "conv2d_relu", [&] { return ops::conv2d_relu(x, weight, bias, stride, padding, dilation, groups); });
+  record_conv("conv2d_relu", x, weight, bias, y, stride, padding, dilation, groups, true);
   return y;
 }
 

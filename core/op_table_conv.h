@@ -29,6 +29,7 @@ struct ConvArgs {
   void* dx = nullptr;
   void* dweight = nullptr;
   void* dbias = nullptr;  // backward_weight: null when there is no bias
+  bool relu = false;  // forward: y = max(0, y) as y is stored (conv2d_relu); every forward kernel obeys it
 };
 using ConvKernel = void(const ConvArgs& args);
 extern OpTable<ConvKernel> op_conv2d;

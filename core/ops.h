@@ -107,6 +107,11 @@ Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const 
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& grad_out, const Tensor& x,
                                                  const Shape& weight_shape, Size2 stride, Size2 padding,
                                                  Size2 dilation, int64_t groups, bool with_bias);
+// relu(conv2d(...)) with the same checks, the ReLU applied as the kernel stores y (on the CPU: a oneDNN
+// post-op, or a pass over y after the fallback kernels); conv2d then relu_ on other devices. No buffer for
+// the value before the ReLU either way.
+Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Size2 stride = 1,
+                   Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
 
 // 2-D pooling over x [N, C, H, W] (or [C, H, W]); stride defaults to the kernel; padding at most half the
 // (effective) kernel. max_pool2d_with_indices also returns, as i64, where each maximum came from (h * W + w

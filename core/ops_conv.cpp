@@ -88,25 +88,30 @@ Tensor to_dtype(const Tensor& t, DType dt) { return t.defined() ? ops::to(t, dt)
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
-              Size2 dilation, int64_t groups) {
-  memory::OpScope op_scope("conv2d", x, weight);  // Note [op names in the history]
-  FRUGAL_CHECK(weight.defined(), "conv2d: the weight is undefined");
-  check_conv_tensor("conv2d", "the input", x, weight);
-  check_conv_tensor("conv2d", "the weight", weight, weight);
+namespace {
+
+// conv2d, and conv2d_relu when relu: the ReLU goes into the kernel on the CPU (and so into the meta kernel
+// that stands for it); elsewhere it runs in place after.
+Tensor conv2d_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride,
+                      Size2 padding, Size2 dilation, int64_t groups, bool relu) {
+  FRUGAL_CHECK(weight.defined(), op, ": the weight is undefined");
+  check_conv_tensor(op, "the input", x, weight);
+  check_conv_tensor(op, "the weight", weight, weight);
   // An unbatched input [C, H, W] is a batch of one, as in PyTorch.
   if (x.dim() == 3)
-    return ops::squeeze(conv2d(ops::unsqueeze(x, 0), weight, bias, stride, padding, dilation, groups), 0);
+    return ops::squeeze(
+        conv2d_forward(op, ops::unsqueeze(x, 0), weight, bias, stride, padding, dilation, groups, relu), 0);
   Shape y_shape;
-  ConvArgs a = conv_geometry("conv2d", x.shape(), weight.shape(), stride, padding, dilation, groups, y_shape);
+  ConvArgs a = conv_geometry(op, x.shape(), weight.shape(), stride, padding, dilation, groups, y_shape);
   if (bias.defined()) {
-    check_conv_tensor("conv2d", "the bias", bias, weight);
-    FRUGAL_CHECK_SHAPE(bias.dim() == 1 && bias.size(0) == a.o, "conv2d: expected a bias of shape [", a.o,
+    check_conv_tensor(op, "the bias", bias, weight);
+    FRUGAL_CHECK_SHAPE(bias.dim() == 1 && bias.size(0) == a.o, op, ": expected a bias of shape [", a.o,
                        "] (out_channels of weight ", weight.shape(), "), got ", bias.shape());
   }
   if (via_f32(op_conv2d, x))
-    return ops::to(conv2d(to_f32(x), to_f32(weight), to_f32(bias), stride, padding, dilation, groups),
-                   x.dtype());
+    return ops::to(
+        conv2d_forward(op, to_f32(x), to_f32(weight), to_f32(bias), stride, padding, dilation, groups, relu),
+        x.dtype());
   const Tensor xc = ops::contiguous(x), wc = ops::contiguous(weight),
                bc = bias.defined() ? ops::contiguous(bias) : bias;
   Tensor y = empty(y_shape, x.options());
@@ -115,8 +120,25 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 s
   a.weight = wc.raw_data();
   a.bias = bc.defined() ? bc.raw_data() : nullptr;
   a.y = y.raw_data();
+  const DeviceType device = x.device().type;
+  a.relu = relu && (device == DeviceType::CPU || device == DeviceType::Meta);
   op_conv2d.get(x.device(), x.dtype())(a);
+  if (relu && !a.relu) relu_(y);
   return y;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
+              Size2 dilation, int64_t groups) {
+  memory::OpScope op_scope("conv2d", x, weight);  // Note [op names in the history]
+  return conv2d_forward("conv2d", x, weight, bias, stride, padding, dilation, groups, false);
+}
+
+Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
+                   Size2 dilation, int64_t groups) {
+  memory::OpScope op_scope("conv2d_relu", x, weight);  // Note [op names in the history]
+  return conv2d_forward("conv2d_relu", x, weight, bias, stride, padding, dilation, groups, true);
 }
 
 Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const Shape& x_shape, Size2 stride,

@@ -5,6 +5,7 @@
 #include <typeinfo>
 
 #include "autograd/recompute.h"
+#include "nn/conv.h"
 #include "nn/layers.h"
 #include "nn/quant.h"
 
@@ -19,7 +20,8 @@ const std::shared_ptr<Module>& checked_at(const std::vector<std::shared_ptr<Modu
 }
 
 // Runs modules [begin, end) in order on h; a Linear directly followed by a ReLU (both exactly those classes,
-// so no override of forward is skipped) runs as one F::linear_relu, and a QuantizedLinear followed by a ReLU
+// so no override of forward is skipped) runs as one F::linear_relu, a Conv2d followed by a ReLU as one
+// frugal::conv2d_relu, and a QuantizedLinear followed by a ReLU
 // (or a QuantizedConv2d) followed by a ReLU as its forward_relu.
 Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t begin, size_t end, Tensor h) {
   for (size_t i = begin; i < end; ++i) {
@@ -29,6 +31,14 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
       m.apply_masks();
       const auto& linear = static_cast<const LinearImpl&>(m);
       h = functional::linear_relu(h, linear.weight, linear.bias);
+      ++i;
+      continue;
+    }
+    if (next && typeid(m) == typeid(Conv2dImpl) && typeid(*next) == typeid(ReLUImpl)) {
+      m.apply_masks();
+      const auto& conv = static_cast<const Conv2dImpl&>(m);
+      const Conv2dOptions& o = conv.options();
+      h = conv2d_relu(h, conv.weight, conv.bias, o.stride(), o.padding(), o.dilation(), o.groups());
       ++i;
       continue;
     }

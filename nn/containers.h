@@ -55,7 +55,9 @@ class SequentialImpl : public Module {
   // backward, which runs each segment again; gradients are bit-identical to those without. The last run of
   // at most k modules is not a segment: backward needs its activations first, so it keeps them. A Linear
   // directly followed by a ReLU (within one segment) runs as one F::linear_relu: the same values within f32
-  // rounding (exactly, where no fused GEMM is registered), one pass over memory fewer each way.
+  // rounding (exactly, where no fused GEMM is registered), one pass over memory fewer each way. A Conv2d
+  // followed by a ReLU likewise runs as one frugal::conv2d_relu, with no tensor for the value before the
+  // ReLU.
   Tensor forward(const Tensor& x) override;
   SequentialImpl& recompute_every(int k);
   int recompute_every() const { return recompute_every_; }

@@ -224,6 +224,18 @@ void conv2d_backward_weight_im2col(const ConvArgs& a) {
   }
 }
 
+// A forward kernel without the ReLU inside, then, when conv2d_relu asked for it (ConvArgs::relu), the ReLU
+// over y in place, as linear_relu's fallback applies it.
+template <typename T, void (*Kernel)(const ConvArgs&)>
+void forward_then_relu(const ConvArgs& a) {
+  Kernel(a);
+  if (!a.relu) return;
+  T* y = static_cast<T*>(a.y);
+  parallel_for(0, a.n * a.o * a.oh * a.ow, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] = y[i] > T(0) ? y[i] : T(0);
+  });
+}
+
 // ---- 16-bit floats around the f32 kernels -----------------------------------------------------------------
 
 // The f32 copies conv2d_widened makes of a direction's operands.
@@ -315,15 +327,16 @@ struct ConvPlan {
   dnnl::memory::desc scratchpad;
 };
 
-using ConvPlans = cpu::PlanCache<18, ConvPlan>;
+using ConvPlans = cpu::PlanCache<19, ConvPlan>;
 
 using cpu::onednn_engine;
 using DataType = dnnl::memory::data_type;
 
 ConvPlans::Key key_of(const ConvArgs& a, Direction dir, bool any, DataType type) {
   const bool bias = dir == Direction::Forward ? a.bias != nullptr : a.dbias != nullptr;
-  return {int64_t(dir), any,        bias,       a.n,     a.c,     a.h,     a.w,     a.o,      a.kh,
-          a.kw,         a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, int64_t(type)};
+  const bool relu = dir == Direction::Forward && a.relu;
+  return {int64_t(dir), any,        bias,    a.n,     a.c,     a.h,     a.w,      a.o,           a.kh, a.kw,
+          a.stride_h,   a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, int64_t(type), relu};
 }
 
 // Every user tensor has the dtype `type` (f32 or bf16); oneDNN accumulates bf16 in f32.
@@ -347,6 +360,11 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, boo
   const auto algo = dnnl::algorithm::convolution_direct;
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (dir == Direction::Forward && a.relu) {  // conv2d_relu: the ReLU as the primitive stores y
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
   auto& eng = onednn_engine();
 
   const bool fwd_bias = dir == Direction::Forward && a.bias;
@@ -467,7 +485,8 @@ bool run_onednn(const ConvArgs& a, Direction dir, DataType type) {
 }
 
 void conv2d_forward_f32(const ConvArgs& a) {
-  if (!run_onednn(a, Direction::Forward, DataType::f32)) conv2d_forward_im2col<float>(a);
+  if (!run_onednn(a, Direction::Forward, DataType::f32))
+    forward_then_relu<float, conv2d_forward_im2col<float>>(a);
 }
 void conv2d_backward_data_f32(const ConvArgs& a) {
   if (!run_onednn(a, Direction::BackwardData, DataType::f32)) conv2d_backward_data_im2col<float>(a);
@@ -538,7 +557,7 @@ const bool kRegistered = [] {
   op_conv2d_backward_data.set(DeviceType::CPU, DType::BF16, conv2d_bf16<Direction::BackwardData>);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::BF16, conv2d_bf16<Direction::BackwardWeight>);
 #else
-  op_conv2d.set(DeviceType::CPU, DType::F32, conv2d_forward_im2col<float>);
+  op_conv2d.set(DeviceType::CPU, DType::F32, forward_then_relu<float, conv2d_forward_im2col<float>>);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F32, conv2d_backward_data_im2col<float>);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::F32, conv2d_backward_weight_im2col<float>);
   op_conv2d.set(DeviceType::CPU, DType::BF16, conv2d_widened<BFloat16, Direction::Forward>);
@@ -550,7 +569,7 @@ const bool kRegistered = [] {
   op_conv2d.set(DeviceType::CPU, DType::F16, conv2d_widened<Half, Direction::Forward>);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F16, conv2d_widened<Half, Direction::BackwardData>);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::F16, conv2d_widened<Half, Direction::BackwardWeight>);
-  op_conv2d.set(DeviceType::CPU, DType::F64, reference::conv2d_forward<double>);
+  op_conv2d.set(DeviceType::CPU, DType::F64, forward_then_relu<double, reference::conv2d_forward<double>>);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F64, reference::conv2d_backward_data<double>);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::F64, reference::conv2d_backward_weight<double>);
   return true;

@@ -1,0 +1,197 @@
+// The fused convolution + ReLU op (frugal::conv2d_relu, behind nn::Sequential's Conv2d, ReLU pairs) against
+// relu(conv2d): forward in every floating dtype (oneDNN's post-op in f32 and bf16 where built with it, a pass
+// over y after the other kernels), strides, padding, dilation, groups, no bias, an unbatched input; gradients
+// against the composite and by finite differences in f64; Sequential's fusion, with recompute segments; one
+// tensor fewer in the arena; bad inputs.
+#include <sstream>
+
+#include "nn/containers.h"
+#include "nn/conv.h"
+#include "nn/layers.h"
+#include "tests/autograd/gradcheck_helpers.h"
+
+namespace frugal {
+namespace {
+
+using testing::expect_close;
+using testing::expect_error;
+using testing::uniform;
+
+struct ConvCase {
+  Shape x, w;
+  Size2 stride = 1, padding = 0, dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+
+const std::vector<ConvCase> kCases = {
+    {{2, 3, 9, 8}, {4, 3, 3, 3}},
+    {{2, 3, 9, 8}, {4, 3, 3, 3}, 2, 1, 1, 1, false},
+    {{1, 4, 10, 10}, {6, 2, 3, 2}, 1, {1, 2}, 2, 2, true},
+    {{3, 1, 28, 28}, {8, 1, 3, 3}, 1, 1},     // W2's first layer, fewer channels
+    {{4, 32, 14, 14}, {64, 32, 3, 3}, 1, 1},  // W2's second layer
+    {{3, 16, 7, 7}, {16, 16, 1, 1}, 1, 0, 1, 1, false},
+};
+
+std::string name_of(const ConvCase& c, DType t) {
+  std::ostringstream s;
+  s << "x " << c.x << " w " << c.w << " stride " << c.stride.h << " groups " << c.groups
+    << (c.bias ? "" : " no bias") << " " << dtype_name(t);
+  return s.str();
+}
+
+// The tolerance of one convolution output in dtype t against another way of computing it.
+testing::Tol tol_of(DType t) {
+  if (t == DType::BF16) return {1.0 / 64, 1.0 / 64};
+  if (t == DType::F16) return {1e-3, 1e-3};
+  if (t == DType::F64) return {1e-12, 1e-12};
+  return {1e-5, 1e-5};
+}
+
+TEST(ConvRelu, ForwardMatchesConvThenRelu) {
+  for (const ConvCase& c : kCases)
+    for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+      const Tensor x = uniform(c.x, -1, 1, t, 1), w = uniform(c.w, -0.5, 0.5, t, 2);
+      const Tensor b = c.bias ? uniform({c.w[0]}, -0.3, 0.3, t, 3) : Tensor();
+      const Tensor y = ops::conv2d_relu(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+      const Tensor ref = ops::relu(ops::conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups));
+      ASSERT_EQ(y.shape(), ref.shape()) << name_of(c, t);
+      ASSERT_EQ(y.dtype(), t);
+      expect_close(y, ref.to_vector<double>(), tol_of(t), name_of(c, t));
+      // Both signs occur before the ReLU, so the mask is tested, and no output is negative.
+      const auto v = y.to_vector<double>();
+      EXPECT_TRUE(std::count(v.begin(), v.end(), 0.0) > 0) << name_of(c, t);
+      EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](double e) { return e >= 0; })) << name_of(c, t);
+    }
+  // An unbatched input [C, H, W] is a batch of one.
+  const Tensor x = uniform({3, 9, 8}, -1, 1, DType::F32, 4),
+               w = uniform({4, 3, 3, 3}, -0.5, 0.5, DType::F32, 5);
+  const Tensor y = ops::conv2d_relu(x, w, {}, 1, 1);
+  ASSERT_EQ(y.shape(), (Shape{4, 9, 8}));
+  expect_close(y, ops::relu(ops::conv2d(x, w, {}, 1, 1)).to_vector<double>(), tol_of(DType::F32),
+               "unbatched");
+}
+
+TEST(ConvRelu, GradientsMatchTheComposite) {
+  for (const ConvCase& c : kCases) {
+    auto fused = [&](const std::vector<Tensor>& in) {
+      return conv2d_relu(in[0], in[1], c.bias ? in[2] : Tensor(), c.stride, c.padding, c.dilation, c.groups);
+    };
+    auto composite = [&](const std::vector<Tensor>& in) {
+      return relu(conv2d(in[0], in[1], c.bias ? in[2] : Tensor(), c.stride, c.padding, c.dilation, c.groups));
+    };
+    const std::vector<Tensor> in = {uniform(c.x, -1, 1, DType::F32, 6).requires_grad_(),
+                                    uniform(c.w, -0.5, 0.5, DType::F32, 7).requires_grad_(),
+                                    uniform({c.w[0]}, -0.3, 0.3, DType::F32, 8).requires_grad_()};
+    EXPECT_EQ(std::string(fused(in).grad_fn_name()), "conv2d_relu");
+    const auto g_fused = testing::grads_of(fused, in), g_ref = testing::grads_of(composite, in);
+    for (size_t i = 0; i < (c.bias ? 3u : 2u); ++i)
+      expect_close(g_fused[i], g_ref[i].to_vector<double>(), testing::Tol{1e-4, 1e-4},
+                   name_of(c, DType::F32) + " gradient " + std::to_string(i));
+  }
+}
+
+TEST(ConvRelu, Gradcheck) {
+  // Finite differences in f64; these seeds keep every pre-activation clear of the ReLU's kink.
+  testing::expect_grads_ok(
+      [](const std::vector<Tensor>& in) { return conv2d_relu(in[0], in[1], in[2], 1, 1); },
+      {testing::leaf({2, 2, 5, 4}, -1, 1, 11), testing::leaf({3, 2, 3, 3}, -1, 1, 12),
+       testing::leaf({3}, -1, 1, 13)},
+      "conv2d_relu padding 1");
+  testing::expect_grads_ok(
+      [](const std::vector<Tensor>& in) { return conv2d_relu(in[0], in[1], {}, 2, 0, 1, 2); },
+      {testing::leaf({1, 4, 6, 6}, -1, 1, 14), testing::leaf({2, 2, 2, 2}, -1, 1, 15)},
+      "conv2d_relu stride 2 groups 2 no bias");
+}
+
+// Sequential runs a Conv2d, ReLU pair as one op, with the values and gradients of the modules run one by one
+// (through a ReLU subclass, which the fusion leaves alone); recompute segments change no gradient bit.
+struct OtherReLU : nn::ReLUImpl {};
+
+nn::Sequential make_cnn(bool other_relu) {
+  manual_seed(9);
+  auto relu = [&]() -> std::shared_ptr<nn::Module> {
+    if (other_relu) return std::make_shared<OtherReLU>();
+    return nn::ReLU().ptr();
+  };
+  nn::Sequential net;
+  net->push_back(nn::Conv2d(nn::Conv2dOptions(1, 8, 3).padding(1)));
+  net->push_back(relu());
+  net->push_back(nn::MaxPool2d(2));
+  net->push_back(nn::Conv2d(nn::Conv2dOptions(8, 16, 3).padding(1)));
+  net->push_back(relu());
+  net->push_back(nn::MaxPool2d(2));
+  net->push_back(nn::Flatten());
+  net->push_back(nn::Linear(16 * 3 * 3, 5));
+  return net;
+}
+
+std::vector<Tensor> grads_of(nn::SequentialImpl& net, const Tensor& x, Tensor* y_out = nullptr) {
+  net.zero_grad();
+  const Tensor y = net.forward(x);
+  if (y_out) *y_out = y.detach();
+  sum(mul(y, uniform(y.shape(), -1, 1, DType::F32, 31))).backward();
+  std::vector<Tensor> g;
+  for (const Tensor& p : net.parameters()) g.push_back(p.grad());
+  return g;
+}
+
+TEST(ConvRelu, SequentialFusesConvReluPairs) {
+  const Tensor x = uniform({6, 1, 12, 12}, -1, 1, DType::F32, 30);
+  nn::Sequential pair{nn::Conv2d(nn::Conv2dOptions(1, 4, 3)), nn::ReLU()};
+  EXPECT_EQ(std::string(pair->forward(x).grad_fn_name()), "conv2d_relu");
+  nn::Sequential other{nn::Conv2d(nn::Conv2dOptions(1, 4, 3)), std::make_shared<OtherReLU>()};
+  EXPECT_EQ(std::string(other->forward(x).grad_fn_name()), "relu");
+  auto fused = make_cnn(false), plain = make_cnn(true);
+  Tensor y_fused, y_plain;
+  const auto g_fused = grads_of(*fused, x, &y_fused), g_plain = grads_of(*plain, x, &y_plain);
+  expect_close(y_fused, y_plain.to_vector<double>(), testing::Tol{1e-5, 1e-5}, "Sequential output");
+  ASSERT_EQ(g_fused.size(), g_plain.size());
+  for (size_t i = 0; i < g_fused.size(); ++i)
+    expect_close(g_fused[i], g_plain[i].to_vector<double>(), testing::Tol{1e-4, 1e-4},
+                 "parameter " + std::to_string(i));
+  // Segments of 3 modules keep each pair together (Conv2d, ReLU, MaxPool2d): bit-identical gradients.
+  auto rec = make_cnn(false);
+  rec->recompute_every(3);
+  const auto g_rec = grads_of(*rec, x);
+  for (size_t i = 0; i < g_fused.size(); ++i) {
+    const auto a = g_rec[i].to_vector<double>(), b = g_fused[i].to_vector<double>();
+    EXPECT_EQ(a, b) << "recompute_every(3) parameter " << i;
+  }
+}
+
+// No tensor holds the values before the ReLU: the fused forward allocates one output fewer than conv2d and
+// relu in turn, as the arena's count of allocations shows.
+TEST(ConvRelu, AllocatesOneTensorFewer) {
+  const Tensor x = uniform({4, 8, 14, 14}, -1, 1, DType::F32, 40),
+               w = uniform({16, 8, 3, 3}, -0.5, 0.5, DType::F32, 41);
+  memory::Allocator& arena = memory::allocator(kCPU);
+  auto allocs = [&](const std::function<Tensor()>& f) {
+    f();  // oneDNN's primitive and the cached blocks first
+    const int64_t before = arena.stats().num_allocs;
+    const Tensor y = f();
+    return arena.stats().num_allocs - before;
+  };
+  const int64_t fused = allocs([&] { return ops::conv2d_relu(x, w, {}, 1, 1); });
+  const int64_t unfused = allocs([&] { return ops::relu(ops::conv2d(x, w, {}, 1, 1)); });
+  EXPECT_EQ(fused + 1, unfused);
+}
+
+TEST(ConvRelu, BadInputs) {
+  const Tensor x = uniform({2, 3, 8, 8}, -1, 1), w = uniform({4, 3, 3, 3}, -1, 1);
+  expect_error<ShapeError>(
+      [&] {
+        ops::conv2d_relu(x, uniform({4, 2, 3, 3}, -1, 1));
+      },
+      {"conv2d_relu", "3 channels", "[4, 2, 3, 3]"});
+  expect_error<ShapeError>([&] { ops::conv2d_relu(x, w, uniform({3}, -1, 1)); },
+                           {"conv2d_relu", "bias", "[4]"});
+  expect_error<DTypeError>([&] { ops::conv2d_relu(x, w.to(DType::F64)); }, {"conv2d_relu", "f32", "f64"});
+  expect_error<ShapeError>([&] { conv2d_relu(uniform({3, 8}, -1, 1), w); }, {"conv2d_relu", "4-D"});
+  expect_error<Error>([&] { ops::conv2d_relu(x, w, {}, 0); }, {"conv2d_relu", "stride"});
+  // Nothing was written into the inputs.
+  expect_close(x, uniform({2, 3, 8, 8}, -1, 1).to_vector<double>(), testing::Tol{0, 0}, "x untouched");
+}
+
+}  // namespace
+}  // namespace frugal
