@@ -9,6 +9,7 @@
 #include "nn/conv.h"
 #include "nn/layers.h"
 #include "tests/autograd/gradcheck_helpers.h"
+#include "tests/nn/sequential_grads.h"
 
 namespace frugal {
 namespace {
@@ -126,16 +127,6 @@ nn::Sequential make_cnn(bool other_relu) {
   return net;
 }
 
-std::vector<Tensor> grads_of(nn::SequentialImpl& net, const Tensor& x, Tensor* y_out = nullptr) {
-  net.zero_grad();
-  const Tensor y = net.forward(x);
-  if (y_out) *y_out = y.detach();
-  sum(mul(y, uniform(y.shape(), -1, 1, DType::F32, 31))).backward();
-  std::vector<Tensor> g;
-  for (const Tensor& p : net.parameters()) g.push_back(p.grad());
-  return g;
-}
-
 TEST(ConvRelu, SequentialFusesConvReluPairs) {
   const Tensor x = uniform({6, 1, 12, 12}, -1, 1, DType::F32, 30);
   nn::Sequential pair{nn::Conv2d(nn::Conv2dOptions(1, 4, 3)), nn::ReLU()};
@@ -143,17 +134,11 @@ TEST(ConvRelu, SequentialFusesConvReluPairs) {
   nn::Sequential other{nn::Conv2d(nn::Conv2dOptions(1, 4, 3)), std::make_shared<OtherReLU>()};
   EXPECT_EQ(std::string(other->forward(x).grad_fn_name()), "relu");
   auto fused = make_cnn(false), plain = make_cnn(true);
-  Tensor y_fused, y_plain;
-  const auto g_fused = grads_of(*fused, x, &y_fused), g_plain = grads_of(*plain, x, &y_plain);
-  expect_close(y_fused, y_plain.to_vector<double>(), testing::Tol{1e-5, 1e-5}, "Sequential output");
-  ASSERT_EQ(g_fused.size(), g_plain.size());
-  for (size_t i = 0; i < g_fused.size(); ++i)
-    expect_close(g_fused[i], g_plain[i].to_vector<double>(), testing::Tol{1e-4, 1e-4},
-                 "parameter " + std::to_string(i));
+  const auto g_fused = testing::expect_nets_agree(*fused, *plain, x, testing::Tol{1e-4, 1e-4});
   // Segments of 3 modules keep each pair together (Conv2d, ReLU, MaxPool2d): bit-identical gradients.
   auto rec = make_cnn(false);
   rec->recompute_every(3);
-  const auto g_rec = grads_of(*rec, x);
+  const auto g_rec = testing::sequential_grads(*rec, x);
   for (size_t i = 0; i < g_fused.size(); ++i) {
     const auto a = g_rec[i].to_vector<double>(), b = g_fused[i].to_vector<double>();
     EXPECT_EQ(a, b) << "recompute_every(3) parameter " << i;

@@ -8,6 +8,7 @@
 #include "nn/layers.h"
 #include "tests/autograd/gradcheck_helpers.h"
 #include "tests/nn/linear_case.h"
+#include "tests/nn/sequential_grads.h"
 
 namespace frugal {
 namespace {
@@ -190,16 +191,6 @@ nn::Sequential make_net(bool other_relu) {
   return net;
 }
 
-std::vector<Tensor> grads_of(nn::SequentialImpl& net, const Tensor& x, Tensor* y_out = nullptr) {
-  net.zero_grad();
-  const Tensor y = net.forward(x);
-  if (y_out) *y_out = y.detach();
-  sum(mul(y, uniform(y.shape(), -1, 1, DType::F32, 31))).backward();
-  std::vector<Tensor> g;
-  for (const Tensor& p : net.parameters()) g.push_back(p.grad());
-  return g;
-}
-
 TEST(LinearRelu, SequentialFusesLinearReluPairs) {
   const Tensor x = uniform({16, 24}, -1, 1, DType::F32, 30);
   auto fused = make_net(false), plain = make_net(true);
@@ -207,18 +198,12 @@ TEST(LinearRelu, SequentialFusesLinearReluPairs) {
   EXPECT_EQ(std::string(pair->forward(x).grad_fn_name()), "linear_relu");
   nn::Sequential other{nn::Linear(24, 24), std::make_shared<OtherReLU>()};
   EXPECT_EQ(std::string(other->forward(x).grad_fn_name()), "relu");
-  Tensor y_fused, y_plain;
-  const auto g_fused = grads_of(*fused, x, &y_fused), g_plain = grads_of(*plain, x, &y_plain);
-  expect_close(y_fused, y_plain.to_vector<double>(), testing::Tol{1e-5, 1e-5}, "Sequential output");
-  ASSERT_EQ(g_fused.size(), g_plain.size());
-  for (size_t i = 0; i < g_fused.size(); ++i)
-    expect_close(g_fused[i], g_plain[i].to_vector<double>(), testing::Tol{1e-5, 1e-5},
-                 "parameter " + std::to_string(i));
+  const auto g_fused = testing::expect_nets_agree(*fused, *plain, x, testing::Tol{1e-5, 1e-5});
   // Segments of 3 modules split some pairs (Linear | ReLU): those run unfused, still the same gradients.
   for (int k : {2, 3, 4}) {
     auto rec = make_net(false);
     rec->recompute_every(k);
-    const auto g_rec = grads_of(*rec, x);
+    const auto g_rec = testing::sequential_grads(*rec, x);
     for (size_t i = 0; i < g_fused.size(); ++i) {
       if (k % 2 == 0)
         expect_same(g_rec[i], g_fused[i],
