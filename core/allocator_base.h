@@ -34,8 +34,8 @@ struct Block {
   bool allocated = false;
   int8_t category = -1;        // a memory::Category, stamped while a history records (core/history_log.h)
   Phase phase = Phase::Other;  // the allocating thread's, and the op that allocated it: what an
-  bool binned = false;         // freed into the arena's bin of its size (Note [exact-fit bins]): in no pool
   const char* op = "";         // out-of-memory message says of the live blocks (core/out_of_memory.cpp)
+  bool binned = false;         // freed into the arena's bin of its size (Note [exact-fit bins]): in no pool
   Stream stream = 0;           // the segment's: blocks are reused only on it (Note [streams and the arena])
   int pending_events = 0;      // freed, waiting for other streams' work: in no pool, merges with nothing
   std::vector<Stream> uses{};  // other streams that use the live block (record_stream)

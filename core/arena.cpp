@@ -117,6 +117,7 @@ class Arena final : public AllocatorBase {
   void check_invariants() const override {
     std::lock_guard lock(mu_);
     int64_t requested = 0, allocated = 0, reserved = 0, active = 0, free_blocks = 0, binned_blocks = 0;
+    std::set<const Block*> binned_seen;  // the bins may point only at these
     std::vector<int64_t> tag_bytes;
     for (const auto& [id, segment] : segments_) {
       const Segment* s = segment.get();
@@ -131,7 +132,11 @@ class Arena final : public AllocatorBase {
                       b->size, " bytes");
         FRUGAL_ASSERT(!b->next || b->next->prev == b, "segment ", id, ": broken prev link");
         cursor += b->size;
+        FRUGAL_ASSERT(b->binned || b->bin_next == nullptr, "segment ", id,
+                      ": a block not binned has a bin link");
+        if (b->binned) binned_seen.insert(b);
         if (b->allocated) {
+          FRUGAL_ASSERT(!b->binned, "segment ", id, ": a live block marked binned");
           FRUGAL_ASSERT(b->requested <= b->size, "segment ", id, ": a block smaller than its request");
           FRUGAL_ASSERT(b->pending_events == 0, "segment ", id, ": a live block waiting for events");
           requested += b->requested;
@@ -166,14 +171,18 @@ class Arena final : public AllocatorBase {
     FRUGAL_ASSERT(int64_t(small_free_.size() + large_free_.size()) == free_blocks, "the free pools hold ",
                   small_free_.size() + large_free_.size(), " blocks, the segments ", free_blocks);
     int64_t in_bins = 0;
-    for (int i = 0; i < kBins; ++i) {
+    for (int i = 0; i < int(bin_bits_.size()) * 64; ++i) {
       const bool marked = (bin_bits_[i / 64] >> (i % 64)) & 1;
-      FRUGAL_ASSERT(marked == (bins_[i] != nullptr), "bin ", i, ": marked ", marked ? "full" : "empty",
-                    " but is not");
-      for (const Block* b = bins_[i]; b; b = b->bin_next, ++in_bins)
-        FRUGAL_ASSERT(b->binned && !b->allocated && b->size == i * kMinBlock, "bin ", i,
-                      ": holds a block of ", b->size, " bytes", b->allocated ? ", live" : "",
-                      b->binned ? "" : ", not marked binned");
+      FRUGAL_ASSERT(marked == (i < kBins && bins_[i] != nullptr), "bin ", i, ": marked ",
+                    marked ? "full" : "empty", " but is not");
+      if (i >= kBins) continue;
+      // Each entry must be a binned block of a live segment (checked before it is read), and a walk longer
+      // than the count is a cycle.
+      for (const Block* b = bins_[i]; b; b = b->bin_next, ++in_bins) {
+        FRUGAL_ASSERT(binned_seen.count(b) == 1 && in_bins < binned_, "bin ", i,
+                      ": links to a block that no segment holds as binned, or loops");
+        FRUGAL_ASSERT(b->size == i * kMinBlock, "bin ", i, ": holds a block of ", b->size, " bytes");
+      }
     }
     FRUGAL_ASSERT(in_bins == binned_blocks && in_bins == binned_, "the bins hold ", in_bins,
                   " blocks, the segments ", binned_blocks, ", the count says ", binned_);
@@ -297,13 +306,15 @@ class Arena final : public AllocatorBase {
   // after step, and most of them small. So a freed small block goes to the bin of its size, a LIFO list (one
   // per multiple of kMinBlock up to kSmallRequest), as it is, not merged with its neighbours; an allocation
   // of that size on the block's stream takes the newest one back: no tree walk, no split, no merge. A 4 KiB
-  // allocate/free pair went from 26 ns to 15 (glibc's malloc: 14.6 ns in the same runs; best of 30 x
-  // 200,000 pairs, AMD EPYC Zen 4). A small request that its bin cannot serve first merges every binned
-  // block back into the pool (as glibc consolidates its fast bins), and then takes the best fit as
-  // always: so the pool it chooses from is the one immediate merging would have left, and no segment is
-  // made while merged blocks would have served. Merging back only on a miss mattered: merging back only
-  // before a new segment let best fits split blocks that were about to merge, and raised the reserved peak
-  // of some recompute plans by enough that the planner's test no longer found one under 0.6 x the peak.
+  // allocate/free pair went from 26-29 ns to 15-17 (glibc's malloc: 14.5-16 ns in the same runs; AMD EPYC
+  // Zen 4). A small request that its bin cannot serve first merges every binned block back into the pool
+  // (as glibc consolidates its fast bins), and then takes the best fit as always, from a pool in which no
+  // two free blocks are adjacent: no segment is made while merged blocks would have served. The layout
+  // still differs from merging at once (a hit takes the binned block, where best fit might have chosen
+  // another); the dry run reproduces it all the same, as it runs this very code. Merging back only on a
+  // miss mattered: merging back only before a new segment let best fits split blocks that were about to
+  // merge, and raised the reserved peak of some recompute plans by enough that the planner's test no longer
+  // found one under 0.6 x the peak.
   // The bins are merged back too when the arena returns segments (a limit, empty_cache). A binned block is
   // free: it counts as no allocated byte, and a snapshot, largest_free_block and the fragmentation figure
   // take a run of adjacent free blocks, binned or not, as the one block it will merge into. Large blocks are
@@ -331,18 +342,14 @@ class Arena final : public AllocatorBase {
     ++binned_;
   }
   // Puts every binned block into its pool, merged with its free neighbours. The merged blocks, and so every
-  // later choice, do not depend on the order.
+  // later choice, do not depend on the order. One block at a time, each out of its bin before it goes into
+  // the pool: should the pool's insert fail, the bins still hold exactly the blocks not yet moved.
   void flush_bins_locked() {
-    if (binned_ == 0) return;
-    for (size_t w = 0; w < bin_bits_.size(); ++w)
-      for (uint64_t bits = std::exchange(bin_bits_[w], 0); bits; bits &= bits - 1)
-        for (Block* b = std::exchange(bins_[w * 64 + size_t(__builtin_ctzll(bits))], nullptr); b;) {
-          Block* next = std::exchange(b->bin_next, nullptr);
-          b->binned = false;
-          insert_free_locked(b);
-          b = next;
-        }
-    binned_ = 0;
+    for (size_t w = 0; w < bin_bits_.size() && binned_ > 0; ++w)
+      while (bin_bits_[w]) {
+        const size_t i = w * 64 + size_t(__builtin_ctzll(bin_bits_[w]));
+        while (bins_[i]) insert_free_locked(take_binned_locked(int64_t(i) * kMinBlock, bins_[i]->stream));
+      }
   }
 
   // Best fit on `stream`: the smallest free block that is big enough, the oldest segment's among equals,
@@ -577,16 +584,17 @@ class Arena final : public AllocatorBase {
     return out;
   }
 
-  // With blocks in the bins (Note [exact-fit bins]), the small segments' runs of adjacent free blocks,
-  // binned or not, count as the one block they would merge into.
+  // A run of adjacent free blocks, binned or not, counts as the one block it merges into (Note [exact-fit
+  // bins]). Without bins and streams the pools' last blocks say it at once; otherwise the segments are walked
+  // (the pools are ordered by stream first, so their last block is only the last stream's largest).
   int64_t largest_free_locked() const override {
     int64_t largest = 0;
-    for (const FreeSet* pool : {&small_free_, &large_free_})
-      if (!pool->empty() && (pool == &large_free_ || binned_ == 0))
-        largest = std::max(largest, (*pool->rbegin())->size);
-    if (binned_ == 0) return largest;
+    if (binned_ == 0 && !streams_) {
+      for (const FreeSet* pool : {&small_free_, &large_free_})
+        if (!pool->empty()) largest = std::max(largest, (*pool->rbegin())->size);
+      return largest;
+    }
     for (const auto& [id, segment] : segments_) {
-      if (!segment->small) continue;
       int64_t run = 0;
       for (const Block* b = segment->head; b; b = b->next) {
         run = !b->allocated && b->pending_events == 0 ? run + b->size : 0;

@@ -305,6 +305,27 @@ TEST(Arena, BinnedBlocksComeBackExactlyAndMergeOnAMiss) {
   EXPECT_EQ(f.ledger->live_bytes, 0);
 }
 
+// Two binned neighbours in a full segment: largest_free_block and the fragmentation figure count them as the
+// one block they merge into, and a request for that merged size is served from them, not by a new segment.
+TEST(Arena, BinnedNeighboursCountAsOneFreeBlock) {
+  Fixture f;
+  const int64_t quarter = kMiB / 2;  // four fill the 2 MiB segment of small requests
+  std::vector<Allocation> q;
+  for (int i = 0; i < 4; ++i) q.push_back(f.arena->allocate(quarter));
+  ASSERT_EQ(f.arena->stats().segments.current, 1);
+  f.arena->deallocate(q[1].block);
+  f.arena->deallocate(q[2].block);
+  f.arena->check_invariants();
+  auto s = f.arena->stats();
+  EXPECT_EQ(s.largest_free_block, 2 * quarter);
+  EXPECT_EQ(s.fragmentation, 0.0);  // all the free bytes are one block
+  const Allocation merged = f.arena->allocate(2 * quarter);
+  EXPECT_EQ(merged.ptr, q[1].ptr);
+  EXPECT_EQ(f.arena->stats().segments.current, 1);
+  f.arena->check_invariants();
+  for (memory::Block* blk : {q[0].block, q[3].block, merged.block}) f.arena->deallocate(blk);
+}
+
 // (c) Rounding, the choice of pool, and segment sizes.
 TEST(Arena, RoundsRequestsAndPicksPoolAndSegmentSize) {
   {
