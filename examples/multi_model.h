@@ -89,6 +89,7 @@ struct MixResult {
   int64_t errors = 0;       // requests that threw (an OutOfMemoryError when a model cannot fit at all)
   std::string first_error;  // the first one's message
   int64_t requests = 0, evictions = 0, loads = 0;
+  int64_t smaller = 0;  // answered by a smaller variant (allow_smaller)
   std::map<std::string, serve::ModelStats> stats;
 };
 
@@ -141,6 +142,7 @@ inline MixResult serve_mix(const std::vector<Served>& models, int64_t budget,
     r.requests += st.requests;
     r.evictions += st.evictions;
     r.loads += st.loads;
+    r.smaller += st.smaller;
     r.stats[s.name] = st;
   }
   return r;

@@ -85,7 +85,13 @@ TEST_F(MultiModelTest, AMixUnderLessThanItsNeedAnswersAsEachVariantAloneWithinTh
     EXPECT_EQ(r.requests, 80);
     EXPECT_LE(r.peak_bytes, budget);
     EXPECT_LE(r.peak_committed, budget);
-    EXPECT_GT(r.evictions, 0);
+    // The budget made something give way: an eviction, or (allowed) a smaller variant's answer. Which one
+    // depends on how the three threads interleave: a request that finds the other model running may take
+    // the smaller variant where a lone thread would have evicted.
+    if (smaller)
+      EXPECT_GT(r.evictions + r.smaller, 0);
+    else
+      EXPECT_GT(r.evictions, 0);
   }
 }
 
