@@ -29,16 +29,11 @@ void record_conv(const char* op, const Tensor& x, const Tensor& weight, const Te
   const Shape xs = x.shape(), ws = weight.shape();
   n->backward = [=](const Grads& s, const Tensor& g_in) -> Grads {
     const size_t first = relu ? 1 : 0;  // the conv's saved tensors start after y
-    const Tensor g = relu ? ops::relu_backward(g_in, s[0]) : g_in;
-    Tensor dx, dw, db;
-    if (need_x) dx = ops::conv2d_backward_data(g, s[first], xs, stride, padding, dilation, groups);
-    if (need_w) {
-      std::tie(dw, db) = ops::conv2d_backward_weight(g, s[first + (need_x ? 1 : 0)], ws, stride, padding,
-                                                     dilation, groups, need_b);
-    } else if (need_b) {
-      db = ops::sum(g, {0, 2, 3});
-    }
-    return {dx, dw, db};
+    const Tensor w = need_x ? s[first] : Tensor();
+    const Tensor xin = need_w ? s[first + (need_x ? 1 : 0)] : Tensor();
+    ops::ConvGrads r = ops::conv2d_backward(g_in, xin, w, relu ? s[0] : Tensor(), xs, ws, stride, padding,
+                                            dilation, groups, need_x, need_w, need_b);
+    return {r.dx, r.dweight, r.dbias};
   };
 }
 

@@ -16,6 +16,10 @@ namespace frugal {
 //   backward_weight: dweight[o, c', kh, kw] = sum_{n, oh, ow} dy[n, o, oh, ow] * x[n, c, ih, iw];
 //                    dbias[o] = sum_{n, oh, ow} dy[n, o, oh, ow] (when dbias is not null)
 // Each direction reads the pointers it names and overwrites its output(s) entirely.
+//   backward (both directions in one call, conv2d's rule): dx when dx is not null (weight read), dweight and
+//                    dbias (when not null) from x; with relu_y (conv2d_relu's output y) not null, every dy
+//                    above reads as relu_y > 0 ? dy : 0 (relu_backward's select). The same values as
+//                    relu_backward and the two directions' kernels.
 struct ConvArgs {
   int64_t n = 0, c = 0, h = 0, w = 0;  // x: [n, c, h, w]
   int64_t o = 0, kh = 0, kw = 0;       // weight: [o, c / groups, kh, kw]
@@ -30,11 +34,14 @@ struct ConvArgs {
   void* dweight = nullptr;
   void* dbias = nullptr;  // backward_weight: null when there is no bias
   bool relu = false;  // forward: y = max(0, y) as y is stored (conv2d_relu); every forward kernel obeys it
+  const void* relu_y = nullptr;  // backward: dy masked by relu_y > 0 (conv2d_relu's rule); null: none
 };
 using ConvKernel = void(const ConvArgs& args);
 extern OpTable<ConvKernel> op_conv2d;
 extern OpTable<ConvKernel> op_conv2d_backward_data;
 extern OpTable<ConvKernel> op_conv2d_backward_weight;
+extern OpTable<ConvKernel> op_conv2d_backward;  // both directions; where a device has no kernel, the ops
+                                                // compose relu_backward and the two above
 
 // 2-D pooling over the n * c planes of contiguous NCHW tensors, PyTorch semantics. Window (oh, ow) covers
 // ih = oh * stride_h - pad_h + i * dil_h for i < kh (iw likewise); padding never wins a max and counts in

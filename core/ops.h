@@ -107,6 +107,17 @@ Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const 
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& grad_out, const Tensor& x,
                                                  const Shape& weight_shape, Size2 stride, Size2 padding,
                                                  Size2 dilation, int64_t groups, bool with_bias);
+// conv2d's gradients in one call, as its rule wants them: d x (when need_dx; weight needed), d weight and d
+// bias (when need_dweight / need_dbias; x needed) from d y; with relu_y defined (conv2d_relu's output), from
+// d z = relu_y > 0 ? d y : 0. Where the device has the fused kernel (op_conv2d_backward; on the CPU oneDNN's
+// primitives, d z written once in the layout both want, in one pass with the mask) and d weight is needed;
+// else relu_backward and the two ops above. The same values either way, bit for bit.
+struct ConvGrads {
+  Tensor dx, dweight, dbias;
+};
+ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& relu_y,
+                          const Shape& x_shape, const Shape& weight_shape, Size2 stride, Size2 padding,
+                          Size2 dilation, int64_t groups, bool need_dx, bool need_dweight, bool need_dbias);
 // relu(conv2d(...)) with the same checks, the ReLU applied as the kernel stores y (on the CPU: a oneDNN
 // post-op, or a pass over y after the fallback kernels); conv2d then relu_ on other devices. No buffer for
 // the value before the ReLU either way.

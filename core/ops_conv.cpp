@@ -1,6 +1,7 @@
 // Convolution and pooling ops (conv2d, max_pool2d, avg_pool2d and their backward ops): argument checks with
 // PyTorch's semantics, output shapes, and the call into the op table. The kernels are in kernels/cpu/.
 #include <string>
+#include <tuple>
 
 #include "core/memory_history.h"
 #include "core/op_table.h"
@@ -192,6 +193,62 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& grad_out, const T
   a.dbias = with_bias ? db.raw_data() : nullptr;
   op_conv2d_backward_weight.get(x.device(), x.dtype())(a);
   return {dw, db};
+}
+
+ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& relu_y,
+                          const Shape& x_shape, const Shape& weight_shape, Size2 stride, Size2 padding,
+                          Size2 dilation, int64_t groups, bool need_dx, bool need_dweight, bool need_dbias) {
+  const char* op = "conv2d_backward";
+  FRUGAL_CHECK(grad_out.defined(), op, ": the output gradient is undefined");
+  FRUGAL_CHECK(!need_dx || weight.defined(), op, ": d x needs the weight, which is undefined");
+  FRUGAL_CHECK(!need_dweight || x.defined(), op, ": d weight needs the input, which is undefined");
+  if (relu_y.defined()) {
+    FRUGAL_CHECK_SHAPE(relu_y.shape() == grad_out.shape(), op, ": the ReLU's output has shape ",
+                       relu_y.shape(), " but the output gradient has shape ", grad_out.shape());
+    FRUGAL_CHECK_DTYPE(relu_y.dtype() == grad_out.dtype(), op, ": dtypes differ: the ReLU's output is ",
+                       dtype_name(relu_y.dtype()), ", the output gradient ", dtype_name(grad_out.dtype()));
+    FRUGAL_CHECK_T(DeviceError, relu_y.device() == grad_out.device(), op, ": the ReLU's output is on ",
+                   relu_y.device(), " but the output gradient is on ", grad_out.device());
+  }
+  // The fused kernel takes d weight's call (d bias alone is a sum, and d x alone has nothing to share).
+  const Device device = grad_out.device();
+  const bool fused = need_dweight && op_conv2d_backward.has(device, grad_out.dtype()) &&
+                     x.dtype() == grad_out.dtype() && (!need_dx || weight.dtype() == grad_out.dtype()) &&
+                     grad_out.numel() > 0;
+  if (!fused) {
+    const Tensor g = relu_y.defined() ? relu_backward(grad_out, relu_y) : grad_out;
+    ConvGrads r;
+    if (need_dx) r.dx = conv2d_backward_data(g, weight, x_shape, stride, padding, dilation, groups);
+    if (need_dweight)
+      std::tie(r.dweight, r.dbias) =
+          conv2d_backward_weight(g, x, weight_shape, stride, padding, dilation, groups, need_dbias);
+    else if (need_dbias)
+      r.dbias = sum(g, {0, 2, 3});
+    return r;
+  }
+  memory::OpScope op_scope(op, grad_out, x);  // Note [op names in the history]
+  check_conv_tensor(op, "the input", x, grad_out);
+  if (need_dx) check_conv_tensor(op, "the weight", weight, grad_out);
+  FRUGAL_CHECK_SHAPE(x.shape() == x_shape, op, ": the input has shape ", x.shape(), ", expected ", x_shape);
+  Shape y_shape;
+  ConvArgs a = conv_geometry(op, x_shape, weight_shape, stride, padding, dilation, groups, y_shape);
+  FRUGAL_CHECK_SHAPE(grad_out.shape() == y_shape, op, ": the output gradient has shape ", grad_out.shape(),
+                     " but the convolution's output has shape ", y_shape);
+  const Tensor gc = contiguous(grad_out), xc = contiguous(x), wc = need_dx ? contiguous(weight) : Tensor(),
+               yc = relu_y.defined() ? contiguous(relu_y) : Tensor();
+  ConvGrads r;
+  if (need_dx) r.dx = empty(x_shape, x.options());
+  r.dweight = empty(weight_shape, x.options());
+  if (need_dbias) r.dbias = empty({a.o}, x.options());
+  a.dy = gc.raw_data();
+  a.relu_y = yc.defined() ? yc.raw_data() : nullptr;
+  a.x = xc.raw_data();
+  a.weight = need_dx ? wc.raw_data() : nullptr;
+  a.dx = need_dx ? r.dx.raw_data() : nullptr;
+  a.dweight = r.dweight.raw_data();
+  a.dbias = need_dbias ? r.dbias.raw_data() : nullptr;
+  op_conv2d_backward.get(device, grad_out.dtype())(a);
+  return r;
 }
 
 namespace {

@@ -17,6 +17,9 @@ const std::map<std::string, std::string> kAllowedWithoutHalf = {
      "ops::linear and ops::linear_relu compose the GEMM, the bias and relu_ for f16"},
     {"csr_matmul",
      "nn::SparseLinear's CSR product: built from a pruned f32 Linear, it holds f32 values only"},
+    {"conv2d_backward",
+     "the fused convolution backward (oneDNN's two direction primitives sharing one dy, f32 and bf16); "
+     "ops::conv2d_backward composes relu_backward and the per-direction ops for f16"},
 };
 
 TEST(OpTables, EveryF32CpuKernelHasF16AndBf16) {

@@ -28,6 +28,9 @@ const std::map<std::string, std::string> kAllowedWithoutCuda = {
     {"csr_matmul",
      "nn::SparseLinear's CSR product, for CPU inference of a pruned Linear (it refuses other devices); a GPU "
      "one would be cuSPARSE's SpMM, a later step"},
+    {"conv2d_backward",
+     "the fused convolution backward of oneDNN's CPU primitives; on a GPU ops::conv2d_backward composes "
+     "relu_backward and cuDNN's two directions"},
 };
 
 TEST(CudaCoverage, EveryCpuKernelHasACudaTwin) {

@@ -245,6 +245,99 @@ TEST(Conv2dGrad, LowPrecisionGradientsMatchF64) {
   testing::expect_grads_match_f64(fn, in, DType::F16, {1e-2, 4e-3}, "conv2d");
 }
 
+// ---- both directions in one call (ops::conv2d_backward, Note [one d y for both directions])
+// ----------------
+
+// Bit for bit the composed ops (relu_backward, then each direction's op), in f32 and bf16, both layout
+// policies, with and without the ReLU's mask (y with zeros, negatives and NaN), each subset of gradients:
+// 16 output channels or a multiple (nChw16c, which the fused kernel writes itself where oneDNN takes it,
+// with and without a tail of fewer than 16 positions), and others (a plain buffer reordered once).
+TEST(Conv2dBackward, OneCallIsBitIdenticalToTheComposedOps) {
+  const std::vector<Case> cases = {
+      {2, 8, 14, 14, 32, 3, 3, 1, 1},     // 196 positions: 12 tiles and a tail of 4
+      {2, 4, 16, 16, 16, 3, 3, 1, 1},     // 256: tiles only
+      {3, 1, 9, 9, 16, 3, 3},             // 49 positions, all tail
+      {2, 6, 7, 9, 20, 3, 3, 2, 1},       // 20 channels: not nChw16c
+      {2, 4, 8, 8, 8, 3, 3, 1, 1, 1, 2},  // groups
+      {1, 3, 5, 5, 4, 2, 2, 1, 0, 1, 1, false},
+  };
+#ifdef FRUGAL_HAVE_ONEDNN
+  EXPECT_TRUE(op_conv2d_backward.has(kCPU, DType::F32));  // the fused kernel runs below
+#endif
+  auto as_bits = [](const Tensor& t) {
+    return t.defined() ? t.to_vector<double>() : std::vector<double>{};  // exact for f32 and bf16
+  };
+  for (bool any : {true, false}) {
+    set_conv_onednn_any_layout(any);
+    for (const Case& c : cases)
+      for (DType t : {DType::F32, DType::BF16})
+        for (bool relu : {true, false})
+          for (int need : {1, 2, 3}) {  // bit 0: d x; bit 1: d weight (and d bias)
+            const bool need_dx = need & 1, need_dw = need & 2;
+            const std::string name = c.str() + " " + dtype_name(t) + (relu ? " relu" : "") +
+                                     (any ? " any" : " plain") + " need " + std::to_string(need);
+            const Tensor x = uniform(c.x_shape(), -1, 1, t, 31), w = uniform(c.w_shape(), -1, 1, t, 32);
+            const Tensor dy = uniform(c.y_shape(), -1, 1, t, 33);
+            // y: zeros, positives, some negatives and NaN (relu_backward's select gives 0 for those).
+            std::vector<double> v = uniform(c.y_shape(), -1, 1, DType::F64, 34).to_vector<double>();
+            for (size_t i = 0; i < v.size(); ++i)
+              v[i] = i % 11 == 3 ? std::nan("") : i % 13 == 5 ? -0.25 : std::max(v[i], 0.0);
+            const Tensor y = tensor(v, c.y_shape()).to(t);
+            const Tensor ry = relu ? y : Tensor();
+            const ops::ConvGrads fused =
+                ops::conv2d_backward(dy, need_dw ? x : Tensor(), need_dx ? w : Tensor(), ry, c.x_shape(),
+                                     c.w_shape(), c.stride, c.pad, c.dil, c.groups, need_dx, need_dw, c.bias);
+            const Tensor g = relu ? ops::relu_backward(dy, y) : dy;
+            if (need_dx) {
+              const Tensor dx =
+                  ops::conv2d_backward_data(g, w, c.x_shape(), c.stride, c.pad, c.dil, c.groups);
+              EXPECT_EQ(as_bits(fused.dx), as_bits(dx)) << name;
+            } else {
+              EXPECT_FALSE(fused.dx.defined()) << name;
+            }
+            if (need_dw) {
+              auto [dw, db] =
+                  ops::conv2d_backward_weight(g, x, c.w_shape(), c.stride, c.pad, c.dil, c.groups, c.bias);
+              EXPECT_EQ(as_bits(fused.dweight), as_bits(dw)) << name;
+              EXPECT_EQ(as_bits(fused.dbias), as_bits(db)) << name;
+            } else if (c.bias) {
+              EXPECT_EQ(as_bits(fused.dbias), as_bits(ops::sum(g, {0, 2, 3}))) << name;
+            }
+          }
+  }
+  set_conv_onednn_any_layout(true);  // the default
+}
+
+TEST(Conv2dBackward, BadInputs) {
+  const Tensor x = uniform({2, 3, 6, 6}, -1, 1, DType::F32, 1),
+               w = uniform({4, 3, 3, 3}, -1, 1, DType::F32, 2);
+  const Tensor dy = uniform({2, 4, 4, 4}, -1, 1, DType::F32, 3);
+  auto call = [&](const Tensor& g, const Tensor& xx, const Tensor& ww, const Tensor& ry) {
+    return ops::conv2d_backward(g, xx, ww, ry, {2, 3, 6, 6}, {4, 3, 3, 3}, 1, 0, 1, 1, true, true, true);
+  };
+  expect_error<Error>([&] { call(Tensor(), x, w, {}); },
+                      {"conv2d_backward", "the output gradient is undefined"});
+  expect_error<Error>([&] { call(dy, Tensor(), w, {}); }, {"conv2d_backward", "d weight needs the input"});
+  expect_error<Error>([&] { call(dy, x, Tensor(), {}); }, {"conv2d_backward", "d x needs the weight"});
+  expect_error<ShapeError>(
+      [&] {
+        call(dy, x, w, uniform({2, 4, 4, 5}, -1, 1, DType::F32, 4));
+      },
+      {"the ReLU's output has shape [2, 4, 4, 5]", "the output gradient has shape [2, 4, 4, 4]"});
+  expect_error<DTypeError>([&] { call(dy, x, w, dy.to(DType::F64)); }, {"the ReLU's output is f64"});
+  expect_error<ShapeError>(
+      [&] {
+        call(uniform({2, 4, 4, 3}, -1, 1, DType::F32, 5), x, w, {});
+      },
+      {"the output gradient has shape [2, 4, 4, 3]", "output has shape [2, 4, 4, 4]"});
+  expect_error<DTypeError>([&] { call(dy, x.to(DType::F64), w, {}); }, {"dtypes differ"});
+  expect_error<ShapeError>(
+      [&] {
+        call(dy, uniform({2, 3, 6, 7}, -1, 1, DType::F32, 6), w, {});
+      },
+      {"conv2d_backward", "[2, 3, 6, 7]"});
+}
+
 // ---- bad inputs ------------------------------------------------------------------------------------------
 
 TEST(Conv2d, BadInputs) {
