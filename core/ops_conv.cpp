@@ -68,15 +68,16 @@ ConvArgs conv_geometry(const char* op, const Shape& x, const Shape& w, Size2 str
   return a;
 }
 
-void check_conv_tensor(const char* op, const char* what, const Tensor& t, const Tensor& like) {
+void check_conv_tensor(const char* op, const char* what, const Tensor& t, const Tensor& like,
+                       const char* like_what = "the weight") {
   FRUGAL_CHECK(t.defined(), op, ": ", what, " is undefined");
   FRUGAL_CHECK_DTYPE(is_floating(t.dtype()), op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
                      dtype_name(t.dtype()), " for ", what, " of shape ", t.shape());
   FRUGAL_CHECK_DTYPE(t.dtype() == like.dtype(), op, ": dtypes differ: ", what, " is ", dtype_name(t.dtype()),
-                     " (shape ", t.shape(), "), the weight is ", dtype_name(like.dtype()), " (shape ",
+                     " (shape ", t.shape(), "), ", like_what, " is ", dtype_name(like.dtype()), " (shape ",
                      like.shape(), "); convert one with .to(dtype)");
-  FRUGAL_CHECK_T(DeviceError, t.device() == like.device(), op, ": ", what, " is on ", t.device(),
-                 " but the weight is on ", like.device());
+  FRUGAL_CHECK_T(DeviceError, t.device() == like.device(), op, ": ", what, " is on ", t.device(), " but ",
+                 like_what, " is on ", like.device());
 }
 
 // f16/bf16 on a device without a native kernel compute in f32 (as matmul does; DESIGN.md, Precision).
@@ -205,8 +206,6 @@ ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
   if (relu_y.defined()) {
     FRUGAL_CHECK_SHAPE(relu_y.shape() == grad_out.shape(), op, ": the ReLU's output has shape ",
                        relu_y.shape(), " but the output gradient has shape ", grad_out.shape());
-    FRUGAL_CHECK_DTYPE(relu_y.dtype() == grad_out.dtype(), op, ": dtypes differ: the ReLU's output is ",
-                       dtype_name(relu_y.dtype()), ", the output gradient ", dtype_name(grad_out.dtype()));
     FRUGAL_CHECK_T(DeviceError, relu_y.device() == grad_out.device(), op, ": the ReLU's output is on ",
                    relu_y.device(), " but the output gradient is on ", grad_out.device());
   }
@@ -214,7 +213,7 @@ ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
   const Device device = grad_out.device();
   const bool fused = need_dweight && op_conv2d_backward.has(device, grad_out.dtype()) &&
                      x.dtype() == grad_out.dtype() && (!need_dx || weight.dtype() == grad_out.dtype()) &&
-                     grad_out.numel() > 0;
+                     (!relu_y.defined() || relu_y.dtype() == grad_out.dtype()) && grad_out.numel() > 0;
   if (!fused) {
     const Tensor g = relu_y.defined() ? relu_backward(grad_out, relu_y) : grad_out;
     ConvGrads r;
@@ -227,8 +226,12 @@ ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
     return r;
   }
   memory::OpScope op_scope(op, grad_out, x);  // Note [op names in the history]
-  check_conv_tensor(op, "the input", x, grad_out);
-  if (need_dx) check_conv_tensor(op, "the weight", weight, grad_out);
+  check_conv_tensor(op, "the input", x, grad_out, "the output gradient");
+  if (need_dx) {
+    check_conv_tensor(op, "the weight", weight, grad_out, "the output gradient");
+    FRUGAL_CHECK_SHAPE(weight.shape() == weight_shape, op, ": the weight has shape ", weight.shape(),
+                       ", expected ", weight_shape);
+  }
   FRUGAL_CHECK_SHAPE(x.shape() == x_shape, op, ": the input has shape ", x.shape(), ", expected ", x_shape);
   Shape y_shape;
   ConvArgs a = conv_geometry(op, x_shape, weight_shape, stride, padding, dilation, groups, y_shape);

@@ -7,9 +7,10 @@
 //
 // Unlike most kernels these take working memory (im2col columns; oneDNN's reordered operands and its
 // scratchpad), and they take it from the arena as U8 tensors, so that the bytes show in the memory
-// statistics under the caller's tag and go back to the cache when the call returns.
+// statistics under the caller's tag and go back to the cache when the call returns. The oneDNN plans are in
+// kernels/cpu/conv_onednn.cpp, both backward directions in one call (op_conv2d_backward) in
+// kernels/cpu/conv_backward.cpp.
 #include <algorithm>
-#include <atomic>
 #include <type_traits>
 
 #include <omp.h>
@@ -19,33 +20,18 @@
 #include "core/op_table_linalg.h"
 #include "core/parallel.h"
 #include "core/tensor.h"
+#include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/im2col.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/workspace.h"
-
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
-#ifdef FRUGAL_HAVE_ONEDNN
-#include <array>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <string>
-#include <unordered_map>
-#include <vector>
-
-#include "kernels/cpu/onednn.h"
-#endif
 
 namespace frugal {
 namespace {
 
 using cpu::workspace;
 
-enum class Direction { Forward, BackwardData, BackwardWeight };
+using Direction = cpu::ConvDirection;
 
 // ---- im2col + GEMM -------------------------------------------------------------------------------------
 
@@ -305,205 +291,15 @@ void conv2d_widened(const ConvArgs& a) {
   }
 }
 
-// ---- oneDNN ---------------------------------------------------------------------------------------------
+// ---- oneDNN (kernels/cpu/conv_onednn.cpp) -------------------------------------------------------------
 #ifdef FRUGAL_HAVE_ONEDNN
-
-// Letting oneDNN pick its blocked layout (and reordering NCHW in and out) is the default: on the W2 shapes
-// (bench/bench_conv.cpp, one thread, so that the host's other load does not count) it is 1.2-4x faster in
-// every direction, e.g. conv 32->64 14x14 batch 64 forward 4.5 vs 6.4 ms, backward data 4.6 vs 9.0 ms, and
-// conv 1->32 backward weight 0.55 vs 2.2 ms. On an oversubscribed host plain NCHW can win, as it runs one
-// parallel region per call instead of up to four.
-std::atomic<bool> g_any_layout{true};
-
-// One oneDNN argument of a primitive: where its bytes sit in the user's NCHW tensor, the layout the primitive
-// wants, and the reorder between them when they differ.
-struct Operand {
-  int arg = 0;  // DNNL_ARG_*
-  bool output = false;
-  dnnl::memory::desc user, compute;
-  std::optional<dnnl::reorder> reorder;  // user -> compute for inputs, compute -> user for outputs
-};
-
-// A created primitive and what running it needs; immutable once built, so threads may share it (the
-// scratchpad is user-managed: each call brings its own).
-struct ConvPlan {
-  dnnl::primitive primitive;
-  std::vector<Operand> operands;
-  dnnl::memory::desc scratchpad;
-};
-
-using ConvPlans = cpu::PlanCache<19, ConvPlan>;
-
-using cpu::onednn_engine;
 using DataType = dnnl::memory::data_type;
 
-ConvPlans::Key key_of(const ConvArgs& a, Direction dir, bool any, DataType type) {
-  const bool bias = dir == Direction::Forward ? a.bias != nullptr : a.dbias != nullptr;
-  const bool relu = dir == Direction::Forward && a.relu;
-  return {int64_t(dir), any,        bias,    a.n,     a.c,     a.h,     a.w,      a.o,           a.kh, a.kw,
-          a.stride_h,   a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, int64_t(type), relu};
-}
-
-// Every user tensor has the dtype `type` (f32 or bf16); oneDNN accumulates bf16 in f32.
-std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, bool any, DataType type) {
-  using tag = dnnl::memory::format_tag;
-  using md = dnnl::memory::desc;
-  const dnnl::memory::dims x_dims{a.n, a.c, a.h, a.w}, y_dims{a.n, a.o, a.oh, a.ow}, b_dims{a.o};
-  const dnnl::memory::dims w_dims =
-      a.groups > 1 ? dnnl::memory::dims{a.groups, a.o / a.groups, a.c / a.groups, a.kh, a.kw}
-                   : dnnl::memory::dims{a.o, a.c, a.kh, a.kw};
-  const tag w_tag = a.groups > 1 ? tag::goihw : tag::oihw;
-  const md x_user(x_dims, type, tag::nchw), y_user(y_dims, type, tag::nchw);
-  const md w_user(w_dims, type, w_tag), b_user(b_dims, type, tag::x);
-  const md x_want = any ? md(x_dims, type, tag::any) : x_user;
-  const md y_want = any ? md(y_dims, type, tag::any) : y_user;
-  const md w_want = any ? md(w_dims, type, tag::any) : w_user;
-  // oneDNN counts dilation from 0; PyTorch's right padding equals the left, and oneDNN accepts an output
-  // size computed with floor division from it.
-  const dnnl::memory::dims strides{a.stride_h, a.stride_w}, dilates{a.dil_h - 1, a.dil_w - 1},
-      pad{a.pad_h, a.pad_w};
-  const auto algo = dnnl::algorithm::convolution_direct;
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (dir == Direction::Forward && a.relu) {  // conv2d_relu: the ReLU as the primitive stores y
-    dnnl::post_ops ops;
-    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-    attr.set_post_ops(ops);
-  }
-  auto& eng = onednn_engine();
-
-  const bool fwd_bias = dir == Direction::Forward && a.bias;
-  const dnnl::convolution_forward::desc fwd_desc(dnnl::prop_kind::forward_training, algo, x_want, w_want,
-                                                 fwd_bias ? b_user : md(), y_want, strides, dilates, pad,
-                                                 pad);
-  const dnnl::convolution_forward::primitive_desc fwd_pd(fwd_desc, attr, eng);
-
-  auto plan = std::make_shared<ConvPlan>();
-  auto add = [&](int arg, const md& user, const md& compute, bool output) {
-    Operand op;
-    op.arg = arg;
-    op.output = output;
-    op.user = user;
-    op.compute = compute;
-    if (user != compute)
-      op.reorder = output ? dnnl::reorder(dnnl::reorder::primitive_desc(eng, compute, eng, user))
-                          : dnnl::reorder(dnnl::reorder::primitive_desc(eng, user, eng, compute));
-    plan->operands.push_back(std::move(op));
-  };
-  std::string impl;
-  if (dir == Direction::Forward) {
-    plan->primitive = dnnl::convolution_forward(fwd_pd);
-    impl = fwd_pd.impl_info_str();
-    plan->scratchpad = fwd_pd.scratchpad_desc();
-    add(DNNL_ARG_SRC, x_user, fwd_pd.src_desc(), false);
-    add(DNNL_ARG_WEIGHTS, w_user, fwd_pd.weights_desc(), false);
-    if (a.bias) add(DNNL_ARG_BIAS, b_user, fwd_pd.bias_desc(), false);
-    add(DNNL_ARG_DST, y_user, fwd_pd.dst_desc(), true);
-  } else if (dir == Direction::BackwardData) {
-    const dnnl::convolution_backward_data::desc desc(algo, x_want, w_want, y_want, strides, dilates, pad,
-                                                     pad);
-    const dnnl::convolution_backward_data::primitive_desc pd(desc, attr, eng, fwd_pd);
-    plan->primitive = dnnl::convolution_backward_data(pd);
-    impl = pd.impl_info_str();
-    plan->scratchpad = pd.scratchpad_desc();
-    add(DNNL_ARG_DIFF_DST, y_user, pd.diff_dst_desc(), false);
-    add(DNNL_ARG_WEIGHTS, w_user, pd.weights_desc(), false);
-    add(DNNL_ARG_DIFF_SRC, x_user, pd.diff_src_desc(), true);
-  } else {
-    const dnnl::convolution_backward_weights::desc desc(algo, x_want, w_want, a.dbias ? b_user : md(), y_want,
-                                                        strides, dilates, pad, pad);
-    const dnnl::convolution_backward_weights::primitive_desc pd(desc, attr, eng, fwd_pd);
-    plan->primitive = dnnl::convolution_backward_weights(pd);
-    impl = pd.impl_info_str();
-    plan->scratchpad = pd.scratchpad_desc();
-    add(DNNL_ARG_SRC, x_user, pd.src_desc(), false);
-    add(DNNL_ARG_DIFF_DST, y_user, pd.diff_dst_desc(), false);
-    add(DNNL_ARG_DIFF_WEIGHTS, w_user, pd.diff_weights_desc(), true);
-    if (a.dbias) add(DNNL_ARG_DIFF_BIAS, b_user, pd.diff_bias_desc(), true);
-  }
-  // oneDNN's reference convolution is far slower in bf16 than widening to f32 for the f32 primitives.
-  if (type == DataType::bf16 && impl.starts_with("ref")) return nullptr;
-  return plan;
-}
-
-// A null plan means oneDNN declined the shape (im2col runs instead, or for bf16 the f32 kernels on widened
-// operands).
-std::shared_ptr<const ConvPlan> plan_for(const ConvArgs& a, Direction dir, DataType type) {
-  static ConvPlans plans(128);
-  const bool any = g_any_layout.load(std::memory_order_relaxed);
-  return plans.get(key_of(a, dir, any, type), [&] { return build_plan(a, dir, any, type); });
-}
-
-const void* user_pointer(const ConvArgs& a, int arg) {
-  switch (arg) {
-    case DNNL_ARG_SRC:
-      return a.x;
-    case DNNL_ARG_WEIGHTS:
-      return a.weight;
-    case DNNL_ARG_BIAS:
-      return a.bias;
-    case DNNL_ARG_DST:
-      return a.y;
-    case DNNL_ARG_DIFF_DST:
-      return a.dy;
-    case DNNL_ARG_DIFF_SRC:
-      return a.dx;
-    case DNNL_ARG_DIFF_WEIGHTS:
-      return a.dweight;
-    case DNNL_ARG_DIFF_BIAS:
-      return a.dbias;
-    default:
-      FRUGAL_ASSERT(false, "conv2d: unexpected oneDNN argument ", arg);
-      return nullptr;
-  }
-}
-
-// Runs the plan: reorders inputs into the primitive's layouts (arena buffers), executes, reorders outputs
-// back into the user's tensors. `dy`, when given, is d y already in the primitive's layout (run_backward's).
-void run_plan(const ConvPlan& plan, const ConvArgs& a, const dnnl::memory* dy = nullptr) {
-  auto& eng = onednn_engine();
-  auto& stream = cpu::onednn_stream();
-  std::vector<Tensor> buffers;  // alive until the stream is done
-  std::unordered_map<int, dnnl::memory> args;
-  std::vector<std::pair<const Operand*, dnnl::memory>> outputs;  // (operand, user memory) to reorder into
-  for (const Operand& op : plan.operands) {
-    if (dy && op.arg == DNNL_ARG_DIFF_DST) {
-      args.emplace(op.arg, *dy);
-      continue;
-    }
-    dnnl::memory user(op.user, eng, const_cast<void*>(user_pointer(a, op.arg)));  // inputs are only read
-    if (!op.reorder) {
-      args.emplace(op.arg, user);
-      continue;
-    }
-    buffers.push_back(workspace(int64_t(op.compute.get_size())));
-    dnnl::memory compute(op.compute, eng, buffers.back().raw_data());
-    if (op.output)
-      outputs.emplace_back(&op, user);
-    else
-      op.reorder->execute(stream, user, compute);
-    args.emplace(op.arg, compute);
-  }
-  buffers.push_back(cpu::add_scratchpad(plan.scratchpad, args));
-  plan.primitive.execute(stream, args);
-  for (auto& [op, user] : outputs) op->reorder->execute(stream, args.at(op->arg), user);
-  stream.wait();
-}
-
 bool run_onednn(const ConvArgs& a, Direction dir, DataType type) {
-  const auto plan = plan_for(a, dir, type);
+  const auto plan = cpu::conv_plan(a, dir, type);
   if (!plan) return false;
-  run_plan(*plan, a);
+  cpu::run_conv_plan(*plan, a);
   return true;
-}
-
-// run_plan's buffers on the meta device, held together (with_dy: d y comes prepared, no buffer for it).
-void onednn_plan_meta(const ConvPlan& plan, bool with_dy) {
-  std::vector<Tensor> buffers;
-  for (const Operand& op : plan.operands)
-    if (op.reorder && !(with_dy && op.arg == DNNL_ARG_DIFF_DST))
-      buffers.push_back(cpu::meta_workspace(int64_t(op.compute.get_size())));
-  if (const size_t bytes = plan.scratchpad.get_size()) buffers.push_back(cpu::meta_workspace(int64_t(bytes)));
 }
 
 void conv2d_forward_f32(const ConvArgs& a) {
@@ -522,185 +318,6 @@ void conv2d_bf16(const ConvArgs& a) {
   if (!run_onednn(a, dir, DataType::bf16)) conv2d_widened<BFloat16, dir>(a);
 }
 
-// ---- both backward directions in one call (op_conv2d_backward) ----
-
-// Note [one d y for both directions]: conv2d's rule wants d x and d weight from one d y, and conv2d_relu's
-// masks it first (d z = y > 0 ? d y : 0). Composed, that is a pass writing the mask's result into a new
-// tensor, then a reorder of it into oneDNN's blocked layout for each primitive: on W2 four passes over the
-// second convolution's d y and two over the first's, 0.7-0.9 ms of a 10-13 ms step. Here d z is made once,
-// for both primitives: written straight in their layout where it is nChw16c (f32; one pass that reads d y
-// and y, masks and transposes 16 x 16 tiles), else masked into a plain buffer and reordered once. Reorders
-// and the select copy values, so the results are bit for bit the composed ops'.
-
-// out[i] = y[i] > 0 ? dy[i] : 0, i < n (relu_backward's select; NaN in y gives 0).
-template <typename T>
-void relu_mask(const T* dy, const T* y, T* out, int64_t n) {
-  parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) out[i] = float(y[i]) > 0.0f ? dy[i] : T(0.0f);
-  });
-}
-
-#ifdef __AVX512F__
-// Transposes the 16 x 16 tile r[row][column] in place (r[k] becomes column k).
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane L: pairs of rows 2i, 2i+1 at columns 4L..4L+3
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // r[4i + j], lane L: column 4L + j of rows 4i..4i+3
-    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int j = 0; j < 4; ++j) {  // column 4L + j: lane L of r[j], r[4 + j], r[8 + j], r[12 + j]
-    const __m512 ab_lo = _mm512_shuffle_f32x4(r[j], r[4 + j], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512 ab_hi = _mm512_shuffle_f32x4(r[j], r[4 + j], _MM_SHUFFLE(3, 2, 3, 2));
-    const __m512 cd_lo = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512 cd_hi = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(3, 2, 3, 2));
-    t[j] = _mm512_shuffle_f32x4(ab_lo, cd_lo, _MM_SHUFFLE(2, 0, 2, 0));
-    t[4 + j] = _mm512_shuffle_f32x4(ab_lo, cd_lo, _MM_SHUFFLE(3, 1, 3, 1));
-    t[8 + j] = _mm512_shuffle_f32x4(ab_hi, cd_hi, _MM_SHUFFLE(2, 0, 2, 0));
-    t[12 + j] = _mm512_shuffle_f32x4(ab_hi, cd_hi, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-  for (int k = 0; k < 16; ++k) r[k] = t[k];
-}
-#endif
-
-// out [n, c / 16, hw, 16] (oneDNN's nChw16c) = dy [n, c, hw], masked by y > 0 when y is not null; c a
-// multiple of 16.
-void to_nchw16c(const float* dy, const float* y, float* out, int64_t n, int64_t c, int64_t hw) {
-  parallel_for(0, n * (c / 16), std::max<int64_t>(1, kGrain / (16 * hw)), [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* src = dy + b * 16 * hw;
-      const float* mask = y ? y + b * 16 * hw : nullptr;
-      float* dst = out + b * 16 * hw;
-      int64_t i = 0;
-#ifdef __AVX512F__
-      for (; i + 16 <= hw; i += 16) {
-        __m512 r[16];
-        for (int k = 0; k < 16; ++k) {
-          r[k] = _mm512_loadu_ps(src + k * hw + i);
-          if (mask)
-            r[k] = _mm512_maskz_mov_ps(
-                _mm512_cmp_ps_mask(_mm512_loadu_ps(mask + k * hw + i), _mm512_setzero_ps(), _CMP_GT_OQ),
-                r[k]);
-        }
-        transpose16(r);
-        for (int k = 0; k < 16; ++k) _mm512_storeu_ps(dst + (i + k) * 16, r[k]);
-      }
-#endif
-      for (; i < hw; ++i)
-        for (int k = 0; k < 16; ++k)
-          dst[i * 16 + k] = !mask || mask[k * hw + i] > 0.0f ? src[k * hw + i] : 0.0f;
-    }
-  });
-}
-
-// The directions' kernels one after the other (a plan oneDNN declined, or the dry run of that), d y masked
-// into a plain buffer first with relu_y.
-template <typename T, bool kDry>
-void backward_each(const ConvArgs& a) {
-  const Device device = kDry ? kMeta : kCPU;
-  ConvArgs b = a;
-  b.relu_y = nullptr;
-  Tensor masked;
-  if (a.relu_y) {
-    const int64_t count = a.n * a.o * a.oh * a.ow;
-    masked = kDry ? cpu::meta_workspace(count * int64_t(sizeof(T))) : workspace(count * int64_t(sizeof(T)));
-    if constexpr (!kDry) {
-      relu_mask(static_cast<const T*>(a.dy), static_cast<const T*>(a.relu_y),
-                static_cast<T*>(masked.raw_data()), count);
-      b.dy = masked.raw_data();
-    }
-  }
-  if (a.dx) {
-    ConvArgs d = b;
-    d.dbias = nullptr;
-    op_conv2d_backward_data.get(device, dtype_v<T>)(d);
-  }
-  op_conv2d_backward_weight.get(device, dtype_v<T>)(b);
-}
-
-// op_conv2d_backward (Note [one d y for both directions]); kDry: its meta kernel, which takes the same
-// working memory in the same order and runs nothing.
-template <typename T, bool kDry>
-void conv2d_backward_both(const ConvArgs& a) {
-  constexpr DataType type = std::is_same_v<T, float> ? DataType::f32 : DataType::bf16;
-  ConvArgs data_args = a;
-  data_args.dbias = nullptr;  // d bias comes from the weights' primitive
-  const auto data_plan = a.dx ? plan_for(data_args, Direction::BackwardData, type) : nullptr;
-  const auto weight_plan = plan_for(a, Direction::BackwardWeight, type);
-  if ((a.dx && !data_plan) || !weight_plan) return backward_each<T, kDry>(a);
-
-  auto ws = [](int64_t bytes) { return kDry ? cpu::meta_workspace(bytes) : workspace(bytes); };
-  const int64_t count = a.n * a.o * a.oh * a.ow;
-  auto diff_dst = [](const ConvPlan& plan) -> const Operand& {
-    for (const Operand& op : plan.operands)
-      if (op.arg == DNNL_ARG_DIFF_DST) return op;
-    FRUGAL_ASSERT(false, "conv2d_backward: a backward plan without d y");
-    return plan.operands.front();
-  };
-  // d z in the layout of `op` (a plan's d y operand): its buffer (undefined when d y itself serves).
-  auto make_dz = [&](const Operand& op, dnnl::memory& dz) {
-    auto& eng = onednn_engine();
-    const dnnl::memory::desc blocked16(op.user.dims(), type, dnnl::memory::format_tag::nChw16c);
-    if (std::is_same_v<T, float> && a.o % 16 == 0 && op.compute == blocked16) {
-      Tensor buf = ws(int64_t(op.compute.get_size()));
-      if constexpr (!kDry) {
-        to_nchw16c(static_cast<const float*>(a.dy), static_cast<const float*>(a.relu_y),
-                   static_cast<float*>(buf.raw_data()), a.n, a.o, a.oh * a.ow);
-        dz = dnnl::memory(op.compute, eng, buf.raw_data());
-      }
-      return buf;
-    }
-    Tensor plain;
-    const void* user = a.dy;
-    if (a.relu_y) {
-      plain = ws(count * int64_t(sizeof(T)));
-      if constexpr (!kDry) {
-        relu_mask(static_cast<const T*>(a.dy), static_cast<const T*>(a.relu_y),
-                  static_cast<T*>(plain.raw_data()), count);
-        user = plain.raw_data();
-      }
-    }
-    if (!op.reorder) {
-      if constexpr (!kDry) dz = dnnl::memory(op.user, eng, const_cast<void*>(user));
-      return plain;
-    }
-    Tensor buf = ws(int64_t(op.compute.get_size()));
-    if constexpr (!kDry) {
-      dz = dnnl::memory(op.compute, eng, buf.raw_data());
-      dnnl::memory src(op.user, eng, const_cast<void*>(user));
-      op.reorder->execute(cpu::onednn_stream(), src, dz);
-      cpu::onednn_stream().wait();
-    }
-    return buf;  // the plain buffer, if any, goes back first
-  };
-  auto run = [&](const ConvPlan& plan, const ConvArgs& args, const dnnl::memory& dz) {
-    if constexpr (kDry) {
-      onednn_plan_meta(plan, true);
-    } else {
-      run_plan(plan, args, &dz);
-    }
-  };
-  dnnl::memory dz;
-  const Operand& weight_dy = diff_dst(*weight_plan);
-  if (data_plan && diff_dst(*data_plan).compute != weight_dy.compute) {  // two layouts: one d z each
-    {
-      const Tensor buf = make_dz(diff_dst(*data_plan), dz);
-      run(*data_plan, data_args, dz);
-    }
-    const Tensor buf = make_dz(weight_dy, dz);
-    run(*weight_plan, a, dz);
-    return;
-  }
-  const Tensor buf = make_dz(weight_dy, dz);
-  if (data_plan) run(*data_plan, data_args, dz);
-  run(*weight_plan, a, dz);
-}
-
 #endif  // FRUGAL_HAVE_ONEDNN
 
 // ---- the meta kernels (core/op_table.h): the working memory each path above takes, on the meta device ----
@@ -708,9 +325,9 @@ void conv2d_backward_both(const ConvArgs& a) {
 #ifdef FRUGAL_HAVE_ONEDNN
 // run_onednn's buffers, held together; false when oneDNN declined the shape (the fallback then runs).
 bool onednn_meta(const ConvArgs& a, Direction dir, DataType type) {
-  const auto plan = plan_for(a, dir, type);
+  const auto plan = cpu::conv_plan(a, dir, type);
   if (!plan) return false;
-  onednn_plan_meta(*plan, false);
+  cpu::conv_plan_meta(*plan, false);
   return true;
 }
 #endif
@@ -748,11 +365,6 @@ const bool kRegistered = [] {
   op_conv2d_backward_data.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::BackwardData>);
   op_conv2d_backward_weight.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::BackwardWeight>);
 #ifdef FRUGAL_HAVE_ONEDNN
-  // Only with oneDNN, and then on the meta device as well: the ops compose where there is none.
-  op_conv2d_backward.set(DeviceType::Meta, DType::F32, conv2d_backward_both<float, true>);
-  op_conv2d_backward.set(DeviceType::Meta, DType::BF16, conv2d_backward_both<BFloat16, true>);
-  op_conv2d_backward.set(DeviceType::CPU, DType::F32, conv2d_backward_both<float, false>);
-  op_conv2d_backward.set(DeviceType::CPU, DType::BF16, conv2d_backward_both<BFloat16, false>);
   op_conv2d.set(DeviceType::CPU, DType::F32, conv2d_forward_f32);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F32, conv2d_backward_data_f32);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::F32, conv2d_backward_weight_f32);
@@ -780,11 +392,6 @@ const bool kRegistered = [] {
 
 }  // namespace
 
-void set_conv_onednn_any_layout([[maybe_unused]] bool any) {
-#ifdef FRUGAL_HAVE_ONEDNN
-  g_any_layout.store(any, std::memory_order_relaxed);
-#endif
-}
 void conv2d_forward_im2col_cpu(const ConvArgs& a) { conv2d_forward_im2col<float>(a); }
 void conv2d_backward_data_im2col_cpu(const ConvArgs& a) { conv2d_backward_data_im2col<float>(a); }
 void conv2d_backward_weight_im2col_cpu(const ConvArgs& a) { conv2d_backward_weight_im2col<float>(a); }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/reference.h"
 #include "tests/test_util.h"
 
 namespace frugal {
@@ -193,6 +194,36 @@ void cnn_steps(Device d, bool autocast) {
 TEST(Estimate, ACnnStepIsExactInF32AndBf16) {
   expect_dry_run_is_exact([](Device d) { cnn_steps(d, false); });
   expect_dry_run_is_exact([](Device d) { cnn_steps(d, true); });
+}
+
+// W2's second convolution at its training batch, where oneDNN runs its Winograd kernel with a scratchpad
+// for the transformed tiles (Note [Winograd convolutions]) in all three directions.
+TEST(Estimate, AWinogradConvolutionStepIsExact) {
+  ConvArgs a;
+  a.n = 64, a.c = 32, a.h = a.w = 14, a.o = 64, a.kh = a.kw = 3, a.oh = a.ow = 14, a.pad_h = a.pad_w = 1;
+  float dummy = 0;
+  a.bias = a.dbias = &dummy;
+  const auto names = conv2d_onednn_implementations(a, DType::F32);
+  for (const std::string& name : names)
+    if (name.find("wino") == std::string::npos)
+      GTEST_SKIP() << "oneDNN runs this convolution without Winograd here: " << name;
+  expect_dry_run_is_exact([](Device d) {
+    manual_seed(3);
+    nn::Sequential model;
+    model->push_back(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
+    model->push_back(nn::ReLU());
+    model->push_back(nn::MaxPool2d(2));
+    model->push_back(nn::Flatten());
+    model->push_back(nn::Linear(64 * 7 * 7, 10));
+    optim::SGD opt(model->parameters(), optim::SGDOptions(0.05));
+    for (int step = 0; step < 2; ++step) {
+      const Tensor x = randn({64, 32, 14, 14}).to(d);
+      const Tensor y = randint(0, 10, {64}).to(d);
+      opt.zero_grad();
+      F::cross_entropy(model->forward(x), y).backward();
+      opt.step();
+    }
+  });
 }
 
 // W3's model at a reduced size: embeddings, attention, layer norm, AdamW, clipping; and with recompute,
