@@ -244,10 +244,6 @@ TEST(ArenaStreams, OutOfMemoryOnADeviceNamesItAndGivesAdvice) {
   f.arena->check_invariants();
 }
 
-// Random use of three streams: blocks freed from other streams, record_stream, streams catching up at random
-// times. A block handed to stream s never overlaps bytes that work queued on another stream before an
-// unfinished event may still touch, never overlaps a live block (the data patterns survive), and always
-// comes from a segment of stream s.
 // Note [exact-fit bins]: one bin holds the freed blocks of its size from every stream; only its newest block
 // is taken back, and only by its own stream. Any other request of that size merges the bins back and takes
 // the best fit of its own stream's pool.
@@ -303,8 +299,10 @@ TEST(ArenaStreams, ABlockThatWaitsForAnEventIsNotBinned) {
   f.arena->check_invariants();
 }
 
-// Random use from three streams with frees on other streams and record_stream: no busy byte is handed out,
-// nothing live is overwritten, the invariants hold. `repeated` draws most small sizes from a few, as a
+// Random use of three streams: blocks freed from other streams, record_stream, streams catching up at random
+// times. A block handed to stream s never overlaps bytes that work queued on another stream before an
+// unfinished event may still touch, never overlaps a live block (the data patterns survive), and always
+// comes from a segment of stream s; the invariants hold. `repeated` draws most small sizes from a few, as a
 // training step does, so that the bins are hit across streams; otherwise sizes are arbitrary.
 void random_multi_stream_use(uint64_t seed, bool repeated) {
   Fixture f;
