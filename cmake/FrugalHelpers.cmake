@@ -31,6 +31,10 @@ function(frugal_test_flags target)
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})
   # Reference data produced by scripts such as tests/fixtures/gen_optim.py, read with nlohmann/json.
   target_compile_definitions(${target} PRIVATE FRUGAL_FIXTURES_DIR="${PROJECT_SOURCE_DIR}/tests/fixtures")
+  # The checks of what a build with oneDNN registers (#ifdef FRUGAL_HAVE_ONEDNN in the tests) run in it.
+  if(FRUGAL_HAVE_ONEDNN)
+    target_compile_definitions(${target} PRIVATE FRUGAL_HAVE_ONEDNN=1)
+  endif()
   frugal_target_flags(${target})
   if(NOT target IN_LIST FRUGAL_TESTS_AT_BUILD_LEVEL)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O1>)
