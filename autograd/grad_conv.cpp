@@ -67,6 +67,9 @@ Tensor conv2d_relu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
 }
 
 Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Size2 padding, Size2 dilation) {
+  // The indices only for the backward: in inference and evaluation they would be an i64 a window for nothing
+  // (W2's evaluation peak held 12 MiB of them).
+  if (!autograd::needs_grad({&x})) return ops::max_pool2d(x, kernel, stride, padding, dilation);
   auto [y, indices] = ops::max_pool2d_with_indices(x, kernel, stride, padding, dilation);
   if (Node* n = recorded("max_pool2d", {&x}, y)) {
     n->save(indices);

@@ -60,7 +60,7 @@ struct PoolArgs {
   const void* dy = nullptr;
   void* y = nullptr;
   void* dx = nullptr;
-  int64_t* indices = nullptr;           // max forward: written
+  int64_t* indices = nullptr;           // max forward: written, unless null (no backward will read them)
   const int64_t* indices_in = nullptr;  // max backward: read
 };
 using PoolKernel = void(const PoolArgs& args);

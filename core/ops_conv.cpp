@@ -303,8 +303,11 @@ void check_pool_input(const char* op, const Tensor& x) {
 
 }  // namespace
 
-std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Size2 kernel, std::optional<Size2> stride,
-                                                  Size2 padding, Size2 dilation) {
+namespace {
+
+// max_pool2d with or without the indices (an undefined tensor then).
+std::pair<Tensor, Tensor> max_pool2d_impl(const Tensor& x, Size2 kernel, std::optional<Size2> stride,
+                                          Size2 padding, Size2 dilation, bool with_indices) {
   memory::OpScope op_scope("max_pool2d", x);  // Note [op names in the history]
   check_pool_input("max_pool2d", x);
   Shape y_shape;
@@ -312,17 +315,26 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Size2 kernel,
                              true, y_shape);
   const Tensor xc = ops::contiguous(x);
   // The indices live beside the output, on x's device.
-  Tensor y = empty(y_shape, x.options()), indices = empty(y_shape, x.options().dtype(DType::I64));
+  Tensor y = empty(y_shape, x.options());
+  Tensor indices = with_indices ? empty(y_shape, x.options().dtype(DType::I64)) : Tensor();
   if (y.numel() == 0) return {y, indices};
   a.x = xc.raw_data();
   a.y = y.raw_data();
-  a.indices = indices.data<int64_t>();
+  a.indices = with_indices ? indices.data<int64_t>() : nullptr;
   op_max_pool2d.get(x.device(), x.dtype())(a);
   return {y, indices};
 }
 
+}  // namespace
+
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Size2 kernel, std::optional<Size2> stride,
+                                                  Size2 padding, Size2 dilation) {
+  return max_pool2d_impl(x, kernel, stride, padding, dilation, true);
+}
+
+// Without the indices: an i64 a window (twice an f32 output's bytes) that nothing would read.
 Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Size2 padding, Size2 dilation) {
-  return max_pool2d_with_indices(x, kernel, stride, padding, dilation).first;
+  return max_pool2d_impl(x, kernel, stride, padding, dilation, false).first;
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape) {

@@ -11,7 +11,10 @@
 // kernels/cpu/conv_onednn.cpp, both backward directions in one call (op_conv2d_backward) in
 // kernels/cpu/conv_backward.cpp.
 #include <algorithm>
+#include <memory>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <omp.h>
 
@@ -295,10 +298,53 @@ void conv2d_widened(const ConvArgs& a) {
 #ifdef FRUGAL_HAVE_ONEDNN
 using DataType = dnnl::memory::data_type;
 
+// Note [a large batch's forward in chunks]: a forward plan holds y in oneDNN's blocked layout beside the
+// user's NCHW y until it reorders it back (and x, and Winograd's tiles, likewise): at W2's evaluation batch
+// of 250 that is 25 MB beside the 25 MB output of the first convolution, the run's peak. Past kChunkImages
+// images the forward runs over balanced chunks of at most that many (each image's result does not depend
+// on the others), so those buffers are a chunk's size. The backward directions stay whole: d weight sums
+// over the batch, and the fused backward (kernels/cpu/conv_backward.cpp) must give d x exactly as the
+// per-direction op does.
+constexpr int64_t kChunkImages = 64;
+
+// The chunks of images the forward of `a` runs in, as (first image, count); one chunk for the other
+// directions.
+std::vector<std::pair<int64_t, int64_t>> chunks_of(const ConvArgs& a, Direction dir) {
+  const int64_t count = dir == Direction::Forward ? (a.n + kChunkImages - 1) / kChunkImages : 1;
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  for (int64_t i = 0, first = 0; i < count; ++i) {
+    const int64_t size = a.n / count + (i < a.n % count ? 1 : 0);
+    chunks.emplace_back(first, size);
+    first += size;
+  }
+  return chunks;
+}
+
+// The plans of a's chunks (null where oneDNN declines one: the fallback then runs for the whole call) and
+// each chunk's arguments.
+std::vector<std::pair<std::shared_ptr<const cpu::ConvPlan>, ConvArgs>> chunk_plans(const ConvArgs& a,
+                                                                                   Direction dir,
+                                                                                   DataType type) {
+  const int64_t elem = type == DataType::bf16 ? 2 : 4;
+  std::vector<std::pair<std::shared_ptr<const cpu::ConvPlan>, ConvArgs>> plans;
+  for (const auto& [first, size] : chunks_of(a, dir)) {
+    ConvArgs c = a;
+    c.n = size;
+    if (first > 0 && a.x) {  // forward only: x and y move by whole images (no pointers in a dry run)
+      c.x = static_cast<const char*>(a.x) + first * a.c * a.h * a.w * elem;
+      c.y = static_cast<char*>(a.y) + first * a.o * a.oh * a.ow * elem;
+    }
+    auto plan = cpu::conv_plan(c, dir, type);
+    if (!plan) return {};
+    plans.emplace_back(std::move(plan), c);
+  }
+  return plans;
+}
+
 bool run_onednn(const ConvArgs& a, Direction dir, DataType type) {
-  const auto plan = cpu::conv_plan(a, dir, type);
-  if (!plan) return false;
-  cpu::run_conv_plan(*plan, a);
+  const auto plans = chunk_plans(a, dir, type);
+  if (plans.empty()) return false;
+  for (const auto& [plan, c] : plans) cpu::run_conv_plan(*plan, c);
   return true;
 }
 
@@ -323,11 +369,12 @@ void conv2d_bf16(const ConvArgs& a) {
 // ---- the meta kernels (core/op_table.h): the working memory each path above takes, on the meta device ----
 
 #ifdef FRUGAL_HAVE_ONEDNN
-// run_onednn's buffers, held together; false when oneDNN declined the shape (the fallback then runs).
+// run_onednn's buffers, each chunk's held together; false when oneDNN declined the shape (the fallback then
+// runs).
 bool onednn_meta(const ConvArgs& a, Direction dir, DataType type) {
-  const auto plan = cpu::conv_plan(a, dir, type);
-  if (!plan) return false;
-  cpu::conv_plan_meta(*plan, false);
+  const auto plans = chunk_plans(a, dir, type);
+  if (plans.empty()) return false;
+  for (const auto& chunk : plans) cpu::conv_plan_meta(*chunk.first, false);
   return true;
 }
 #endif

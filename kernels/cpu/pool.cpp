@@ -68,6 +68,7 @@ void max_pool2d_2x2_row_avx512(const float* p0, const float* p1, float* yr, int6
       k = _mm512_mask_mov_epi32(k, take, _mm512_set1_epi32(i));
     }
     _mm512_mask_storeu_ps(yr + j, out, best);
+    if (!ir) continue;
     // index = base + 2 (j + lane) + (k & 1), plus w where the tap is on the second row (k >= 2); in 64 bits,
     // 8 lanes a half.
     const __m512i off =
@@ -95,7 +96,8 @@ void max_pool2d_2x2_plane(const PoolArgs& a, const T* x, T* y, int64_t* idx) {
     const T* r1 = r0 + a.w;
 #ifdef __AVX512F__
     if constexpr (std::is_same_v<T, float>) {
-      max_pool2d_2x2_row_avx512(r0, r1, y + oh * a.ow, idx + oh * a.ow, a.ow, 2 * oh * a.w, a.w);
+      max_pool2d_2x2_row_avx512(r0, r1, y + oh * a.ow, idx ? idx + oh * a.ow : nullptr, a.ow, 2 * oh * a.w,
+                                a.w);
       continue;
     }
 #endif
@@ -123,6 +125,7 @@ void max_pool2d_2x2_plane(const PoolArgs& a, const T* x, T* y, int64_t* idx) {
         yr[j] = T(best);
         tap[j] = k;
       }
+      if (!idx) continue;
       int64_t* ir = idx + oh * a.ow + c0;
       const int64_t base = 2 * oh * a.w + 2 * c0;
       for (int64_t j = 0; j < n; ++j) ir[j] = base + 2 * j + (tap[j] & 1) + (tap[j] >> 1) * a.w;
@@ -139,7 +142,8 @@ void max_pool2d_forward_cpu(const PoolArgs& a) {
     parallel_for(0, a.planes, plane_grain(a), [&](int64_t pb, int64_t pe) {
       for (int64_t p = pb; p < pe; ++p)
         max_pool2d_2x2_plane<T>(a, static_cast<const T*>(a.x) + p * a.h * a.w,
-                                static_cast<T*>(a.y) + p * a.oh * a.ow, a.indices + p * a.oh * a.ow);
+                                static_cast<T*>(a.y) + p * a.oh * a.ow,
+                                a.indices ? a.indices + p * a.oh * a.ow : nullptr);
     });
     return;
   }
@@ -147,7 +151,7 @@ void max_pool2d_forward_cpu(const PoolArgs& a) {
     for (int64_t p = pb; p < pe; ++p) {
       const T* x = static_cast<const T*>(a.x) + p * a.h * a.w;
       T* y = static_cast<T*>(a.y) + p * a.oh * a.ow;
-      int64_t* idx = a.indices + p * a.oh * a.ow;
+      int64_t* idx = a.indices ? a.indices + p * a.oh * a.ow : nullptr;
       for (int64_t oh = 0; oh < a.oh; ++oh) {
         const int64_t h0 = oh * a.stride_h - a.pad_h;
         const int64_t h1 = std::min(h0 + (a.kh - 1) * a.dil_h + 1, a.h), hs = first_tap(h0, a.dil_h);
@@ -166,7 +170,7 @@ void max_pool2d_forward_cpu(const PoolArgs& a) {
               }
             }
           y[oh * a.ow + ow] = T(best);
-          idx[oh * a.ow + ow] = best_at;
+          if (idx) idx[oh * a.ow + ow] = best_at;
         }
       }
     }

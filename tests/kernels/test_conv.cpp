@@ -124,6 +124,24 @@ TEST(Conv2d, WinogradMatchesReference) {
   set_conv_onednn_winograd(true);  // the default
 }
 
+// Note [a large batch's forward in chunks]: past 64 images the forward runs over chunks of images, so its
+// working memory (oneDNN's blocked x and y, the scratchpad) is a chunk's; the values are the reference's.
+TEST(Conv2d, ALargeBatchsForwardRunsInChunksOfImages) {
+  const Case c{130, 16, 8, 8, 32, 3, 3, 1, 1};  // chunks of 44, 43, 43 images
+  const Tensors in = inputs(c, DType::F32);
+  const Results ref = reference_results(c, in);
+  const int64_t before = memory::stats(kCPU).allocated.current;
+  memory::reset_peak(kCPU);
+  const Tensor y = ops::conv2d(in.x, in.w, in.b, c.stride, c.pad, c.dil, c.groups);
+  const int64_t working = memory::stats(kCPU).allocated.peak - before - y.nbytes();
+  const int64_t k_fwd = c.c * c.kh * c.kw + c.o * c.kh * c.kw;
+  expect_close(y, ref.y.to_vector<double>(), conv_tol(k_fwd), "chunked forward " + c.str());
+#ifdef FRUGAL_HAVE_ONEDNN
+  // A whole batch's blocked x and y would be x's and y's bytes; a chunk's are about a third.
+  EXPECT_LT(working, (in.x.nbytes() + y.nbytes()) / 2) << "working memory of the forward";
+#endif
+}
+
 TEST(Conv2d, Im2colFallbackMatchesReference) {
   for (const Case& c : kCases) {
     const Tensors in = inputs(c, DType::F32);

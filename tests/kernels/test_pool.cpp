@@ -105,7 +105,29 @@ TEST(MaxPool2d, MatchesReferenceInEveryDtype) {
       EXPECT_EQ(y.dim(), x.dim());
       expect_close(y, want, {0, 0}, std::string(dtype_name(t)) + " " + c.str());  // max is exact
       EXPECT_EQ(idx.to_vector<int64_t>(), want_idx) << c.str();
+      // The kernels without the indices (what inference and evaluation run) give the same values.
+      expect_close(ops::max_pool2d(x, c.kernel, c.stride, c.pad, c.dil), want, {0, 0},
+                   std::string(dtype_name(t)) + " without indices " + c.str());
     }
+}
+
+// The differentiable max_pool2d keeps its i64 indices only where a backward will read them: without grad it
+// allocates the output alone (the indices would be twice an f32 output's bytes).
+TEST(MaxPool2d, KeepsIndicesOnlyForABackward) {
+  auto bytes_of_call = [](const Tensor& x) {
+    const int64_t before = memory::stats(kCPU).allocated.current;
+    memory::reset_peak(kCPU);
+    const Tensor y = max_pool2d(x, 2);
+    return std::pair{memory::stats(kCPU).allocated.peak - before, y.nbytes()};
+  };
+  const Tensor x = uniform({4, 8, 32, 32}, -1, 1, DType::F32, 7);
+  const auto [plain, y_bytes] = bytes_of_call(x);
+  EXPECT_LT(plain, 2 * y_bytes) << "no indices without grad";
+  {
+    NoGradGuard no_grad;
+    EXPECT_LT(bytes_of_call(x.clone().requires_grad_()).first, 2 * y_bytes) << "no indices under NoGradGuard";
+  }
+  EXPECT_GE(bytes_of_call(x.clone().requires_grad_()).first, 3 * y_bytes) << "y and its i64 indices";
 }
 
 TEST(MaxPool2d, TiesTakeTheFirstAndNanPropagates) {
