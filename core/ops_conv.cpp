@@ -206,6 +206,9 @@ ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
   if (relu_y.defined()) {
     FRUGAL_CHECK_SHAPE(relu_y.shape() == grad_out.shape(), op, ": the ReLU's output has shape ",
                        relu_y.shape(), " but the output gradient has shape ", grad_out.shape());
+    // relu_backward would convert the gradient to y's dtype, which the convolution's tensors do not share.
+    FRUGAL_CHECK_DTYPE(relu_y.dtype() == grad_out.dtype(), op, ": dtypes differ: the ReLU's output is ",
+                       dtype_name(relu_y.dtype()), ", the output gradient ", dtype_name(grad_out.dtype()));
     FRUGAL_CHECK_T(DeviceError, relu_y.device() == grad_out.device(), op, ": the ReLU's output is on ",
                    relu_y.device(), " but the output gradient is on ", grad_out.device());
   }
@@ -213,7 +216,7 @@ ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
   const Device device = grad_out.device();
   const bool fused = need_dweight && op_conv2d_backward.has(device, grad_out.dtype()) &&
                      x.dtype() == grad_out.dtype() && (!need_dx || weight.dtype() == grad_out.dtype()) &&
-                     (!relu_y.defined() || relu_y.dtype() == grad_out.dtype()) && grad_out.numel() > 0;
+                     grad_out.numel() > 0;
   if (!fused) {
     const Tensor g = relu_y.defined() ? relu_backward(grad_out, relu_y) : grad_out;
     ConvGrads r;

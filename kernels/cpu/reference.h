@@ -122,12 +122,14 @@ namespace frugal {
 // For the tests and the benchmark that compares both; a no-op without oneDNN.
 void set_conv_onednn_any_layout(bool any);
 // Whether oneDNN may run a convolution with its Winograd kernel where it expects that to be faster (the
-// default; Note [Winograd convolutions] in kernels/cpu/conv.cpp); false keeps every convolution direct.
+// default; Note [Winograd convolutions] in kernels/cpu/conv_onednn.cpp); false keeps every convolution
+// direct.
 void set_conv_onednn_winograd(bool winograd);
 // oneDNN's names for the kernels the registered CPU convolution runs for `a` in `dtype` (f32 or bf16), as
 // {forward, backward data, backward weight}: e.g. "jit:avx512_core" or "jit_wino_4x3:avx512_core"; empty
 // where oneDNN declines the shape or the build has no oneDNN. The backward weight plan has a bias when
-// a.dbias is set.
+// a.dbias is set. The plans of a's whole batch: past 64 images a forward runs the plans of its chunks (Note
+// [a large batch's forward in chunks] in kernels/cpu/conv.cpp).
 std::array<std::string, 3> conv2d_onednn_implementations(const ConvArgs& a, DType dtype);
 // The portable f32 convolution (im2col + the registered GEMM), the build's fallback when oneDNN is absent,
 // callable beside the registered kernels.

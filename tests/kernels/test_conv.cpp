@@ -303,6 +303,7 @@ TEST(Conv2dBackward, OneCallIsBitIdenticalToTheComposedOps) {
       {2, 6, 7, 9, 20, 3, 3, 2, 1},       // 20 channels: not nChw16c
       {2, 4, 8, 8, 8, 3, 3, 1, 1, 1, 2},  // groups
       {1, 3, 5, 5, 4, 2, 2, 1, 0, 1, 1, false},
+      {64, 32, 14, 14, 64, 3, 3, 1, 1},  // W2's second layer: Winograd in f32 (Note [Winograd convolutions])
   };
 #ifdef FRUGAL_HAVE_ONEDNN
   EXPECT_TRUE(op_conv2d_backward.has(kCPU, DType::F32));  // the fused kernel runs below
@@ -375,6 +376,8 @@ TEST(Conv2dBackward, BadInputs) {
         call(dy, x, uniform({2, 3, 3, 3}, -1, 1, DType::F32, 7), {});
       },
       {"conv2d_backward", "the weight has shape [2, 3, 3, 3]", "expected [4, 3, 3, 3]"});
+  expect_error<DTypeError>([&] { call(dy, x, w, dy.to(DType::F64)); },
+                           {"conv2d_backward", "the ReLU's output is f64", "the output gradient f32"});
   expect_error<DeviceError>([&] { call(dy, x, w, dy.to(kMeta)); },
                             {"the ReLU's output is on meta", "the output gradient is on cpu"});
   expect_error<ShapeError>(
