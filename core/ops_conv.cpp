@@ -304,10 +304,6 @@ void check_pool_input(const char* op, const Tensor& x) {
                      dtype_name(x.dtype()), " (shape ", x.shape(), ")");
 }
 
-}  // namespace
-
-namespace {
-
 // max_pool2d with or without the indices (an undefined tensor then).
 std::pair<Tensor, Tensor> max_pool2d_impl(const Tensor& x, Size2 kernel, std::optional<Size2> stride,
                                           Size2 padding, Size2 dilation, bool with_indices) {

@@ -330,7 +330,7 @@ std::vector<std::pair<std::shared_ptr<const cpu::ConvPlan>, ConvArgs>> chunk_pla
   for (const auto& [first, size] : chunks_of(a, dir)) {
     ConvArgs c = a;
     c.n = size;
-    if (first > 0 && a.x) {  // forward only: x and y move by whole images (no pointers in a dry run)
+    if (first > 0 && a.x) {  // forward only: x and y move by whole images (a dry run reads no pointer)
       c.x = static_cast<const char*>(a.x) + first * a.c * a.h * a.w * elem;
       c.y = static_cast<char*>(a.y) + first * a.o * a.oh * a.ow * elem;
     }

@@ -1,6 +1,7 @@
 // conv2d forward, backward data and backward weight/bias: the registered f32 kernels (oneDNN in both layout
 // policies, or im2col) and the im2col fallback against the naive f64 reference over a grid of shapes and
 // arguments; f16/bf16 against f32; gradcheck in f64 for every argument combination and layout; bad inputs.
+#include <cstring>
 #include <thread>
 
 #include "autograd/functions.h"
@@ -353,6 +354,26 @@ TEST(Conv2dBackward, OneCallIsBitIdenticalToTheComposedOps) {
           }
   }
   set_conv_onednn_any_layout(true);  // the default
+}
+
+// Strided views (the op makes them contiguous) give the contiguous tensors' gradients, bytes and all.
+TEST(Conv2dBackward, NonContiguousInputs) {
+  const Case c{2, 4, 8, 8, 16, 3, 3, 1, 1};
+  const Tensors in = inputs(c, DType::F32);
+  const Tensor y = uniform(c.y_shape(), -1, 1, DType::F32, 8);
+  auto nhwc = [](const Tensor& t) { return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2}); };
+  const Tensor x_s = nhwc(in.x), dy_s = nhwc(in.dy), y_s = nhwc(y);
+  const Tensor w_s = in.w.permute({1, 0, 2, 3}).contiguous().permute({1, 0, 2, 3});
+  ASSERT_FALSE(x_s.is_contiguous() || dy_s.is_contiguous() || y_s.is_contiguous() || w_s.is_contiguous());
+  auto grads = [&](const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& ry) {
+    return ops::conv2d_backward(dy, x, w, ry, c.x_shape(), c.w_shape(), c.stride, c.pad, c.dil, c.groups,
+                                true, true, true);
+  };
+  const ops::ConvGrads want = grads(in.dy, in.x, in.w, y), got = grads(dy_s, x_s, w_s, y_s);
+  for (auto [g, w] : {std::pair{got.dx, want.dx}, {got.dweight, want.dweight}, {got.dbias, want.dbias}}) {
+    ASSERT_TRUE(g.defined());
+    EXPECT_EQ(0, std::memcmp(g.raw_data(), w.raw_data(), size_t(w.nbytes())));
+  }
 }
 
 TEST(Conv2dBackward, BadInputs) {
