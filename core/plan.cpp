@@ -23,7 +23,8 @@ std::string Plan::str() const {
           : std::string();
   return frugal::detail::str_cat(
       choice.micro_batches, choice.micro_batches == 1 ? " micro-batch" : " micro-batches", ", recompute ",
-      choice.recompute_blocks, " of ", blocks, " blocks", selective, ", ",
+      choice.recompute_blocks, " of ", blocks, " blocks", selective,
+      choice.step_in_backward ? ", the optimizer steps in backward" : "", ", ",
       choice.low_precision ? "bf16 autocast" : "f32", ": estimated peak ", format_bytes(peak_allocated),
       " (reserved ", format_bytes(peak_reserved), ") of ", format_bytes(budget),
       fits ? "" : " (does not fit)", ", ", relative_time, "x the plain step's time (predicted)");
@@ -69,7 +70,10 @@ Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t bu
       std::vector<PlanChoice> candidates;
       const int n = space.blocks();
       for (int m = 0; m <= n; ++m)
-        for (int s = 0; s <= (space.selective() ? n - m : 0); ++s) candidates.push_back({k, m, low, s});
+        for (int s = 0; s <= (space.selective() ? n - m : 0); ++s)
+          for (bool in_backward : {false, true})
+            if (!in_backward || (space.step_in_backward() && k == 1))
+              candidates.push_back({k, m, low, s, in_backward});
       std::stable_sort(candidates.begin(), candidates.end(), [n](const PlanChoice& a, const PlanChoice& b) {
         return relative_time(a, n) < relative_time(b, n);
       });

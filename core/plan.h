@@ -1,7 +1,8 @@
 // memory::plan: the fastest way to train within a memory budget, found with the dry run (core/estimate.h).
 // It searches the techniques that keep training's meaning (gradient accumulation over k micro-batches, how
-// many blocks run as recompute segments, and, only when allowed, bf16 autocast), tests each candidate with
-// a dry run under the budget as the arena's limit, and picks the one its cost model says is fastest.
+// many blocks run as recompute segments, the optimizer stepping in backward, and, only when allowed, bf16
+// autocast), tests each candidate with a dry run under the budget as the arena's limit, and picks the one
+// its cost model says is fastest.
 //
 //   memory::Plan p = memory::plan(
 //       [&](Device, const memory::PlanChoice& c) {      // the run, as the candidate asks for it
@@ -21,7 +22,12 @@
 // not a GEMM (its norms, activations, residual adds and copies: kSelectiveShare, measured on W3); each extra
 // micro-batch repeats the per-op overheads of a step (about a tenth of W3's step on this project's 2-core
 // machine: 4 micro-batches measured 1.35x). Low precision is taken as no faster, since a CPU without bf16
-// instructions gains nothing from it. The model ranks the candidates; it is not a timer.
+// instructions gains nothing from it. Stepping in backward (optim::StepInBackward) does the same updates at
+// another moment, so it costs nothing in the model (W4g measured within noise of W4); it frees each
+// gradient once its update is done, so the gradients never all exist at once, and with recompute it is what
+// lowers a parameter-heavy step's peak most (Note [recompute and stepping in backward]). It needs the whole
+// gradient from one backward, so it goes with one micro-batch only. At an equal predicted time the candidate
+// without it is tried first. The model ranks the candidates; it is not a timer.
 //
 // The search over recompute is exhaustive: each block of the chain runs plain, selectively or wholly
 // recomputed. For a chain of identical blocks (the GPT's) what a candidate saves and costs depends only on
@@ -58,6 +64,9 @@ struct PlanChoice {
   // Of the other blocks, run as segments that keep their GEMMs' results (PlanSpace::selective; Note
   // [selective recompute] in autograd/recompute.h): nn::GPT::recompute_blocks(recompute_blocks, this).
   int selective_blocks = 0;
+  // The optimizer steps in backward (optim::StepInBackward; PlanSpace::step_in_backward): no zero_grad()
+  // or step() around backward. Only with micro_batches == 1.
+  bool step_in_backward = false;
 };
 
 // What the planner may choose from.
@@ -66,7 +75,10 @@ struct PlanSpace {
   FRUGAL_ARG(std::vector<int>, micro_batches) = std::vector<int>{1, 2, 4, 8,
                                                                  16};  // each must divide the batch
   FRUGAL_ARG(bool, low_precision) = false;                             // may it choose bf16 autocast
-  FRUGAL_ARG(bool, selective) = false;      // may blocks keep their GEMMs' results (the model must do it)
+  FRUGAL_ARG(bool, selective) = false;  // may blocks keep their GEMMs' results (the model must do it)
+  // May the optimizer step in backward? Only where the step allows it: no clipping by the global norm, no
+  // loss scaler, no sparse gradients (Note [stepping in backward] in optim/step_in_backward.h).
+  FRUGAL_ARG(bool, step_in_backward) = false;
   FRUGAL_ARG(std::optional<Device>, from);  // the dry runs start from this arena (EstimateOptions::from)
 };
 
@@ -80,6 +92,7 @@ struct Plan {
   int blocks = 0;
   int dry_runs = 0;  // how many candidates were estimated
   // "2 micro-batches, recompute 1 of 4 blocks, f32: estimated peak 45.01 MiB of 48.00 MiB, 1.10x the time"
+  // (", the optimizer steps in backward" after the blocks when it does)
   std::string str() const;
 };
 

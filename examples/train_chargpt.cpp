@@ -111,10 +111,12 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", profile, "time every op (forward and backward) and print the table at the end");
   bool estimate = false, allow_low_precision = false;
   std::string memory_budget;
-  app.add_option("--memory-budget", memory_budget,
-                 "train within this many bytes (e.g. 48M): a dry run per candidate picks the fastest mix of "
-                 "micro-batches and recomputed blocks that fits (memory::plan), prints it, then trains under "
-                 "it with the arena limit set to the budget; overrides --accum and --recompute")
+  app.add_option(
+         "--memory-budget", memory_budget,
+         "train within this many bytes (e.g. 48M): a dry run per candidate picks the fastest mix of "
+         "micro-batches, recomputed blocks and stepping in backward (where --clip, --sparse-embeddings and "
+         "--amp f16 are off) that fits (memory::plan), prints it, then trains under it with the arena "
+         "limit set to the budget; overrides --accum and --recompute")
       ->check(CLI::Validator(examples::check_byte_count, "BYTES"));
   app.add_flag("--allow-low-precision", allow_low_precision,
                "with --memory-budget: the plan may also choose bf16 autocast");
@@ -166,9 +168,13 @@ int main(int argc, char** argv) {
       p.recompute = p.selective_recompute = false;
       p.recompute_blocks = c.recompute_blocks;
       p.selective_blocks = c.selective_blocks;
+      p.step_in_backward = o.step_in_backward || c.step_in_backward;
       if (c.low_precision) p.autocast = DType::BF16;
       return p;
     };
+    // The plan may step in backward where the run allows it (Note [stepping in backward]).
+    const bool may_step_in_backward = !o.step_in_backward && o.clip == 0 && !o.sparse_embeddings &&
+                                      o.autocast != std::optional<DType>(DType::F16);
     plan_for = [=](int64_t budget) {
       return memory::plan(
           [&](Device, const memory::PlanChoice& c) { dry_run(shaped(c)); }, budget,
@@ -178,6 +184,7 @@ int main(int argc, char** argv) {
               .micro_batches(o.step_in_backward ? std::vector<int>{1} : examples::micro_batch_counts(o.batch))
               .low_precision(allow_low_precision)
               .selective(true)
+              .step_in_backward(may_step_in_backward)
               .from(kCPU));
     };
     if (!memory_budget.empty()) {

@@ -116,10 +116,11 @@ int main(int argc, char** argv) {
                  "write the memory history of steps 3-5 as a Chrome trace here (ui.perfetto.dev) and an SVG "
                  "picture beside it (the extension replaced by .svg)");
   app.add_flag("--profile", profile, "time every op (forward and backward) and print the table at the end");
-  app.add_option("--memory-budget", memory_budget,
-                 "train within this many bytes (e.g. 64M): a dry run per candidate picks the fastest mix of "
-                 "micro-batches and recompute that fits (memory::plan), prints it, then trains under it with "
-                 "the arena limit set to the budget; overrides --accum and --recompute")
+  app.add_option(
+         "--memory-budget", memory_budget,
+         "train within this many bytes (e.g. 64M): a dry run per candidate picks the fastest mix of "
+         "micro-batches, recompute and stepping in backward that fits (memory::plan), prints it, then "
+         "trains under it with the arena limit set to the budget; overrides --accum and --recompute")
       ->check(byte_count);
   app.add_flag("--allow-low-precision", allow_low_precision,
                "with --memory-budget: the plan may also choose bf16 autocast");
@@ -188,11 +189,11 @@ int main(int argc, char** argv) {
     // One epoch and one evaluation as the run makes them, on the meta device (core/estimate.h): the later
     // epochs repeat the first one's peak.
     // By value: plan_for keeps it (and the datasets) for the out-of-memory handler.
-    auto dry_run = [=](bool with_recompute, int micro, std::optional<DType> amp) {
+    auto dry_run = [=](bool with_recompute, int micro, std::optional<DType> amp, bool in_backward_too) {
       nn::Sequential m = make_model(with_recompute);
       auto o = fmnist::make_optimizer(optimizer, m->parameters(), lr);
       std::optional<optim::StepInBackward> in_backward;
-      if (step_in_backward) in_backward.emplace(*o);
+      if (step_in_backward || in_backward_too) in_backward.emplace(*o);
       fmnist::Precision p(amp);
       const data::DataLoader like(train_set, train_options(micro));  // starts no thread: never iterated
       const auto dry_train = fmnist::dry_loader(like);  // alive through evaluate, as the real one is
@@ -206,7 +207,7 @@ int main(int argc, char** argv) {
       return memory::plan(
           [&](Device, const memory::PlanChoice& c) {
             dry_run(c.recompute_blocks > 0, c.micro_batches,
-                    c.low_precision ? std::optional(DType::BF16) : autocast);
+                    c.low_precision ? std::optional(DType::BF16) : autocast, c.step_in_backward);
           },
           budget,
           memory::PlanSpace()
@@ -214,6 +215,8 @@ int main(int argc, char** argv) {
               .blocks(1)
               .micro_batches(step_in_backward ? std::vector<int>{1} : examples::micro_batch_counts(batch))
               .low_precision(allow_low_precision)
+              // The plan may step in backward where the run allows it (Note [stepping in backward]).
+              .step_in_backward(!step_in_backward && autocast != std::optional<DType>(DType::F16))
               .from(kCPU));
     };
     if (!memory_budget.empty()) {
@@ -221,11 +224,13 @@ int main(int argc, char** argv) {
       if (!examples::report_plan(plan, "a smaller --batch")) return 1;
       accum = plan.choice.micro_batches;
       recompute = plan.choice.recompute_blocks > 0;
+      step_in_backward = step_in_backward || plan.choice.step_in_backward;
       if (plan.choice.low_precision) autocast = DType::BF16;
     }
     if (estimate) {
-      const memory::Estimate e = memory::estimate([&](Device) { dry_run(recompute, accum, autocast); },
-                                                  memory::EstimateOptions().from(kCPU));
+      const memory::Estimate e =
+          memory::estimate([&](Device) { dry_run(recompute, accum, autocast, step_in_backward); },
+                           memory::EstimateOptions().from(kCPU));
       std::printf("%s", e.summary().c_str());
       std::printf("estimated_peak_bytes=%lld\n",
                   static_cast<long long>(std::max(e.source_peak, e.peak_allocated)));

@@ -180,22 +180,58 @@ class GPTRun:
 
 
     def forward(self, idx):
-        """The model's forward, its blocks through checkpoint_sequential in `segments` segments when set."""
+        """The model's forward, its blocks through checkpoint_sequential in `segments` segments when set, or
+        each block through torch.utils.checkpoint.checkpoint when segments is "each" (checkpoint_sequential
+        always runs its last segment plainly)."""
         if not self.segments:
             return self.model(idx)
-        from torch.utils.checkpoint import checkpoint_sequential
+        from torch.utils.checkpoint import checkpoint, checkpoint_sequential
         m = self.model
         x = m.tok(idx) + m.pos(torch.arange(idx.shape[1]))
-        x = checkpoint_sequential(m.blocks, self.segments, x, use_reentrant=False)
+        if self.segments == "each":
+            for b in m.blocks:
+                x = checkpoint(b, x, use_reentrant=False)
+        else:
+            x = checkpoint_sequential(m.blocks, self.segments, x, use_reentrant=False)
         return m.head(m.ln_f(x))
+
+    def state_bytes(self):
+        """The parameters' and the optimizer's state's bytes: what is alive between steps (frugal's too)."""
+        tensors = list(self.model.parameters()) + [t for st in self.opt.state.values() for t in st.values()
+                                                   if torch.is_tensor(t) and t.dim() > 0]
+        return sum(t.untyped_storage().nbytes() for t in tensors)
+
+    def step_peak(self):
+        """One step under torch.profiler with profile_memory: the peak of the bytes the CPU allocator handed
+        out during the step above what was alive before it (every allocation and free the profiler saw, in
+        time order). Not a timed step: profiling slows it."""
+        from torch.profiler import ProfilerActivity, profile
+        from torch._C._profiler import _EventType
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            self.step()
+        events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            e = stack.pop()
+            if e.tag == _EventType.Allocation:
+                events.append((e.start_time_ns, e.extra_fields.alloc_size))
+            stack.extend(e.children)
+        current = peak = 0
+        for _, size in sorted(events, key=lambda x: x[0]):
+            current += size
+            peak = max(peak, current)
+        return peak
 
 
 def gpt_checkpoint():
     """W3c: W3 with its 4 blocks through torch.utils.checkpoint.checkpoint_sequential in 2 segments (Chen's
-    sqrt(n)) and in 4 (every block), beside W3 itself, stepped in turn: 30 steps each after 5 warm-up steps.
-    The step-time ratios are what frugal's planned runs compare with (bench/plan_budgets.sh)."""
+    sqrt(n)) and in 4, and with each block checkpointed, beside W3 itself, stepped in turn: 30 steps each after
+    5 warm-up steps. The step-time ratios and the peaks are what frugal's planned runs compare with
+    (bench/compare_budgets.sh). A configuration's peak: the parameters' and optimizer state's bytes plus its
+    step's peak above them (torch.profiler's allocation events, one profiled step after the timed ones);
+    peak_fraction is that over the plain run's."""
     train, vocab = fortunes()
-    runs = {0: GPTRun(train, vocab, False), 2: GPTRun(train, vocab, False, 2), 4: GPTRun(train, vocab, False, 4)}
+    runs = {0: GPTRun(train, vocab, False), 2: GPTRun(train, vocab, False, 2), 4: GPTRun(train, vocab, False, 4),
+            "each": GPTRun(train, vocab, False, "each")}
     times = {k: [] for k in runs}
     for s in range(35):
         for k, r in runs.items():
@@ -203,9 +239,14 @@ def gpt_checkpoint():
             if s >= 5:
                 times[k].append(ms)
     med = {k: statistics.median(v) for k, v in times.items()}
+    state = runs[0].state_bytes()
+    peaks = {k: r.step_peak() for k, r in runs.items()}
     return {"name": "W3c", "median_step_ms": med[0], "sqrt_n_segments_ms": med[2], "per_block_segments_ms": med[4],
             "sqrt_n_ratio": med[2] / med[0], "per_block_ratio": med[4] / med[0],
+            "each_block_ms": med["each"], "each_block_ratio": med["each"] / med[0],
             "saved_bytes": {k: r.activation_bytes for k, r in runs.items()}, "losses": {k: r.loss for k, r in runs.items()},
+            "state_bytes": state, "step_peak_bytes": peaks,
+            "peak_fraction": {k: (state + p) / (state + peaks[0]) for k, p in peaks.items()},
             "threads": torch.get_num_threads()}
 
 

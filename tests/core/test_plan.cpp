@@ -1,6 +1,7 @@
 // memory::plan (core/plan.h): under a budget it picks the fewest recomputed blocks and micro-batches that
 // fit, the dry run's peak is the real run's, the real run stays under the budget, and the gradients keep
 // their meaning (bit-identical with recompute alone, equal to f32 rounding with accumulation).
+#include <optional>
 #include <vector>
 
 #include "tests/test_util.h"
@@ -134,6 +135,78 @@ TEST(Plan, WhenNothingFitsItSaysSoWithTheLowestPeak) {
                            memory::PlanSpace().micro_batches({0}));
       },
       {"micro-batch count", ">= 1"});
+}
+
+// A chain whose parameters outweigh its activations (W4's shape, small): 8 Linear+ReLU layers of 512 in 2
+// blocks, batch 16, SGD with momentum. Two steps as the plan shapes them (the second holds the momentum);
+// the parameters after them are returned (on the cpu).
+std::vector<Tensor> deep_steps(Device d, const memory::PlanChoice& c) {
+  constexpr int kLayers = 8, kPerBlock = 4;
+  manual_seed(5);
+  std::vector<nn::Linear> layers;
+  std::vector<Tensor> params;
+  for (int i = 0; i < kLayers; ++i) {
+    layers.push_back(nn::Linear(512, 512));
+    layers.back()->to(d);
+    for (const Tensor& p : layers.back()->parameters()) params.push_back(p);
+  }
+  optim::SGD opt(params, optim::SGDOptions(0.01).momentum(0.9));
+  std::optional<optim::StepInBackward> in_backward;
+  if (c.step_in_backward) in_backward.emplace(opt);
+  const Tensor x = randn({16, 512}).to(d), target = randn({16, 512}).to(d);
+  auto run = [&](Tensor h, int from, int to) {
+    for (int i = from; i < to; ++i) h = F::linear_relu(h, layers[size_t(i)]->weight, layers[size_t(i)]->bias);
+    return h;
+  };
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    Tensor h = x;
+    for (int from = 0; from < kLayers; from += kPerBlock)
+      h = from / kPerBlock < c.recompute_blocks
+              ? autograd::recompute(
+                    [&, from](const std::vector<Tensor>& v) { return run(v[0], from, from + kPerBlock); },
+                    {h})
+              : run(h, from, from + kPerBlock);
+    F::mse_loss(h, target).backward();
+    opt.step();  // nothing left to update when it stepped in backward
+  }
+  std::vector<Tensor> out;
+  if (!d.is_meta())
+    for (const Tensor& p : params) out.push_back(p.detach());
+  return out;
+}
+
+TEST(Plan, WhereTheGradientsMakeThePeakTheOptimizerStepsInBackward) {
+  const int64_t plain = memory::estimate([](Device d) { deep_steps(d, {}); }).peak_allocated;
+  const int64_t budget = plain * 85 / 100;
+  auto step = [](Device d, const memory::PlanChoice& c) { deep_steps(d, c); };
+  // Without it nothing fits: the peak is the parameters, momentum and gradients at the end of backward,
+  // which neither recompute nor micro-batches lower.
+  const memory::Plan without =
+      memory::plan(step, budget, memory::PlanSpace().blocks(2).micro_batches({1, 2}));
+  EXPECT_FALSE(without.fits) << without.str();
+  const memory::Plan p =
+      memory::plan(step, budget, memory::PlanSpace().blocks(2).micro_batches({1, 2}).step_in_backward(true));
+  ASSERT_TRUE(p.fits) << p.str();
+  EXPECT_TRUE(p.choice.step_in_backward);
+  EXPECT_EQ(p.choice.micro_batches, 1);
+  EXPECT_EQ(p.choice.recompute_blocks, 0) << "recompute costs time and lowers nothing here";
+  EXPECT_DOUBLE_EQ(p.relative_time, 1.0);
+  EXPECT_NE(p.str().find("the optimizer steps in backward"), std::string::npos) << p.str();
+  // The real run under the budget: it fits, peaks at the dry run's figure, and updates the parameters
+  // bit for bit as the plain run does.
+  memory::empty_cache(kCPU);
+  memory::reset_peak(kCPU);
+  memory::set_memory_limit(kCPU, budget);
+  std::vector<Tensor> planned;
+  EXPECT_NO_THROW(planned = deep_steps(kCPU, p.choice));
+  memory::set_memory_limit(kCPU, 0);
+  EXPECT_EQ(memory::stats(kCPU).allocated.peak, p.peak_allocated);
+  const std::vector<Tensor> reference = deep_steps(kCPU, {});
+  ASSERT_EQ(planned.size(), reference.size());
+  for (size_t i = 0; i < planned.size(); ++i)
+    EXPECT_EQ(planned[i].to_vector<float>(), reference[i].to_vector<float>()) << "parameter " << i;
+  memory::empty_cache(kCPU);
 }
 
 TEST(Plan, TheGptRecomputesItsFirstBlocks) {
