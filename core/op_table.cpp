@@ -99,6 +99,8 @@ constinit OpTable<SelfAttentionKernel> op_self_attention_backward{"self_attentio
 constinit OpTable<SelfAttentionKernel> op_self_attention_low_probs{"self_attention_low_probs"};
 constinit OpTable<SelfAttentionKernel> op_self_attention_backward_low_probs{
     "self_attention_backward_low_probs"};
+constinit OpTable<SelfAttentionKernel> op_self_attention_stats{"self_attention_stats"};
+constinit OpTable<SelfAttentionKernel> op_self_attention_backward_stats{"self_attention_backward_stats"};
 constinit OpTable<IndexKernel> op_index_add{"index_add"};
 constinit OpTable<DeviceCopyKernel> op_copy_between_devices{"copy between devices"};
 constinit OpTable<TransposeKernel> op_transpose2d{"transpose2d"};

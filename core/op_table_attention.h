@@ -41,9 +41,15 @@ extern OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward;
 // the largest tensor attention keeps, and one relative rounding error per entry of P, as the composite's
 // f16/bf16 P has. Their forward computes y from P before the rounding, so y is op_self_attention's bit for
 // bit.
+// The stats forms keep no P at all (Note [attention keeps row statistics]): the forward writes, for each row
+// i of each head, stats[(b H + h) T + i] = (m_i, 1 / l_i), the row's max of s S and its sum of exp(s S - m_i)
+// over the allowed keys, in the compute type; the backward computes P again as exp(s Q K^T - m) / l with the
+// same product and the same vector exp at the same alignment, so P, y and dqkv are op_self_attention's bit
+// for bit, for 2 T numbers a head row instead of T^2.
 struct SelfAttentionArgs {
   const void* qkv = nullptr;  // forward and backward in
   void* probs = nullptr;      // forward out, backward in
+  void* stats = nullptr;      // the stats forms' (m, 1 / l) a row, instead of probs: forward out, backward in
   void* y = nullptr;          // forward out
   const void* dy = nullptr;   // backward in
   void* dqkv = nullptr;       // backward out
@@ -54,18 +60,21 @@ struct SelfAttentionArgs {
 };
 // Per-thread scratch elements: K^T (forward) or dS and V^T (backward), plus converted copies of one head's
 // operands when the dtype is not its own compute type.
-// (low_probs: plus one head's P in the compute type, and 64 elements to align it.)
+// (probs_in_scratch, for the low-probs and the stats forms: plus one head's P in the compute type, and 64
+// elements to align it.)
 inline int64_t self_attention_workspace(const SelfAttentionArgs& a, DType dtype, bool backward,
-                                        bool low_probs = false) {
+                                        bool probs_in_scratch = false) {
   const bool convert = dtype == DType::F16 || dtype == DType::BF16;
   const int64_t th = a.t * a.head_dim;
   return (backward ? a.t * a.t + th + (convert ? 7 * th : 0) : th + (convert ? 4 * th : 0)) +
-         (low_probs ? a.t * a.t + 64 : 0);
+         (probs_in_scratch ? a.t * a.t + 64 : 0);
 }
 using SelfAttentionKernel = void(const SelfAttentionArgs& args);
 extern OpTable<SelfAttentionKernel> op_self_attention;
 extern OpTable<SelfAttentionKernel> op_self_attention_backward;
 extern OpTable<SelfAttentionKernel> op_self_attention_low_probs;
 extern OpTable<SelfAttentionKernel> op_self_attention_backward_low_probs;
+extern OpTable<SelfAttentionKernel> op_self_attention_stats;
+extern OpTable<SelfAttentionKernel> op_self_attention_backward_stats;
 
 }  // namespace frugal

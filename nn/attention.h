@@ -31,9 +31,11 @@ Tensor attention_scores_softmax_composite(const Tensor& scores, double scale, bo
 // Multi-head self-attention of q, k, v packed in qkv [B, T, 3 d] (as one Linear d -> 3d gives them: q, k, v
 // in that order along the last dim, each split into n_heads heads of d / n_heads): per head softmax(scale q
 // k^T), masked as attention_scores_softmax masks it, times v; the heads merged into y [B, T, d]. One fused
-// op each way (no head split or merge copies); keeps qkv and the probabilities [B, H, T, T] for the
-// backward, which is first order only. f16/bf16 compute in f32 and keep the probabilities in their own
-// dtype (computing y from them before the rounding), as the composite does.
+// op each way (no head split or merge copies), first order only. For the backward it keeps qkv and, on
+// the CPU, each query row's softmax max and 1 / sum [B, H, T, 2], from which the backward computes the
+// probabilities again, bit for bit (Note [attention keeps row statistics] in autograd/grad_attention.cpp);
+// elsewhere the probabilities [B, H, T, T], for f16/bf16 in their own dtype (computing y from them before
+// the rounding), as the composite does. f16/bf16 compute in f32.
 Tensor self_attention(const Tensor& qkv, int64_t n_heads, double scale, bool causal);
 // The same from views, matmul and attention_scores_softmax: the reference the fused op is tested against.
 Tensor self_attention_composite(const Tensor& qkv, int64_t n_heads, double scale, bool causal);

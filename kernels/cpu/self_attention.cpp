@@ -150,32 +150,54 @@ T* scratch(const SelfAttentionArgs& a, int64_t size) {
   return static_cast<T*>(a.workspace) + tid * size;
 }
 
-// One head in the compute type C: q, k, v [t, hd] with rows `in` apart, y [t, hd] with rows `out` apart,
-// p [t, t]; kt: scratch [hd, t].
+// S = Q K^T of one head into p [t, t] (rows of q `in` apart; kt: scratch [hd, t] for K^T, so that the rows of
+// S come from rows of K^T). Causal: the blocks right of the diagonal are skipped.
 template <typename C>
-void head_forward(const SelfAttentionArgs& a, const C* q, const C* k, const C* v, int64_t in, C* p, C* y,
-                  int64_t out, C* kt) {
-  const int64_t t = a.t, hd = a.head_dim;
+void head_scores(const SelfAttentionArgs& a, const C* q, const C* k, int64_t in, C* p, C* kt) {
+  Range lower_n;
+  lower_n.lower_n = a.causal;
+  transpose(a.t, a.head_dim, k, in, kt);
+  small_gemm(a.t, a.t, a.head_dim, q, in, 1, kt, a.t, p, a.t, lower_n);
+}
+
+// Row i of S (in p, rows t apart) into P: exp(scale s - m) over the allowed keys, times 1 / l, their sum; 0
+// past them. Every row's (m, 1 / l) goes to `save` when it is given (the stats forms' forward), or comes from
+// `load` (their backward: the same operations on the same S give the same P bit for bit).
+template <typename C>
+void softmax_rows(const SelfAttentionArgs& a, C* p, C* save, const C* load) {
+  const int64_t t = a.t;
   const C scale = C(a.scale);
-  Range lower_n, lower_k;
-  lower_n.lower_n = lower_k.lower_k = a.causal;
-  transpose(t, hd, k, in, kt);  // K^T, so that the rows of S = Q K^T come from rows of K^T
-  small_gemm(t, t, hd, q, in, 1, kt, t, p, t, lower_n);
   for (int64_t i = 0; i < t; ++i) {
     C* row = p + i * t;
     const int64_t n = allowed(a, i);
     Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> r(row, n);
     // max(scale x) is scale max(x) for scale > 0 and scale min(x) otherwise.
-    const C m = scale >= 0 ? scale * r.maxCoeff() : scale * r.minCoeff();
+    const C m = load ? load[2 * i] : scale >= 0 ? scale * r.maxCoeff() : scale * r.minCoeff();
     // exp over whole vectors: past n (masked, but computed by the product's last column block) the values
     // are thrown away below; a partial vector would go through the scalar exp, element by element.
     const int64_t whole = std::min(t, (n + kLanes<C> - 1) / kLanes<C> * kLanes<C>);
     Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> rw(row, whole);
     rw = (rw * scale - m).exp();
-    r *= C(1) / r.sum();
+    const C inv = load ? load[2 * i + 1] : C(1) / r.sum();
+    r *= inv;
     std::fill(row + n, row + t, C(0));
+    if (save) {
+      save[2 * i] = m;
+      save[2 * i + 1] = inv;
+    }
   }
-  small_gemm(t, hd, t, p, t, 1, v, in, y, out, lower_k);  // Y = P V
+}
+
+// One head in the compute type C: q, k, v [t, hd] with rows `in` apart, y [t, hd] with rows `out` apart,
+// p [t, t]; kt: scratch [hd, t]; stats: [t, 2] for the stats forms, else null.
+template <typename C>
+void head_forward(const SelfAttentionArgs& a, const C* q, const C* k, const C* v, int64_t in, C* p, C* y,
+                  int64_t out, C* kt, C* stats) {
+  Range lower_k;
+  lower_k.lower_k = a.causal;
+  head_scores(a, q, k, in, p, kt);
+  softmax_rows<C>(a, p, stats, nullptr);
+  small_gemm(a.t, a.head_dim, a.t, p, a.t, 1, v, in, y, out, lower_k);  // Y = P V
 }
 
 // One head's gradients in the compute type: dq, dk, dv [t, hd] with rows `in` apart (as q, k, v), dy with
@@ -229,92 +251,110 @@ C* aligned_as(C* from, int64_t index) {
   return from + ((index - e) % L + L) % L;
 }
 
-// qkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C, or T with kLowProbs); y: [B, T, H, hd] (T); workspace:
-// [threads, hd * T] (C), plus 4 T hd when T is not C (q, k, v, y converted), plus T * T + kLanes with
-// kLowProbs (P before rounding)
-template <typename T, bool kLowProbs = false>
+// What a forward keeps for its backward: P in the compute type, P in the 16-bit dtype (the low-probs forms),
+// or each row's (m, 1 / l) (the stats forms; Note [attention keeps row statistics]).
+enum class Keep { kProbs, kLowProbs, kStats };
+
+// qkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C, or T with kLowProbs; none with kStats); stats: [B, H,
+// T, 2] (C, kStats); y: [B, T, H, hd] (T); workspace: [threads, hd * T] (C), plus 4 T hd when T is not C
+// (q, k, v, y converted), plus T * T + 64 unless kProbs (P in scratch)
+template <typename T, Keep kKeep = Keep::kProbs>
 void self_attention_forward_cpu(const SelfAttentionArgs& a) {
   using C = acc_t<T>;
-  using P = std::conditional_t<kLowProbs, T, C>;
+  using P = std::conditional_t<kKeep == Keep::kLowProbs, T, C>;
   const T* qkv = static_cast<const T*>(a.qkv);
   P* probs = static_cast<P*>(a.probs);
+  C* stats = static_cast<C*>(a.stats);
   T* ys = static_cast<T*>(a.y);
   const int64_t t = a.t, hd = a.head_dim, d = a.heads * hd;
   constexpr bool convert = !std::is_same_v<T, C>;
-  static_assert(convert || !kLowProbs, "probs are kept in a 16-bit dtype only");
+  static_assert(convert || kKeep != Keep::kLowProbs, "probs are kept in a 16-bit dtype only");
   parallel_for(0, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
-    C* kt = scratch<C>(a, hd * t + (convert ? 4 * t * hd : 0) + (kLowProbs ? t * t + kLanes<C> : 0));
+    C* kt = scratch<C>(a, hd * t + (convert ? 4 * t * hd : 0) + (kKeep != Keep::kProbs ? t * t + 64 : 0));
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
       if (bh + 1 < end) {
         const HeadOffsets next = head_offsets(a, bh + 1);
         for (int w = 0; w < 3; ++w) prefetch_rows(qkv + next.q + w * d, t, hd, 3 * d);
       }
+      C* head_stats = kKeep == Keep::kStats ? stats + bh * t * 2 : nullptr;
+      // P in scratch where op_self_attention's f32 probs have it (aligned_as), or in probs.
+      C* p = kKeep == Keep::kProbs ? reinterpret_cast<C*>(probs) + o.p
+                                   : aligned_as(kt + hd * t + (convert ? 4 * t * hd : 0), o.p);
       if constexpr (convert) {
         C* q = kt + hd * t;
         C *k = q + t * hd, *v = k + t * hd, *y = v + t * hd;
         copy_rows(t, hd, qkv + o.q, 3 * d, q, hd);
         copy_rows(t, hd, qkv + o.q + d, 3 * d, k, hd);
         copy_rows(t, hd, qkv + o.q + 2 * d, 3 * d, v, hd);
-        if constexpr (kLowProbs) {
-          C* p = aligned_as(y + t * hd, o.p);  // where op_self_attention's f32 probs have it
-          head_forward<C>(a, q, k, v, hd, p, y, hd, kt);
-          copy_rows(t, t, p, t, probs + o.p, t);  // rounded, for the backward
-        } else {
-          head_forward<C>(a, q, k, v, hd, probs + o.p, y, hd, kt);
-        }
+        head_forward<C>(a, q, k, v, hd, p, y, hd, kt, head_stats);
+        if constexpr (kKeep == Keep::kLowProbs) copy_rows(t, t, p, t, probs + o.p, t);  // rounded
         copy_rows(t, hd, y, hd, ys + o.y, d);
       } else {
-        head_forward<C>(a, qkv + o.q, qkv + o.q + d, qkv + o.q + 2 * d, 3 * d, probs + o.p, ys + o.y, d, kt);
+        head_forward<C>(a, qkv + o.q, qkv + o.q + d, qkv + o.q + 2 * d, 3 * d, p, ys + o.y, d, kt,
+                        head_stats);
       }
     }
   });
 }
 
-// qkv, dqkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C, or T with kLowProbs); dy: [B, T, H, hd] (T);
-// workspace: [threads, T * T + hd * T] (C), plus 7 T hd when T is not C (q, k, v, dy, dq, dk, dv converted),
-// plus T * T with kLowProbs (P converted)
-template <typename T, bool kLowProbs = false>
+// qkv, dqkv: [B, T, 3, H, hd] (T); probs: [B, H, T, T] (C, or T with kLowProbs; none with kStats); stats:
+// [B, H, T, 2] (C, kStats); dy: [B, T, H, hd] (T); workspace: [threads, T * T + hd * T] (C), plus 7 T hd
+// when T is not C (q, k, v, dy, dq, dk, dv converted), plus T * T + 64 unless kProbs (P in the compute type)
+template <typename T, Keep kKeep = Keep::kProbs>
 void self_attention_backward_cpu(const SelfAttentionArgs& a) {
   using C = acc_t<T>;
-  using P = std::conditional_t<kLowProbs, T, C>;
+  using P = std::conditional_t<kKeep == Keep::kLowProbs, T, C>;
   const T* qkv = static_cast<const T*>(a.qkv);
   const P* probs = static_cast<const P*>(a.probs);
+  const C* stats = static_cast<const C*>(a.stats);
   const T* dys = static_cast<const T*>(a.dy);
   T* dqkv = static_cast<T*>(a.dqkv);
   const int64_t t = a.t, hd = a.head_dim, d = a.heads * hd;
   constexpr bool convert = !std::is_same_v<T, C>;
-  static_assert(convert || !kLowProbs, "probs are kept in a 16-bit dtype only");
+  static_assert(convert || kKeep != Keep::kLowProbs, "probs are kept in a 16-bit dtype only");
   parallel_for(0, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
-    C* ds = scratch<C>(a, t * t + hd * t + (convert ? 7 * t * hd : 0) + (kLowProbs ? t * t : 0));
+    C* ds =
+        scratch<C>(a, t * t + hd * t + (convert ? 7 * t * hd : 0) + (kKeep != Keep::kProbs ? t * t + 64 : 0));
     C* vt = ds + t * t;
+    C* p_scratch = vt + hd * t + (convert ? 7 * t * hd : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
+      const C* q = nullptr;
+      const C *k = nullptr, *v = nullptr, *dy = nullptr;
+      int64_t in = 3 * d, out = d;
+      C *dq = nullptr, *dk = nullptr, *dv = nullptr;
       if constexpr (convert) {
-        C* q = vt + hd * t;
-        C *k = q + t * hd, *v = k + t * hd, *dy = v + t * hd, *dq = dy + t * hd, *dk = dq + t * hd,
-          *dv = dk + t * hd;
-        copy_rows(t, hd, qkv + o.q, 3 * d, q, hd);
-        copy_rows(t, hd, qkv + o.q + d, 3 * d, k, hd);
-        copy_rows(t, hd, qkv + o.q + 2 * d, 3 * d, v, hd);
-        copy_rows(t, hd, dys + o.y, d, dy, hd);
-        const C* p;
-        if constexpr (kLowProbs) {
-          C* pc = dv + t * hd;
-          copy_rows(t, t, probs + o.p, t, pc, t);
-          p = pc;
-        } else {
-          p = probs + o.p;
-        }
-        head_backward<C>(a, q, k, v, hd, p, dy, hd, dq, dk, dv, ds, vt);
+        C* cq = vt + hd * t;
+        C *ck = cq + t * hd, *cv = ck + t * hd, *cdy = cv + t * hd;
+        copy_rows(t, hd, qkv + o.q, 3 * d, cq, hd);
+        copy_rows(t, hd, qkv + o.q + d, 3 * d, ck, hd);
+        copy_rows(t, hd, qkv + o.q + 2 * d, 3 * d, cv, hd);
+        copy_rows(t, hd, dys + o.y, d, cdy, hd);
+        q = cq, k = ck, v = cv, dy = cdy, in = out = hd;
+        dq = cdy + t * hd, dk = dq + t * hd, dv = dk + t * hd;
+      } else {
+        q = qkv + o.q, k = q + d, v = q + 2 * d, dy = dys + o.y;
+        dq = dqkv + o.q, dk = dq + d, dv = dq + 2 * d;
+      }
+      const C* p;
+      if constexpr (kKeep == Keep::kProbs) {
+        p = probs + o.p;
+      } else if constexpr (kKeep == Keep::kLowProbs) {
+        copy_rows(t, t, probs + o.p, t, p_scratch, t);
+        p = p_scratch;
+      } else {
+        // P again, where the forward had it (aligned_as): vt is free until head_backward fills it.
+        C* pa = aligned_as(p_scratch, o.p);
+        head_scores(a, q, k, in, pa, vt);
+        softmax_rows<C>(a, pa, nullptr, stats + bh * t * 2);
+        p = pa;
+      }
+      head_backward<C>(a, q, k, v, in, p, dy, out, dq, dk, dv, ds, vt);
+      if constexpr (convert) {
         copy_rows(t, hd, dq, hd, dqkv + o.q, 3 * d);
         copy_rows(t, hd, dk, hd, dqkv + o.q + d, 3 * d);
         copy_rows(t, hd, dv, hd, dqkv + o.q + 2 * d, 3 * d);
-      } else {
-        const T* q = qkv + o.q;
-        T* dq = dqkv + o.q;
-        head_backward<C>(a, q, q + d, q + 2 * d, 3 * d, probs + o.p, dys + o.y, d, dq, dq + d, dq + 2 * d, ds,
-                         vt);
       }
     }
   });
@@ -325,12 +365,16 @@ const bool kRegistered = [] {
     using T = decltype(t);
     op_self_attention.set(DeviceType::CPU, dtype_v<T>, self_attention_forward_cpu<T>);
     op_self_attention_backward.set(DeviceType::CPU, dtype_v<T>, self_attention_backward_cpu<T>);
+    op_self_attention_stats.set(DeviceType::CPU, dtype_v<T>, self_attention_forward_cpu<T, Keep::kStats>);
+    op_self_attention_backward_stats.set(DeviceType::CPU, dtype_v<T>,
+                                         self_attention_backward_cpu<T, Keep::kStats>);
   });
   cpu::for_types<Half, BFloat16>([](auto t) {
     using T = decltype(t);
-    op_self_attention_low_probs.set(DeviceType::CPU, dtype_v<T>, self_attention_forward_cpu<T, true>);
+    op_self_attention_low_probs.set(DeviceType::CPU, dtype_v<T>,
+                                    self_attention_forward_cpu<T, Keep::kLowProbs>);
     op_self_attention_backward_low_probs.set(DeviceType::CPU, dtype_v<T>,
-                                             self_attention_backward_cpu<T, true>);
+                                             self_attention_backward_cpu<T, Keep::kLowProbs>);
   });
   return true;
 }();

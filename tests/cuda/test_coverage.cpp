@@ -31,6 +31,10 @@ const std::map<std::string, std::string> kAllowedWithoutCuda = {
     {"conv2d_backward",
      "the fused convolution backward of oneDNN's CPU primitives; on a GPU ops::conv2d_backward composes "
      "relu_backward and cuDNN's two directions"},
+    {"self_attention_stats",
+     "the fused attention that keeps each row's softmax statistics, not the probabilities (Note [attention "
+     "keeps row statistics]); on a GPU self_attention keeps the probabilities (cuBLASLt's batched GEMMs)"},
+    {"self_attention_backward_stats", "its backward, which computes the probabilities again"},
 };
 
 TEST(CudaCoverage, EveryCpuKernelHasACudaTwin) {

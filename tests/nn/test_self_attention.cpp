@@ -1,7 +1,7 @@
 // The fused self-attention of packed q, k, v (nn::functional::self_attention) against its composite (views,
 // matmul, attention_scores_softmax): outputs and gradients in f32 (tight) and bf16 (dtype tolerance), causal
 // and not, for several head counts and scales, on a non-contiguous qkv; finite differences in f64; the module
-// path; f16/bf16 probabilities kept in their dtype; bad inputs.
+// path; f16/bf16 probabilities kept in their dtype; row statistics kept instead of probabilities; bad inputs.
 #include <any>
 #include <cmath>
 
@@ -100,7 +100,7 @@ TEST(SelfAttention, FutureTokensDoNotChangeEarlierOutputs) {
   for (size_t i = 0; i < 4 * 8; ++i) EXPECT_EQ(y1[i], y2[i]) << i;
 }
 
-// The kernels that keep f16/bf16 probabilities in that dtype (what F::self_attention runs on the CPU) against
+// The kernels that keep f16/bf16 probabilities in that dtype (what F::self_attention runs on CUDA) against
 // those that keep them in f32: the same y bit for bit, probabilities that are the f32 ones rounded, and
 // gradients within the dtype's tolerance.
 TEST(SelfAttention, LowPrecisionProbabilities) {
@@ -137,18 +137,63 @@ TEST(SelfAttention, LowPrecisionProbabilities) {
       const testing::Tol tol = testing::tol_for(t);
       expect_close(out[1][2], out[0][2].to_vector<double>(), {2 * tol.atol, 2 * tol.rtol}, what + " dqkv");
     }
-  // The op keeps them so.
-  for (DType t : {DType::BF16, DType::F16, DType::F32}) {
+}
+
+// The stats forms (Note [attention keeps row statistics]) against the forms that keep P in the compute
+// type, in every dtype: y and d qkv bit for bit (the backward's P is the forward's), with 2 numbers a row
+// kept instead of T.
+TEST(SelfAttention, RowStatisticsGiveTheProbabilityFormsResultsBitForBit) {
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16})
+    for (const Case& c : kCases)
+      for (bool strided_heads : {false, true}) {
+        // strided_heads: one more batch, so that heads start at other offsets of probs (alignment).
+        const int64_t batch = c.b + (strided_heads ? 1 : 0);
+        const std::string what = name(c) + " " + dtype_name(t) + (strided_heads ? " +1 batch" : "");
+        const Tensor qkv = uniform({batch, c.t, 3 * c.d}, -2, 2, t, 7);
+        const Tensor dy = uniform({batch, c.t, c.d}, -1, 1, t, 8);
+        const DType compute = t == DType::F64 ? DType::F64 : DType::F32;
+        std::vector<Tensor> out[2];  // y, dqkv: probs, then stats
+        for (bool stats : {false, true}) {
+          SelfAttentionArgs a;
+          a.batch = batch;
+          a.t = c.t;
+          a.heads = c.heads;
+          a.head_dim = c.d / c.heads;
+          a.scale = c.scale;
+          a.causal = c.causal;
+          a.threads = num_threads();
+          const Tensor kept =
+              stats ? empty({batch, c.heads, c.t, 2}, compute) : empty({batch, c.heads, c.t, c.t}, compute);
+          const Tensor y = empty({batch, c.t, c.d}, t), dqkv = empty(qkv.shape(), t);
+          const Tensor ws = empty({a.threads, self_attention_workspace(a, t, true, stats)}, compute);
+          a.qkv = qkv.raw_data();
+          (stats ? a.stats : a.probs) = kept.raw_data();
+          a.y = y.raw_data();
+          a.dy = dy.raw_data();
+          a.dqkv = dqkv.raw_data();
+          a.workspace = ws.raw_data();
+          (stats ? op_self_attention_stats : op_self_attention).get(kCPU, t)(a);
+          (stats ? op_self_attention_backward_stats : op_self_attention_backward).get(kCPU, t)(a);
+          out[stats] = {y, dqkv};
+        }
+        EXPECT_EQ(out[1][0].to_vector<double>(), out[0][0].to_vector<double>()) << what << " y";
+        EXPECT_EQ(out[1][1].to_vector<double>(), out[0][1].to_vector<double>()) << what << " dqkv";
+      }
+  // The op keeps qkv and the statistics on the CPU: 2 numbers a row, in the compute type.
+  for (DType t : {DType::BF16, DType::F16, DType::F32, DType::F64}) {
     const Tensor qkv = uniform({2, 8, 24}, -2, 2, t, 9).requires_grad_();
-    std::vector<DType> kept;
+    std::vector<Tensor> kept;
     autograd::SavedTensorHooks hooks(
         [&kept](const Tensor& x) -> std::any {
-          kept.push_back(x.dtype());
+          kept.push_back(x);
           return x;
         },
         [](const std::any& a) { return std::any_cast<Tensor>(a); });
     F::self_attention(qkv, 2, 0.5, true);
-    EXPECT_EQ(kept, (std::vector<DType>{t, t})) << dtype_name(t);
+    ASSERT_EQ(kept.size(), 2u) << dtype_name(t);
+    EXPECT_EQ(kept[0].dtype(), t);
+    EXPECT_EQ(kept[1].dtype(), t == DType::F64 ? DType::F64 : DType::F32) << dtype_name(t);
+    EXPECT_EQ(kept[1].shape(), (Shape{2, 2, 8, 2})) << dtype_name(t);
   }
 }
 
