@@ -77,6 +77,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // can); first order only. nn::Sequential calls it, through nn::functional::linear_relu, for a Linear followed
 // by a ReLU.
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// linear(gelu(x), weight, bias) (gelu_tanh with `tanh`) as one op that keeps x and not gelu(x): the backward
+// computes gelu(x) again (Note [gelu_linear keeps the GELU's input]); first order only. The transformer
+// block's MLP calls it, through nn::functional::gelu_linear.
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool tanh);
 
 // Layer normalisation over the trailing dims named by normalized_shape, fused (see core/ops.h); gradients for
 // x, weight and bias, first order only. nn::functional::layer_norm and nn::LayerNorm call it.

@@ -119,7 +119,10 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t d_model, int64_t n_heads, dou
 
 Tensor TransformerBlockImpl::forward(const Tensor& x) {
   const Tensor h = add(x, attn->forward(ln1->forward(x)));
-  const Tensor m = fc_proj->forward(act->forward(fc->forward(ln2->forward(h))));
+  // fc_proj(act(.)) as one op that keeps the GELU's input only (Note [gelu_linear keeps the GELU's input]).
+  fc_proj->apply_masks();
+  const Tensor m = F::gelu_linear(fc->forward(ln2->forward(h)), fc_proj->weight, fc_proj->bias,
+                                  act->options.approximate());
   return add(h, F::dropout(m, dropout, is_training()));
 }
 

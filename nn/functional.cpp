@@ -20,8 +20,11 @@ Tensor compute_dtype(const Tensor& x) { return is_half(x.dtype()) ? x.to(DType::
 
 namespace {
 
-// linear, or linear then ReLU (with_relu): checks, autocast and leading dims shared.
-Tensor linear_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, bool with_relu) {
+// What runs around the GEMM: nothing, a ReLU after it, or a GELU (exact or tanh) before it.
+enum class Around { kNone, kRelu, kGeluBefore, kGeluTanhBefore };
+
+// linear, linear then ReLU, or GELU then linear: checks, autocast and leading dims shared.
+Tensor linear_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, Around around) {
   FRUGAL_CHECK(x_in.defined() && weight_in.defined(), "linear: the input or the weight is undefined");
   // Under autocast, all three in its dtype, cast before the weight is transposed so that the weight's cast is
   // the cached one (Note [autocast policy], amp/autocast.h).
@@ -44,10 +47,20 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
                      is_floating(x.dtype()) && weight.device() == x.device() &&
                      (!bias.defined() || bias.device() == x.device()) && op_gemm.has(x.device(), x.dtype());
   Tensor y;
-  if (with_relu)
-    y = fused ? frugal::linear_relu(x2, weight, bias) : relu(linear_composite(x2, weight, bias));
-  else
-    y = fused ? frugal::linear(x2, weight, bias) : linear_composite(x2, weight, bias);
+  const bool tanh = around == Around::kGeluTanhBefore;
+  switch (around) {
+    case Around::kNone:
+      y = fused ? frugal::linear(x2, weight, bias) : linear_composite(x2, weight, bias);
+      break;
+    case Around::kRelu:
+      y = fused ? frugal::linear_relu(x2, weight, bias) : relu(linear_composite(x2, weight, bias));
+      break;
+    case Around::kGeluBefore:
+    case Around::kGeluTanhBefore:
+      y = fused ? frugal::gelu_linear(x2, weight, bias, tanh)
+                : linear_composite(tanh ? gelu_tanh(x2) : gelu(x2), weight, bias);
+      break;
+  }
   if (fold) {
     Shape s = x.shape();
     s[s.size() - 1] = weight.size(0);
@@ -59,11 +72,18 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return linear_impl(x, weight, bias, false);
+  return linear_impl(x, weight, bias, Around::kNone);
 }
 
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return linear_impl(x, weight, bias, true);
+  return linear_impl(x, weight, bias, Around::kRelu);
+}
+
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   const std::string& approximate) {
+  FRUGAL_CHECK(approximate == "none" || approximate == "tanh",
+               "gelu_linear: approximate must be \"none\" or \"tanh\", got \"", approximate, "\"");
+  return linear_impl(x, weight, bias, approximate == "tanh" ? Around::kGeluTanhBefore : Around::kGeluBefore);
 }
 
 Tensor linear_composite(const Tensor& x, const Tensor& weight, const Tensor& bias) {

@@ -31,6 +31,11 @@ Tensor linear_composite(const Tensor& x, const Tensor& weight, const Tensor& bia
 // the GEMM where the device can) under the same conditions, relu(linear_composite(...)) otherwise.
 // nn::Sequential runs it for a Linear followed by a ReLU.
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// linear(gelu(x), weight, bias) (approximate "tanh": gelu_tanh), keeping x and not gelu(x) for the backward,
+// which computes it again (frugal::gelu_linear, Note [gelu_linear keeps the GELU's input]) under the same
+// conditions as linear's fused op, the composed ops otherwise. The transformer block's MLP runs it.
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+                   const std::string& approximate = "none");
 
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training; x itself
 // otherwise. Drawn from the default generator, so recompute segments replay the same mask.
