@@ -5,12 +5,12 @@
 #            0.5 and 0.7 x the plain peak;
 #   pytorch  bench/peers/torch_workloads.py W3c: plain, checkpoint_sequential in 2 and in 4 segments, and each
 #            block through checkpoint.
-# Both sides measure a configuration's peak the same way: the parameters' and the optimizer state's bytes plus
-# the step's peak above what was alive before it (frugal: its arena; PyTorch: torch.profiler's allocation
-# events), as a fraction of the same figure for the plain run (peak_fraction). Time is each configuration's
-# median step over its own side's plain step, from the same process. Prints one Markdown row per frugal
-# configuration: its medians, and the fastest PyTorch configuration whose peak is no higher (or "none": no
-# checkpointing of PyTorch's reaches that peak). Needs `pip install torch` and build/bench/plan_budgets.
+# Both sides measure a configuration's peak the same way, in bytes: the parameters' and the optimizer state's
+# plus the step's peak above what was alive before it (frugal: its arena; PyTorch: torch.profiler's allocation
+# events). Times are medians of each side's steps, each configuration's also over its own side's plain step
+# from the same process. Prints one Markdown row per frugal configuration: its medians, and the fastest
+# PyTorch configuration whose peak in bytes is no higher ("none reaches it": no checkpointing of PyTorch's
+# gets that low). Needs `pip install torch` and build/bench/plan_budgets.
 #   ROUNDS=3 bench/compare_budgets.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,28 +35,27 @@ for r in range(1, rounds + 1):
         j = json.loads(line)
         ours.setdefault(j["name"], []).append(j)
 peer = [json.loads(open(f"{out}/pytorch.{r}").read()) for r in range(1, rounds + 1)]
-labels = {"2": "checkpoint_sequential, 2 segments", "4": "checkpoint_sequential, 4 segments",
-          "each": "checkpoint on each block"}
-ratio_key = {"2": "sqrt_n_ratio", "4": "per_block_ratio", "each": "each_block_ratio"}
 med = statistics.median
-torch_cfg = {k: (med([p["peak_fraction"][k] for p in peer]), med([p[ratio_key[k]] for p in peer])) for k in labels}
-print("| frugal configuration | peak fraction | time × plain | PyTorch at no higher peak | its peak fraction | its time × plain |")
-print("|---|---|---|---|---|---|")
+labels = {"0": "plain", "2": "checkpoint_sequential, 2 segments", "4": "checkpoint_sequential, 4 segments",
+          "each": "checkpoint on each block"}
+ms_key = {"0": "median_step_ms", "2": "sqrt_n_segments_ms", "4": "per_block_segments_ms", "each": "each_block_ms"}
+# PyTorch's configurations: peak bytes (state + step peak) and median step ms.
+plain_ms = med([p["median_step_ms"] for p in peer])
+torch_cfg = {k: (med([p["state_bytes"] + p["step_peak_bytes"][k] for p in peer]), med([p[ms_key[k]] for p in peer]))
+             for k in labels}
+mib = lambda b: f"{b / 2**20:.1f} MiB"
+print("| frugal configuration | peak | ms | × frugal plain | fastest PyTorch at no higher peak | its peak | its ms | × PyTorch plain |")
+print("|---|---|---|---|---|---|---|---|")
 for name, js in ours.items():
-    frac, t = med([j["peak_fraction"] for j in js]), med([j["time_ratio"] for j in js])
+    peak = med([j["state_bytes"] + j["step_peak_bytes"] for j in js])
+    ms, t = med([j["median_step_ms"] for j in js]), med([j["time_ratio"] for j in js])
     plan = js[0]["plan"].split(":")[0] if js[0]["plan"] else ""
-    reach = [(tt, k) for k, (f, tt) in torch_cfg.items() if f <= frac]
-    if name.endswith("plain"):
-        cells = ["(plain)", "1", "1"]
-    elif reach:
-        tt, k = min(reach)
-        cells = [labels[k], f"{torch_cfg[k][0]:.3f}", f"{tt:.3f}"]
+    reach = [(tms, k) for k, (b, tms) in torch_cfg.items() if b <= peak]
+    if reach:
+        tms, k = min(reach)
+        cells = [labels[k], mib(torch_cfg[k][0]), f"{tms:.1f}", f"{tms / plain_ms:.3f}"]
     else:
-        cells = ["none", "", ""]
-    print(f"| {name}{' (' + plan + ')' if plan else ''} | {frac:.3f} | {t:.3f} | " + " | ".join(cells) + " |")
-print("\nPyTorch:", ", ".join(f"{labels[k]}: peak fraction {f:.3f}, {t:.3f}x" for k, (f, t) in torch_cfg.items()),
-      f"(plain step {med([p['median_step_ms'] for p in peer]):.1f} ms, step peak "
-      f"{med([p['step_peak_bytes']['0'] for p in peer]):.0f} B)")
-print("frugal plain step", f"{med([j['median_step_ms'] for j in ours['W3 plain']]):.1f} ms, step peak",
-      f"{med([j['step_peak_bytes'] for j in ours['W3 plain']]):.0f} B")
+        cells = ["none reaches it", "", "", ""]
+    print(f"| {name}{' (' + plan + ')' if plan else ''} | {mib(peak)} | {ms:.1f} | {t:.3f} | " + " | ".join(cells) + " |")
+print("\nPyTorch:", "; ".join(f"{labels[k]}: {mib(b)}, {tms:.1f} ms ({tms / plain_ms:.3f}x)" for k, (b, tms) in torch_cfg.items()))
 EOF
