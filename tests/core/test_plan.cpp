@@ -121,6 +121,24 @@ TEST(Plan, UnderHalfThePeakTheRealRunFitsAndPeaksWhereTheDryRunSaid) {
   }
 }
 
+// The real run of plan p under the budget as the arena's limit: it fits, peaks at the dry run's figure, and
+// leaves the parameters the plain run leaves, bit for bit (recompute and stepping in backward only).
+void expect_real_run_as_planned(std::vector<Tensor> (*step)(Device, const memory::PlanChoice&),
+                                const memory::Plan& p, int64_t budget) {
+  memory::empty_cache(kCPU);
+  memory::reset_peak(kCPU);
+  memory::set_memory_limit(kCPU, budget);
+  std::vector<Tensor> planned;
+  EXPECT_NO_THROW(planned = step(kCPU, p.choice));
+  memory::set_memory_limit(kCPU, 0);
+  EXPECT_EQ(memory::stats(kCPU).allocated.peak, p.peak_allocated);
+  const std::vector<Tensor> reference = step(kCPU, {});
+  ASSERT_EQ(planned.size(), reference.size());
+  for (size_t i = 0; i < planned.size(); ++i)
+    EXPECT_EQ(planned[i].to_vector<float>(), reference[i].to_vector<float>()) << "parameter " << i;
+  memory::empty_cache(kCPU);
+}
+
 // A chain of 4 blocks whose pointwise ops keep more than its GEMMs: linear, then tanh, sigmoid and a
 // product (each keeping a tensor of the hidden width), then linear. The first recompute_blocks run as
 // segments that keep nothing, the next selective_blocks as segments that keep their GEMMs' results. One
@@ -170,19 +188,7 @@ TEST(Plan, WhereSelectiveBlocksFitTheyAreChosen) {
   EXPECT_GT(p.choice.selective_blocks, 0) << p.str();
   EXPECT_EQ(p.choice.recompute_blocks, 0) << p.str();
   EXPECT_NE(p.str().find("selectively"), std::string::npos) << p.str();
-  // The real run under the budget peaks where the dry run said, with the plain run's parameters bit for bit.
-  memory::empty_cache(kCPU);
-  memory::reset_peak(kCPU);
-  memory::set_memory_limit(kCPU, budget);
-  std::vector<Tensor> planned;
-  EXPECT_NO_THROW(planned = pointwise_chain_step(kCPU, p.choice));
-  memory::set_memory_limit(kCPU, 0);
-  EXPECT_EQ(memory::stats(kCPU).allocated.peak, p.peak_allocated);
-  const std::vector<Tensor> reference = pointwise_chain_step(kCPU, {});
-  ASSERT_EQ(planned.size(), reference.size());
-  for (size_t i = 0; i < planned.size(); ++i)
-    EXPECT_EQ(planned[i].to_vector<float>(), reference[i].to_vector<float>()) << "parameter " << i;
-  memory::empty_cache(kCPU);
+  expect_real_run_as_planned(pointwise_chain_step, p, budget);
 }
 
 TEST(Plan, WhenNothingFitsItSaysSoWithTheLowestPeak) {
@@ -257,20 +263,7 @@ TEST(Plan, WhereTheGradientsMakeThePeakTheOptimizerStepsInBackward) {
   EXPECT_EQ(p.choice.recompute_blocks, 0) << "recompute costs time and lowers nothing here";
   EXPECT_DOUBLE_EQ(p.relative_time, 1.0);
   EXPECT_NE(p.str().find("the optimizer steps in backward"), std::string::npos) << p.str();
-  // The real run under the budget: it fits, peaks at the dry run's figure, and updates the parameters
-  // bit for bit as the plain run does.
-  memory::empty_cache(kCPU);
-  memory::reset_peak(kCPU);
-  memory::set_memory_limit(kCPU, budget);
-  std::vector<Tensor> planned;
-  EXPECT_NO_THROW(planned = deep_steps(kCPU, p.choice));
-  memory::set_memory_limit(kCPU, 0);
-  EXPECT_EQ(memory::stats(kCPU).allocated.peak, p.peak_allocated);
-  const std::vector<Tensor> reference = deep_steps(kCPU, {});
-  ASSERT_EQ(planned.size(), reference.size());
-  for (size_t i = 0; i < planned.size(); ++i)
-    EXPECT_EQ(planned[i].to_vector<float>(), reference[i].to_vector<float>()) << "parameter " << i;
-  memory::empty_cache(kCPU);
+  expect_real_run_as_planned(deep_steps, p, budget);
 }
 
 TEST(Plan, TheGptRecomputesItsFirstBlocks) {
