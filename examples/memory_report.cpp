@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
                    static_cast<long long>(cfg.steps), t.name.c_str());
       memory::HistoryRecord record;
       rows.push_back(workload.run(t, svg_dir.empty() ? nullptr : &record));
+      rows.back().estimated_peak = workload.estimate(t);
       if (!svg_dir.empty())
         memory::write_svg((std::filesystem::path(svg_dir) / (cfg.model + "-" + t.key + ".svg")).string(),
                           record);
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
           "(exact, from the arena), time the median step after the first\n\n%s",
           workload_id(cfg.model), cfg.model.c_str(), static_cast<long long>(cfg.steps),
           static_cast<long long>(cfg.batch), num_threads(), techniques::markdown_table(rows).c_str());
+      std::printf("\n%s\n", techniques::estimate_line(rows).c_str());
       if (!note.empty()) std::printf("\nnote: %s\n", note.c_str());
     }
     if (!svg_dir.empty())

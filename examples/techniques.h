@@ -148,6 +148,7 @@ struct Row {
   double median_step_ms = 0;  // over the steps after the first (the first when it is the only one)
   double loss = 0;            // of the last step
   std::vector<double> losses;
+  int64_t estimated_peak = -1;  // the dry run's prediction of `peak` (Workload::estimate); -1: not made
 };
 
 // The sizes and the seed. The defaults are the workloads' (W1 batch 128, W2 64, W3 32 windows of 64 bytes,
@@ -187,6 +188,23 @@ class Workload {
   }
 
   const Config& config() const { return cfg_; }
+
+  // The peak run(t) will measure, predicted by a dry run of the same steps on the meta device
+  // (core/estimate.h) from the same fresh state, the data's batches stand-ins of their shapes
+  // (fmnist::dry_loader, chargpt::dry_sample_batch). Milliseconds, nothing trained.
+  int64_t estimate(const Technique& t) const {
+    memory::empty_cache();
+    std::vector<double> losses, step_ms;
+    const memory::Estimate e = memory::estimate(
+        [&](Device) {
+          if (is_gpt(cfg_.model))
+            run_gpt(t, losses, step_ms);
+          else
+            run_fmnist(t, losses, step_ms);
+        },
+        memory::EstimateOptions().from(kCPU));
+    return std::max(e.source_peak, e.peak_allocated);
+  }
 
   // Runs cfg.steps steps of `t` in a fresh state (the cache emptied, the peaks reset, the same seed and data
   // order, model and optimizer made inside) while a memory::History records; `record` receives it.
@@ -243,15 +261,18 @@ class Workload {
     }
     if (t.recompute) model->recompute_every(2);
     // prefetch(0): the batches are made in this thread, so the peak does not depend on a worker's timing.
-    // bf16 parameters take bf16 inputs.
+    // bf16 parameters take bf16 inputs. A dry run (estimate) reads stand-ins of the same shapes.
     const DType input = t.data_dtype.value_or(t.bf16_parameters ? DType::BF16 : DType::F32);
-    data::DataLoader loader(images_, data::DataLoaderOptions()
-                                         .batch_size(cfg_.batch / t.accum)
-                                         .shuffle(true)
-                                         .seed(cfg_.seed)
-                                         .drop_last(true)
-                                         .prefetch(0)
-                                         .dtype(input));
+    data::DataLoader real(images_, data::DataLoaderOptions()
+                                       .batch_size(cfg_.batch / t.accum)
+                                       .shuffle(true)
+                                       .seed(cfg_.seed)
+                                       .drop_last(true)
+                                       .prefetch(0)
+                                       .dtype(input));
+    const bool dry = model->parameters().front().device().is_meta();
+    const std::unique_ptr<data::DataLoader> stand_in = dry ? fmnist::dry_loader(real) : nullptr;
+    data::DataLoader& loader = dry ? *stand_in : real;
     Clock::time_point t0 = Clock::now();
     if (t.inference) {
       InferenceMode no_record;
@@ -265,7 +286,8 @@ class Workload {
           b = loader.next();
         }
         memory::Tag tag("activations");
-        losses.push_back(nn::functional::cross_entropy(model->forward(b->input), b->target).item<double>());
+        losses.push_back(
+            memory::item_or(nn::functional::cross_entropy(model->forward(b->input), b->target), 0.0));
         step_ms.push_back(ms_since(t0));
       }
       return;
@@ -312,14 +334,19 @@ class Workload {
     model->recompute(t.recompute);
     if (t.selective_recompute) model->recompute_blocks(0, cfg_.layers);
     Generator batches(cfg_.seed + 1);
+    // A dry run (estimate) draws stand-ins of the batches' shapes.
+    const bool dry = model->head->weight.device().is_meta();
+    auto sample = [&](int64_t n) {
+      return dry ? chargpt::dry_sample_batch(*text_, n, batches) : text_->sample_batch(n, batches);
+    };
     Clock::time_point t0 = Clock::now();
     if (t.inference) {
       InferenceMode no_record;
       model->eval();
       for (int64_t s = 0; s < cfg_.steps; ++s) {
-        const data::Batch b = text_->sample_batch(cfg_.batch, batches);
+        const data::Batch b = sample(cfg_.batch);
         memory::Tag tag("activations");
-        losses.push_back(chargpt::lm_loss(model->forward(b.input), b.target).item<double>());
+        losses.push_back(memory::item_or(chargpt::lm_loss(model->forward(b.input), b.target), 0.0));
         step_ms.push_back(ms_since(t0));
       }
       return;
@@ -347,7 +374,7 @@ class Workload {
       if (sparse_opt) sparse_opt->zero_grad();
       double loss_sum = 0;
       for (int m = 0; m < t.accum; ++m) {
-        const data::Batch b = text_->sample_batch(cfg_.batch / t.accum, batches);
+        const data::Batch b = sample(cfg_.batch / t.accum);
         Tensor loss;
         {
           memory::Tag tag("activations");
@@ -356,7 +383,7 @@ class Workload {
         }
         memory::Tag tag("backward");
         scaler.scale(loss).backward();
-        loss_sum += loss.item<double>();
+        loss_sum += memory::item_or(loss, 0.0);
       }
       {
         memory::Tag tag("optimizer step");
@@ -443,6 +470,20 @@ inline std::string timing_note(const Row& first, const Row& again) {
   return note;
 }
 
+// What the dry runs predicted: "dry run: the estimated peak equals the measured one for all N techniques", or
+// the techniques whose estimate differs, with both figures.
+inline std::string estimate_line(const std::vector<Row>& rows) {
+  std::string differ;
+  for (const Row& r : rows)
+    if (r.estimated_peak != r.peak)
+      differ += frugal::detail::str_cat(differ.empty() ? "" : ", ", r.technique.key, " (estimated ",
+                                        r.estimated_peak, ", measured ", r.peak, ")");
+  return differ.empty()
+             ? frugal::detail::str_cat("dry run: the estimated peak equals the measured one for all ",
+                                       rows.size(), " techniques")
+             : "dry run: the estimate differs for " + differ;
+}
+
 // The same figures for machines: exact bytes, unrounded times and losses; with `again` (the baseline run
 // once more, Note [timing drift]), its figures and the note.
 inline nlohmann::json to_json(const std::vector<Row>& rows, const Config& cfg, const Row* again = nullptr) {
@@ -464,6 +505,7 @@ inline nlohmann::json to_json(const std::vector<Row>& rows, const Config& cfg, c
                                  {"when", r.technique.when},
                                  {"steps", r.steps},
                                  {"peak_bytes", r.peak},
+                                 {"estimated_peak_bytes", r.estimated_peak},
                                  {"peak_by_category", cats},
                                  {"category_peaks", own},
                                  {"peak_ratio", peak_ratio(r, base)},

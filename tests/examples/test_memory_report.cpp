@@ -74,6 +74,34 @@ TEST(MemoryReport, RowPeakIsTheAllocatorsAndItsCategoriesAddUpToIt) {
   }
 }
 
+// Every technique's dry run (Workload::estimate) predicts its measured peak byte for byte: W3's at small
+// sizes, and W1's and W2's at small batches.
+TEST(MemoryReport, EveryTechniquesDryRunEqualsItsPeak) {
+  std::vector<techniques::Config> configs;
+  if (have_text()) configs.push_back(tiny_gpt());
+  if (have_images())
+    for (const char* model : {"mlp", "cnn"}) {
+      techniques::Config c;
+      c.model = model;
+      c.steps = 2;
+      c.batch = 16;
+      configs.push_back(c);
+    }
+  if (configs.empty()) GTEST_SKIP() << "neither the fortunes corpus nor Fashion-MNIST is installed";
+  for (const techniques::Config& c : configs) {
+    const techniques::Workload w(c);
+    std::vector<techniques::Row> rows;
+    for (const techniques::Technique& t : techniques::techniques_for(c.model)) {
+      rows.push_back(w.run(t));
+      rows.back().estimated_peak = w.estimate(t);
+      EXPECT_EQ(rows.back().estimated_peak, rows.back().peak) << c.model << " " << t.key;
+    }
+    EXPECT_EQ(techniques::estimate_line(rows),
+              "dry run: the estimated peak equals the measured one for all " + std::to_string(rows.size()) +
+                  " techniques");
+  }
+}
+
 TEST(MemoryReport, EachRunStartsFresh) {
   if (!have_text()) GTEST_SKIP() << "the fortunes corpus is not installed";
   const techniques::Workload w(tiny_gpt());
