@@ -81,6 +81,12 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {
 // computes gelu(x) again (Note [gelu_linear keeps the GELU's input]); first order only. The transformer
 // block's MLP calls it, through nn::functional::gelu_linear.
 Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool tanh);
+// linear(layer_norm(x, {d}, ln_weight, ln_bias, eps), weight, bias) for x [M, d], as one op that keeps x and
+// not the norm's output: the backward computes it again (Note [gelu_linear keeps the GELU's input] holds for
+// it too); first order only. The transformer block and nn::GPT's head call it, through
+// nn::functional::layer_norm_linear.
+Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, double eps,
+                         const Tensor& weight, const Tensor& bias);
 
 // Layer normalisation over the trailing dims named by normalized_shape, fused (see core/ops.h); gradients for
 // x, weight and bias, first order only. nn::functional::layer_norm and nn::LayerNorm call it.

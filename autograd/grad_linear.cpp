@@ -58,7 +58,11 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 // GEMM reads and drops, and its backward makes it again, for d weight, before d h. The ops are the ones the
 // composed layers run (ops::gelu, ops::linear, ops::linear_backward, ops::gelu_backward), on the same
 // operands, so y and the gradients are theirs bit for bit, for one GELU pass more a step (W3: 4 MiB a block
-// less at the peak).
+// less at the peak). layer_norm_linear does the same for a LayerNorm before a Linear (the block's two, and
+// the GPT's last norm before its head): it keeps the norm's input x, and its backward runs the norm again
+// (y, mean and rstd, the forward's bit for bit) for the Linear's weight gradient and the norm's backward.
+// Outside autocast only: under it the norm keeps x-hat in the low dtype and the Linear its own cast input
+// (Note [layer norm saves x-hat]), and the layers run unfused.
 Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool tanh) {
   auto act = [tanh](const Tensor& h) { return tanh ? ops::gelu_tanh(h) : ops::gelu(h); };
   Tensor y = autograd::detail::replayable("gelu_linear", [&] { return ops::linear(act(x), weight, bias); });
@@ -73,6 +77,49 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bo
       Tensor dx;
       if (need_x) dx = tanh ? ops::gelu_tanh_backward(d.dx, xs) : ops::gelu_backward(d.dx, xs);
       return {dx, d.dweight, d.dbias};
+    };
+  }
+  return y;
+}
+
+Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, double eps,
+                         const Tensor& weight, const Tensor& bias) {
+  const Shape normalized{x.size(-1)};
+  Tensor y = autograd::detail::replayable("layer_norm_linear", [&] {
+    return ops::linear(ops::layer_norm(x, normalized, ln_weight, ln_bias, eps).y, weight, bias);
+  });
+  if (Node* n = recorded("layer_norm_linear", {&x, &ln_weight, &ln_bias, &weight, &bias}, y)) {
+    const bool need_x = autograd::needs_grad({&x}), need_lw = autograd::needs_grad({&ln_weight}),
+               need_lb = autograd::needs_grad({&ln_bias}), need_w = autograd::needs_grad({&weight}),
+               need_b = autograd::needs_grad({&bias});
+    const bool need_norm = need_x || need_lw || need_lb;  // a gradient reaches the norm's output
+    // x, the norm's weight and bias where defined, and the Linear's weight where a gradient reaches the
+    // norm's output (parameters cost nothing to keep).
+    const bool has_lw = ln_weight.defined(), has_lb = ln_bias.defined();
+    n->save(x);
+    if (has_lw) n->save(ln_weight);
+    if (has_lb) n->save(ln_bias);
+    if (need_norm) n->save(weight);
+    const DType lw_dtype = has_lw ? ln_weight.dtype() : x.dtype(),
+                lb_dtype = has_lb ? ln_bias.dtype() : x.dtype();
+    n->backward = [=](const Grads& s, const Tensor& g) -> Grads {
+      size_t i = 1;
+      const Tensor& xs = s[0];
+      const Tensor lw = has_lw ? s[i++] : Tensor(), lb = has_lb ? s[i++] : Tensor(),
+                   w = need_norm ? s[i++] : Tensor();
+      // The norm again: its output, mean and rstd are the forward's, bit for bit.
+      const ops::LayerNormResult r = ops::layer_norm(xs, normalized, lw, lb, eps);
+      ops::LinearGrads d = ops::linear_backward(g, need_w ? r.y : Tensor(), w, need_norm, need_w, need_b);
+      Tensor dx, dlw, dlb;
+      if (need_norm) {
+        ops::LayerNormGrads ln =
+            ops::layer_norm_backward(d.dx, xs, normalized, lw, r.mean, r.rstd, need_x, need_lw, need_lb);
+        dx = ln.dx;
+        dlw = ln.dweight.defined() && ln.dweight.dtype() != lw_dtype ? ops::cast(ln.dweight, lw_dtype)
+                                                                     : ln.dweight;
+        dlb = ln.dbias.defined() && ln.dbias.dtype() != lb_dtype ? ops::cast(ln.dbias, lb_dtype) : ln.dbias;
+      }
+      return {dx, dlw, dlb, d.dweight, d.dbias};
     };
   }
   return y;

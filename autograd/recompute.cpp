@@ -17,8 +17,9 @@ thread_local ReplayLog* t_replay = nullptr;
 }  // namespace detail
 
 const std::vector<std::string>& replayable_ops() {
-  static const std::vector<std::string> ops{"linear",      "linear_relu",    "matmul",     "conv2d",
-                                            "conv2d_relu", "self_attention", "gelu_linear"};
+  static const std::vector<std::string> ops{"linear",      "linear_relu",      "matmul",
+                                            "conv2d",      "conv2d_relu",      "self_attention",
+                                            "gelu_linear", "layer_norm_linear"};
   return ops;
 }
 

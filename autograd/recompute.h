@@ -56,7 +56,8 @@ class RecomputePolicy {
   std::vector<std::string> ops_;
 };
 
-// The ops a policy can keep: linear, linear_relu, matmul, conv2d, conv2d_relu, self_attention, gelu_linear.
+// The ops a policy can keep: linear, linear_relu, matmul, conv2d, conv2d_relu, self_attention, gelu_linear,
+// layer_norm_linear.
 const std::vector<std::string>& replayable_ops();
 
 // fn must do the same ops each time it runs on the same inputs (it runs twice when backward reaches it). The

@@ -82,8 +82,9 @@ inline std::vector<Technique> techniques_for(const std::string& model) {
   if (gpt)
     all.push_back({.key = "selective_recompute",
                    .name = "selective recompute",
-                   .when = "between none and recompute: keeps the GEMMs' results, runs the norms, "
-                           "activations and adds again",
+                   .when = "keeps the GEMMs' results, runs the norms, activations and adds again: saves "
+                           "where those keep more than the GEMMs' inputs (not in this GPT, whose fused ops "
+                           "keep only those)",
                    .selective_recompute = true});
   all.push_back({.key = "step_in_backward",
                  .name = "step in backward",

@@ -90,18 +90,31 @@ Tensor CausalSelfAttentionImpl::forward(const Tensor& x) {
   FRUGAL_CHECK_SHAPE(x.defined() && x.dim() == 3 && x.size(2) == d_model,
                      "CausalSelfAttention: expected x [B, T, ", d_model, "], got shape ",
                      x.defined() ? x.shape() : Shape{});
+  return attend(x, qkv->forward(x));
+}
+
+Tensor CausalSelfAttentionImpl::forward_normed(const LayerNormImpl& ln, const Tensor& x) {
+  FRUGAL_CHECK_SHAPE(x.defined() && x.dim() == 3 && x.size(2) == d_model,
+                     "CausalSelfAttention: expected x [B, T, ", d_model, "], got shape ",
+                     x.defined() ? x.shape() : Shape{});
+  qkv->apply_masks();
+  return attend(x, F::layer_norm_linear(x, ln.options.normalized_shape(), ln.weight, ln.bias,
+                                        ln.options.eps(), qkv->weight, qkv->bias));
+}
+
+Tensor CausalSelfAttentionImpl::attend(const Tensor& x, const Tensor& qkv_out) {
   const int64_t b = x.size(0), t = x.size(1), hd = d_model / n_heads;
   const double scale = 1.0 / std::sqrt(double(hd));
   Tensor y;
   if (dropout > 0 && is_training()) {
     // Dropout on the probabilities needs them as a tensor: the composite path.
-    const Tensor heads = qkv->forward(x).view({b, t, 3, n_heads, hd}).permute({2, 0, 3, 1, 4});
+    const Tensor heads = qkv_out.view({b, t, 3, n_heads, hd}).permute({2, 0, 3, 1, 4});
     const Tensor q = heads.select(0, 0), k = heads.select(0, 1), v = heads.select(0, 2);
     Tensor att = F::attention_scores_softmax(matmul(q, k.transpose(-1, -2)), scale, /*causal=*/true);
     att = F::dropout(att, dropout, is_training());
     y = matmul(att, v).transpose(1, 2).reshape({b, t, d_model});  // merge heads
   } else {
-    y = F::self_attention(qkv->forward(x), n_heads, scale, /*causal=*/true);
+    y = F::self_attention(qkv_out, n_heads, scale, /*causal=*/true);
   }
   return F::dropout(proj->forward(y), dropout, is_training());
 }
@@ -118,11 +131,14 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t d_model, int64_t n_heads, dou
 }
 
 Tensor TransformerBlockImpl::forward(const Tensor& x) {
-  const Tensor h = add(x, attn->forward(ln1->forward(x)));
-  // fc_proj(act(.)) as one op that keeps the GELU's input only (Note [gelu_linear keeps the GELU's input]).
+  // Each norm with the Linear after it, and fc_proj(act(.)), as ops that keep their inputs only, not the
+  // norm's or the GELU's output (Note [gelu_linear keeps the GELU's input]).
+  const Tensor h = add(x, attn->forward_normed(*ln1, x));
+  fc->apply_masks();
   fc_proj->apply_masks();
-  const Tensor m = F::gelu_linear(fc->forward(ln2->forward(h)), fc_proj->weight, fc_proj->bias,
-                                  act->options.approximate());
+  const Tensor a = F::layer_norm_linear(h, ln2->options.normalized_shape(), ln2->weight, ln2->bias,
+                                        ln2->options.eps(), fc->weight, fc->bias);
+  const Tensor m = F::gelu_linear(a, fc_proj->weight, fc_proj->bias, act->options.approximate());
   return add(h, F::dropout(m, dropout, is_training()));
 }
 

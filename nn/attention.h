@@ -50,10 +50,16 @@ class CausalSelfAttentionImpl : public Module {
  public:
   CausalSelfAttentionImpl(int64_t d_model, int64_t n_heads, double dropout = 0);
   Tensor forward(const Tensor& x) override;
+  // forward(ln(x)), the norm and the qkv Linear as one op that keeps x and not ln(x)
+  // (F::layer_norm_linear): what TransformerBlock runs.
+  Tensor forward_normed(const LayerNormImpl& ln, const Tensor& x);
 
   int64_t d_model, n_heads;
   double dropout;
   Linear qkv{nullptr}, proj{nullptr};
+
+ private:
+  Tensor attend(const Tensor& x, const Tensor& qkv_out);  // the rest of forward, from qkv's output
 };
 FRUGAL_MODULE(CausalSelfAttention);
 

@@ -109,6 +109,35 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return frugal::layer_norm(x, normalized_shape, weight, bias, eps);
 }
 
+Tensor layer_norm_linear(const Tensor& x, const Shape& normalized_shape, const Tensor& ln_weight,
+                         const Tensor& ln_bias, double eps, const Tensor& weight, const Tensor& bias) {
+  // One op where it applies: outside autocast (whose norm keeps x-hat in the low dtype and whose Linear
+  // keeps its own cast input), over the last dim, everything well formed in one floating dtype on one device
+  // with a GEMM kernel. Otherwise the two layers, with their own checks and errors.
+  auto same = [&](const Tensor& t) {
+    return !t.defined() || (t.dtype() == x.dtype() && t.device() == x.device());
+  };
+  const bool fused = !amp::is_autocast_enabled() && x.defined() && is_floating(x.dtype()) && x.dim() >= 1 &&
+                     normalized_shape == Shape{x.size(-1)} && same(ln_weight) && same(ln_bias) &&
+                     weight.defined() && same(weight) && same(bias) &&
+                     (!ln_weight.defined() || ln_weight.shape() == normalized_shape) &&
+                     (!ln_bias.defined() || ln_bias.shape() == normalized_shape) && weight.dim() == 2 &&
+                     weight.size(1) == x.size(-1) &&
+                     (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0))) &&
+                     op_gemm.has(x.device(), x.dtype());
+  if (!fused)
+    return functional::linear(functional::layer_norm(x, normalized_shape, ln_weight, ln_bias, eps), weight,
+                              bias);
+  const Tensor x2 = x.dim() != 2 ? x.reshape({-1, x.size(-1)}) : x;
+  Tensor y = frugal::layer_norm_linear(x2, ln_weight, ln_bias, eps, weight, bias);
+  if (x.dim() != 2) {
+    Shape s = x.shape();
+    s[s.size() - 1] = weight.size(0);
+    y = y.reshape(s);
+  }
+  return y;
+}
+
 Tensor layer_norm_composite(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in,
                             const Tensor& bias_in, double eps) {
   FRUGAL_CHECK(x_in.defined(), "layer_norm: the input is undefined");

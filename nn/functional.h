@@ -46,6 +46,12 @@ Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
 // the fused op (frugal::layer_norm, autograd/functions.h).
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);
+// linear(layer_norm(x, normalized_shape, ln_weight, ln_bias, eps), weight, bias), keeping x and not the
+// norm's output for the backward, which computes it again (frugal::layer_norm_linear): where normalized_shape
+// is x's last dim, outside autocast, with linear's fused op's conditions; the two layers otherwise. The
+// transformer block's norms before their Linears and nn::GPT's last norm before its head run it.
+Tensor layer_norm_linear(const Tensor& x, const Shape& normalized_shape, const Tensor& ln_weight,
+                         const Tensor& ln_bias, double eps, const Tensor& weight, const Tensor& bias = {});
 // The same, composed from mean, var, rsqrt, mul and add: the reference the fused op is tested against.
 Tensor layer_norm_composite(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
                             const Tensor& bias = {}, double eps = 1e-5);

@@ -69,7 +69,9 @@ Tensor GPTImpl::forward(const Tensor& tokens) {
     else
       x = m->forward(x);
   }
-  return head->forward(ln_f->forward(x));
+  head->apply_masks();
+  return F::layer_norm_linear(x, ln_f->options.normalized_shape(), ln_f->weight, ln_f->bias,
+                              ln_f->options.eps(), head->weight, head->bias);
 }
 
 Tensor GPTImpl::generate(const Tensor& prompt, int64_t n_new, double temperature, int64_t top_k,

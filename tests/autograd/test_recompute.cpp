@@ -204,7 +204,10 @@ std::vector<std::vector<float>> gpt_grads(Device d, int64_t whole, int64_t selec
   return g;
 }
 
-TEST(SelectiveRecompute, TheGptsBlocksGiveTheSameGradientsAndAPeakBetween) {
+// (The GPT's blocks keep only their GEMMs' inputs, through layer_norm_linear and gelu_linear, so keeping
+// their GEMMs' results saves nothing there: Plan.WhereSelectiveBlocksFitTheyAreChosen shows the peak between
+// on a chain whose pointwise ops keep more.)
+TEST(SelectiveRecompute, TheGptsBlocksGiveTheSameGradientsAndTheirDryRunsPeak) {
   const auto plain = gpt_grads(kCPU, 0, 0);
   EXPECT_EQ(gpt_grads(kCPU, 0, 3), plain);
   EXPECT_EQ(gpt_grads(kCPU, 1, 2), plain);
@@ -214,8 +217,8 @@ TEST(SelectiveRecompute, TheGptsBlocksGiveTheSameGradientsAndAPeakBetween) {
   const int64_t none = peak(0, 0), all = peak(3, 0), selective = peak(0, 3);
   std::printf("GPT step peak: %lld plain, %lld selective, %lld whole recompute\n",
               static_cast<long long>(none), static_cast<long long>(selective), static_cast<long long>(all));
-  EXPECT_LT(selective, none);
   EXPECT_GT(selective, all);
+  EXPECT_GT(none, all);
   // The real run peaks where its dry run said.
   memory::empty_cache(kCPU);
   memory::reset_peak(kCPU);

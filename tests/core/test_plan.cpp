@@ -58,14 +58,16 @@ TEST(Plan, WithRoomToSpareItChangesNothing) {
   EXPECT_NE(p.str().find("recompute 0 of 4 blocks"), std::string::npos) << p.str();
 }
 
-TEST(Plan, UnderHalfThePeakTheRealRunFitsAndPeaksWhereTheDryRunSaid) {
+TEST(Plan, UnderABudgetTheRealRunFitsAndPeaksWhereTheDryRunSaid) {
   const int64_t plain = plain_peak();
   double without_selective = 0;
   for (const auto& [micro, selective] :
        {std::pair{std::vector<int>{1}, false}, std::pair{std::vector<int>{1, 2, 4}, false},
         std::pair{std::vector<int>{1}, true}}) {
     SCOPED_TRACE(::testing::Message() << micro.size() << " micro-batch counts, selective " << selective);
-    const int64_t budget = plain * 6 / 10;
+    // 0.7 of the plain peak: with recompute alone the GPT's blocks (which keep only their GEMMs' inputs)
+    // reach about 0.6.
+    const int64_t budget = plain * 7 / 10;
     const memory::Plan p =
         memory::plan([](Device d, const memory::PlanChoice& c) { gpt_step(d, c); }, budget,
                      memory::PlanSpace().blocks(kBlocks).micro_batches(micro).selective(selective));
