@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <any>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -165,5 +166,22 @@ inline SavedKernelRows use_cpu_kernels_on(DeviceType device) {
 inline void restore_kernels(const SavedKernelRows& saved) {
   for (const auto& [t, row] : saved.rows) t.set_row(t.table, saved.device, row);
 }
+
+// The tensors autograd saves for backward while this is alive, in order, as they are
+// (autograd::SavedTensorHooks that keep each one unchanged).
+class SavedTensors {
+ public:
+  SavedTensors()
+      : hooks_(
+            [this](const Tensor& t) -> std::any {
+              kept.push_back(t);
+              return t;
+            },
+            [](const std::any& a) { return std::any_cast<Tensor>(a); }) {}
+  std::vector<Tensor> kept;
+
+ private:
+  autograd::SavedTensorHooks hooks_;
+};
 
 }  // namespace frugal::testing

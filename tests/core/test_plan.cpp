@@ -42,6 +42,30 @@ std::vector<Tensor> gpt_step(Device d, const memory::PlanChoice& c) {
   return out;
 }
 
+// The real run of plan p under the budget as the arena's limit: it fits, peaks at the dry run's figure, and
+// leaves the parameters the plain run leaves: bit for bit with recompute and stepping in backward, within f32
+// rounding with micro-batches (the sum's order changes).
+void expect_real_run_as_planned(std::vector<Tensor> (*step)(Device, const memory::PlanChoice&),
+                                const memory::Plan& p, int64_t budget) {
+  memory::empty_cache(kCPU);
+  memory::reset_peak(kCPU);
+  memory::set_memory_limit(kCPU, budget);
+  std::vector<Tensor> planned;
+  EXPECT_NO_THROW(planned = step(kCPU, p.choice));
+  memory::set_memory_limit(kCPU, 0);
+  EXPECT_EQ(memory::stats(kCPU).allocated.peak, p.peak_allocated);
+  const std::vector<Tensor> reference = step(kCPU, {});
+  ASSERT_EQ(planned.size(), reference.size());
+  for (size_t i = 0; i < planned.size(); ++i) {
+    const std::vector<double> got = planned[i].to_vector<double>(), want = reference[i].to_vector<double>();
+    if (p.choice.micro_batches == 1)
+      EXPECT_EQ(got, want) << "parameter " << i;
+    else
+      testing::expect_close(got, want, {1e-6, 1e-5}, "parameter");
+  }
+  memory::empty_cache(kCPU);
+}
+
 int64_t plain_peak() {
   return memory::estimate([](Device d) { gpt_step(d, {}); }).peak_allocated;
 }
@@ -101,44 +125,11 @@ TEST(Plan, UnderABudgetTheRealRunFitsAndPeaksWhereTheDryRunSaid) {
           memory::estimate([&](Device d) { gpt_step(d, fewer); }, memory::EstimateOptions().limit(budget))
               .fits());
     }
-    // The real run under the budget as its limit: it fits, and peaks at the dry run's figure.
+    // The real run under the budget as its limit (nothing else allocated): as planned.
     memory::empty_cache(kCPU);
     ASSERT_EQ(memory::stats(kCPU).allocated.current, 0);
-    memory::reset_peak(kCPU);
-    memory::set_memory_limit(kCPU, budget);
-    std::vector<Tensor> planned;
-    EXPECT_NO_THROW(planned = gpt_step(kCPU, p.choice));
-    memory::set_memory_limit(kCPU, 0);
-    EXPECT_EQ(memory::stats(kCPU).allocated.peak, p.peak_allocated);
-    const std::vector<Tensor> reference = gpt_step(kCPU, {});
-    ASSERT_EQ(planned.size(), reference.size());
-    for (size_t i = 0; i < planned.size(); ++i) {
-      const std::vector<double> got = planned[i].to_vector<double>(), want = reference[i].to_vector<double>();
-      if (p.choice.micro_batches == 1)  // recompute alone: bit for bit
-        EXPECT_EQ(got, want) << "parameter " << i;
-      else
-        testing::expect_close(got, want, {1e-6, 1e-5}, "parameter");
-    }
-    memory::empty_cache(kCPU);
+    expect_real_run_as_planned(gpt_step, p, budget);
   }
-}
-
-// The real run of plan p under the budget as the arena's limit: it fits, peaks at the dry run's figure, and
-// leaves the parameters the plain run leaves, bit for bit (recompute and stepping in backward only).
-void expect_real_run_as_planned(std::vector<Tensor> (*step)(Device, const memory::PlanChoice&),
-                                const memory::Plan& p, int64_t budget) {
-  memory::empty_cache(kCPU);
-  memory::reset_peak(kCPU);
-  memory::set_memory_limit(kCPU, budget);
-  std::vector<Tensor> planned;
-  EXPECT_NO_THROW(planned = step(kCPU, p.choice));
-  memory::set_memory_limit(kCPU, 0);
-  EXPECT_EQ(memory::stats(kCPU).allocated.peak, p.peak_allocated);
-  const std::vector<Tensor> reference = step(kCPU, {});
-  ASSERT_EQ(planned.size(), reference.size());
-  for (size_t i = 0; i < planned.size(); ++i)
-    EXPECT_EQ(planned[i].to_vector<float>(), reference[i].to_vector<float>()) << "parameter " << i;
-  memory::empty_cache(kCPU);
 }
 
 // A chain of 4 blocks whose pointwise ops keep more than its GEMMs: linear, then tanh, sigmoid and a

@@ -86,14 +86,10 @@ TEST(GeluLinear, KeepsTheGelusInputOnly) {
   const Tensor x = uniform({16, 32}, -2, 2).requires_grad_(), w = uniform({8, 32}, -1, 1).requires_grad_();
   std::vector<Tensor> kept;
   {
-    autograd::SavedTensorHooks hooks(
-        [&kept](const Tensor& t) -> std::any {
-          kept.push_back(t);
-          return t;
-        },
-        [](const std::any& a) { return std::any_cast<Tensor>(a); });
+    testing::SavedTensors saved;
     const Tensor y = F::gelu_linear(x, w);
     EXPECT_EQ(y.grad_fn_name(), std::string("gelu_linear"));
+    kept = saved.kept;
   }
   ASSERT_EQ(kept.size(), 2u);
   EXPECT_EQ(kept[0].raw_data(), x.raw_data()) << "x itself, not gelu(x)";

@@ -99,13 +99,8 @@ TEST(LayerNormLinear, Gradcheck) {
 TEST(LayerNormLinear, KeepsTheNormsInputOnly) {
   const Tensor x = uniform({16, 32}, -2, 2).requires_grad_(), lw = uniform({32}, 0.5, 1.5).requires_grad_(),
                w = uniform({8, 32}, -1, 1).requires_grad_();
-  std::vector<Tensor> kept;
-  autograd::SavedTensorHooks hooks(
-      [&kept](const Tensor& t) -> std::any {
-        kept.push_back(t);
-        return t;
-      },
-      [](const std::any& a) { return std::any_cast<Tensor>(a); });
+  testing::SavedTensors saved;
+  const std::vector<Tensor>& kept = saved.kept;
   const Tensor y = F::layer_norm_linear(x, {32}, lw, {}, 1e-5, w);
   EXPECT_EQ(y.grad_fn_name(), std::string("layer_norm_linear"));
   ASSERT_EQ(kept.size(), 3u);

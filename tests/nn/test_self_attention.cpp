@@ -36,6 +36,19 @@ std::string name(const Case& c) {
   return s.str();
 }
 
+// The kernels' arguments for case c at this batch, without their tensors.
+SelfAttentionArgs args_for(const Case& c, int64_t batch) {
+  SelfAttentionArgs a;
+  a.batch = batch;
+  a.t = c.t;
+  a.heads = c.heads;
+  a.head_dim = c.d / c.heads;
+  a.scale = c.scale;
+  a.causal = c.causal;
+  a.threads = num_threads();
+  return a;
+}
+
 // y and d qkv of the fused op or the composite for a fixed random qkv and upstream gradient, dtype t; with
 // `strided`, qkv is a non-contiguous view (every second element of a tensor twice as wide).
 std::pair<Tensor, Tensor> run(const Case& c, DType t, bool fused, bool strided = false) {
@@ -111,14 +124,7 @@ TEST(SelfAttention, LowPrecisionProbabilities) {
       const Tensor dy = uniform({c.b, c.t, c.d}, -1, 1, t, 8);
       std::vector<Tensor> out[2];  // y, probs, dqkv; f32 probs, then t
       for (bool low : {false, true}) {
-        SelfAttentionArgs a;
-        a.batch = c.b;
-        a.t = c.t;
-        a.heads = c.heads;
-        a.head_dim = c.d / c.heads;
-        a.scale = c.scale;
-        a.causal = c.causal;
-        a.threads = num_threads();
+        SelfAttentionArgs a = args_for(c, c.b);
         const Tensor probs = empty({c.b, c.heads, c.t, c.t}, low ? t : DType::F32);
         const Tensor y = empty({c.b, c.t, c.d}, t), dqkv = empty(qkv.shape(), t);
         const Tensor ws = empty({a.threads, self_attention_workspace(a, t, true, low)});
@@ -154,14 +160,7 @@ TEST(SelfAttention, RowStatisticsGiveTheProbabilityFormsResultsBitForBit) {
         const DType compute = t == DType::F64 ? DType::F64 : DType::F32;
         std::vector<Tensor> out[2];  // y, dqkv: probs, then stats
         for (bool stats : {false, true}) {
-          SelfAttentionArgs a;
-          a.batch = batch;
-          a.t = c.t;
-          a.heads = c.heads;
-          a.head_dim = c.d / c.heads;
-          a.scale = c.scale;
-          a.causal = c.causal;
-          a.threads = num_threads();
+          SelfAttentionArgs a = args_for(c, batch);
           const Tensor kept =
               stats ? empty({batch, c.heads, c.t, 2}, compute) : empty({batch, c.heads, c.t, c.t}, compute);
           const Tensor y = empty({batch, c.t, c.d}, t), dqkv = empty(qkv.shape(), t);
@@ -182,13 +181,8 @@ TEST(SelfAttention, RowStatisticsGiveTheProbabilityFormsResultsBitForBit) {
   // The op keeps qkv and the statistics on the CPU: 2 numbers a row, in the compute type.
   for (DType t : {DType::BF16, DType::F16, DType::F32, DType::F64}) {
     const Tensor qkv = uniform({2, 8, 24}, -2, 2, t, 9).requires_grad_();
-    std::vector<Tensor> kept;
-    autograd::SavedTensorHooks hooks(
-        [&kept](const Tensor& x) -> std::any {
-          kept.push_back(x);
-          return x;
-        },
-        [](const std::any& a) { return std::any_cast<Tensor>(a); });
+    testing::SavedTensors saved;
+    const std::vector<Tensor>& kept = saved.kept;
     F::self_attention(qkv, 2, 0.5, true);
     ASSERT_EQ(kept.size(), 2u) << dtype_name(t);
     EXPECT_EQ(kept[0].dtype(), t);
