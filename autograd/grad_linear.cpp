@@ -95,21 +95,27 @@ Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor&
     const bool need_norm = need_x || need_lw || need_lb;  // a gradient reaches the norm's output
     // x, the norm's weight and bias where defined, and the Linear's weight where a gradient reaches the
     // norm's output (parameters cost nothing to keep).
-    const bool has_lw = ln_weight.defined(), has_lb = ln_bias.defined();
-    n->save(x);
+    // (Nothing when only the Linear's bias needs a gradient.)
+    const bool norm_again = need_w || need_norm;
+    const bool has_lw = ln_weight.defined() && norm_again, has_lb = ln_bias.defined() && norm_again;
+    if (norm_again) n->save(x);
     if (has_lw) n->save(ln_weight);
     if (has_lb) n->save(ln_bias);
     if (need_norm) n->save(weight);
     const DType lw_dtype = has_lw ? ln_weight.dtype() : x.dtype(),
                 lb_dtype = has_lb ? ln_bias.dtype() : x.dtype();
     n->backward = [=](const Grads& s, const Tensor& g) -> Grads {
+      if (!norm_again)
+        return {Tensor(), Tensor(), Tensor(), Tensor(),
+                ops::linear_backward(g, Tensor(), Tensor(), false, false, need_b).dbias};
       size_t i = 1;
       const Tensor& xs = s[0];
       const Tensor lw = has_lw ? s[i++] : Tensor(), lb = has_lb ? s[i++] : Tensor(),
                    w = need_norm ? s[i++] : Tensor();
       // The norm again: its output, mean and rstd are the forward's, bit for bit.
-      const ops::LayerNormResult r = ops::layer_norm(xs, normalized, lw, lb, eps);
+      ops::LayerNormResult r = ops::layer_norm(xs, normalized, lw, lb, eps);
       ops::LinearGrads d = ops::linear_backward(g, need_w ? r.y : Tensor(), w, need_norm, need_w, need_b);
+      r.y = Tensor();  // done with: not alive through the norm's backward
       Tensor dx, dlw, dlb;
       if (need_norm) {
         ops::LayerNormGrads ln =

@@ -57,7 +57,9 @@ class RecomputePolicy {
 };
 
 // The ops a policy can keep: linear, linear_relu, matmul, conv2d, conv2d_relu, self_attention, gelu_linear,
-// layer_norm_linear.
+// layer_norm_linear. Each by its own name: nn::TransformerBlock's and nn::GPT's Linears after a norm or the
+// GELU run as layer_norm_linear and gelu_linear, so keep({"linear"}) keeps only the attention's projection
+// there (keep_matmuls() keeps them all).
 const std::vector<std::string>& replayable_ops();
 
 // fn must do the same ops each time it runs on the same inputs (it runs twice when backward reaches it). The

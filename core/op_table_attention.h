@@ -36,16 +36,16 @@ extern OpTable<AttentionSoftmaxKernel> op_attention_softmax_backward;
 //             [B, T, 3, H, hd]
 // qkv, y, dy, dqkv have the table's dtype; probs and the workspace its compute type (f32 for f16/bf16).
 // workspace: per-thread scratch for `threads` threads (the op layer's num_threads(), at least the number the
-// kernel runs on) of self_attention_workspace(args, dtype, backward, low_probs) elements each.
+// kernel runs on) of self_attention_workspace(args, dtype, backward, probs_in_scratch) elements each.
 // The low-probs forms (f16/bf16 only) keep probs in the table's dtype, for the backward: half the bytes of
 // the largest tensor attention keeps, and one relative rounding error per entry of P, as the composite's
 // f16/bf16 P has. Their forward computes y from P before the rounding, so y is op_self_attention's bit for
 // bit.
 // The stats forms keep no P at all (Note [attention keeps row statistics]): the forward writes, for each row
-// i of each head, stats[(b H + h) T + i] = (m_i, 1 / l_i), the row's max of s S and its sum of exp(s S - m_i)
-// over the allowed keys, in the compute type; the backward computes P again as exp(s Q K^T - m) / l with the
-// same product and the same vector exp at the same alignment, so P, y and dqkv are op_self_attention's bit
-// for bit, for 2 T numbers a head row instead of T^2.
+// i of each head, the pair stats[2 ((b H + h) T + i) + {0, 1}] = (m_i, 1 / l_i), the row's max of s S and its
+// sum of exp(s S - m_i) over the allowed keys, in the compute type; the backward computes P again as exp(s Q
+// K^T - m) / l with the same product and the same vector exp at the same alignment, so P, y and dqkv are
+// op_self_attention's bit for bit, for 2 T numbers a head row instead of T^2.
 struct SelfAttentionArgs {
   const void* qkv = nullptr;  // forward and backward in
   void* probs = nullptr;      // forward out, backward in

@@ -64,8 +64,8 @@ struct PlanChoice {
   // Of the other blocks, run as segments that keep their GEMMs' results (PlanSpace::selective; Note
   // [selective recompute] in autograd/recompute.h): nn::GPT::recompute_blocks(recompute_blocks, this).
   int selective_blocks = 0;
-  // The optimizer steps in backward (optim::StepInBackward; PlanSpace::step_in_backward): no zero_grad()
-  // or step() around backward. Only with micro_batches == 1.
+  // The optimizer steps in backward (optim::StepInBackward; PlanSpace::step_in_backward): each backward()
+  // is the step (zero_grad() and step() around it find no gradient left). Only with micro_batches == 1.
   bool step_in_backward = false;
 };
 

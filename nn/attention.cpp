@@ -2,6 +2,8 @@
 // their composite references, and the CausalSelfAttention and TransformerBlock modules.
 #include "nn/attention.h"
 
+#include <typeinfo>
+
 #include <cmath>
 
 #include "autograd/nn_ops.h"
@@ -93,10 +95,14 @@ Tensor CausalSelfAttentionImpl::forward(const Tensor& x) {
   return attend(x, qkv->forward(x));
 }
 
-Tensor CausalSelfAttentionImpl::forward_normed(const LayerNormImpl& ln, const Tensor& x) {
+Tensor CausalSelfAttentionImpl::forward_normed(LayerNormImpl& ln, const Tensor& x) {
   FRUGAL_CHECK_SHAPE(x.defined() && x.dim() == 3 && x.size(2) == d_model,
                      "CausalSelfAttention: expected x [B, T, ", d_model, "], got shape ",
                      x.defined() ? x.shape() : Shape{});
+  // One op only for exactly these classes, so that no override of forward is skipped (as Sequential's
+  // linear_relu).
+  if (typeid(ln) != typeid(LayerNormImpl) || typeid(*qkv) != typeid(LinearImpl))
+    return attend(x, qkv->forward(ln.forward(x)));
   qkv->apply_masks();
   return attend(x, F::layer_norm_linear(x, ln.options.normalized_shape(), ln.weight, ln.bias,
                                         ln.options.eps(), qkv->weight, qkv->bias));
@@ -132,13 +138,24 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t d_model, int64_t n_heads, dou
 
 Tensor TransformerBlockImpl::forward(const Tensor& x) {
   // Each norm with the Linear after it, and fc_proj(act(.)), as ops that keep their inputs only, not the
-  // norm's or the GELU's output (Note [gelu_linear keeps the GELU's input]).
+  // norm's or the GELU's output (Note [gelu_linear keeps the GELU's input]); only for exactly these classes,
+  // so that no override of forward is skipped.
   const Tensor h = add(x, attn->forward_normed(*ln1, x));
-  fc->apply_masks();
-  fc_proj->apply_masks();
-  const Tensor a = F::layer_norm_linear(h, ln2->options.normalized_shape(), ln2->weight, ln2->bias,
-                                        ln2->options.eps(), fc->weight, fc->bias);
-  const Tensor m = F::gelu_linear(a, fc_proj->weight, fc_proj->bias, act->options.approximate());
+  Tensor a;
+  if (typeid(*ln2) == typeid(LayerNormImpl) && typeid(*fc) == typeid(LinearImpl)) {
+    fc->apply_masks();
+    a = F::layer_norm_linear(h, ln2->options.normalized_shape(), ln2->weight, ln2->bias, ln2->options.eps(),
+                             fc->weight, fc->bias);
+  } else {
+    a = fc->forward(ln2->forward(h));
+  }
+  Tensor m;
+  if (typeid(*act) == typeid(GELUImpl) && typeid(*fc_proj) == typeid(LinearImpl)) {
+    fc_proj->apply_masks();
+    m = F::gelu_linear(a, fc_proj->weight, fc_proj->bias, act->options.approximate());
+  } else {
+    m = fc_proj->forward(act->forward(a));
+  }
   return add(h, F::dropout(m, dropout, is_training()));
 }
 

@@ -52,7 +52,7 @@ class CausalSelfAttentionImpl : public Module {
   Tensor forward(const Tensor& x) override;
   // forward(ln(x)), the norm and the qkv Linear as one op that keeps x and not ln(x)
   // (F::layer_norm_linear): what TransformerBlock runs.
-  Tensor forward_normed(const LayerNormImpl& ln, const Tensor& x);
+  Tensor forward_normed(LayerNormImpl& ln, const Tensor& x);
 
   int64_t d_model, n_heads;
   double dropout;

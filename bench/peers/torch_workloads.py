@@ -207,6 +207,9 @@ class GPTRun:
         time order). Not a timed step: profiling slows it."""
         from torch.profiler import ProfilerActivity, profile
         from torch._C._profiler import _EventType
+        # The previous step's gradients go first, as frugal's trainer frees them at the end of its step: what
+        # is alive before the profiled step is the parameters and the optimizer state, on both sides.
+        self.opt.zero_grad(set_to_none=True)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             self.step()
         events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())

@@ -108,6 +108,37 @@ TEST(GeluLinear, KeepsTheGelusInputOnly) {
   EXPECT_EQ(hidden, 1);
 }
 
+// The block fuses only modules of exactly its classes: a subclass's forward runs (as Sequential's
+// linear_relu does), with the same values.
+struct CountingLinear : nn::LinearImpl {
+  using nn::LinearImpl::LinearImpl;
+  Tensor forward(const Tensor& x) override {
+    ++calls;
+    return nn::LinearImpl::forward(x);
+  }
+  int calls = 0;
+};
+
+TEST(GeluLinear, TheBlockRunsASubclasssForward) {
+  manual_seed(4);
+  nn::TransformerBlock block(32, 4);
+  const Tensor h = uniform({2, 5, 32}, -1, 1);
+  const std::vector<double> fused = block->forward(h).to_vector<double>();
+  for (nn::Linear* slot : {&block->fc, &block->fc_proj, &block->attn->qkv}) {
+    nn::Linear original = *slot;
+    auto counting = std::make_shared<CountingLinear>((*slot)->options);
+    {
+      NoGradGuard no_grad;
+      counting->weight.copy_(original->weight);
+      counting->bias.copy_(original->bias);
+    }
+    *slot = nn::Linear(counting);
+    EXPECT_EQ(block->forward(h).to_vector<double>(), fused);
+    EXPECT_EQ(counting->calls, 1);
+    *slot = original;
+  }
+}
+
 TEST(GeluLinear, BadInputs) {
   const Tensor x = uniform({4, 3}, -1, 1), w = uniform({2, 3}, -1, 1);
   expect_error<Error>([&] { F::gelu_linear(x, w, {}, "erf"); }, {"gelu_linear", "approximate", "erf"});
