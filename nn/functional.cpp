@@ -20,6 +20,25 @@ Tensor compute_dtype(const Tensor& x) { return is_half(x.dtype()) ? x.to(DType::
 
 namespace {
 
+// Where the fused GEMM ops apply: x, the weight and the bias (if any) in one floating dtype (no promotion) on
+// one device, which has a GEMM kernel for it.
+bool gemm_fusable(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return x.dtype() == weight.dtype() && (!bias.defined() || bias.dtype() == x.dtype()) &&
+         is_floating(x.dtype()) && weight.device() == x.device() &&
+         (!bias.defined() || bias.device() == x.device()) && op_gemm.has(x.device(), x.dtype());
+}
+
+// The fused ops take x [M, in]: leading dims are folded into one so that one GEMM runs forward and one per
+// operand backward (a batched matmul against a 2-D weight would sum a [batch, in, out] gradient), and y
+// [M, out] gets them back.
+Tensor fold_rows(const Tensor& x) { return x.dim() != 2 ? x.reshape({-1, x.size(-1)}) : x; }
+Tensor unfold_rows(const Tensor& y, const Tensor& x) {
+  if (x.dim() == 2) return y;
+  Shape s = x.shape();
+  s[s.size() - 1] = y.size(-1);
+  return y.reshape(s);
+}
+
 // What runs around the GEMM: nothing, a ReLU after it, or a GELU (exact or tanh) before it.
 enum class Around { kNone, kRelu, kGeluBefore, kGeluTanhBefore };
 
@@ -38,14 +57,8 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
   FRUGAL_CHECK_SHAPE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
                      "linear: the bias must have shape [", weight.size(0), "], got ",
                      bias.defined() ? bias.shape() : Shape{});
-  // Leading dims are folded into one so that one GEMM runs forward and one per operand backward (a batched
-  // matmul against a 2-D weight would sum a [batch, in, out] gradient).
-  const bool fold = x.dim() != 2;
-  const Tensor x2 = fold ? x.reshape({-1, x.size(-1)}) : x;
-  // The fused op where it applies: one dtype (no promotion), one device, a GEMM kernel for it.
-  const bool fused = x.dtype() == weight.dtype() && (!bias.defined() || bias.dtype() == x.dtype()) &&
-                     is_floating(x.dtype()) && weight.device() == x.device() &&
-                     (!bias.defined() || bias.device() == x.device()) && op_gemm.has(x.device(), x.dtype());
+  const Tensor x2 = fold_rows(x);
+  const bool fused = gemm_fusable(x, weight, bias);
   Tensor y;
   const bool tanh = around == Around::kGeluTanhBefore;
   switch (around) {
@@ -61,12 +74,7 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
                 : linear_composite(tanh ? gelu_tanh(x2) : gelu(x2), weight, bias);
       break;
   }
-  if (fold) {
-    Shape s = x.shape();
-    s[s.size() - 1] = weight.size(0);
-    y = y.reshape(s);
-  }
-  return y;
+  return unfold_rows(y, x);
 }
 
 }  // namespace
@@ -112,30 +120,21 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 Tensor layer_norm_linear(const Tensor& x, const Shape& normalized_shape, const Tensor& ln_weight,
                          const Tensor& ln_bias, double eps, const Tensor& weight, const Tensor& bias) {
   // One op where it applies: outside autocast (whose norm keeps x-hat in the low dtype and whose Linear
-  // keeps its own cast input), over the last dim, everything well formed in one floating dtype on one device
-  // with a GEMM kernel. Otherwise the two layers, with their own checks and errors.
-  auto same = [&](const Tensor& t) {
-    return !t.defined() || (t.dtype() == x.dtype() && t.device() == x.device());
+  // keeps its own cast input), over the last dim, everything well formed and gemm_fusable, the norm's
+  // parameters in x's dtype on its device. Otherwise the two layers, with their own checks and errors.
+  auto norm_param = [&](const Tensor& p) {
+    return !p.defined() ||
+           (p.dtype() == x.dtype() && p.device() == x.device() && p.shape() == normalized_shape);
   };
-  const bool fused = !amp::is_autocast_enabled() && x.defined() && is_floating(x.dtype()) && x.dim() >= 1 &&
-                     normalized_shape == Shape{x.size(-1)} && same(ln_weight) && same(ln_bias) &&
-                     weight.defined() && same(weight) && same(bias) &&
-                     (!ln_weight.defined() || ln_weight.shape() == normalized_shape) &&
-                     (!ln_bias.defined() || ln_bias.shape() == normalized_shape) && weight.dim() == 2 &&
-                     weight.size(1) == x.size(-1) &&
+  const bool fused = !amp::is_autocast_enabled() && x.defined() && weight.defined() && x.dim() >= 1 &&
+                     normalized_shape == Shape{x.size(-1)} && norm_param(ln_weight) && norm_param(ln_bias) &&
+                     weight.dim() == 2 && weight.size(1) == x.size(-1) &&
                      (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0))) &&
-                     op_gemm.has(x.device(), x.dtype());
+                     gemm_fusable(x, weight, bias);
   if (!fused)
     return functional::linear(functional::layer_norm(x, normalized_shape, ln_weight, ln_bias, eps), weight,
                               bias);
-  const Tensor x2 = x.dim() != 2 ? x.reshape({-1, x.size(-1)}) : x;
-  Tensor y = frugal::layer_norm_linear(x2, ln_weight, ln_bias, eps, weight, bias);
-  if (x.dim() != 2) {
-    Shape s = x.shape();
-    s[s.size() - 1] = weight.size(0);
-    y = y.reshape(s);
-  }
-  return y;
+  return unfold_rows(frugal::layer_norm_linear(fold_rows(x), ln_weight, ln_bias, eps, weight, bias), x);
 }
 
 Tensor layer_norm_composite(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in,

@@ -1,8 +1,9 @@
 // The layer-norm-then-linear op (frugal::layer_norm_linear, behind F::layer_norm_linear: the transformer
 // block's norms before their Linears and nn::GPT's head) against the layers it replaces,
 // F::linear(F::layer_norm(x)): outputs and gradients bit for bit in f32, bf16 and f64, with and without the
-// norm's affine parameters and the Linear's bias, leading dims, some gradients not needed; finite differences
-// in f64; what it keeps (x, not the norm's output); the layers themselves under autocast; bad inputs.
+// norm's affine parameters and the Linear's bias, leading dims, transposed views of x and the weight, some
+// gradients not needed; finite differences in f64; what it keeps (x, not the norm's output); the layers
+// themselves under autocast; bad inputs.
 #include <any>
 #include <sstream>
 
@@ -20,18 +21,26 @@ struct Case {
   Shape x;
   int64_t out;
   bool affine, bias;
+  bool transposed_x = false, transposed_w = false;  // x [M, d] or the weight as transposed views
 };
-const Case kCases[] = {{{5, 7}, 3, true, true},      {{5, 7}, 3, false, false},
-                       {{2, 3, 16}, 6, true, false}, {{300, 64}, 96, true, true},
-                       {{1, 9}, 1, false, true},     {{2048, 128}, 384, true, true}};
+const Case kCases[] = {{{5, 7}, 3, true, true},
+                       {{5, 7}, 3, false, false},
+                       {{2, 3, 16}, 6, true, false},
+                       {{300, 64}, 96, true, true},
+                       {{1, 9}, 1, false, true},
+                       {{2048, 128}, 384, true, true},
+                       {{6, 5}, 4, true, true, true, false},
+                       {{6, 5}, 4, true, false, false, true}};
 
 // y and the gradients of x, the norm's weight and bias, the Linear's weight and bias (those defined).
 std::vector<Tensor> run(const Case& c, DType t, bool fused) {
   const int64_t d = c.x.back();
-  Tensor x = uniform(c.x, -2, 2, t, 1).requires_grad_();
+  Tensor x = c.transposed_x ? uniform({c.x[1], c.x[0]}, -2, 2, t, 1).t() : uniform(c.x, -2, 2, t, 1);
+  x = x.detach().requires_grad_();
   Tensor lw = c.affine ? uniform({d}, 0.5, 1.5, t, 2).requires_grad_() : Tensor();
   Tensor lb = c.affine ? uniform({d}, -0.5, 0.5, t, 3).requires_grad_() : Tensor();
-  Tensor w = uniform({c.out, d}, -1, 1, t, 4).requires_grad_();
+  Tensor w = c.transposed_w ? uniform({d, c.out}, -1, 1, t, 4).t() : uniform({c.out, d}, -1, 1, t, 4);
+  w = w.detach().requires_grad_();
   Tensor b = c.bias ? uniform({c.out}, -1, 1, t, 5).requires_grad_() : Tensor();
   const Tensor y = fused ? F::layer_norm_linear(x, {d}, lw, lb, 1e-5, w, b)
                          : F::linear(F::layer_norm(x, {d}, lw, lb, 1e-5), w, b);
@@ -49,7 +58,8 @@ TEST(LayerNormLinear, IsLinearOfLayerNormBitForBit) {
       ASSERT_EQ(got.size(), ref.size());
       for (size_t i = 0; i < got.size(); ++i) {
         std::ostringstream what_s;
-        what_s << c.x << " " << dtype_name(t) << " output " << i;
+        what_s << c.x << (c.transposed_x ? " x^T view" : "") << (c.transposed_w ? " w^T view" : "") << " "
+               << dtype_name(t) << " output " << i;
         const std::string what = what_s.str();
         ASSERT_TRUE(got[i].defined()) << what;
         EXPECT_EQ(got[i].dtype(), t) << what;
