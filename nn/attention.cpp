@@ -2,9 +2,8 @@
 // their composite references, and the CausalSelfAttention and TransformerBlock modules.
 #include "nn/attention.h"
 
-#include <typeinfo>
-
 #include <cmath>
+#include <typeinfo>
 
 #include "autograd/nn_ops.h"
 #include "nn/functional.h"
@@ -95,17 +94,26 @@ Tensor CausalSelfAttentionImpl::forward(const Tensor& x) {
   return attend(x, qkv->forward(x));
 }
 
+Tensor layer_norm_then_linear(LayerNormImpl& ln, LinearImpl& lin, const Tensor& x) {
+  if (typeid(ln) != typeid(LayerNormImpl) || typeid(lin) != typeid(LinearImpl))
+    return lin.forward(ln.forward(x));
+  lin.apply_masks();
+  return F::layer_norm_linear(x, ln.options.normalized_shape(), ln.weight, ln.bias, ln.options.eps(),
+                              lin.weight, lin.bias);
+}
+
+Tensor gelu_then_linear(GELUImpl& act, LinearImpl& lin, const Tensor& x) {
+  if (typeid(act) != typeid(GELUImpl) || typeid(lin) != typeid(LinearImpl))
+    return lin.forward(act.forward(x));
+  lin.apply_masks();
+  return F::gelu_linear(x, lin.weight, lin.bias, act.options.approximate());
+}
+
 Tensor CausalSelfAttentionImpl::forward_normed(LayerNormImpl& ln, const Tensor& x) {
   FRUGAL_CHECK_SHAPE(x.defined() && x.dim() == 3 && x.size(2) == d_model,
                      "CausalSelfAttention: expected x [B, T, ", d_model, "], got shape ",
                      x.defined() ? x.shape() : Shape{});
-  // One op only for exactly these classes, so that no override of forward is skipped (as Sequential's
-  // linear_relu).
-  if (typeid(ln) != typeid(LayerNormImpl) || typeid(*qkv) != typeid(LinearImpl))
-    return attend(x, qkv->forward(ln.forward(x)));
-  qkv->apply_masks();
-  return attend(x, F::layer_norm_linear(x, ln.options.normalized_shape(), ln.weight, ln.bias,
-                                        ln.options.eps(), qkv->weight, qkv->bias));
+  return attend(x, layer_norm_then_linear(ln, *qkv, x));
 }
 
 Tensor CausalSelfAttentionImpl::attend(const Tensor& x, const Tensor& qkv_out) {
@@ -137,25 +145,9 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t d_model, int64_t n_heads, dou
 }
 
 Tensor TransformerBlockImpl::forward(const Tensor& x) {
-  // Each norm with the Linear after it, and fc_proj(act(.)), as ops that keep their inputs only, not the
-  // norm's or the GELU's output (Note [gelu_linear keeps the GELU's input]); only for exactly these classes,
-  // so that no override of forward is skipped.
+  // Each norm with the Linear after it, and fc_proj(act(.)), as ops that keep their inputs only.
   const Tensor h = add(x, attn->forward_normed(*ln1, x));
-  Tensor a;
-  if (typeid(*ln2) == typeid(LayerNormImpl) && typeid(*fc) == typeid(LinearImpl)) {
-    fc->apply_masks();
-    a = F::layer_norm_linear(h, ln2->options.normalized_shape(), ln2->weight, ln2->bias, ln2->options.eps(),
-                             fc->weight, fc->bias);
-  } else {
-    a = fc->forward(ln2->forward(h));
-  }
-  Tensor m;
-  if (typeid(*act) == typeid(GELUImpl) && typeid(*fc_proj) == typeid(LinearImpl)) {
-    fc_proj->apply_masks();
-    m = F::gelu_linear(a, fc_proj->weight, fc_proj->bias, act->options.approximate());
-  } else {
-    m = fc_proj->forward(act->forward(a));
-  }
+  const Tensor m = gelu_then_linear(*act, *fc_proj, layer_norm_then_linear(*ln2, *fc, h));
   return add(h, F::dropout(m, dropout, is_training()));
 }
 

@@ -42,6 +42,13 @@ Tensor self_attention_composite(const Tensor& qkv, int64_t n_heads, double scale
 
 }  // namespace functional
 
+// lin(ln(x)) and lin(act(x)) as one op that keeps x only (F::layer_norm_linear, F::gelu_linear; Note
+// [gelu_linear keeps the GELU's input]) where the modules are exactly LayerNorm, GELU and Linear, so that no
+// override of forward is skipped (as Sequential's linear_relu); their forwards one after the other otherwise.
+// The transformer block and nn::GPT's head run them.
+Tensor layer_norm_then_linear(LayerNormImpl& ln, LinearImpl& lin, const Tensor& x);
+Tensor gelu_then_linear(GELUImpl& act, LinearImpl& lin, const Tensor& x);
+
 // Multi-head causal self-attention over x [B, T, d_model]: one Linear d -> 3d gives q, k, v, split into
 // n_heads heads of d_model / n_heads; each head attends to positions <= its own with scale 1/sqrt(head dim);
 // the heads are merged and projected by Linear d -> d. Dropout (when > 0 and training) applies to the
@@ -51,7 +58,7 @@ class CausalSelfAttentionImpl : public Module {
   CausalSelfAttentionImpl(int64_t d_model, int64_t n_heads, double dropout = 0);
   Tensor forward(const Tensor& x) override;
   // forward(ln(x)), the norm and the qkv Linear as one op that keeps x and not ln(x)
-  // (F::layer_norm_linear): what TransformerBlock runs.
+  // (layer_norm_then_linear): what TransformerBlock runs.
   Tensor forward_normed(LayerNormImpl& ln, const Tensor& x);
 
   int64_t d_model, n_heads;

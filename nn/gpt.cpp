@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <typeinfo>
 #include <vector>
 
 #include "autograd/recompute.h"
@@ -70,12 +69,7 @@ Tensor GPTImpl::forward(const Tensor& tokens) {
     else
       x = m->forward(x);
   }
-  // The last norm and the head as one op (F::layer_norm_linear), only for exactly these classes.
-  if (typeid(*ln_f) != typeid(LayerNormImpl) || typeid(*head) != typeid(LinearImpl))
-    return head->forward(ln_f->forward(x));
-  head->apply_masks();
-  return F::layer_norm_linear(x, ln_f->options.normalized_shape(), ln_f->weight, ln_f->bias,
-                              ln_f->options.eps(), head->weight, head->bias);
+  return layer_norm_then_linear(*ln_f, *head, x);  // as one op
 }
 
 Tensor GPTImpl::generate(const Tensor& prompt, int64_t n_new, double temperature, int64_t top_k,
