@@ -243,21 +243,23 @@ int main(int argc, char** argv) {
         space.blocks(kBlocks).micro_batches({1, 2, 4, 8});
       return memory::plan([&](Device d, const memory::PlanChoice& c) { dry(RunShape{c})(d); }, budget, space);
     };
-    auto add_plan = [&](const memory::Plan& p, double f) {
+    // Named by the budget's fraction of the plain peak: "0.5x" for the three budgets, "0.79x" for a
+    // floor.
+    auto add_plan = [&](const memory::Plan& p, double f, const char* format) {
       char name[32];
-      std::snprintf(name, sizeof name, "%.2fx", f);
+      std::snprintf(name, sizeof name, format, f);
       std::fprintf(stderr, "plan_budgets: %s under %s (%lld bytes): %s\n", workload.c_str(), name,
                    static_cast<long long>(p.budget), p.str().c_str());
       if (p.fits) add(name, RunShape{p.choice}, p.budget, p.peak_allocated, p.str());
       return p;
     };
     memory::Plan lowest;
-    for (double f : {0.3, 0.5, 0.7}) lowest = add_plan(plan_for(int64_t(f * double(plain))), f);
+    for (double f : {0.3, 0.5, 0.7}) lowest = add_plan(plan_for(int64_t(f * double(plain))), f, "%.1fx");
     // Where no plan fits the budgets above: the lowest peak any plan reaches, as a budget of its own (its
     // reserved peak rounded up to a MiB), run for real too.
     if (!lowest.fits) {
       const int64_t floor = (lowest.peak_reserved + (int64_t(1) << 20) - 1) >> 20 << 20;
-      add_plan(plan_for(floor), double(floor) / double(plain));
+      add_plan(plan_for(floor), double(floor) / double(plain), "%.2fx");
     }
     for (int r = 0; r < rounds; ++r)
       for (Config& c : configs) measure(make, c.shape, c.budget, steps, c.result);
