@@ -99,8 +99,8 @@ TEST(Plan, UnderABudgetTheRealRunFitsAndPeaksWhereTheDryRunSaid) {
     if (micro.size() == 1 && !selective) without_selective = p.relative_time;
     if (selective) {
       // Blocks that keep their GEMMs cost less to recompute: the plan is no slower than without them. (It
-      // need not use them: with gelu_linear and self_attention's row statistics, a block that keeps its
-      // GEMMs' results keeps about what a plain block keeps.)
+      // need not use them: the GPT's blocks keep only their GEMMs' inputs, so one that keeps its GEMMs'
+      // results keeps a little more than a plain one.)
       EXPECT_LE(p.relative_time, without_selective) << p.str();
       // Every candidate predicted faster does not fit (the search is exhaustive over the chain).
       for (int m = 0; m <= kBlocks; ++m)
