@@ -84,9 +84,12 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bo
 // linear(layer_norm(x, {d}, ln_weight, ln_bias, eps), weight, bias) for x [M, d], as one op that keeps x and
 // not the norm's output: the backward computes it again (Note [gelu_linear keeps the GELU's input] holds for
 // it too); first order only. The transformer block and nn::GPT's head call it, through
-// nn::functional::layer_norm_linear.
+// nn::functional::layer_norm_linear. With `rounded` (autocast's dtype L) the norm's output is made from
+// x-hat rounded to L and is itself L, and the op keeps that x-hat (and rstd) instead of x (Note [layer norm
+// before a Linear under autocast], autograd/grad_linear.cpp); where ops::has_layer_norm_rounded.
 Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, double eps,
-                         const Tensor& weight, const Tensor& bias);
+                         const Tensor& weight, const Tensor& bias,
+                         std::optional<DType> rounded = std::nullopt);
 
 // Layer normalisation over the trailing dims named by normalized_shape, fused (see core/ops.h); gradients for
 // x, weight and bias, first order only. nn::functional::layer_norm and nn::LayerNorm call it.

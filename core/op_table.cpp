@@ -91,6 +91,8 @@ constinit OpTable<LayerNormKernel> op_layer_norm{"layer_norm"};
 constinit OpTable<LayerNormKernel> op_layer_norm_backward{"layer_norm_backward"};
 constinit OpTable<LayerNormKernel> op_layer_norm_xhat{"layer_norm_xhat"};
 constinit OpTable<LayerNormKernel> op_layer_norm_backward_xhat{"layer_norm_backward_xhat"};
+constinit OpTable<LayerNormKernel> op_layer_norm_rounded{"layer_norm_rounded"};
+constinit OpTable<LayerNormKernel> op_layer_norm_affine{"layer_norm_affine"};
 constinit OpTable<ElementwiseKernel> op_gelu_backward{"gelu_backward"};
 constinit OpTable<ElementwiseKernel> op_relu_backward{"relu_backward"};
 constinit OpTable<ElementwiseKernel> op_gelu_tanh_backward{"gelu_tanh_backward"};

@@ -22,7 +22,11 @@ namespace frugal {
 // The x-hat forms (Note [layer norm saves x-hat] in autograd/grad_norm.cpp): op_layer_norm_xhat is the
 // forward that also writes xh into xhat (rounded to xhat_dtype; y as op_layer_norm's, bit for bit), and
 // op_layer_norm_backward_xhat the backward from xhat (read as xhat_dtype) and rstd instead of x and mean.
-// Both are keyed by x's dtype; xhat_dtype is any floating dtype (f32, f64, f16, bf16).
+// The rounded forms (Note [layer norm before a Linear under autocast], autograd/grad_linear.cpp):
+// op_layer_norm_rounded is op_layer_norm_xhat whose y has xhat_dtype and is the affine map of the rounded
+// x-hat, y[r, j] = S(S(xh[r, j]) weight[j] + bias[j]) (S = xhat_dtype, computed in the compute type); and
+// op_layer_norm_affine makes that y again from xhat alone (x, mean, rstd unused), bit for bit.
+// All four are keyed by x's dtype; xhat_dtype is any floating dtype (f32, f64, f16, bf16).
 struct LayerNormArgs {
   const void* x = nullptr;
   const void* weight = nullptr;
@@ -45,5 +49,7 @@ extern OpTable<LayerNormKernel> op_layer_norm;
 extern OpTable<LayerNormKernel> op_layer_norm_backward;
 extern OpTable<LayerNormKernel> op_layer_norm_xhat;
 extern OpTable<LayerNormKernel> op_layer_norm_backward_xhat;
+extern OpTable<LayerNormKernel> op_layer_norm_rounded;
+extern OpTable<LayerNormKernel> op_layer_norm_affine;
 
 }  // namespace frugal

@@ -154,6 +154,18 @@ LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const
                            std::optional<DType> xhat_dtype = std::nullopt);
 // Whether layer_norm can return x-hat for inputs of this device and dtype (the device has the x-hat kernels).
 bool has_layer_norm_xhat(Device device, DType dtype);
+// layer_norm whose y is rounded to `low` and made from x-hat rounded to `low`: y = low(low(x-hat) weight +
+// bias), returned with that x-hat, mean and rstd. A Linear's input under autocast, which layer_norm_affine
+// makes again from x-hat alone (Note [layer norm before a Linear under autocast], autograd/grad_linear.cpp).
+LayerNormResult layer_norm_rounded(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                                   const Tensor& bias, double eps, DType low);
+// layer_norm_rounded's y from its x-hat (over the last dim), bit for bit; x_dtype is the dtype of the x that
+// xhat came from (the kernels and the weight's compute type are its).
+Tensor layer_norm_affine(const Tensor& xhat, DType x_dtype, const Tensor& weight = {},
+                         const Tensor& bias = {});
+// Whether the device has layer_norm_rounded's and layer_norm_affine's kernels (and the x-hat backward's) for
+// x of this dtype.
+bool has_layer_norm_rounded(Device device, DType dtype);
 // Its gradients from d y: d x (when need_dx; x's dtype) and d weight, d bias (when asked for, d weight only
 // with a weight; in the compute type). mean and rstd are layer_norm's.
 struct LayerNormGrads {

@@ -92,21 +92,31 @@ bool has_layer_norm_xhat(Device device, DType dtype) {
   return op_layer_norm_xhat.has(device, dtype) && op_layer_norm_backward_xhat.has(device, dtype);
 }
 
-LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                           const Tensor& bias, double eps, std::optional<DType> xhat_dtype) {
+bool has_layer_norm_rounded(Device device, DType dtype) {
+  return op_layer_norm_rounded.has(device, dtype) && op_layer_norm_affine.has(device, dtype) &&
+         has_layer_norm_xhat(device, dtype);
+}
+
+namespace {
+
+// layer_norm, or with `rounded` layer_norm_rounded (xhat_dtype then given).
+LayerNormResult layer_norm_impl(const char* op, const Tensor& x, const Shape& normalized_shape,
+                                const Tensor& weight, const Tensor& bias, double eps,
+                                std::optional<DType> xhat_dtype, bool rounded) {
   memory::OpScope op_scope("layer_norm", x, weight);  // Note [op names in the history]
-  const char* op = "layer_norm";
   const int64_t rows = check_layer_norm(op, x, normalized_shape, weight, bias);
   if (xhat_dtype) {
     FRUGAL_CHECK_DTYPE(is_floating(*xhat_dtype), op, ": x-hat can be kept in a floating dtype only, got ",
                        dtype_name(*xhat_dtype));
-    FRUGAL_CHECK_T(DeviceError, has_layer_norm_xhat(x.device(), x.dtype()), op, ": no x-hat kernels for ",
-                   dtype_name(x.dtype()), " inputs on ", x.device());
+    FRUGAL_CHECK_T(
+        DeviceError,
+        rounded ? has_layer_norm_rounded(x.device(), x.dtype()) : has_layer_norm_xhat(x.device(), x.dtype()),
+        op, ": no x-hat kernels for ", dtype_name(x.dtype()), " inputs on ", x.device());
   }
   const DType c = compute_dtype(x.dtype());
   const Tensor xc = contiguous(x), w = as_compute(weight, c), b = as_compute(bias, c);
   LayerNormResult r;
-  r.y = empty(x.shape(), x.options());
+  r.y = empty(x.shape(), rounded ? x.options().dtype(*xhat_dtype) : x.options());
   r.mean = empty({rows}, x.options().dtype(c));
   r.rstd = empty({rows}, x.options().dtype(c));
   LayerNormArgs a;
@@ -124,8 +134,49 @@ LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const
     a.xhat = r.xhat.raw_data();
     a.xhat_dtype = *xhat_dtype;
   }
-  if (x.numel() > 0) (xhat_dtype ? op_layer_norm_xhat : op_layer_norm).get(x.device(), x.dtype())(a);
+  if (x.numel() > 0)
+    (rounded      ? op_layer_norm_rounded
+     : xhat_dtype ? op_layer_norm_xhat
+                  : op_layer_norm)
+        .get(x.device(), x.dtype())(a);
   return r;
+}
+
+}  // namespace
+
+LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                           const Tensor& bias, double eps, std::optional<DType> xhat_dtype) {
+  return layer_norm_impl("layer_norm", x, normalized_shape, weight, bias, eps, xhat_dtype, false);
+}
+
+LayerNormResult layer_norm_rounded(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                                   const Tensor& bias, double eps, DType low) {
+  return layer_norm_impl("layer_norm_rounded", x, normalized_shape, weight, bias, eps, low, true);
+}
+
+Tensor layer_norm_affine(const Tensor& xhat, DType x_dtype, const Tensor& weight, const Tensor& bias) {
+  memory::OpScope op_scope("layer_norm_affine", xhat, weight);  // Note [op names in the history]
+  const char* op = "layer_norm_affine";
+  FRUGAL_CHECK(xhat.defined() && xhat.dim() >= 1, op, ": x-hat must be a defined tensor of at least 1 dim");
+  const Shape normalized{xhat.size(-1)};
+  const int64_t rows = check_layer_norm(op, xhat, normalized, weight, bias);
+  FRUGAL_CHECK_DTYPE(is_floating(x_dtype), op, ": expected the floating dtype of layer_norm's input, got ",
+                     dtype_name(x_dtype));
+  FRUGAL_CHECK_T(DeviceError, has_layer_norm_rounded(xhat.device(), x_dtype), op,
+                 ": no rounded layer_norm kernels for ", dtype_name(x_dtype), " inputs on ", xhat.device());
+  const DType c = compute_dtype(x_dtype);
+  const Tensor xc = contiguous(xhat), w = as_compute(weight, c), b = as_compute(bias, c);
+  Tensor y = empty(xhat.shape(), xhat.options());
+  LayerNormArgs a;
+  a.xhat = xc.raw_data();
+  a.xhat_dtype = xhat.dtype();
+  a.weight = w.defined() ? w.raw_data() : nullptr;
+  a.bias = b.defined() ? b.raw_data() : nullptr;
+  a.y = y.raw_data();
+  a.rows = rows;
+  a.cols = normalized.numel();
+  if (xhat.numel() > 0) op_layer_norm_affine.get(xhat.device(), x_dtype)(a);
+  return y;
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Shape& normalized_shape,

@@ -22,10 +22,13 @@ namespace {
 
 // Where the fused GEMM ops apply: x, the weight and the bias (if any) in one floating dtype (no promotion) on
 // one device, which has a GEMM kernel for it.
+// (An x of dtype t on device d, in the second form.)
+bool gemm_fusable(DType t, Device d, const Tensor& weight, const Tensor& bias) {
+  return t == weight.dtype() && (!bias.defined() || bias.dtype() == t) && is_floating(t) &&
+         weight.device() == d && (!bias.defined() || bias.device() == d) && op_gemm.has(d, t);
+}
 bool gemm_fusable(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return x.dtype() == weight.dtype() && (!bias.defined() || bias.dtype() == x.dtype()) &&
-         is_floating(x.dtype()) && weight.device() == x.device() &&
-         (!bias.defined() || bias.device() == x.device()) && op_gemm.has(x.device(), x.dtype());
+  return gemm_fusable(x.dtype(), x.device(), weight, bias);
 }
 
 // The fused ops take x [M, in]: leading dims are folded into one so that one GEMM runs forward and one per
@@ -117,24 +120,39 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return frugal::layer_norm(x, normalized_shape, weight, bias, eps);
 }
 
-Tensor layer_norm_linear(const Tensor& x, const Shape& normalized_shape, const Tensor& ln_weight,
-                         const Tensor& ln_bias, double eps, const Tensor& weight, const Tensor& bias) {
-  // One op where it applies: outside autocast (whose norm keeps x-hat in the low dtype and whose Linear
-  // keeps its own cast input), over the last dim, everything well formed and gemm_fusable, the norm's
-  // parameters in x's dtype on its device. Otherwise the two layers, with their own checks and errors.
+Tensor layer_norm_linear(const Tensor& x_in, const Shape& normalized_shape, const Tensor& ln_weight_in,
+                         const Tensor& ln_bias_in, double eps, const Tensor& weight_in,
+                         const Tensor& bias_in) {
+  // One op where it applies: over the last dim, everything well formed and gemm_fusable, the norm's
+  // parameters in x's dtype on its device; under autocast (dtype L) the norm's inputs in f32 and the
+  // Linear's in L, as the two layers would cast them, and the op in its rounded form (Note [layer norm
+  // before a Linear under autocast], autograd/grad_linear.cpp) where the device has its kernels. Otherwise
+  // the two layers, with their own checks and errors.
+  const bool autocast = amp::is_autocast_enabled();
+  if (autocast && !(x_in.defined() && weight_in.defined() && is_floating(x_in.dtype())))
+    return functional::linear(functional::layer_norm(x_in, normalized_shape, ln_weight_in, ln_bias_in, eps),
+                              weight_in, bias_in);
+  const auto norm = amp::autocast("layer_norm", x_in, ln_weight_in, ln_bias_in);
+  const auto lin = amp::autocast("linear", weight_in, bias_in);
+  const Tensor &x = norm[0], &ln_weight = norm[1], &ln_bias = norm[2], &weight = lin[0], &bias = lin[1];
   auto norm_param = [&](const Tensor& p) {
     return !p.defined() ||
            (p.dtype() == x.dtype() && p.device() == x.device() && p.shape() == normalized_shape);
   };
-  const bool fused = !amp::is_autocast_enabled() && x.defined() && weight.defined() && x.dim() >= 1 &&
-                     normalized_shape == Shape{x.size(-1)} && norm_param(ln_weight) && norm_param(ln_bias) &&
-                     weight.dim() == 2 && weight.size(1) == x.size(-1) &&
-                     (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0))) &&
-                     gemm_fusable(x, weight, bias);
+  const std::optional<DType> rounded =
+      autocast ? std::optional<DType>(amp::autocast_dtype()) : std::optional<DType>();
+  const bool fused =
+      x.defined() && weight.defined() && x.dim() >= 1 && normalized_shape == Shape{x.size(-1)} &&
+      norm_param(ln_weight) && norm_param(ln_bias) && weight.dim() == 2 && weight.size(1) == x.size(-1) &&
+      (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0))) &&
+      (rounded ? x.dtype() == DType::F32 && ops::has_layer_norm_rounded(x.device(), x.dtype()) &&
+                     gemm_fusable(*rounded, x.device(), weight, bias)
+               : gemm_fusable(x, weight, bias));
   if (!fused)
     return functional::linear(functional::layer_norm(x, normalized_shape, ln_weight, ln_bias, eps), weight,
                               bias);
-  return unfold_rows(frugal::layer_norm_linear(fold_rows(x), ln_weight, ln_bias, eps, weight, bias), x);
+  return unfold_rows(frugal::layer_norm_linear(fold_rows(x), ln_weight, ln_bias, eps, weight, bias, rounded),
+                     x);
 }
 
 Tensor layer_norm_composite(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in,

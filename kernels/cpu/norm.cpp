@@ -3,8 +3,9 @@
 // variance exact where one-pass sums would cancel) and twice in the backward (the two row sums, then dx),
 // while it sits in L1. Plain loops under `omp simd` so f32 and f64 vectorise; f16/bf16 convert element by
 // element and accumulate in f32. The x-hat forms (op_layer_norm_xhat, op_layer_norm_backward_xhat) are the
-// same loops writing, or reading, x-hat in its saved dtype. The reference they are tested against is the
-// composite nn::functional::layer_norm_composite.
+// same loops writing, or reading, x-hat in its saved dtype; the rounded forms (op_layer_norm_rounded,
+// op_layer_norm_affine) make y from that rounded x-hat. The reference they are tested against is the
+// composite nn::functional::layer_norm_composite (the rounded forms: a plain loop in their test).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -53,13 +54,56 @@ inline void normalize_row(const T* x, T* y, S* xo, const C* w, const C* bias, C 
   }
 }
 
-// x, y: [rows, cols]; weight, bias: [cols] or null; mean, rstd: [rows]; xhat: [rows, cols] of S when S is
-// not void
-template <typename T, typename S = void>
+// The rounded forms' affine map (op_layer_norm_rounded, op_layer_norm_affine): S(xh w[j] + bias[j]) of the
+// x-hat already rounded to S, each factor only when given; one function, so that the forward and the affine
+// op that makes its output again in the backward agree bit for bit.
+template <bool kWeight, bool kBias, typename S, typename C>
+inline S affine_of_rounded(S xo, const C* w, const C* bias, int64_t j) {
+  const C xh = C(xo);
+  if constexpr (kWeight && kBias)
+    return S(mul_add(xh, w[j], bias[j]));
+  else if constexpr (kWeight)
+    return S(xh * w[j]);
+  else if constexpr (kBias)
+    return S(xh + bias[j]);
+  else
+    return S(xh);
+}
+
+// The rounded form's row: xo[j] = S(xh) as normalize_row's, and y[j] (of S) the affine map of that rounded
+// xo[j], not of xh.
+template <bool kWeight, bool kBias, typename S, typename T, typename C>
+inline void rounded_row(const T* x, S* y, S* xo, const C* w, const C* bias, C mu, C rs, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const C d = C(x[j]) - mu;
+    const S r = S(d * rs);
+    xo[j] = r;
+    y[j] = affine_of_rounded<kWeight, kBias>(r, w, bias, j);
+  }
+}
+
+// Calls f.template operator()<kWeight, kBias>() for the affine parameters given.
+template <typename F>
+inline void with_affine(const void* w, const void* bias, F&& f) {
+  if (w && bias)
+    f.template operator()<true, true>();
+  else if (w)
+    f.template operator()<true, false>();
+  else if (bias)
+    f.template operator()<false, true>();
+  else
+    f.template operator()<false, false>();
+}
+
+// x: [rows, cols]; y: [rows, cols] of T, or of S when kRounded; weight, bias: [cols] or null; mean, rstd:
+// [rows]; xhat: [rows, cols] of S when S is not void
+template <typename T, typename S = void, bool kRounded = false>
 void layer_norm_forward_cpu(const LayerNormArgs& a) {
   using C = acc_t<T>;
+  using Y = std::conditional_t<kRounded, S, T>;
   const T* xs = static_cast<const T*>(a.x);
-  T* ys = static_cast<T*>(a.y);
+  Y* ys = static_cast<Y*>(a.y);
   S* xos = static_cast<S*>(a.xhat);
   const C* w = static_cast<const C*>(a.weight);
   const C* bias = static_cast<const C*>(a.bias);
@@ -70,7 +114,7 @@ void layer_norm_forward_cpu(const LayerNormArgs& a) {
   parallel_for(0, a.rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const T* x = xs + r * n;
-      T* y = ys + r * n;
+      Y* y = ys + r * n;
       S* xo = nullptr;
       if constexpr (!std::is_void_v<S>) xo = xos + r * n;
       C sum = 0;
@@ -86,15 +130,34 @@ void layer_norm_forward_cpu(const LayerNormArgs& a) {
       const C rs = C(1) / std::sqrt(ss * inv_n + eps);
       means[r] = mu;
       rstds[r] = rs;
-      if (w && bias)
-        normalize_row<true, true>(x, y, xo, w, bias, mu, rs, n);
-      else if (w)
-        normalize_row<true, false>(x, y, xo, w, bias, mu, rs, n);
-      else if (bias)
-        normalize_row<false, true>(x, y, xo, w, bias, mu, rs, n);
-      else
-        normalize_row<false, false>(x, y, xo, w, bias, mu, rs, n);
+      with_affine(w, bias, [&]<bool kWeight, bool kBias>() {
+        if constexpr (kRounded)
+          rounded_row<kWeight, kBias>(x, y, xo, w, bias, mu, rs, n);
+        else
+          normalize_row<kWeight, kBias>(x, y, xo, w, bias, mu, rs, n);
+      });
     }
+  });
+}
+
+// op_layer_norm_affine for x of T: y [rows, cols] = the affine map of xhat [rows, cols] (both of S).
+template <typename T, typename S>
+void layer_norm_affine_cpu(const LayerNormArgs& a) {
+  using C = acc_t<T>;
+  const S* xos = static_cast<const S*>(a.xhat);
+  S* ys = static_cast<S*>(a.y);
+  const C* w = static_cast<const C*>(a.weight);
+  const C* bias = static_cast<const C*>(a.bias);
+  const int64_t n = a.cols;
+  parallel_for(0, a.rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    with_affine(w, bias, [&]<bool kWeight, bool kBias>() {
+      for (int64_t r = b; r < e; ++r) {
+        const S* xo = xos + r * n;
+        S* y = ys + r * n;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) y[j] = affine_of_rounded<kWeight, kBias>(xo[j], w, bias, j);
+      }
+    });
   });
 }
 
@@ -201,15 +264,20 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
   }
 }
 
-// The x-hat forms for x of T: the kernel for the saved x-hat's dtype.
-template <typename T, bool kBackward>
+// The x-hat and rounded forms for x of T: the kernel for the saved x-hat's dtype.
+enum class XhatForm { kForward, kBackward, kRounded, kAffine };
+template <typename T, XhatForm kForm>
 void layer_norm_xhat_cpu(const LayerNormArgs& a) {
   visit_floating_dtype(a.xhat_dtype, "layer_norm x-hat", [&](auto s) {
     using S = decltype(s);
-    if constexpr (kBackward)
-      layer_norm_backward_cpu<T, S>(a);
-    else
+    if constexpr (kForm == XhatForm::kForward)
       layer_norm_forward_cpu<T, S>(a);
+    else if constexpr (kForm == XhatForm::kBackward)
+      layer_norm_backward_cpu<T, S>(a);
+    else if constexpr (kForm == XhatForm::kRounded)
+      layer_norm_forward_cpu<T, S, true>(a);
+    else
+      layer_norm_affine_cpu<T, S>(a);
   });
 }
 
@@ -218,8 +286,10 @@ const bool kRegistered = [] {
     using T = decltype(t);
     op_layer_norm.set(DeviceType::CPU, dtype_v<T>, layer_norm_forward_cpu<T>);
     op_layer_norm_backward.set(DeviceType::CPU, dtype_v<T>, layer_norm_backward_cpu<T>);
-    op_layer_norm_xhat.set(DeviceType::CPU, dtype_v<T>, layer_norm_xhat_cpu<T, false>);
-    op_layer_norm_backward_xhat.set(DeviceType::CPU, dtype_v<T>, layer_norm_xhat_cpu<T, true>);
+    op_layer_norm_xhat.set(DeviceType::CPU, dtype_v<T>, layer_norm_xhat_cpu<T, XhatForm::kForward>);
+    op_layer_norm_backward_xhat.set(DeviceType::CPU, dtype_v<T>, layer_norm_xhat_cpu<T, XhatForm::kBackward>);
+    op_layer_norm_rounded.set(DeviceType::CPU, dtype_v<T>, layer_norm_xhat_cpu<T, XhatForm::kRounded>);
+    op_layer_norm_affine.set(DeviceType::CPU, dtype_v<T>, layer_norm_xhat_cpu<T, XhatForm::kAffine>);
   });
   return true;
 }();

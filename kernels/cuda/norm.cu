@@ -6,7 +6,9 @@
 // results do not depend on the launch configuration. f16/bf16 rows accumulate in f32.
 // The x-hat forms (op_layer_norm_xhat, op_layer_norm_backward_xhat; Note [layer norm saves x-hat] in
 // autograd/grad_norm.cpp) are the same kernels writing x-hat in its saved dtype, or reading it instead of x
-// and the mean. The forward's y is the same expression in both forms, with the roundings written out
+// and the mean; the rounded forms (op_layer_norm_rounded, op_layer_norm_affine) make y from the rounded
+// x-hat, as the CPU kernels do. The forward's y is the same expression in both x-hat forms, with the
+// roundings written out
 // (__fmul_rn and friends, which the compiler never contracts), so it is op_layer_norm's bit for bit.
 #include <algorithm>
 #include <type_traits>
@@ -57,19 +59,29 @@ __device__ __forceinline__ float normalized(float d, float rs, const float* w, c
   return bias ? __fmaf_rn(d, rs, bias[j]) : __fmul_rn(d, rs);
 }
 
-// S: the saved x-hat's dtype, or void (op_layer_norm).
-template <typename T, typename S>
+// The rounded forms' affine map of an x-hat already rounded to S (op_layer_norm_rounded,
+// op_layer_norm_affine; the CPU kernel's affine_of_rounded): S(xh w + bias), each factor only when given.
+template <typename S>
+__device__ __forceinline__ S affine_of_rounded(S xo, const float* w, const float* bias, int64_t j) {
+  const float xh = load_xhat(xo);
+  if (w) return store_xhat<S>(bias ? __fmaf_rn(xh, w[j], bias[j]) : __fmul_rn(xh, w[j]));
+  return store_xhat<S>(bias ? __fadd_rn(xh, bias[j]) : xh);
+}
+
+// S: the saved x-hat's dtype, or void (op_layer_norm). kRounded: y of S from the rounded x-hat.
+template <typename T, typename S, bool kRounded = false>
 __global__ void layer_norm_forward_kernel(LayerNormArgs a) {
+  using Y = std::conditional_t<kRounded, S, T>;
   __shared__ float scratch[32];
   const T* xs = static_cast<const T*>(a.x);
-  T* ys = static_cast<T*>(a.y);
+  Y* ys = static_cast<Y*>(a.y);
   const float* w = static_cast<const float*>(a.weight);
   const float* bias = static_cast<const float*>(a.bias);
   const int64_t n = a.cols;
   const float inv_n = 1.0f / float(n), eps = float(a.eps);
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
     const T* x = xs + r * n;
-    T* y = ys + r * n;
+    Y* y = ys + r * n;
     float sum = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += gpu::load(x[j]);
     const float mu = gpu::block_merge(sum, Add{}, scratch) * inv_n;
@@ -85,8 +97,15 @@ __global__ void layer_norm_forward_kernel(LayerNormArgs a) {
     }
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const float d = gpu::load(x[j]) - mu;
-      if constexpr (!std::is_void_v<S>) static_cast<S*>(a.xhat)[r * n + j] = store_xhat<S>(__fmul_rn(d, rs));
-      y[j] = gpu::store<T>(normalized(d, rs, w, bias, j));
+      if constexpr (kRounded) {
+        const S xo = store_xhat<S>(__fmul_rn(d, rs));
+        static_cast<S*>(a.xhat)[r * n + j] = xo;
+        y[j] = affine_of_rounded(xo, w, bias, j);
+      } else {
+        if constexpr (!std::is_void_v<S>)
+          static_cast<S*>(a.xhat)[r * n + j] = store_xhat<S>(__fmul_rn(d, rs));
+        y[j] = gpu::store<T>(normalized(d, rs, w, bias, j));
+      }
     }
   }
 }
@@ -188,12 +207,33 @@ __global__ void layer_norm_param_finish_kernel(LayerNormArgs a) {
   }
 }
 
-template <typename T, typename S = void>
+// op_layer_norm_affine: y = the affine map of xhat, both [rows, cols] of S.
+template <typename S>
+__global__ void layer_norm_affine_kernel(LayerNormArgs a) {
+  const S* xo = static_cast<const S*>(a.xhat);
+  S* y = static_cast<S*>(a.y);
+  const float* w = static_cast<const float*>(a.weight);
+  const float* bias = static_cast<const float*>(a.bias);
+  const int64_t total = a.rows * a.cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = affine_of_rounded(xo[i], w, bias, i % a.cols);
+}
+
+template <typename T, typename S = void, bool kRounded = false>
 void layer_norm_forward_cuda(const LayerNormArgs& a) {
   if (a.rows == 0) return;
   gpu::LaunchOn on(a.x);
-  layer_norm_forward_kernel<T, S><<<grid_for_rows(a.rows), threads_for(a.cols), 0, on.stream>>>(a);
+  layer_norm_forward_kernel<T, S, kRounded><<<grid_for_rows(a.rows), threads_for(a.cols), 0, on.stream>>>(a);
   FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
+}
+
+template <typename S>
+void layer_norm_affine_cuda(const LayerNormArgs& a) {
+  if (a.rows == 0 || a.cols == 0) return;
+  gpu::LaunchOn on(a.xhat);
+  layer_norm_affine_kernel<S><<<gpu::grid_for(a.rows * a.cols, 256, on.device), 256, 0, on.stream>>>(a);
+  FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_affine_kernel");
 }
 
 // From x and the mean (S void), or from the saved x-hat of S (then x and mean are null).
@@ -219,15 +259,20 @@ void layer_norm_backward_cuda(const LayerNormArgs& a) {
   FRUGAL_CUDA_CHECK_LAUNCH("layer_norm_param_finish_kernel");
 }
 
-// The x-hat forms for x of T: the kernel for the saved x-hat's dtype.
-template <typename T, bool kBackward>
+// The x-hat and rounded forms for x of T: the kernel for the saved x-hat's dtype.
+enum class XhatForm { kForward, kBackward, kRounded, kAffine };
+template <typename T, XhatForm kForm>
 void layer_norm_xhat_cuda(const LayerNormArgs& a) {
   visit_floating_dtype(a.xhat_dtype, "layer_norm x-hat", [&](auto s) {
     using S = decltype(s);
-    if constexpr (kBackward)
-      layer_norm_backward_cuda<T, S>(a);
-    else
+    if constexpr (kForm == XhatForm::kForward)
       layer_norm_forward_cuda<T, S>(a);
+    else if constexpr (kForm == XhatForm::kBackward)
+      layer_norm_backward_cuda<T, S>(a);
+    else if constexpr (kForm == XhatForm::kRounded)
+      layer_norm_forward_cuda<T, S, true>(a);
+    else
+      layer_norm_affine_cuda<S>(a);
   });
 }
 
@@ -236,8 +281,11 @@ const bool kRegistered = [] {
     using T = decltype(t);
     op_layer_norm.set(DeviceType::CUDA, dtype_v<T>, layer_norm_forward_cuda<T>);
     op_layer_norm_backward.set(DeviceType::CUDA, dtype_v<T>, layer_norm_backward_cuda<T>);
-    op_layer_norm_xhat.set(DeviceType::CUDA, dtype_v<T>, layer_norm_xhat_cuda<T, false>);
-    op_layer_norm_backward_xhat.set(DeviceType::CUDA, dtype_v<T>, layer_norm_xhat_cuda<T, true>);
+    op_layer_norm_xhat.set(DeviceType::CUDA, dtype_v<T>, layer_norm_xhat_cuda<T, XhatForm::kForward>);
+    op_layer_norm_backward_xhat.set(DeviceType::CUDA, dtype_v<T>,
+                                    layer_norm_xhat_cuda<T, XhatForm::kBackward>);
+    op_layer_norm_rounded.set(DeviceType::CUDA, dtype_v<T>, layer_norm_xhat_cuda<T, XhatForm::kRounded>);
+    op_layer_norm_affine.set(DeviceType::CUDA, dtype_v<T>, layer_norm_xhat_cuda<T, XhatForm::kAffine>);
   });
   return true;
 }();

@@ -173,6 +173,38 @@ TEST_F(GptOps, LayerNormSavingXhatMatchesTheCpu) {
   }
 }
 
+// The rounded forms (Note [layer norm before a Linear under autocast], autograd/grad_linear.cpp), for every x
+// dtype and low dtype, with and without each affine factor: y (of the low dtype), x-hat and rstd against the
+// CPU's; layer_norm_affine's y from the device's x-hat the forward's bit for bit.
+TEST_F(GptOps, LayerNormRoundedMatchesTheCpu) {
+  for (DType t : kFloats) {
+    ASSERT_TRUE(ops::has_layer_norm_rounded(kGpu, t)) << dtype_name(t);
+    for (DType s : {DType::F32, DType::F16, DType::BF16}) {
+      for (int64_t cols : {1, 37, 1030}) {
+        const Tensor x = uniform({3, 5, cols}, -2, 3, DType::F64, 24).to(t);
+        const Tensor w = uniform({cols}, 0.5, 1.5, DType::F32, 25),
+                     b = uniform({cols}, -1, 1, DType::F32, 26);
+        for (int affine = 0; affine < 4; ++affine) {
+          const std::string what = std::string("layer_norm rounded ") + dtype_name(t) + " to " +
+                                   dtype_name(s) + " cols " + std::to_string(cols) + " affine " +
+                                   std::to_string(affine);
+          auto on = [](const Tensor& p, Device d) { return p.defined() ? p.to(d) : p; };
+          const Tensor wa = affine & 1 ? w : Tensor(), ba = affine & 2 ? b : Tensor();
+          const ops::LayerNormResult cpu = ops::layer_norm_rounded(x, {cols}, wa, ba, 1e-5, s);
+          const ops::LayerNormResult gpu =
+              ops::layer_norm_rounded(x.to(kGpu), {cols}, on(wa, kGpu), on(ba, kGpu), 1e-5, s);
+          ASSERT_EQ(gpu.y.dtype(), s) << what;
+          testing::expect_close(gpu.y, cpu.y.to_vector<double>(), looser(t, s), what + " y");
+          testing::expect_close(gpu.xhat, cpu.xhat.to_vector<double>(), looser(t, s), what + " x-hat");
+          testing::expect_close(gpu.rstd, cpu.rstd.to_vector<double>(), tol_of(DType::F32), what + " rstd");
+          testing::expect_close(ops::layer_norm_affine(gpu.xhat, t, on(wa, kGpu), on(ba, kGpu)),
+                                gpu.y.to(kCPU).to_vector<double>(), {0, 0}, what + " y again");
+        }
+      }
+    }
+  }
+}
+
 // One call of the fused self-attention's kernels on device d, forward then backward, saving the
 // probabilities in the dtype (low) or in f32; the results on the CPU.
 struct AttentionKernelsOut {

@@ -62,7 +62,8 @@ TEST(CudaKernels, EveryOpOfThisBackendIsRegistered) {
   expect_kernels(op_adam8bit_step, floats);
   expect_kernels(op_sparse_adam_step, floats);
   expect_kernels(op_segment_sum_rows, floats);
-  for (auto* t : {&op_layer_norm, &op_layer_norm_backward, &op_layer_norm_xhat, &op_layer_norm_backward_xhat})
+  for (auto* t : {&op_layer_norm, &op_layer_norm_backward, &op_layer_norm_xhat, &op_layer_norm_backward_xhat,
+                  &op_layer_norm_rounded, &op_layer_norm_affine})
     expect_kernels(*t, floats);
   for (auto* t : {&op_gelu_backward, &op_gelu_tanh_backward, &op_relu_backward}) expect_kernels(*t, floats);
   for (auto* t : {&op_attention_softmax, &op_attention_softmax_backward}) expect_kernels(*t, floats);

@@ -2,12 +2,18 @@
 // block's norms before their Linears and nn::GPT's head) against the layers it replaces,
 // F::linear(F::layer_norm(x)): outputs and gradients bit for bit in f32, bf16 and f64, with and without the
 // norm's affine parameters and the Linear's bias, leading dims, transposed views of x and the weight, some
-// gradients not needed; finite differences in f64; what it keeps (x, not the norm's output); the layers
-// themselves under autocast; bad inputs.
+// gradients not needed; finite differences in f64; what it keeps (x, not the norm's output); bad inputs.
+// Under autocast, its rounded form (Note [layer norm before a Linear under autocast],
+// autograd/grad_linear.cpp): the kernels (ops::layer_norm_rounded, ops::layer_norm_affine) against a plain
+// loop and the x-hat form bit for bit; the op against the ops it runs, bit for bit, and against the two
+// layers to the low dtype's rounding; what it keeps (one tensor of x's numel less than the layers); finite
+// differences in f64; some gradients not needed; a GPT's selective recompute segments; bad inputs.
 #include <any>
+#include <cmath>
 #include <sstream>
 
 #include "amp/autocast.h"
+#include "nn/gpt.h"
 #include "tests/autograd/gradcheck_helpers.h"
 
 namespace frugal {
@@ -105,7 +111,7 @@ TEST(LayerNormLinear, Gradcheck) {
       {testing::leaf({2, 3, 4}, -2, 2, 10), testing::leaf({2, 4}, -1, 1, 11)}, "layer_norm_linear 3-d plain");
 }
 
-// It keeps x (and the parameters), not the norm's output; under autocast it runs the two layers.
+// It keeps x (and the parameters), not the norm's output.
 TEST(LayerNormLinear, KeepsTheNormsInputOnly) {
   const Tensor x = uniform({16, 32}, -2, 2).requires_grad_(), lw = uniform({32}, 0.5, 1.5).requires_grad_(),
                w = uniform({8, 32}, -1, 1).requires_grad_();
@@ -117,8 +123,6 @@ TEST(LayerNormLinear, KeepsTheNormsInputOnly) {
   EXPECT_EQ(kept[0].raw_data(), x.raw_data()) << "x itself, not the norm's output";
   EXPECT_EQ(kept[1].raw_data(), lw.raw_data());
   EXPECT_EQ(kept[2].raw_data(), w.raw_data());
-  amp::Autocast autocast(DType::BF16);
-  EXPECT_EQ(F::layer_norm_linear(x, {32}, lw, {}, 1e-5, w).grad_fn_name(), std::string("linear"));
 }
 
 TEST(LayerNormLinear, BadInputsGetTheLayersErrors) {
@@ -133,6 +137,309 @@ TEST(LayerNormLinear, BadInputsGetTheLayersErrors) {
   expect_error<ShapeError>([&] { F::layer_norm_linear(x, {4}, {}, {}, 1e-5, w); },
                            {"layer_norm", "[4, 3]", "[4]"});
   expect_error<DTypeError>([&] { F::layer_norm_linear(x.to(DType::I64), {3}, {}, {}, 1e-5, w); }, {"i64"});
+}
+
+// ---- under autocast: the rounded form ----
+
+// a b + c as the CPU kernels compute it (kernels/cpu/norm.cpp's mul_add).
+template <typename C>
+C mul_add_as_the_kernels(C a, C b, C c) {
+#if defined(__FMA__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// The affine map of the rounded x-hat (s of dtype S, read into the compute type C), rounded to S: a plain
+// loop.
+template <typename C>
+Tensor affine_plain(const Tensor& xhat, const Tensor& w, const Tensor& b) {
+  const std::vector<double> xs = xhat.to_vector<double>();
+  const std::vector<double> ws = w.defined() ? w.to_vector<double>() : std::vector<double>();
+  const std::vector<double> bs = b.defined() ? b.to_vector<double>() : std::vector<double>();
+  const int64_t cols = xhat.size(-1);
+  std::vector<double> out(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const size_t j = size_t(int64_t(i) % cols);
+    const C xh = C(xs[i]);
+    C v = xh;
+    if (w.defined() && b.defined())
+      v = mul_add_as_the_kernels(xh, C(ws[j]), C(bs[j]));
+    else if (w.defined())
+      v = xh * C(ws[j]);
+    else if (b.defined())
+      v = xh + C(bs[j]);
+    out[i] = double(v);
+  }
+  // v is exact in f64, so rounding it from f64 to S is rounding it from C.
+  return tensor(out, xhat.shape()).to(xhat.dtype());
+}
+
+// A dtype's relative rounding, f64 counted as f32 (the compute type of the rounded forms but for f64 x).
+double looser_rtol(DType t) { return testing::tol_for(t == DType::F64 ? DType::F32 : t).rtol; }
+
+TEST(LayerNormRounded, KernelsAreTheXhatFormsAndThePlainAffineBitForBit) {
+  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
+    for (DType s : {DType::F32, DType::F64, DType::F16, DType::BF16})
+      for (int64_t cols : {1, 37, 130})
+        for (int affine = 0; affine < 4; ++affine) {
+          const std::string what = std::string(dtype_name(t)) + " x-hat " + dtype_name(s) + " cols " +
+                                   std::to_string(cols) + " affine " + std::to_string(affine);
+          const Tensor x = uniform({3, 5, cols}, -2, 3, t, 21);
+          const DType c = t == DType::F64 ? DType::F64 : DType::F32;
+          const Tensor w = affine & 1 ? uniform({cols}, 0.5, 1.5, c, 22) : Tensor();
+          const Tensor b = affine & 2 ? uniform({cols}, -1, 1, c, 23) : Tensor();
+          const ops::LayerNormResult r = ops::layer_norm_rounded(x, {cols}, w, b, 1e-5, s);
+          const ops::LayerNormResult ref = ops::layer_norm(x, {cols}, w, b, 1e-5, s);
+          ASSERT_EQ(r.y.dtype(), s) << what;
+          ASSERT_EQ(r.y.shape(), x.shape()) << what;
+          EXPECT_EQ(r.xhat.to_vector<double>(), ref.xhat.to_vector<double>()) << what;
+          EXPECT_EQ(r.mean.to_vector<double>(), ref.mean.to_vector<double>()) << what;
+          EXPECT_EQ(r.rstd.to_vector<double>(), ref.rstd.to_vector<double>()) << what;
+          const Tensor plain =
+              c == DType::F64 ? affine_plain<double>(r.xhat, w, b) : affine_plain<float>(r.xhat, w, b);
+          EXPECT_EQ(r.y.to_vector<double>(), plain.to_vector<double>()) << what;
+          EXPECT_EQ(ops::layer_norm_affine(r.xhat, t, w, b).to_vector<double>(), r.y.to_vector<double>())
+              << what;
+          // Near the unrounded norm (of T): one rounding to S more.
+          const double tol = std::max(looser_rtol(t), looser_rtol(s));
+          testing::expect_close(r.y, ref.y.to_vector<double>(), {2 * tol, 2 * tol}, what + " near the norm");
+        }
+}
+
+// Under autocast (dtype low), with the Linear's input x [rows, d]: the op's result and gradients, and those
+// of the ops it runs called one by one (the Linear on layer_norm_rounded's y, then the x-hat backward).
+struct RoundedRun {
+  std::vector<Tensor> fused, by_hand;
+};
+RoundedRun run_rounded(DType low, const Shape& xs, bool affine, bool bias) {
+  const int64_t d = xs.back(), out = 24;
+  const Tensor x = uniform(xs, -2, 3, DType::F32, 31).requires_grad_();
+  const Tensor lw = affine ? uniform({d}, 0.5, 1.5, DType::F32, 32).requires_grad_() : Tensor();
+  const Tensor lb = affine ? uniform({d}, -0.5, 0.5, DType::F32, 33).requires_grad_() : Tensor();
+  const Tensor w = uniform({out, d}, -1, 1, DType::F32, 34).requires_grad_();
+  const Tensor b = bias ? uniform({out}, -1, 1, DType::F32, 35).requires_grad_() : Tensor();
+  Shape ys = xs;
+  ys[ys.size() - 1] = out;
+  const Tensor dy = uniform(ys, -1, 1, low, 36);
+  Tensor y;
+  {
+    amp::Autocast guard(low);
+    y = F::layer_norm_linear(x, {d}, lw, lb, 1e-5, w, b);
+  }
+  EXPECT_EQ(y.grad_fn_name(), std::string(xs.size() == 2 ? "layer_norm_linear" : "reshape"));
+  y.backward(dy);
+  RoundedRun r;
+  r.fused = {y.detach(), x.grad(), w.grad()};
+  for (const Tensor& p : {lw, lb, b})
+    if (p.defined()) r.fused.push_back(p.grad());
+  // By hand.
+  const ops::LayerNormResult n = ops::layer_norm_rounded(x.detach(), {d}, lw.defined() ? lw.detach() : lw,
+                                                         lb.defined() ? lb.detach() : lb, 1e-5, low);
+  const Tensor yl = n.y.detach().requires_grad_(), wl = w.detach().to(low).requires_grad_();
+  const Tensor bl = bias ? b.detach().to(low).requires_grad_() : Tensor();
+  const Tensor y2 = F::linear(yl, wl, bl);
+  y2.backward(dy);
+  const ops::LayerNormGrads g = ops::layer_norm_backward_xhat(
+      yl.grad(), n.xhat, DType::F32, {d}, lw.defined() ? lw.detach() : lw, n.rstd, true, affine, affine);
+  r.by_hand = {y2.detach(), g.dx, wl.grad().to(DType::F32)};
+  if (affine) r.by_hand.push_back(g.dweight), r.by_hand.push_back(g.dbias);
+  if (bias) r.by_hand.push_back(bl.grad().to(DType::F32));
+  return r;
+}
+
+TEST(LayerNormRounded, UnderAutocastIsTheOpsItRunsBitForBit) {
+  for (DType low : {DType::BF16, DType::F16})
+    for (const Shape& xs : {Shape{16, 32}, Shape{2, 5, 8}, Shape{1, 1}, Shape{300, 64}})
+      for (int flags = 0; flags < 4; ++flags) {
+        std::ostringstream what_s;
+        what_s << dtype_name(low) << " " << xs << " flags " << flags;
+        const std::string what = what_s.str();
+        const RoundedRun r = run_rounded(low, xs, flags & 1, flags & 2);
+        ASSERT_EQ(r.fused.size(), r.by_hand.size()) << what;
+        EXPECT_EQ(r.fused[0].dtype(), low) << what;
+        for (size_t i = 0; i < r.fused.size(); ++i) {
+          ASSERT_TRUE(r.fused[i].defined()) << what << " " << i;
+          EXPECT_EQ(r.fused[i].dtype(), r.by_hand[i].dtype()) << what << " " << i;
+          EXPECT_EQ(r.fused[i].to_vector<double>(), r.by_hand[i].to_vector<double>()) << what << " " << i;
+        }
+      }
+}
+
+// Against the two layers under autocast (which round the norm's output once, from the unrounded x-hat): y and
+// the Linear's weight gradient to the low dtype's rounding; the other gradients bit for bit.
+TEST(LayerNormRounded, UnderAutocastIsNearTheTwoLayers) {
+  for (DType low : {DType::BF16, DType::F16}) {
+    auto run = [&](bool fused) {
+      const Tensor x = uniform({64, 48}, -2, 3, DType::F32, 41).requires_grad_();
+      const Tensor lw = uniform({48}, 0.5, 1.5, DType::F32, 42).requires_grad_();
+      const Tensor lb = uniform({48}, -0.5, 0.5, DType::F32, 43).requires_grad_();
+      const Tensor w = uniform({40, 48}, -0.3, 0.3, DType::F32, 44).requires_grad_();
+      const Tensor b = uniform({40}, -1, 1, DType::F32, 45).requires_grad_();
+      Tensor y;
+      {
+        amp::Autocast guard(low);
+        y = fused ? F::layer_norm_linear(x, {48}, lw, lb, 1e-5, w, b)
+                  : F::linear(F::layer_norm(x, {48}, lw, lb, 1e-5), w, b);
+      }
+      EXPECT_EQ(y.grad_fn_name(), std::string(fused ? "layer_norm_linear" : "linear"));
+      y.backward(uniform({64, 40}, -1, 1, low, 46));
+      return std::vector<Tensor>{y.detach(), x.grad(), lw.grad(), lb.grad(), w.grad(), b.grad()};
+    };
+    const auto got = run(true), ref = run(false);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const std::string what = std::string(dtype_name(low)) + " output " + std::to_string(i);
+      const std::vector<double> r = ref[i].to_vector<double>();
+      if (i == 0 || i == 4) {
+        // y and d weight, from the Linear's input: to the low dtype's rounding, each value against the
+        // largest of its tensor (sums of products rounded to the low dtype), and not the same.
+        double largest = 0;
+        for (double v : r) largest = std::max(largest, std::fabs(v));
+        testing::expect_close(got[i], r, {4 * testing::tol_for(low).rtol * largest, 0}, what);
+        EXPECT_NE(got[i].to_vector<double>(), r) << what << ": the forms round differently";
+      } else {
+        // d x, d of the norm's parameters and d bias: the same x-hat and d x-hat in both, so bit for bit.
+        EXPECT_EQ(got[i].to_vector<double>(), r) << what;
+      }
+    }
+  }
+}
+
+// It keeps x-hat in the low dtype and rstd (and the parameters), not x and not the Linear's cast input: one
+// tensor of x's numel in the low dtype less than the two layers keep.
+TEST(LayerNormRounded, UnderAutocastKeepsXhatOnly) {
+  const Tensor x = uniform({16, 32}, -2, 2).requires_grad_(), lw = uniform({32}, 0.5, 1.5).requires_grad_(),
+               lb = uniform({32}, -1, 1).requires_grad_(), w = uniform({8, 32}, -1, 1).requires_grad_();
+  for (DType low : {DType::BF16, DType::F16}) {
+    auto kept_by = [&](bool fused) {
+      testing::SavedTensors saved;
+      amp::Autocast guard(low);
+      const Tensor y = fused ? F::layer_norm_linear(x, {32}, lw, lb, 1e-5, w)
+                             : F::linear(F::layer_norm(x, {32}, lw, lb, 1e-5), w);
+      return saved.kept;
+    };
+    const std::vector<Tensor> kept = kept_by(true);
+    ASSERT_EQ(kept.size(), 5u);
+    EXPECT_EQ(kept[0].dtype(), low);
+    EXPECT_EQ(kept[0].shape(), x.shape()) << "x-hat";
+    EXPECT_EQ(kept[1].dtype(), DType::F32);
+    EXPECT_EQ(kept[1].numel(), 16) << "rstd";
+    EXPECT_EQ(kept[2].raw_data(), lw.raw_data());
+    EXPECT_EQ(kept[3].raw_data(), lb.raw_data());
+    EXPECT_EQ(kept[4].dtype(), low) << "the Linear's weight as cast";
+    // What they keep but the norm's parameters (the op keeps its bias too, to make y again).
+    auto bytes = [&](const std::vector<Tensor>& ts) {
+      int64_t n = 0;
+      for (const Tensor& t : ts)
+        if (t.raw_data() != lw.raw_data() && t.raw_data() != lb.raw_data()) n += t.nbytes();
+      return n;
+    };
+    EXPECT_EQ(bytes(kept_by(false)) - bytes(kept), x.numel() * 2) << dtype_name(low);
+  }
+}
+
+TEST(LayerNormRounded, GradcheckF64) {
+  // Rounded to f64, x-hat is x-hat: the op is the norm and the Linear, and its gradients theirs.
+  testing::expect_grads_ok(
+      [](const std::vector<Tensor>& in) {
+        return layer_norm_linear(in[0], in[1], in[2], 1e-5, in[3], in[4], DType::F64);
+      },
+      {testing::leaf({4, 5}, -2, 2, 51), testing::leaf({5}, 0.5, 1.5, 52), testing::leaf({5}, -1, 1, 53),
+       testing::leaf({3, 5}, -1, 1, 54), testing::leaf({3}, -1, 1, 55)},
+      "layer_norm_linear rounded to f64");
+  testing::expect_grads_ok(
+      [](const std::vector<Tensor>& in) {
+        return layer_norm_linear(in[0], {}, {}, 1e-5, in[1], {}, DType::F64);
+      },
+      {testing::leaf({6, 4}, -2, 2, 56), testing::leaf({2, 4}, -1, 1, 57)},
+      "layer_norm_linear rounded plain");
+}
+
+// Each subset of gradients: those asked for, equal bit for bit to the two layers' (the Linear's weight: to
+// its own when all are asked for; its input differs between the forms).
+TEST(LayerNormRounded, OnlySomeGradientsUnderAutocast) {
+  auto grads = [](int need, bool fused) {
+    std::vector<Tensor> in = {uniform({6, 8}, -2, 2, DType::F32, 1), uniform({8}, 0.5, 1.5, DType::F32, 2),
+                              uniform({8}, -1, 1, DType::F32, 3), uniform({5, 8}, -1, 1, DType::F32, 4),
+                              uniform({5}, -1, 1, DType::F32, 5)};
+    for (size_t i = 0; i < in.size(); ++i)
+      if (need & (1 << i)) in[i].requires_grad_();
+    Tensor y;
+    {
+      amp::Autocast guard(DType::BF16);
+      y = fused ? F::layer_norm_linear(in[0], {8}, in[1], in[2], 1e-5, in[3], in[4])
+                : F::linear(F::layer_norm(in[0], {8}, in[1], in[2], 1e-5), in[3], in[4]);
+    }
+    sum(y).backward();
+    std::vector<Tensor> g;
+    for (const Tensor& t : in) g.push_back(t.grad());
+    return g;
+  };
+  const Tensor all_dw = grads(31, true)[3];
+  for (int need = 1; need < 32; ++need) {
+    const std::vector<Tensor> g = grads(need, true), ref = grads(need, false);
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_EQ(g[i].defined(), bool(need & (1 << i))) << need << " " << i;
+      if (g[i].defined()) {
+        EXPECT_EQ(g[i].to_vector<float>(), (i == 3 ? all_dw : ref[i]).to_vector<float>()) << need << " " << i;
+      }
+    }
+  }
+}
+
+// A small GPT under autocast: whole and selective recompute segments (keeping layer_norm_linear's results,
+// its x-hat and rstd with them) give the plain run's gradients bit for bit.
+TEST(LayerNormRounded, GptRecomputeSegmentsBitIdenticalUnderAutocast) {
+  auto grads = [](int64_t whole, int64_t selective) {
+    manual_seed(3);
+    nn::GPT gpt(nn::GPTConfig{.vocab = 13, .d_model = 32, .n_layers = 3, .n_heads = 2, .context = 16});
+    gpt->recompute_blocks(whole, selective);
+    Generator g(4);
+    const Tensor tokens = randint(0, 13, {4, 16}, DType::I64, &g);
+    Tensor loss;
+    {
+      amp::Autocast guard(DType::BF16);
+      loss = F::cross_entropy(gpt->forward(tokens).view({-1, 13}), tokens.view({-1}));
+    }
+    loss.backward();
+    std::vector<std::vector<float>> out{loss.to_vector<float>()};
+    for (const Tensor& p : gpt->parameters()) out.push_back(p.grad().to_vector<float>());
+    return out;
+  };
+  const auto plain = grads(0, 0);
+  EXPECT_EQ(grads(3, 0), plain);
+  EXPECT_EQ(grads(0, 3), plain);
+  EXPECT_EQ(grads(1, 2), plain);
+}
+
+TEST(LayerNormRounded, BadInputs) {
+  const Tensor x = uniform({4, 6}, -1, 1);
+  expect_error<DTypeError>([&] { ops::layer_norm_rounded(x, {6}, {}, {}, 1e-5, DType::I64); },
+                           {"layer_norm_rounded", "x-hat", "floating", "i64"});
+  expect_error<DTypeError>([&] { ops::layer_norm_rounded(x.to(DType::I32), {6}, {}, {}, 1e-5, DType::BF16); },
+                           {"layer_norm_rounded", "floating", "i32"});
+  expect_error<ShapeError>([&] { ops::layer_norm_rounded(x, {5}, {}, {}, 1e-5, DType::BF16); },
+                           {"layer_norm_rounded", "[4, 6]", "[5]"});
+  const ops::LayerNormResult r = ops::layer_norm_rounded(x, {6}, {}, {}, 1e-5, DType::BF16);
+  expect_error<ShapeError>([&] { ops::layer_norm_affine(r.xhat, DType::F32, ones({5})); },
+                           {"layer_norm_affine", "weight", "[5]", "[6]"});
+  expect_error<DTypeError>([&] { ops::layer_norm_affine(r.xhat, DType::I64); },
+                           {"layer_norm_affine", "floating", "i64"});
+  expect_error<DTypeError>([&] { ops::layer_norm_affine(r.xhat.to(DType::I32), DType::F32); },
+                           {"layer_norm_affine", "floating", "i32"});
+  expect_error<Error>([&] { ops::layer_norm_affine(Tensor(), DType::F32); }, {"layer_norm_affine", "x-hat"});
+  // Under autocast, bad inputs still get the two layers' errors.
+  amp::Autocast guard(DType::BF16);
+  const Tensor w = uniform({2, 6}, -1, 1);
+  expect_error<ShapeError>([&] { F::layer_norm_linear(x, {6}, uniform({4}, 1, 2), {}, 1e-5, w); },
+                           {"layer_norm", "weight", "[4]"});
+  expect_error<ShapeError>(
+      [&] {
+        F::layer_norm_linear(x, {6}, {}, {}, 1e-5, uniform({2, 4}, -1, 1));
+      },
+      {"linear", "[2, 4]"});
+  expect_error<DTypeError>([&] { F::layer_norm_linear(x.to(DType::I64), {6}, {}, {}, 1e-5, w); }, {"i64"});
 }
 
 }  // namespace
