@@ -38,9 +38,12 @@
 // rstd in L (and rstd) instead of its f32 input (PyTorch keeps the f32 input); in a transformer that input is
 // the f32 residual stream, which nothing else keeps, so this halves the bytes of 2 of the 9 activations of a
 // block (the forward's result is the same bit for bit; Note [layer norm saves x-hat] in
-// autograd/grad_norm.cpp says why x-hat may be rounded and x may not). The fused self_attention keeps only
-// each row's softmax statistics on the CPU, and where it keeps its probabilities (CUDA) keeps them in L when
-// its qkv is in L (nn/attention.h). The casts are recorded by autograd, so
+// autograd/grad_norm.cpp says why x-hat may be rounded and x may not). Where a Linear follows the norm
+// (F::layer_norm_linear: nn::TransformerBlock's two norms, nn::GPT's last), that x-hat is all the pair keeps,
+// not the Linear's input as well: the norm's output is made from the rounded x-hat, so the backward can make
+// it again (Note [layer norm before a Linear under autocast], autograd/grad_linear.cpp). The fused
+// self_attention keeps only each row's softmax statistics on the CPU, and where it keeps its probabilities
+// (CUDA) keeps them in L when its qkv is in L (nn/attention.h). The casts are recorded by autograd, so
 // gradients flow back through them to f32 parameters in f32. A cast of a leaf that requires grad (a weight)
 // is cached while the outermost enabled guard lives: a weight used twice is cast once. Backward runs with
 // autocast off (each rule computes in the dtypes its forward saw), and a recompute segment replays its

@@ -48,7 +48,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   const Tensor& bias = {}, double eps = 1e-5);
 // linear(layer_norm(x, normalized_shape, ln_weight, ln_bias, eps), weight, bias), keeping x and not the
 // norm's output for the backward, which computes it again (frugal::layer_norm_linear): where normalized_shape
-// is x's last dim, outside autocast, with linear's fused op's conditions; the two layers otherwise. The
+// is x's last dim, with linear's fused op's conditions; the two layers otherwise. Under autocast (x in f32
+// after its cast) it keeps the norm's x-hat in the low dtype instead of x, and the norm's output is made from
+// that rounded x-hat (Note [layer norm before a Linear under autocast], autograd/grad_linear.cpp). The
 // transformer block's norms before their Linears and nn::GPT's last norm before its head run it.
 Tensor layer_norm_linear(const Tensor& x, const Shape& normalized_shape, const Tensor& ln_weight,
                          const Tensor& ln_bias, double eps, const Tensor& weight, const Tensor& bias = {});
