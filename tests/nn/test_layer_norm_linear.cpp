@@ -182,7 +182,7 @@ double looser_rtol(DType t) { return testing::tol_for(t == DType::F64 ? DType::F
 TEST(LayerNormRounded, KernelsAreTheXhatFormsAndThePlainAffineBitForBit) {
   for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
     for (DType s : {DType::F32, DType::F64, DType::F16, DType::BF16})
-      for (int64_t cols : {1, 37, 130})
+      for (int64_t cols : {1, 37, 130, 600})  // 600: runs of 256, 256 and 88 (Note [16-bit x-hat in runs])
         for (int affine = 0; affine < 4; ++affine) {
           const std::string what = std::string(dtype_name(t)) + " x-hat " + dtype_name(s) + " cols " +
                                    std::to_string(cols) + " affine " + std::to_string(affine);
@@ -195,6 +195,9 @@ TEST(LayerNormRounded, KernelsAreTheXhatFormsAndThePlainAffineBitForBit) {
           ASSERT_EQ(r.y.dtype(), s) << what;
           ASSERT_EQ(r.y.shape(), x.shape()) << what;
           EXPECT_EQ(r.xhat.to_vector<double>(), ref.xhat.to_vector<double>()) << what;
+          // Both the x-hat of the compute type, rounded to S.
+          const Tensor wide = ops::layer_norm(x, {cols}, w, b, 1e-5, c).xhat;
+          EXPECT_EQ(r.xhat.to_vector<double>(), wide.to(s).to_vector<double>()) << what;
           EXPECT_EQ(r.mean.to_vector<double>(), ref.mean.to_vector<double>()) << what;
           EXPECT_EQ(r.rstd.to_vector<double>(), ref.rstd.to_vector<double>()) << what;
           const Tensor plain =
