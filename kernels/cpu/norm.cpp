@@ -34,8 +34,12 @@ inline C mul_add(C a, C b, C c) {
 // vectorised conversions of kernels/cpu/convert.h, a run of kRun values at a time through a float buffer in
 // L1: the conversion of one value inside the row's simd loop (core/half.h's, with its NaN branch) kept GCC
 // from vectorising the loop, and the x-hat forward of W3's 2048 x 128 rows took 7x the plain one (360
-// against 53 us). The conversions are core/half.h's bit for bit, so the results are the scalar loop's.
+// against 53 us). The backward reads a row of x-hat back into f32 at once (rows of up to kRowBuffer; longer
+// ones convert each value where it is read): an f16 x-hat (whose scalar conversion has branches for
+// subnormals) made the backward 4x slower than from bf16 (412 against 104 us). The conversions are
+// core/half.h's bit for bit, so the results are the scalar loops'.
 constexpr int64_t kRun = 256;
+constexpr int64_t kRowBuffer = 4096;  // the backward's: one row of x-hat in f32
 template <typename S>
 constexpr bool kSixteenBit = std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>;
 template <typename S, typename C>
@@ -254,15 +258,10 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
     C* pdw = param_grads ? ws + c * 2 * n : nullptr;  // this chunk's partial sums
     C* pdb = param_grads ? pdw + n : nullptr;
     if (param_grads) std::fill(pdw, pdw + 2 * n, C(0));
-    for (int64_t r = c * per_chunk, r_end = std::min(rows, (c + 1) * per_chunk); r < r_end; ++r) {
+    // Row r from its x-hat, read through `xhat` (xhat[j]: x-hat's j-th value in the compute type).
+    auto row = [&](int64_t r, const auto& xhat) {
       const T* dy = dys + r * n;
       const C rs = rstds[r];
-      const auto xhat = [&] {
-        if constexpr (kFromX)
-          return XhatFromX<T, C>{xs + r * n, means[r], rs};
-        else
-          return XhatSaved<S, C>{xs + r * n};
-      }();
       const auto grad = [&](int64_t j) {
         if constexpr (kWeight)
           return C(dy[j]) * w[j];
@@ -287,11 +286,28 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
           sum_gx += g * xh;
         }
       }
-      if (!dxs) continue;
+      if (!dxs) return;
       T* dx = dxs + r * n;
       const C mean_g = sum_g * inv_n, mean_gx = sum_gx * inv_n;
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) dx[j] = T(rs * (grad(j) - mean_g - xhat[j] * mean_gx));
+    };
+    // A 16-bit x-hat is read back into f32 a row at a time, where the row fits the buffer (Note [16-bit
+    // x-hat in runs]): the same values as converting each one where it is read.
+    [[maybe_unused]] alignas(64) float row_xhat[kConvertInRuns<S, C> ? kRowBuffer : 1];
+    for (int64_t r = c * per_chunk, r_end = std::min(rows, (c + 1) * per_chunk); r < r_end; ++r) {
+      if constexpr (kFromX) {
+        row(r, XhatFromX<T, C>{xs + r * n, means[r], rstds[r]});
+      } else if constexpr (kConvertInRuns<S, C>) {
+        if (n <= kRowBuffer) {
+          cpu::to_f32(xs + r * n, row_xhat, n);
+          row(r, XhatSaved<float, C>{row_xhat});
+        } else {
+          row(r, XhatSaved<S, C>{xs + r * n});
+        }
+      } else {
+        row(r, XhatSaved<S, C>{xs + r * n});
+      }
     }
   };
   parallel_for(0, chunks, grain, [&](int64_t cb, int64_t ce) {

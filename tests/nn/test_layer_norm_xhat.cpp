@@ -110,6 +110,31 @@ TEST(LayerNormXhat, MatchesTheBackwardFromX) {
     }
 }
 
+// The backward from a 16-bit x-hat reads a row back into f32 at once where it fits the kernel's buffer, and
+// value by value in longer rows (Note [16-bit x-hat in runs], kernels/cpu/norm.cpp): both are the backward
+// from the same values held in f32, the first bit for bit.
+TEST(LayerNormXhat, SixteenBitXhatIsReadAsItsValues) {
+  for (DType s : {DType::F16, DType::BF16})
+    for (int64_t cols : {7, 4096, 4097}) {
+      const std::string what = std::string(dtype_name(s)) + " cols " + std::to_string(cols);
+      const Tensor x = uniform({5, cols}, -2, 3, DType::F32, 61),
+                   w = uniform({cols}, 0.5, 1.5, DType::F32, 62);
+      const Tensor g = uniform({5, cols}, -1, 1, DType::F32, 63);
+      const ops::LayerNormResult r = ops::layer_norm(x, {cols}, w, {}, 1e-5, s);
+      const ops::LayerNormGrads got =
+          ops::layer_norm_backward_xhat(g, r.xhat, DType::F32, {cols}, w, r.rstd, true, true, true);
+      const ops::LayerNormGrads ref = ops::layer_norm_backward_xhat(g, r.xhat.to(DType::F32), DType::F32,
+                                                                    {cols}, w, r.rstd, true, true, true);
+      for (const auto& [a, b] :
+           {std::pair{got.dx, ref.dx}, {got.dweight, ref.dweight}, {got.dbias, ref.dbias}}) {
+        if (cols <= 4096)
+          EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>()) << what;
+        else
+          expect_close(a, b.to_vector<double>(), {1e-5, 1e-5}, what);
+      }
+    }
+}
+
 TEST(LayerNormXhat, LargeOffsetCostsNoMoreThanTheDtypesRounding) {
   // x = 1000 + O(1): a bf16 x would have lost everything below 4 (its spacing at 1000); x-hat has not.
   const Case c{{64, 128}, {128}, true, true};
