@@ -1,7 +1,7 @@
 // The dry run (core/estimate.h) on the reference workloads at full size: for each, the estimated peak of two
 // training steps against the peak the same two steps reach for real, and the time the estimate takes per step
 // against a real step's. One JSON line per workload:
-//   build/bench/estimate_workloads W3 W4 W4r
+//   build/bench/estimate_workloads W3 W4 W4r W6
 // W1 and W2 are measured through their trainer (train_fmnist --estimate, tests/examples/test_flags.cpp),
 // which also counts the dataset and the loader's queue.
 #include <chrono>
@@ -18,15 +18,20 @@ using namespace frugal;
 using Clock = std::chrono::steady_clock;
 
 // W3: nn/gpt.h's GPT (4 blocks, d 128, 4 heads, context 64, the fortunes corpus' 114 bytes as vocabulary is
-// taken as 114), batch 32, AdamW.
-void gpt_steps(Device d, int steps) {
+// taken as 114), batch 32, AdamW; W6: the same with the forward and the loss under bf16 autocast.
+void gpt_steps(Device d, int steps, bool bf16 = false) {
   manual_seed(0);
   nn::GPT model(nn::GPTConfig{.vocab = 114});
   optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
   for (int s = 0; s < steps; ++s) {
     const Tensor tokens = randint(0, 114, {32, 64}, TensorOptions(DType::I64).device(d));
     opt.zero_grad();
-    nn::functional::cross_entropy(model->forward(tokens).view({-1, 114}), tokens.view({-1})).backward();
+    Tensor loss;
+    {
+      amp::Autocast autocast(DType::BF16, bf16);
+      loss = nn::functional::cross_entropy(model->forward(tokens).view({-1, 114}), tokens.view({-1}));
+    }
+    loss.backward();
     opt.step();
   }
 }
@@ -78,7 +83,7 @@ void measure(const char* name, const std::function<void(Device, int)>& steps) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> names(argv + 1, argv + argc);
-  if (names.empty()) names = {"W3", "W4", "W4r"};
+  if (names.empty()) names = {"W3", "W4", "W4r", "W6"};
   try {
     for (const std::string& n : names) {
       if (n == "W3")
@@ -87,8 +92,11 @@ int main(int argc, char** argv) {
         measure("W4", [](Device d, int s) { deep_steps(d, s, false); });
       else if (n == "W4r")
         measure("W4r", [](Device d, int s) { deep_steps(d, s, true); });
+      else if (n == "W6")
+        measure("W6", [](Device d, int s) { gpt_steps(d, s, true); });
       else {
-        std::fprintf(stderr, "estimate_workloads: unknown workload '%s' (built in: W3 W4 W4r)\n", n.c_str());
+        std::fprintf(stderr, "estimate_workloads: unknown workload '%s' (built in: W3 W4 W4r W6)\n",
+                     n.c_str());
         return 1;
       }
     }
