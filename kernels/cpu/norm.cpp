@@ -101,33 +101,6 @@ inline C affine_value(C xh, const C* w, const C* bias, int64_t j) {
     return xh;
 }
 
-// The rounded form's row: xo[j] = S(xh) as normalize_row's, and y[j] (of S) the affine map of that rounded
-// xo[j], not of xh.
-template <bool kWeight, bool kBias, typename S, typename T, typename C>
-inline void rounded_row(const T* x, S* y, S* xo, const C* w, const C* bias, C mu, C rs, int64_t n) {
-  if constexpr (kConvertInRuns<S, C>) {
-    alignas(64) float run[kRun];
-    for (int64_t j0 = 0; j0 < n; j0 += kRun) {
-      const int64_t len = std::min(kRun, n - j0);
-#pragma omp simd
-      for (int64_t j = 0; j < len; ++j) run[j] = (C(x[j0 + j]) - mu) * rs;
-      cpu::from_f32(run, xo + j0, len);
-      cpu::to_f32(xo + j0, run, len);
-#pragma omp simd
-      for (int64_t j = 0; j < len; ++j) run[j] = affine_value<kWeight, kBias>(run[j], w, bias, j0 + j);
-      cpu::from_f32(run, y + j0, len);
-    }
-  } else {
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) {
-      const C d = C(x[j]) - mu;
-      const S r = S(d * rs);
-      xo[j] = r;
-      y[j] = S(affine_value<kWeight, kBias>(C(r), w, bias, j));
-    }
-  }
-}
-
 // op_layer_norm_affine's row: y[j] = the affine map of xo[j], both of S.
 template <bool kWeight, bool kBias, typename S, typename C>
 inline void affine_row(const S* xo, S* y, const C* w, const C* bias, int64_t n) {
@@ -144,6 +117,25 @@ inline void affine_row(const S* xo, S* y, const C* w, const C* bias, int64_t n) 
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) y[j] = S(affine_value<kWeight, kBias>(C(xo[j]), w, bias, j));
   }
+}
+
+// The rounded form's row: xo[j] = S(xh) as normalize_row's, then y[j] (of S) the affine map of that rounded
+// xo[j], not of xh (affine_row: what makes y again in the backward).
+template <bool kWeight, bool kBias, typename S, typename T, typename C>
+inline void rounded_row(const T* x, S* y, S* xo, const C* w, const C* bias, C mu, C rs, int64_t n) {
+  if constexpr (kConvertInRuns<S, C>) {
+    alignas(64) float run[kRun];
+    for (int64_t j0 = 0; j0 < n; j0 += kRun) {
+      const int64_t len = std::min(kRun, n - j0);
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) run[j] = (C(x[j0 + j]) - mu) * rs;
+      cpu::from_f32(run, xo + j0, len);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) xo[j] = S((C(x[j]) - mu) * rs);
+  }
+  affine_row<kWeight, kBias>(xo, y, w, bias, n);
 }
 
 // Calls f.template operator()<kWeight, kBias>() for the affine parameters given.
