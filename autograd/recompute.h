@@ -19,7 +19,8 @@
 //
 // The ops that can be kept are the ones worth keeping, whose work is a GEMM (replayable_ops()). When the
 // segment runs again, each kept op hands out what it computed the first time (its result, and what its
-// backward needs that is not an input: self_attention's probabilities or their row statistics) instead of
+// backward needs that is not an input: self_attention's probabilities or their row statistics,
+// layer_norm_linear's x-hat and rstd under autocast) instead of
 // computing it, so backward recomputes the cheap ops (norms, activations, residual adds, views) only. The
 // kept results stay alive from the first run until the segment runs again, and the tensors the backward of
 // every op saves are still handed out by the second run, so the gradients are bit-identical to a run without

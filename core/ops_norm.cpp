@@ -103,7 +103,7 @@ namespace {
 LayerNormResult layer_norm_impl(const char* op, const Tensor& x, const Shape& normalized_shape,
                                 const Tensor& weight, const Tensor& bias, double eps,
                                 std::optional<DType> xhat_dtype, bool rounded) {
-  memory::OpScope op_scope("layer_norm", x, weight);  // Note [op names in the history]
+  memory::OpScope op_scope(op, x, weight);  // Note [op names in the history]
   const int64_t rows = check_layer_norm(op, x, normalized_shape, weight, bias);
   if (xhat_dtype) {
     FRUGAL_CHECK_DTYPE(is_floating(*xhat_dtype), op, ": x-hat can be kept in a floating dtype only, got ",
@@ -111,7 +111,8 @@ LayerNormResult layer_norm_impl(const char* op, const Tensor& x, const Shape& no
     FRUGAL_CHECK_T(
         DeviceError,
         rounded ? has_layer_norm_rounded(x.device(), x.dtype()) : has_layer_norm_xhat(x.device(), x.dtype()),
-        op, ": no x-hat kernels for ", dtype_name(x.dtype()), " inputs on ", x.device());
+        op, rounded ? ": no rounded layer_norm kernels for " : ": no x-hat kernels for ",
+        dtype_name(x.dtype()), " inputs on ", x.device());
   }
   const DType c = compute_dtype(x.dtype());
   const Tensor xc = contiguous(x), w = as_compute(weight, c), b = as_compute(bias, c);

@@ -44,7 +44,8 @@ class GPTImpl : public Module {
   // then adds to the least memory. memory::plan chooses n (core/plan.h).
   // With `selective`, the next that many blocks run as segments that keep their GEMMs' results
   // (autograd::RecomputePolicy::keep_matmuls, Note [selective recompute]): backward recomputes only their
-  // norms, activations and residual adds (which keep nothing the GEMMs do not: the blocks' norms and GELU
+  // activations and residual adds, and the norms outside autocast (which keep nothing the GEMMs do not: the
+  // blocks' norms and GELU
   // run fused with the Linear after them, so a selective block keeps a little more than a plain one, and
   // memory::plan, which measures, does not choose it). n + selective is at most n_layers.
   GPTImpl& recompute_blocks(int64_t n, int64_t selective = 0);

@@ -1,8 +1,9 @@
 // CPU kernels of the fused layer normalisation (op_layer_norm, formulas in core/op_table.h): each row is
 // read twice in the forward (mean, then the centred sum of squares and the output: two passes keep the
 // variance exact where one-pass sums would cancel) and twice in the backward (the two row sums, then dx),
-// while it sits in L1. Plain loops under `omp simd` so f32 and f64 vectorise; f16/bf16 convert element by
-// element and accumulate in f32. The x-hat forms (op_layer_norm_xhat, op_layer_norm_backward_xhat) are the
+// while it sits in L1. Plain loops under `omp simd` so f32 and f64 vectorise; f16/bf16 inputs convert
+// element by element and accumulate in f32 (a 16-bit x-hat converts in runs: Note [16-bit x-hat in runs]).
+// The x-hat forms (op_layer_norm_xhat, op_layer_norm_backward_xhat) are the
 // same loops writing, or reading, x-hat in its saved dtype; the rounded forms (op_layer_norm_rounded,
 // op_layer_norm_affine) make y from that rounded x-hat. The reference they are tested against is the
 // composite nn::functional::layer_norm_composite (the rounded forms: a plain loop in their test).
@@ -37,13 +38,16 @@ inline C mul_add(C a, C b, C c) {
 // against 53 us). The backward reads a row of x-hat back into f32 at once (rows of up to kRowBuffer; longer
 // ones convert each value where it is read): an f16 x-hat (whose scalar conversion has branches for
 // subnormals) made the backward 4x slower than from bf16 (412 against 104 us). The conversions are
-// core/half.h's bit for bit, so the results are the scalar loops'.
+// core/half.h's bit for bit, so every x-hat value written or read is the scalar conversion's, and the
+// forward's results are the scalar loop's. The backward's row sums are vectorised over the f32 buffer, and
+// may round differently from the same sums over a row read value by value (as rows past kRowBuffer are): both
+// are sums of the same values, deterministic, to f32 rounding.
 constexpr int64_t kRun = 256;
 constexpr int64_t kRowBuffer = 4096;  // the backward's: one row of x-hat in f32
 template <typename S>
 constexpr bool kSixteenBit = std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>;
 template <typename S, typename C>
-constexpr bool kConvertInRuns = kSixteenBit<S>&& std::is_same_v<C, float>;
+constexpr bool kConvertInRuns = std::is_same_v<C, float>&& kSixteenBit<S>;
 
 // y[j] = T(xh w[j] + bias[j]) with xh = (x[j] - mu) rs (each factor only when given), and xo[j] = S(xh)
 // when S is not void (the x-hat form): the same operations in the same order either way, so y is the same

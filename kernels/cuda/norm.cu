@@ -6,10 +6,10 @@
 // results do not depend on the launch configuration. f16/bf16 rows accumulate in f32.
 // The x-hat forms (op_layer_norm_xhat, op_layer_norm_backward_xhat; Note [layer norm saves x-hat] in
 // autograd/grad_norm.cpp) are the same kernels writing x-hat in its saved dtype, or reading it instead of x
-// and the mean; the rounded forms (op_layer_norm_rounded, op_layer_norm_affine) make y from the rounded
-// x-hat, as the CPU kernels do. The forward's y is the same expression in both x-hat forms, with the
-// roundings written out
-// (__fmul_rn and friends, which the compiler never contracts), so it is op_layer_norm's bit for bit.
+// and the mean. The x-hat forward's y is op_layer_norm's expression, with the roundings written out
+// (__fmul_rn and friends, which the compiler never contracts), so it is op_layer_norm's bit for bit. The
+// rounded forms (op_layer_norm_rounded, op_layer_norm_affine) make y from the rounded x-hat instead, both
+// through affine_of_rounded, as the CPU kernels do through affine_value.
 #include <algorithm>
 #include <type_traits>
 
@@ -60,7 +60,7 @@ __device__ __forceinline__ float normalized(float d, float rs, const float* w, c
 }
 
 // The rounded forms' affine map of an x-hat already rounded to S (op_layer_norm_rounded,
-// op_layer_norm_affine; the CPU kernel's affine_of_rounded): S(xh w + bias), each factor only when given.
+// op_layer_norm_affine; the CPU kernels' affine_value): S(xh w + bias), each factor only when given.
 template <typename S>
 __device__ __forceinline__ S affine_of_rounded(S xo, const float* w, const float* bias, int64_t j) {
   const float xh = load_xhat(xo);

@@ -179,7 +179,7 @@ TEST_F(GptOps, LayerNormSavingXhatMatchesTheCpu) {
 TEST_F(GptOps, LayerNormRoundedMatchesTheCpu) {
   for (DType t : kFloats) {
     ASSERT_TRUE(ops::has_layer_norm_rounded(kGpu, t)) << dtype_name(t);
-    for (DType s : {DType::F32, DType::F16, DType::BF16}) {
+    for (DType s : {DType::F32, DType::F64, DType::F16, DType::BF16}) {
       for (int64_t cols : {1, 37, 1030}) {
         const Tensor x = uniform({3, 5, cols}, -2, 3, DType::F64, 24).to(t);
         const Tensor w = uniform({cols}, 0.5, 1.5, DType::F32, 25),

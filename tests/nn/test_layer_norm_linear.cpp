@@ -216,11 +216,19 @@ TEST(LayerNormRounded, KernelsAreTheXhatFormsAndThePlainAffineBitForBit) {
 struct RoundedRun {
   std::vector<Tensor> fused, by_hand;
 };
-RoundedRun run_rounded(DType low, const Shape& xs, bool affine, bool bias) {
+// flags: 1 the norm's weight, 2 its bias, 4 the Linear's bias, 8 x a transposed view (2-D x only).
+RoundedRun run_rounded(DType low, const Shape& xs, int flags) {
+  const bool has_lw = flags & 1, has_lb = flags & 2, bias = flags & 4, transposed = flags & 8;
   const int64_t d = xs.back(), out = 24;
-  const Tensor x = uniform(xs, -2, 3, DType::F32, 31).requires_grad_();
-  const Tensor lw = affine ? uniform({d}, 0.5, 1.5, DType::F32, 32).requires_grad_() : Tensor();
-  const Tensor lb = affine ? uniform({d}, -0.5, 0.5, DType::F32, 33).requires_grad_() : Tensor();
+  const Tensor x =
+      (transposed ? uniform({xs[1], xs[0]}, -2, 3, DType::F32, 31).t() : uniform(xs, -2, 3, DType::F32, 31))
+          .detach()
+          .requires_grad_();
+  if (xs[0] > 1 && d > 1) {
+    EXPECT_EQ(x.is_contiguous(), !transposed);
+  }
+  const Tensor lw = has_lw ? uniform({d}, 0.5, 1.5, DType::F32, 32).requires_grad_() : Tensor();
+  const Tensor lb = has_lb ? uniform({d}, -0.5, 0.5, DType::F32, 33).requires_grad_() : Tensor();
   const Tensor w = uniform({out, d}, -1, 1, DType::F32, 34).requires_grad_();
   const Tensor b = bias ? uniform({out}, -1, 1, DType::F32, 35).requires_grad_() : Tensor();
   Shape ys = xs;
@@ -245,9 +253,10 @@ RoundedRun run_rounded(DType low, const Shape& xs, bool affine, bool bias) {
   const Tensor y2 = F::linear(yl, wl, bl);
   y2.backward(dy);
   const ops::LayerNormGrads g = ops::layer_norm_backward_xhat(
-      yl.grad(), n.xhat, DType::F32, {d}, lw.defined() ? lw.detach() : lw, n.rstd, true, affine, affine);
+      yl.grad(), n.xhat, DType::F32, {d}, lw.defined() ? lw.detach() : lw, n.rstd, true, has_lw, has_lb);
   r.by_hand = {y2.detach(), g.dx, wl.grad().to(DType::F32)};
-  if (affine) r.by_hand.push_back(g.dweight), r.by_hand.push_back(g.dbias);
+  if (has_lw) r.by_hand.push_back(g.dweight);
+  if (has_lb) r.by_hand.push_back(g.dbias);
   if (bias) r.by_hand.push_back(bl.grad().to(DType::F32));
   return r;
 }
@@ -255,11 +264,11 @@ RoundedRun run_rounded(DType low, const Shape& xs, bool affine, bool bias) {
 TEST(LayerNormRounded, UnderAutocastIsTheOpsItRunsBitForBit) {
   for (DType low : {DType::BF16, DType::F16})
     for (const Shape& xs : {Shape{16, 32}, Shape{2, 5, 8}, Shape{1, 1}, Shape{300, 64}})
-      for (int flags = 0; flags < 4; ++flags) {
+      for (int flags = 0; flags < (xs.size() == 2 ? 16 : 8); ++flags) {
         std::ostringstream what_s;
         what_s << dtype_name(low) << " " << xs << " flags " << flags;
         const std::string what = what_s.str();
-        const RoundedRun r = run_rounded(low, xs, flags & 1, flags & 2);
+        const RoundedRun r = run_rounded(low, xs, flags);
         ASSERT_EQ(r.fused.size(), r.by_hand.size()) << what;
         EXPECT_EQ(r.fused[0].dtype(), low) << what;
         for (size_t i = 0; i < r.fused.size(); ++i) {
@@ -270,8 +279,6 @@ TEST(LayerNormRounded, UnderAutocastIsTheOpsItRunsBitForBit) {
       }
 }
 
-// Against the two layers under autocast (which round the norm's output once, from the unrounded x-hat): y and
-// the Linear's weight gradient to the low dtype's rounding; the other gradients bit for bit.
 TEST(LayerNormRounded, UnderAutocastIsNearTheTwoLayers) {
   for (DType low : {DType::BF16, DType::F16}) {
     auto run = [&](bool fused) {

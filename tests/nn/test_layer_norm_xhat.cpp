@@ -112,7 +112,8 @@ TEST(LayerNormXhat, MatchesTheBackwardFromX) {
 
 // The backward from a 16-bit x-hat reads a row back into f32 at once where it fits the kernel's buffer, and
 // value by value in longer rows (Note [16-bit x-hat in runs], kernels/cpu/norm.cpp): both are the backward
-// from the same values held in f32, the first bit for bit.
+// from the same values held in f32 (converted here by way of f64, not by the kernel's conversion), the first
+// bit for bit, the second to f32 rounding (its row sums run in another order).
 TEST(LayerNormXhat, SixteenBitXhatIsReadAsItsValues) {
   for (DType s : {DType::F16, DType::BF16})
     for (int64_t cols : {7, 4096, 4097}) {
@@ -123,8 +124,9 @@ TEST(LayerNormXhat, SixteenBitXhatIsReadAsItsValues) {
       const ops::LayerNormResult r = ops::layer_norm(x, {cols}, w, {}, 1e-5, s);
       const ops::LayerNormGrads got =
           ops::layer_norm_backward_xhat(g, r.xhat, DType::F32, {cols}, w, r.rstd, true, true, true);
-      const ops::LayerNormGrads ref = ops::layer_norm_backward_xhat(g, r.xhat.to(DType::F32), DType::F32,
-                                                                    {cols}, w, r.rstd, true, true, true);
+      const Tensor values = tensor(r.xhat.to_vector<double>(), r.xhat.shape()).to(DType::F32);
+      const ops::LayerNormGrads ref =
+          ops::layer_norm_backward_xhat(g, values, DType::F32, {cols}, w, r.rstd, true, true, true);
       for (const auto& [a, b] :
            {std::pair{got.dx, ref.dx}, {got.dweight, ref.dweight}, {got.dbias, ref.dbias}}) {
         if (cols <= 4096)
