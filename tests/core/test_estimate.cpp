@@ -227,8 +227,9 @@ TEST(Estimate, AWinogradConvolutionStepIsExact) {
 }
 
 // W3's model at a reduced size: embeddings, attention, layer norm, AdamW, clipping; and with recompute,
-// sparse embeddings with SparseAdam (every token distinct, the dry run's worst case, so both agree).
-void gpt_steps(Device d, bool recompute, bool sparse) {
+// sparse embeddings with SparseAdam (every token distinct, the dry run's worst case, so both agree), or the
+// forward under bf16 autocast (W6's form: the norms before a Linear keep x-hat only).
+void gpt_steps(Device d, bool recompute, bool sparse, bool autocast = false) {
   manual_seed(7);
   nn::GPTConfig config{.vocab = 64, .d_model = 32, .n_layers = 2, .n_heads = 2, .context = 16};
   config.sparse_embeddings = sparse;
@@ -244,8 +245,11 @@ void gpt_steps(Device d, bool recompute, bool sparse) {
     const Tensor tokens = arange(64, DType::I64).view({4, 16}).to(d);
     opt.zero_grad();
     if (sparse_opt) sparse_opt->zero_grad();
-    const Tensor logits = model->forward(tokens);
-    F::cross_entropy(logits.view({-1, config.vocab}), tokens.view({-1})).backward();
+    std::optional<amp::Autocast> guard;
+    if (autocast) guard.emplace(DType::BF16);
+    Tensor loss = F::cross_entropy(model->forward(tokens).view({-1, config.vocab}), tokens.view({-1}));
+    guard.reset();
+    loss.backward();
     optim::clip_grad_norm_(dense, 1e-6);  // clips, as the dry run assumes
     opt.step();
     if (sparse_opt) sparse_opt->step();
@@ -256,6 +260,8 @@ TEST(Estimate, AGptStepIsExact) {
   expect_dry_run_is_exact([](Device d) { gpt_steps(d, false, false); });
   expect_dry_run_is_exact([](Device d) { gpt_steps(d, true, false); });
   expect_dry_run_is_exact([](Device d) { gpt_steps(d, false, true); });
+  expect_dry_run_is_exact([](Device d) { gpt_steps(d, false, false, true); });
+  expect_dry_run_is_exact([](Device d) { gpt_steps(d, true, false, true); });
 }
 
 TEST(Estimate, AnEmptyArenaAndWhatAStepLeavesBehind) {
