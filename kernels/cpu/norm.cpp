@@ -3,9 +3,9 @@
 // variance exact where one-pass sums would cancel) and twice in the backward (the two row sums, then dx),
 // while it sits in L1. Plain loops under `omp simd` so f32 and f64 vectorise; f16/bf16 inputs convert
 // element by element and accumulate in f32 (a 16-bit x-hat converts in runs: Note [16-bit x-hat in runs]).
-// The x-hat forms (op_layer_norm_xhat, op_layer_norm_backward_xhat) are the
-// same loops writing, or reading, x-hat in its saved dtype; the rounded forms (op_layer_norm_rounded,
-// op_layer_norm_affine) make y from that rounded x-hat. The reference they are tested against is the
+// The x-hat forms (op_layer_norm_xhat, op_layer_norm_backward_xhat) are the same loops writing, or reading,
+// x-hat in its saved dtype; the rounded forms (op_layer_norm_rounded, op_layer_norm_affine) make y from that
+// rounded x-hat. The reference they are tested against is the
 // composite nn::functional::layer_norm_composite (the rounded forms: a plain loop in their test).
 #include <algorithm>
 #include <cmath>
@@ -48,6 +48,11 @@ template <typename S>
 constexpr bool kSixteenBit = std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>;
 template <typename S, typename C>
 constexpr bool kConvertInRuns = std::is_same_v<C, float>&& kSixteenBit<S>;
+// f(j0, len) for the runs [j0, j0 + len) of [0, n), each at most kRun long.
+template <typename F>
+inline void for_runs(int64_t n, F&& f) {
+  for (int64_t j0 = 0; j0 < n; j0 += kRun) f(j0, std::min(kRun, n - j0));
+}
 
 // y[j] = T(xh w[j] + bias[j]) with xh = (x[j] - mu) rs (each factor only when given), and xo[j] = S(xh)
 // when S is not void (the x-hat form): the same operations in the same order either way, so y is the same
@@ -78,12 +83,11 @@ template <bool kWeight, bool kBias, typename S, typename T, typename C>
 inline void normalize_row(const T* x, T* y, S* xo, const C* w, const C* bias, C mu, C rs, int64_t n) {
   if constexpr (kConvertInRuns<S, C>) {
     alignas(64) float run[kRun];
-    for (int64_t j0 = 0; j0 < n; j0 += kRun) {
-      const int64_t len = std::min(kRun, n - j0);
+    for_runs(n, [&](int64_t j0, int64_t len) {
       normalize_row_values<kWeight, kBias>(x + j0, y + j0, run, w ? w + j0 : w, bias ? bias + j0 : bias, mu,
                                            rs, len);
       cpu::from_f32(run, xo + j0, len);
-    }
+    });
   } else {
     normalize_row_values<kWeight, kBias>(x, y, xo, w, bias, mu, rs, n);
   }
@@ -110,13 +114,12 @@ template <bool kWeight, bool kBias, typename S, typename C>
 inline void affine_row(const S* xo, S* y, const C* w, const C* bias, int64_t n) {
   if constexpr (kConvertInRuns<S, C>) {
     alignas(64) float run[kRun];
-    for (int64_t j0 = 0; j0 < n; j0 += kRun) {
-      const int64_t len = std::min(kRun, n - j0);
+    for_runs(n, [&](int64_t j0, int64_t len) {
       cpu::to_f32(xo + j0, run, len);
 #pragma omp simd
       for (int64_t j = 0; j < len; ++j) run[j] = affine_value<kWeight, kBias>(run[j], w, bias, j0 + j);
       cpu::from_f32(run, y + j0, len);
-    }
+    });
   } else {
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) y[j] = S(affine_value<kWeight, kBias>(C(xo[j]), w, bias, j));
@@ -129,12 +132,11 @@ template <bool kWeight, bool kBias, typename S, typename T, typename C>
 inline void rounded_row(const T* x, S* y, S* xo, const C* w, const C* bias, C mu, C rs, int64_t n) {
   if constexpr (kConvertInRuns<S, C>) {
     alignas(64) float run[kRun];
-    for (int64_t j0 = 0; j0 < n; j0 += kRun) {
-      const int64_t len = std::min(kRun, n - j0);
+    for_runs(n, [&](int64_t j0, int64_t len) {
 #pragma omp simd
       for (int64_t j = 0; j < len; ++j) run[j] = (C(x[j0 + j]) - mu) * rs;
       cpu::from_f32(run, xo + j0, len);
-    }
+    });
   } else {
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) xo[j] = S((C(x[j]) - mu) * rs);
