@@ -120,11 +120,12 @@ Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor&
     // x, the norm's weight and bias where defined, and the Linear's weight where a gradient reaches the
     // norm's output (parameters cost nothing to keep).
     // (Nothing when only the Linear's bias needs a gradient.)
-    // (The rounded form: x-hat and rstd instead of x; Note [layer norm before a Linear under autocast].)
+    // (The rounded form: x-hat instead of x, and rstd where the norm's backward runs; Note [layer norm before
+    // a Linear under autocast].)
     const bool norm_again = need_w || need_norm;
     const bool has_lw = ln_weight.defined() && norm_again, has_lb = ln_bias.defined() && norm_again;
     if (norm_again) n->save(rounded ? xhat : x);
-    if (norm_again && rounded) n->save(rstd);
+    if (need_norm && rounded) n->save(rstd);
     if (has_lw) n->save(ln_weight);
     if (has_lb) n->save(ln_bias);
     if (need_norm) n->save(weight);
@@ -135,7 +136,7 @@ Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor&
       if (!norm_again)
         return {Tensor(), Tensor(), Tensor(), Tensor(),
                 ops::linear_backward(g, Tensor(), Tensor(), false, false, need_b).dbias};
-      size_t i = rounded ? 2 : 1;
+      size_t i = rounded && need_norm ? 2 : 1;
       const Tensor& xs = s[0];  // x, or the rounded form's x-hat
       const Tensor lw = has_lw ? s[i++] : Tensor(), lb = has_lb ? s[i++] : Tensor(),
                    w = need_norm ? s[i++] : Tensor();

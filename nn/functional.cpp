@@ -128,10 +128,6 @@ Tensor layer_norm_linear(const Tensor& x_in, const Shape& normalized_shape, cons
   // Linear's in L, as the two layers would cast them, and the op in its rounded form (Note [layer norm
   // before a Linear under autocast], autograd/grad_linear.cpp) where the device has its kernels. Otherwise
   // the two layers, with their own checks and errors.
-  const bool autocast = amp::is_autocast_enabled();
-  if (autocast && !(x_in.defined() && weight_in.defined() && is_floating(x_in.dtype())))
-    return functional::linear(functional::layer_norm(x_in, normalized_shape, ln_weight_in, ln_bias_in, eps),
-                              weight_in, bias_in);
   const auto norm = amp::autocast("layer_norm", x_in, ln_weight_in, ln_bias_in);
   const auto lin = amp::autocast("linear", weight_in, bias_in);
   const Tensor &x = norm[0], &ln_weight = norm[1], &ln_bias = norm[2], &weight = lin[0], &bias = lin[1];
@@ -139,8 +135,8 @@ Tensor layer_norm_linear(const Tensor& x_in, const Shape& normalized_shape, cons
     return !p.defined() ||
            (p.dtype() == x.dtype() && p.device() == x.device() && p.shape() == normalized_shape);
   };
-  const std::optional<DType> rounded =
-      autocast ? std::optional<DType>(amp::autocast_dtype()) : std::optional<DType>();
+  std::optional<DType> rounded;
+  if (amp::is_autocast_enabled()) rounded = amp::autocast_dtype();
   const bool fused =
       x.defined() && weight.defined() && x.dim() >= 1 && normalized_shape == Shape{x.size(-1)} &&
       norm_param(ln_weight) && norm_param(ln_bias) && weight.dim() == 2 && weight.size(1) == x.size(-1) &&

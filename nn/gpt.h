@@ -45,9 +45,9 @@ class GPTImpl : public Module {
   // With `selective`, the next that many blocks run as segments that keep their GEMMs' results
   // (autograd::RecomputePolicy::keep_matmuls, Note [selective recompute]): backward recomputes only their
   // activations and residual adds, and the norms outside autocast (which keep nothing the GEMMs do not: the
-  // blocks' norms and GELU
-  // run fused with the Linear after them, so a selective block keeps a little more than a plain one, and
-  // memory::plan, which measures, does not choose it). n + selective is at most n_layers.
+  // blocks' norms and GELU run fused with the Linear after them, so a selective block keeps a little more
+  // than a plain one, and memory::plan, which measures, does not choose it). n + selective is at most
+  // n_layers.
   GPTImpl& recompute_blocks(int64_t n, int64_t selective = 0);
   int64_t recompute_blocks() const { return recompute_blocks_; }
   int64_t selective_blocks() const { return selective_blocks_; }
