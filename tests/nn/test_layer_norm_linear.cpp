@@ -423,6 +423,25 @@ TEST(LayerNormRounded, GptRecomputeSegmentsBitIdenticalUnderAutocast) {
   EXPECT_EQ(grads(1, 2), plain);
 }
 
+// Non-contiguous inputs of the two kernels' ops (x, and x-hat, as transposed views of the same values): the
+// results of their contiguous copies, bit for bit.
+TEST(LayerNormRounded, NonContiguousInputs) {
+  const Tensor x = uniform({12, 20}, -2, 3, DType::F32, 71), w = uniform({20}, 0.5, 1.5, DType::F32, 72),
+               b = uniform({20}, -1, 1, DType::F32, 73);
+  const Tensor xt = x.t().contiguous().t();
+  ASSERT_FALSE(xt.is_contiguous());
+  for (DType low : {DType::BF16, DType::F16}) {
+    const ops::LayerNormResult r = ops::layer_norm_rounded(x, {20}, w, b, 1e-5, low);
+    const ops::LayerNormResult rt = ops::layer_norm_rounded(xt, {20}, w, b, 1e-5, low);
+    EXPECT_EQ(rt.y.to_vector<double>(), r.y.to_vector<double>()) << dtype_name(low);
+    EXPECT_EQ(rt.xhat.to_vector<double>(), r.xhat.to_vector<double>()) << dtype_name(low);
+    const Tensor xhat_t = r.xhat.t().contiguous().t();
+    ASSERT_FALSE(xhat_t.is_contiguous());
+    EXPECT_EQ(ops::layer_norm_affine(xhat_t, DType::F32, w, b).to_vector<double>(), r.y.to_vector<double>())
+        << dtype_name(low);
+  }
+}
+
 TEST(LayerNormRounded, BadInputs) {
   const Tensor x = uniform({4, 6}, -1, 1);
   expect_error<DTypeError>([&] { ops::layer_norm_rounded(x, {6}, {}, {}, 1e-5, DType::I64); },
