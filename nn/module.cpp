@@ -126,6 +126,41 @@ std::shared_ptr<Module> Module::replace_module(const std::string& path, std::sha
 
 void Module::child_replaced(const std::string&, const std::shared_ptr<Module>&) {}
 
+// Note [rewriting a model in place] (nn/module.h).
+void replace_modules(Module& root, std::vector<std::pair<std::string, std::shared_ptr<Module>>> replacements,
+                     const std::string& who) {
+  std::vector<std::shared_ptr<Module>> old;
+  old.reserve(replacements.size());
+  auto put_back = [&] {
+    for (size_t i = old.size(); i-- > 0;) root.replace_module(replacements[i].first, old[i]);
+  };
+  try {
+    for (const auto& [path, module] : replacements) old.push_back(root.replace_module(path, module));
+  } catch (...) {
+    put_back();
+    throw;
+  }
+  // `old` holds one reference to each replaced module; any other is from outside the tree.
+  size_t held = 0;
+  while (held < old.size() && old[held].use_count() == 1) ++held;
+  if (held == old.size()) return;
+  const std::string& path = replacements[held].first;
+  const std::string type = old[held]->type_name();
+  const size_t dot = path.rfind('.');
+  put_back();
+  const std::string parent =
+      dot == std::string::npos ? root.type_name() : root.named_modules().at(path.substr(0, dot))->type_name();
+  const std::string member = path.substr(dot == std::string::npos ? 0 : dot + 1);
+  FRUGAL_CHECK(false, who, ": the ", type, " at '", path,
+               "' is also held outside the model's module tree: by a member of its parent ", parent,
+               " (such as `nn::", type, " ", member,
+               "`), whose forward would go on calling the old layer, or by a pointer of yours. Nothing was "
+               "replaced. Keep such layers in a container (nn::Sequential), re-point the member in ",
+               parent,
+               "::child_replaced, or drop the pointer first (Note [rewriting a model in place], "
+               "nn/module.h)");
+}
+
 namespace {
 // Walks the module tree depth first without recursion, calling f(prefix, module) ("" for the root).
 template <typename F>

@@ -91,6 +91,9 @@ class Module {
   // Puts `module` where the child at `path` ("fc1"; "features.0" for a child's child) is, under the same
   // name and in the same place (a container's list follows), and returns the module it replaced. For
   // rewrites of a model: pruning's shrink, quantisation's convert. Throws Error when no child is there.
+  // The module tree alone is changed: a typed member of the parent (nn::Linear fc1) still holds the old
+  // module unless the parent re-points it in child_replaced; the rewrites of a model go through
+  // replace_modules below, which refuses that case.
   std::shared_ptr<Module> replace_module(const std::string& path, std::shared_ptr<Module> module);
 
   // Training mode (dropout active, batch norm updating its statistics) for this module and its children.
@@ -147,7 +150,9 @@ class Module {
     add_child(name, holder.ptr());
     return holder;
   }
-  // Called by replace_module after the child `name` became `module`: for containers that list their children.
+  // Called by replace_module after the child `name` became `module`: for containers that list their children,
+  // and for modules that keep a child in a member of their own, to re-point it (the member then has to be a
+  // std::shared_ptr<Module> where the replacement is of another type, as quantisation's are).
   virtual void child_replaced(const std::string& name, const std::shared_ptr<Module>& module);
   // Replaces the tensor behind a registered buffer (e.g. when it is recomputed rather than updated in place).
   void set_buffer(const std::string& name, Tensor tensor);
@@ -164,5 +169,18 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<std::string> masked_;  // parameters with a mask, in the order they were pruned
 };
+
+// Note [rewriting a model in place]: quantisation (quantize_dynamic, prepare, prepare_qat, convert) and
+// pruning (shrink, to_sparse) rewrite a model by putting new modules where old ones are in the module tree.
+// A module whose parent also holds it in a typed member (nn::Linear fc1, as MlpImpl at the top of this file)
+// would stay in use: the parent's forward calls the member, not the tree, so the model would go on computing
+// in f32 while its state_dict (and the file saved from it) holds the int8 weights. So a rewrite goes through
+// replace_modules: each (path, module) of `replacements` is put in place (replace_module), and once all are,
+// any old module still held outside the tree (by a member of its parent that child_replaced did not re-point,
+// or by a pointer of the caller's) puts every old module back and throws Error naming it: the model is as it
+// was. The caller holds no reference of its own to the modules it replaces. `who` names the rewrite in
+// errors.
+void replace_modules(Module& root, std::vector<std::pair<std::string, std::shared_ptr<Module>>> replacements,
+                     const std::string& who);
 
 }  // namespace frugal::nn

@@ -340,6 +340,7 @@ void shrink(SequentialImpl& model) {
                    "Flatten only");
   }
   NoGradGuard no_record;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> rebuilt_layers;
   for (size_t j = 0; j < layers.size(); ++j) {
     const Module& m = *layers[j].module;
     const std::vector<int64_t>& rows = layers[j].kept_out;
@@ -383,23 +384,24 @@ void shrink(SequentialImpl& model) {
       rebuilt = conv;
     }
     rebuilt->train(m.is_training());
-    model.replace_module(std::to_string(layers[j].index), rebuilt);
-    layers[j].module = rebuilt.get();
+    rebuilt_layers.emplace_back(std::to_string(layers[j].index), rebuilt);
   }
+  replace_modules(model, std::move(rebuilt_layers), op);
 }
 
 int to_sparse(Module& model, double min_sparsity) {
   FRUGAL_CHECK(min_sparsity >= 0 && min_sparsity <= 1,
                "prune::to_sparse: min_sparsity must be in [0, 1], got ", min_sparsity);
-  int replaced = 0;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> sparse;
   for (const auto& [path, m] : model.named_modules()) {
     if (!is_linear(*m)) continue;
     auto& lin = static_cast<LinearImpl&>(*m);
     lin.apply_masks();
     if (sparsity(lin.weight) < min_sparsity) continue;
-    model.replace_module(path, std::make_shared<SparseLinearImpl>(lin));
-    ++replaced;
+    sparse.emplace_back(path, std::make_shared<SparseLinearImpl>(lin));
   }
+  const int replaced = int(sparse.size());
+  replace_modules(model, std::move(sparse), "prune::to_sparse");
   return replaced;
 }
 

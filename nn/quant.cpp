@@ -561,9 +561,10 @@ int quantize_dynamic(Module& model) {
       q = std::make_shared<QuantizedLinearImpl>(lin->weight, lin->bias);
     else
       q = std::make_shared<QuantizedEmbeddingImpl>(static_cast<EmbeddingImpl&>(*module).weight);
-    module.reset();  // our reference, so the layer (and its f32 weight) goes when the model lets it go
-    model.replace_module(path, q);
+    module =
+        q;  // our reference is to the replacement, so the layer (and its f32 weight) goes with the tree's
   }
+  replace_modules(model, found, "quantize_dynamic");
   return int(found.size());
 }
 
@@ -601,28 +602,26 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> quantisable_layers(
 }  // namespace
 
 int prepare_qat(Module& model) {
-  const auto found = quantisable_layers(model, "prepare_qat");
-  for (const auto& [path, module] : found) {
-    std::shared_ptr<Module> qat;
+  auto found = quantisable_layers(model, "prepare_qat");
+  for (auto& [path, module] : found) {
     if (auto* lin = dynamic_cast<const LinearImpl*>(module.get()))
-      qat = std::make_shared<QatLinearImpl>(*lin);
+      module = std::make_shared<QatLinearImpl>(*lin);
     else
-      qat = std::make_shared<QatConv2dImpl>(static_cast<const Conv2dImpl&>(*module));
-    model.replace_module(path, qat);
+      module = std::make_shared<QatConv2dImpl>(static_cast<const Conv2dImpl&>(*module));
   }
+  replace_modules(model, found, "prepare_qat");
   return int(found.size());
 }
 
 int prepare(Module& model, Observer observer) {
-  const auto found = quantisable_layers(model, "quant::prepare");
-  for (const auto& [path, module] : found) {
-    std::shared_ptr<Module> observed;
+  auto found = quantisable_layers(model, "quant::prepare");
+  for (auto& [path, module] : found) {
     if (auto* lin = dynamic_cast<const LinearImpl*>(module.get()))
-      observed = std::make_shared<ObservedLinearImpl>(*lin, observer);
+      module = std::make_shared<ObservedLinearImpl>(*lin, observer);
     else
-      observed = std::make_shared<ObservedConv2dImpl>(static_cast<const Conv2dImpl&>(*module), observer);
-    model.replace_module(path, observed);
+      module = std::make_shared<ObservedConv2dImpl>(static_cast<const Conv2dImpl&>(*module), observer);
   }
+  replace_modules(model, found, "quant::prepare");
   return int(found.size());
 }
 
@@ -654,6 +653,7 @@ int convert(Module& model) {
         found.push_back({path, module, l->weight, l->bias, lo, hi, nullptr});
     }
   }
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> replacements;
   for (Found& f : found) {
     const InputQuant in = input_qparams_of_range(f.lo, f.hi);
     NoGradGuard ng;
@@ -663,12 +663,12 @@ int convert(Module& model) {
       q = std::make_shared<QuantizedConv2dImpl>(*f.conv, f.weight.detach(), b, &in);
     else
       q = std::make_shared<QuantizedLinearImpl>(f.weight.detach(), b, in.scale, in.zero_point);
-    f.module.reset();
-    f.weight = Tensor();
-    f.bias = Tensor();
-    model.replace_module(f.path, q);
+    replacements.emplace_back(f.path, q);
   }
-  return int(found.size());
+  const int n = int(found.size());
+  found.clear();  // our references to the old layers (and their f32 weights)
+  replace_modules(model, std::move(replacements), "convert");
+  return n;
 }
 
 }  // namespace quant

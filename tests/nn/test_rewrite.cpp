@@ -1,0 +1,135 @@
+// Rewriting a model in place (Note [rewriting a model in place], nn/module.h): quantisation and pruning put
+// new modules in the module tree; a layer its parent also holds in a typed member (whose forward would go on
+// calling the old layer) makes the rewrite refuse with the model unchanged, and a parent that re-points its
+// members in child_replaced gets the new layers into its forward.
+#include <memory>
+
+#include "autograd/graph.h"
+#include "nn/containers.h"
+#include "nn/gpt.h"
+#include "nn/layers.h"
+#include "nn/prune.h"
+#include "nn/quant.h"
+#include "tests/test_util.h"
+
+namespace frugal {
+namespace {
+
+using testing::expect_error;
+using testing::uniform;
+
+// A model as written in libtorch style (nn/module.h's MlpImpl): its forward calls typed members.
+struct TypedMlpImpl : nn::Module {
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+  TypedMlpImpl()
+      : fc1(register_module("fc1", nn::Linear(16, 32))), fc2(register_module("fc2", nn::Linear(32, 4))) {}
+  Tensor forward(const Tensor& x) override { return fc2(relu(fc1(x))); }
+};
+FRUGAL_MODULE(TypedMlp);
+
+// The same model with members of the base type, re-pointed when a rewrite replaces the child.
+struct RepointingMlpImpl : nn::Module {
+  std::shared_ptr<nn::Module> fc1, fc2;
+  RepointingMlpImpl()
+      : fc1(register_module("fc1", nn::Linear(16, 32)).ptr()),
+        fc2(register_module("fc2", nn::Linear(32, 4)).ptr()) {}
+  Tensor forward(const Tensor& x) override { return fc2->forward(relu(fc1->forward(x))); }
+
+ protected:
+  void child_replaced(const std::string& name, const std::shared_ptr<nn::Module>& module) override {
+    (name == "fc1" ? fc1 : fc2) = module;
+  }
+};
+FRUGAL_MODULE(RepointingMlp);
+
+// The tree's module at path, and what its type name is.
+std::string type_at(const nn::Module& model, const std::string& path) {
+  return model.named_modules().at(path)->type_name();
+}
+
+std::vector<float> forward_no_grad(nn::Module& model, const Tensor& x) {
+  NoGradGuard ng;
+  return model.forward(x).to_vector<float>();
+}
+
+TEST(Rewrite, TypedMembersMakeEveryRewriteRefuseWithTheModelUnchanged) {
+  manual_seed(5);
+  TypedMlp net;
+  const Tensor x = uniform({8, 16}, -1, 1);
+  const std::vector<float> before = forward_no_grad(*net, x);
+  nn::Module* const fc1 = net->fc1.get();
+  nn::Module* const fc2 = net->fc2.get();
+  auto unchanged = [&] {
+    EXPECT_EQ(net->named_modules().at("fc1").get(), fc1);
+    EXPECT_EQ(net->named_modules().at("fc2").get(), fc2);
+    EXPECT_EQ(forward_no_grad(*net, x), before);
+  };
+  // The first layer found is named, its parent and the member that holds it; both layers are put back.
+  const std::vector<std::string> named{"'fc1'", "TypedMlp", "nn::Linear fc1", "Nothing was replaced"};
+  auto with = [&](const char* who) {
+    std::vector<std::string> parts{who};
+    parts.insert(parts.end(), named.begin(), named.end());
+    return parts;
+  };
+  expect_error<Error>([&] { nn::quant::quantize_dynamic(*net); }, with("quantize_dynamic"));
+  unchanged();
+  expect_error<Error>([&] { nn::quant::prepare(*net); }, with("quant::prepare"));
+  unchanged();
+  expect_error<Error>([&] { nn::quant::prepare_qat(*net); }, with("prepare_qat"));
+  unchanged();
+  nn::prune::l1_unstructured(*net->fc1, "weight", 0.95);
+  nn::prune::l1_unstructured(*net->fc2, "weight", 0.95);
+  const std::vector<float> pruned = forward_no_grad(*net, x);
+  expect_error<Error>([&] { nn::prune::to_sparse(*net, 0.9); }, with("prune::to_sparse"));
+  EXPECT_EQ(type_at(*net, "fc1"), "Linear");
+  EXPECT_EQ(type_at(*net, "fc2"), "Linear");
+  EXPECT_EQ(forward_no_grad(*net, x), pruned);
+}
+
+TEST(Rewrite, APointerKeptIntoASequentialMakesTheRewriteRefuse) {
+  manual_seed(6);
+  nn::Linear kept(16, 32);
+  nn::Sequential net{kept, nn::ReLU(), nn::Linear(32, 4)};
+  expect_error<Error>([&] { nn::quant::quantize_dynamic(*net); },
+                      {"quantize_dynamic", "'0'", "Sequential", "pointer of yours", "Nothing was replaced"});
+  EXPECT_EQ(type_at(*net, "0"), "Linear");
+  EXPECT_EQ(type_at(*net, "2"), "Linear");
+  EXPECT_EQ(net->named_modules().at("0").get(), kept.get());
+  kept = nullptr;  // the pointer dropped, the rewrite goes through
+  EXPECT_EQ(nn::quant::quantize_dynamic(*net), 2);
+  EXPECT_EQ(type_at(*net, "0"), "QuantizedLinear");
+  EXPECT_EQ(type_at(*net, "2"), "QuantizedLinear");
+}
+
+TEST(Rewrite, AParentThatRePointsItsMembersRunsTheRewrittenLayers) {
+  manual_seed(7);
+  RepointingMlp net;
+  nn::Sequential same{nn::Linear(16, 32), nn::ReLU(), nn::Linear(32, 4)};
+  same->load_state_dict({{"0.weight", net->fc1->named_parameters()["weight"]},
+                         {"0.bias", net->fc1->named_parameters()["bias"]},
+                         {"2.weight", net->fc2->named_parameters()["weight"]},
+                         {"2.bias", net->fc2->named_parameters()["bias"]}});
+  const Tensor x = uniform({8, 16}, -1, 1);
+  const std::vector<float> f32 = forward_no_grad(*net, x);
+  EXPECT_EQ(nn::quant::quantize_dynamic(*net), 2);
+  EXPECT_EQ(nn::quant::quantize_dynamic(*same), 2);
+  EXPECT_EQ(net->fc1->type_name(), "QuantizedLinear");
+  EXPECT_EQ(net->fc1.get(), net->named_modules().at("fc1").get());
+  EXPECT_EQ(net->fc2.get(), net->named_modules().at("fc2").get());
+  const std::vector<float> int8 = forward_no_grad(*net, x);
+  EXPECT_EQ(int8, forward_no_grad(*same, x));  // the int8 layers ran, as in the Sequential
+  EXPECT_NE(int8, f32);
+}
+
+TEST(Rewrite, QuantizeDynamicRefusesTheGptWhoseBlocksCallTheirMembers) {
+  manual_seed(8);
+  nn::GPT gpt(nn::GPTConfig{.vocab = 13, .d_model = 16, .n_layers = 2, .n_heads = 2, .context = 8});
+  const auto before = gpt->named_modules();
+  expect_error<Error>([&] { nn::quant::quantize_dynamic(*gpt); }, {"quantize_dynamic", "held outside"});
+  const auto after = gpt->named_modules();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i].value().get(), before[i].value().get()) << i;
+}
+
+}  // namespace
+}  // namespace frugal
