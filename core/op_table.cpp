@@ -96,6 +96,7 @@ constinit OpTable<LayerNormKernel> op_layer_norm_affine{"layer_norm_affine"};
 constinit OpTable<ElementwiseKernel> op_gelu_backward{"gelu_backward"};
 constinit OpTable<ElementwiseKernel> op_relu_backward{"relu_backward"};
 constinit OpTable<ElementwiseKernel> op_gelu_tanh_backward{"gelu_tanh_backward"};
+constinit OpTable<ElementwiseKernel> op_gelu_and_backward{"gelu_and_backward"};
 constinit OpTable<SelfAttentionKernel> op_self_attention{"self_attention"};
 constinit OpTable<SelfAttentionKernel> op_self_attention_backward{"self_attention_backward"};
 constinit OpTable<SelfAttentionKernel> op_self_attention_low_probs{"self_attention_low_probs"};

@@ -135,5 +135,9 @@ extern OpTable<ElementwiseKernel> op_gelu_backward;
 // dx = y > 0 ? dy : 0, the values where(y > 0, dy, 0) selects (a NaN y gives 0).
 extern OpTable<ElementwiseKernel> op_relu_backward;
 extern OpTable<ElementwiseKernel> op_gelu_tanh_backward;
+// GELU's output and gradient in one pass over x (gelu_linear's backward; Note [gelu_linear's backward in one
+// pass over x] in autograd/grad_linear.cpp): operands dy (read, then overwritten with dx), y (written), x,
+// all of x's dtype (the table's key); y = gelu(x) and dx = gelu_backward's, bit for bit, erf computed once.
+extern OpTable<ElementwiseKernel> op_gelu_and_backward;
 
 }  // namespace frugal

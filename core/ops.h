@@ -39,6 +39,11 @@ Tensor clamp_max(const Tensor& x, Scalar max);
 // GELU's gradients in one pass, d y * gelu'(x), for d y and x of one shape (d y is converted to x's dtype).
 Tensor gelu_backward(const Tensor& grad_out, const Tensor& x);
 Tensor gelu_tanh_backward(const Tensor& grad_out, const Tensor& x);
+// gelu(x), and grad (d y: contiguous, of x's shape, dtype and device, not x's memory) overwritten with
+// gelu_backward(grad, x): one pass over x, erf computed once, both results those of the two ops bit for bit
+// (Note [gelu_linear's backward in one pass over x]). Only where has_gelu_and_backward(x).
+Tensor gelu_and_backward_(Tensor& grad, const Tensor& x);
+bool has_gelu_and_backward(const Tensor& x);
 // ReLU's gradient from its output y in one pass: y > 0 ? d y : 0 (d y converted to y's dtype).
 Tensor relu_backward(const Tensor& grad_out, const Tensor& y);
 // cond ? a : b, elementwise with broadcasting; cond is bool.

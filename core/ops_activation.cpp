@@ -37,4 +37,26 @@ Tensor relu_backward(const Tensor& grad_out, const Tensor& y) {
   return activation_backward(op_relu_backward, grad_out, y);
 }
 
+bool has_gelu_and_backward(const Tensor& x) { return op_gelu_and_backward.has(x.device(), x.dtype()); }
+
+Tensor gelu_and_backward_(Tensor& grad, const Tensor& x) {
+  memory::OpScope op_scope("gelu_and_backward", grad, x);  // Note [op names in the history]
+  const char* op = "gelu_and_backward_";
+  FRUGAL_CHECK(x.defined() && grad.defined(), op, ": the input or the gradient is undefined");
+  FRUGAL_CHECK_DTYPE(is_floating(x.dtype()) && grad.dtype() == x.dtype(), op,
+                     ": expected a floating input and a gradient of its dtype, got ", dtype_name(x.dtype()),
+                     " and ", dtype_name(grad.dtype()));
+  FRUGAL_CHECK_SHAPE(grad.shape() == x.shape(), op, ": the gradient's shape ", grad.shape(),
+                     " differs from the input's ", x.shape());
+  FRUGAL_CHECK_T(DeviceError, grad.device() == x.device(), op, ": the gradient is on ", grad.device(),
+                 " but the input is on ", x.device());
+  FRUGAL_CHECK(
+      grad.is_contiguous() && grad.is_writable() && (!grad.storage() || grad.storage() != x.storage()), op,
+      ": the gradient is written over, so it must be contiguous, writable and not share the input's memory");
+  Tensor y = empty(x.shape(), x.options());
+  op_gelu_and_backward.get(x.device(), x.dtype())(make_loop({&grad, &y, &x}), {});
+  if (grad.storage()) grad.storage()->bump_version();
+  return y;
+}
+
 }  // namespace frugal::ops

@@ -1,9 +1,10 @@
 // CPU kernels of the activations' gradients that run as one pass (op_gelu_backward, op_gelu_tanh_backward,
-// op_relu_backward; formulas in core/op_table.h) instead of several elementwise ops. The math is one Eigen
-// array expression, so contiguous f32/f64 runs use Eigen's vectorised erf, exp and tanh (Eigen's float erf is
-// a clamped rational approximation accurate to a few ulps, the same the forward gelu uses); other runs
-// (strided, f16/bf16) pass through small buffers in the compute type. Their reference is the gradient
-// autograd derives from the composite forms (tests/kernels/test_gelu.cpp).
+// op_relu_backward, and op_gelu_and_backward for gelu_linear's backward; formulas in core/op_table.h)
+// instead of several elementwise ops. The math is one Eigen array expression, so contiguous f32/f64 runs use
+// Eigen's vectorised erf, exp and tanh (Eigen's float erf is a clamped rational approximation accurate to a
+// few ulps, the same the forward gelu uses); other runs (strided, f16/bf16) pass through small buffers in the
+// compute type. Their reference is the gradient autograd derives from the composite forms
+// (tests/kernels/test_gelu.cpp).
 #include <Eigen/Core>
 #include <algorithm>
 #include <unsupported/Eigen/SpecialFunctions>
@@ -45,6 +46,77 @@ void gelu_tanh_backward_cpu(const Loop& loop, const OpArgs&) {
   });
 }
 
+// Note [gelu_linear's backward in one pass over x] (autograd/grad_linear.cpp): y = gelu(x) and dy <- dy
+// gelu'(x) with one read of x, in the operations of gelu's Eigen form (kernels/cpu/elementwise.cpp) and of
+// gelu_backward_cpu above, in pieces that give the whole run's results (Note [pieces of a run, bit for
+// bit]; y and dy equally aligned, as fresh tensors are), so that both results are those two ops' bit for
+// bit. The elements Eigen assigns by packets share one erf; those it assigns one by one (a run's unaligned
+// head, the tail after its last whole packet; all of them in f64, which has no packet erf) go through the
+// two ops' own expressions, written
+// again here, since the compiler may contract a scalar erf's last operations with what follows it in one
+// expression and not in the other (1 of 35 elements differed in its last bit).
+template <typename C>
+void gelu_and_backward_piece(C* dy_p, C* y_p, const C* x_p, C* e_p, int64_t m, int64_t packets) {
+  if (packets > 0) {
+    Out<C> dy(dy_p, packets), y(y_p, packets), e(e_p, packets);
+    In<C> x(x_p, packets);
+    e = (x * C(0.70710678118654752)).erf();
+    y = C(0.5) * x * (C(1) + e);
+    dy = dy * (C(0.5) + C(0.5) * e + x * C(0.39894228040143267794) * (C(-0.5) * x.square()).exp());
+  }
+  if (packets < m) {
+    Out<C> dy(dy_p + packets, m - packets), y(y_p + packets, m - packets);
+    In<C> x(x_p + packets, m - packets);
+    y = C(0.5) * x * (C(1) + (x * C(0.70710678118654752)).erf());      // as elementwise.cpp's Gelu form
+    dy = dy * (C(0.5) + C(0.5) * (x * C(0.70710678118654752)).erf() +  // as gelu_backward_cpu's
+               x * C(0.39894228040143267794) * (C(-0.5) * x.square()).exp());
+  }
+}
+
+// Operands: dy (read, then written with dx), y, x.
+template <typename T>
+void gelu_and_backward_cpu(const Loop& loop, const OpArgs&) {
+  using C = acc_t<T>;
+  constexpr int64_t kSize = int64_t(sizeof(T));
+  constexpr int64_t kPacketBytes = int64_t(sizeof(typename Eigen::internal::packet_traits<C>::type));
+  constexpr int64_t kPacket = kPacketBytes / int64_t(sizeof(C));  // elements
+  // Where Eigen has no packet erf (f64), it assigns every element one by one.
+  constexpr bool kPacketErf =
+      Eigen::internal::functor_traits<Eigen::internal::scalar_erf_op<C>>::PacketAccess;
+  auto whole_packets = [](int64_t m) { return kPacketErf ? m / kPacket * kPacket : 0; };
+  for_each_run(loop, [&](char* const* p, const int64_t* s, int64_t n) {
+    alignas(64) C e[cpu::kMapChunk];
+    if constexpr (std::is_same_v<T, C>) {
+      if (s[0] == kSize && s[1] == kSize && s[2] == kSize) {
+        // Pieces as the two ops cut runs over fresh outputs, which y is: by y's alignment. Where dy is not
+        // aligned as y, a piece's d x is made in `dx` (aligned as y's piece) and copied over dy.
+        C* const dy = reinterpret_cast<C*>(p[0]);
+        C* const y = reinterpret_cast<C*>(p[1]);
+        const C* const x = reinterpret_cast<const C*>(p[2]);
+        const bool together = (reinterpret_cast<uintptr_t>(dy) - reinterpret_cast<uintptr_t>(y)) % 64 == 0;
+        alignas(64) C dx[cpu::kMapChunk];
+        for (int64_t i = 0, m = cpu::first_piece(y, n); i < n; i += m, m = std::min(cpu::kMapChunk, n - i)) {
+          const int64_t packets =
+              reinterpret_cast<uintptr_t>(y + i) % kPacketBytes == 0 ? whole_packets(m) : 0;
+          C* const out = together || packets == 0 ? dy + i : std::copy_n(dy + i, m, dx) - m;
+          gelu_and_backward_piece(out, y + i, x + i, e, m, packets);
+          if (out != dy + i) std::copy_n(dx, m, dy + i);
+        }
+        return;
+      }
+    }
+    alignas(64) C dy[cpu::kMapChunk], y[cpu::kMapChunk], x[cpu::kMapChunk];
+    for (int64_t i = 0; i < n; i += cpu::kMapChunk) {
+      const int64_t m = std::min(cpu::kMapChunk, n - i);
+      cpu::load<T>(p[0] + i * s[0], s[0], m, dy);
+      cpu::load<T>(p[2] + i * s[2], s[2], m, x);
+      gelu_and_backward_piece(dy, y, x, e, m, whole_packets(m));
+      cpu::store<T>(p[0] + i * s[0], s[0], m, dy);
+      cpu::store<T>(p[1] + i * s[1], s[1], m, y);
+    }
+  });
+}
+
 // dx = y > 0 ? dy : 0 (y is ReLU's output; a select, so the values are exactly where(y > 0, dy, 0)'s)
 template <typename T>
 void relu_backward_cpu(const Loop& loop, const OpArgs&) {
@@ -59,6 +131,7 @@ const bool kRegistered = [] {
     op_gelu_backward.set(DeviceType::CPU, dtype_v<T>, gelu_backward_cpu<T>);
     op_gelu_tanh_backward.set(DeviceType::CPU, dtype_v<T>, gelu_tanh_backward_cpu<T>);
     op_relu_backward.set(DeviceType::CPU, dtype_v<T>, relu_backward_cpu<T>);
+    op_gelu_and_backward.set(DeviceType::CPU, dtype_v<T>, gelu_and_backward_cpu<T>);
   });
   return true;
 }();

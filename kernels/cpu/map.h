@@ -55,10 +55,26 @@ inline void store(char* p, int64_t stride, int64_t n, const C* buf) {
   }
 }
 
+// Note [pieces of a run, bit for bit]: Eigen assigns to a destination's unaligned head, and to the tail
+// after its last whole packet, element by element (scalar erf, exp, ...: their last bit can differ from the
+// packet functions'), and the rest by packets. A contiguous run cut into pieces that each start where
+// `out` is packet-aligned (but the first, which ends there) has each element go the way it goes when the
+// run is assigned whole: a rule run in pieces then gives the whole run's results bit for bit. The first
+// piece's length: up to `out`'s first aligned element, or kMapChunk when `out` starts aligned.
+template <typename C>
+int64_t first_piece(const C* out, int64_t n) {
+  // A packet's alignment is its size (unpacket_traits<Packet>::alignment, whose template argument would lose
+  // the vector type's attributes).
+  constexpr int kAlignment = int(sizeof(typename Eigen::internal::packet_traits<C>::type));
+  const int64_t head = Eigen::internal::first_aligned<kAlignment>(out, n);
+  return std::min(head > 0 ? head : kMapChunk, n);
+}
+
 // Runs f(out, in_1, ..., in_N) over every run of a loop whose operands (all of type T) are out, in_1, ...:
 // straight over memory when T is its own compute type and every operand is contiguous, through
-// kMapChunk-sized buffers otherwise. `Chunked` also cuts the contiguous runs into kMapChunk pieces, so that
-// a rule of several statements (each a pass over its piece) finds its first results still in L1.
+// kMapChunk-sized buffers otherwise. `Chunked` also cuts the contiguous runs into pieces of at most
+// kMapChunk (Note [pieces of a run, bit for bit]), so that a rule of several statements (each a pass over
+// its piece) finds its first results still in L1.
 template <typename T, int N, bool Chunked = false, typename F>
 void map_kernel(const Loop& loop, F f) {
   using C = acc_t<T>;
@@ -67,9 +83,8 @@ void map_kernel(const Loop& loop, F f) {
       bool contiguous = true;
       for (int k = 0; k <= N; ++k) contiguous = contiguous && s[k] == int64_t(sizeof(T));
       if (contiguous) {
-        const int64_t step = Chunked ? kMapChunk : n;
-        for (int64_t i = 0; i < n; i += step) {
-          const int64_t m = std::min(step, n - i);
+        for (int64_t i = 0, m = Chunked ? first_piece(reinterpret_cast<C*>(p[0]), n) : n; i < n;
+             i += m, m = std::min(kMapChunk, n - i)) {
           Out<C> o(reinterpret_cast<C*>(p[0]) + i, m);
           [&]<int... K>(std::integer_sequence<int, K...>) {
             f(o, In<C>(reinterpret_cast<const C*>(p[K + 1]) + i, m)...);

@@ -86,6 +86,28 @@ TEST_F(GptOps, GeluAndReluGradientsMatchTheCpu) {
   }
 }
 
+// gelu_linear's backward op (Note [gelu_linear's backward in one pass over x]): on the GPU, gelu's and
+// gelu_backward's results there bit for bit, and the CPU's within the dtype's tolerance.
+TEST_F(GptOps, GeluAndBackwardMatchesTheTwoOpsAndTheCpu) {
+  for (DType t : kFloats) {
+    const Tensor x = uniform({33, 17}, -5, 5, DType::F64, 8).to(t),
+                 dy = uniform({33, 17}, -1, 1, DType::F64, 9).to(t);
+    const std::string what = std::string("gelu_and_backward ") + dtype_name(t);
+    Tensor grad = dy.to(kGpu);
+    const Tensor xg = x.to(kGpu);
+    const Tensor y = ops::gelu_and_backward_(grad, xg);
+    EXPECT_EQ(y.to(kCPU).to_vector<double>(), ops::gelu(xg).to(kCPU).to_vector<double>()) << what;
+    EXPECT_EQ(grad.to(kCPU).to_vector<double>(),
+              ops::gelu_backward(dy.to(kGpu), xg).to(kCPU).to_vector<double>())
+        << what;
+    Tensor grad_cpu = dy.clone();
+    const Tensor y_cpu = ops::gelu_and_backward_(grad_cpu, x);
+    testing::expect_close(y.to(kCPU), y_cpu.to_vector<double>(), tol_of(t), what + " y against the cpu");
+    testing::expect_close(grad.to(kCPU), grad_cpu.to_vector<double>(), tol_of(t),
+                          what + " dx against the cpu");
+  }
+}
+
 TEST_F(GptOps, AttentionScoresSoftmaxMatchesTheCpu) {
   for (DType t : kFloats) {
     for (bool causal : {false, true}) {

@@ -2,6 +2,7 @@
 // built from erf / tanh, mul and add (whose gradients autograd derives) and against the derivative written
 // out in f64; every float dtype, contiguous and strided, large enough for several threads; finite
 // differences in f64; bad inputs of the backward ops.
+#include <bit>
 #include <cmath>
 
 #include "tests/autograd/gradcheck_helpers.h"
@@ -114,6 +115,70 @@ TEST(Gelu, BackwardBadInputs) {
   std::vector<double> ref;
   for (double v : x.to_vector<double>()) ref.push_back(d_gelu(v));
   expect_close(dx, ref, {2e-6, 2e-6}, "gelu_backward of a f64 gradient");
+}
+
+// The bits of a tensor's values, for comparisons in which NaN equals NaN.
+std::vector<uint64_t> bits_of(const Tensor& t) {
+  std::vector<uint64_t> r;
+  for (double v : t.to_vector<double>()) r.push_back(std::bit_cast<uint64_t>(v));
+  return r;
+}
+
+// gelu_linear's one pass (Note [gelu_linear's backward in one pass over x]): y and dx are gelu's and
+// gelu_backward's bit for bit, for every dtype, run lengths that leave a tail after the last whole vector,
+// runs split over two threads at an unaligned element (2 x 16501), an input starting off a vector boundary,
+// strided inputs, a gradient not aligned with y, and the special values.
+TEST(Gelu, AndBackwardEqualsGeluThenGeluBackwardBitForBit) {
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16})
+    for (int64_t n : {1, 15, 35, 1000, 33002})
+      for (Layout layout : testing::kLayouts)
+        for (int64_t offset : {0, 3}) {
+          const Shape shape{2, n / 2 > 0 ? n / 2 : 1};
+          Tensor x = testing::leaf(shape, -6, 6, 75, layout).detach().to(t);
+          if (offset > 0) {  // x starting `offset` elements into a buffer
+            Tensor buffer = testing::uniform({x.numel() + offset}, -6, 6, t, 76);
+            x = buffer.narrow(0, offset, x.numel()).view(shape);
+          }
+          {
+            NoGradGuard ng;  // the special values at the start
+            const double special[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 10.0, -10.0, 1e-40, -30.0};
+            Tensor flat = x.is_contiguous() ? x.view({x.numel()}) : Tensor();
+            for (size_t i = 0; flat.defined() && i < std::size(special) && int64_t(i) < x.numel(); ++i)
+              flat.narrow(0, int64_t(i), 1).fill_(special[i]);
+          }
+          const Tensor dy = testing::uniform(shape, -1, 1, t, 77);
+          const std::string what = std::string(dtype_name(t)) + " n " + std::to_string(n) + " " +
+                                   testing::layout_name(layout) + " offset " + std::to_string(offset);
+          for (int64_t dy_offset : {0, 1}) {
+            Tensor grad = dy.clone();
+            if (dy_offset > 0) {  // a gradient one element off y's alignment
+              Tensor buffer = empty({dy.numel() + 1}, dy.options());
+              grad = buffer.narrow(0, 1, dy.numel()).view(shape);
+              grad.copy_(dy);
+            }
+            const Tensor y = ops::gelu_and_backward_(grad, x);
+            EXPECT_EQ(bits_of(y), bits_of(ops::gelu(x))) << what << " y";
+            EXPECT_EQ(bits_of(grad), bits_of(ops::gelu_backward(dy, x)))
+                << what << " dx, dy offset " << dy_offset;
+          }
+        }
+}
+
+TEST(Gelu, AndBackwardBadInputs) {
+  const Tensor x = testing::uniform({3, 4}, -1, 1);
+  Tensor g = testing::uniform({4, 3}, -1, 1);
+  expect_error<ShapeError>([&] { ops::gelu_and_backward_(g, x); },
+                           {"gelu_and_backward_", "[4, 3]", "[3, 4]"});
+  g = testing::uniform({3, 4}, -1, 1, DType::F64);
+  expect_error<DTypeError>([&] { ops::gelu_and_backward_(g, x); }, {"gelu_and_backward_", "f32", "f64"});
+  Tensor xi = x.to(DType::I32), gi = xi.clone();
+  expect_error<DTypeError>([&] { ops::gelu_and_backward_(gi, xi); }, {"gelu_and_backward_", "floating"});
+  Tensor same = x;
+  const std::vector<float> before = x.to_vector<float>();
+  expect_error<Error>([&] { ops::gelu_and_backward_(same, x); }, {"gelu_and_backward_", "share"});
+  EXPECT_EQ(x.to_vector<float>(), before);  // nothing written
+  Tensor none;
+  expect_error<Error>([&] { ops::gelu_and_backward_(none, x); }, {"gelu_and_backward_", "undefined"});
 }
 
 }  // namespace
