@@ -59,22 +59,23 @@ def met(ok):
 
 
 def judge(name, f, runs, best_ratio, rss_ratio, peer_best):
-    """The target of WORKLOADS.md for a workload and whether frugal's figures meet it."""
+    """The target of WORKLOADS.md for a workload and whether frugal's figures meet it (its current targets:
+    met ones are raised there, and raised here with them)."""
     fr = runs[name]["frugal"]
     if name == "W1":
         acc = mean(fr, lambda d: d.get("test_accuracy"))
         py = peer_best.get("pytorch")
         py_acc = mean(py, lambda d: d.get("test_accuracy")) if py else None
-        checks = [best_ratio is not None and best_ratio <= 0.5, rss_ratio is not None and rss_ratio <= 0.5]
+        checks = [best_ratio is not None and best_ratio <= 0.4, rss_ratio is not None and rss_ratio <= 0.15]
         if acc is not None and py_acc is not None:
             checks.append(acc >= py_acc - 0.005)
-        return "time ≤ 0.5 × best peer; RSS ≤ 0.5 × PyTorch's; accuracy ≥ PyTorch's − 0.5 pt", all(checks)
-    limits = {"W2": 1.0, "W3": 0.7, "W5": 1.0}
+        return "time ≤ 0.4 × best peer; RSS ≤ 0.15 × PyTorch's; accuracy ≥ PyTorch's − 0.5 pt", all(checks)
+    limits = {"W2": 0.6, "W3": 0.45, "W5": 1.0}
     if name in limits:
         return f"time ≤ {limits[name]} × best peer", best_ratio is not None and best_ratio <= limits[name]
     if name == "W4":
-        text = "time ≤ 0.8 × best peer; GFLOP/s ≥ 0.8 × frugal's W5"
-        ok = best_ratio is not None and best_ratio <= 0.8
+        text = "time ≤ 0.9 × best peer; GFLOP/s ≥ 0.8 × frugal's W5"
+        ok = best_ratio is not None and best_ratio <= 0.9
         if "W5" in runs:
             own = med(fr, lambda d: d.get("gflops")) / med(runs["W5"]["frugal"], lambda d: d.get("gflops"))
             text += f" (is {own:.2f})"
@@ -107,8 +108,8 @@ def judge(name, f, runs, best_ratio, rss_ratio, peer_best):
             w3_act = med(runs["W3"]["frugal"], lambda d: d.get("activation_bytes"))
             w6_act = med(fr, lambda d: d.get("activation_bytes"))
             a = w6_act / w3_act if w3_act and w6_act else None
-        text = f"time ≤ 1.0 × W3 (is {fmt(t)}); activations ≤ 0.55 × W3's (is {fmt(a)})"
-        ok = t is not None and a is not None and t <= 1.0 and a <= 0.55
+        text = f"time ≤ 0.6 × W3 (is {fmt(t)}); activations ≤ 0.55 × W3's (is {fmt(a)})"
+        ok = t is not None and a is not None and t <= 0.6 and a <= 0.55
         if loss is not None:
             text += f"; loss within 2% of W3's (is {loss:.4f})"
             ok = ok and abs(loss - 1) <= 0.02
