@@ -55,10 +55,11 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 // In an MLP, linear(gelu(h)) keeps two tensors of the hidden width for the backward: h (for gelu') and
 // gelu(h) (for the weight's gradient), 4 d a token each, half of what a transformer block keeps. gelu(h) is
 // one elementwise pass from h, so this op keeps h alone: its forward makes gelu(h) as a temporary that the
-// GEMM reads and drops, and its backward makes it again, for d weight, before d h. The ops are the ones the
-// composed layers run (ops::gelu, ops::linear, ops::linear_backward, ops::gelu_backward), on the same
-// operands, so y and the gradients are theirs bit for bit, for one GELU pass more a step (W3: 4 MiB a block
-// less at the peak). layer_norm_linear does the same for a LayerNorm before a Linear (the block's two, and
+// GEMM reads and drops, and its backward makes it again for d weight (in the same pass as d h where it can:
+// Note [gelu_linear's backward in one pass over x]). The results are those of the ops the composed layers
+// run (ops::gelu, ops::linear, ops::linear_backward, ops::gelu_backward) on the same operands, so y and the
+// gradients are theirs bit for bit, for one GELU evaluation more a step (W3: 4 MiB a block less at the
+// peak). layer_norm_linear does the same for a LayerNorm before a Linear (the block's two, and
 // the GPT's last norm before its head): it keeps the norm's input x, and its backward runs the norm again
 // (y, mean and rstd, the forward's bit for bit) for the Linear's weight gradient and the norm's backward.
 // Under autocast the norm before a Linear runs as its own form (Note [layer norm before a Linear under
