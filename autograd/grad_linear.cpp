@@ -67,12 +67,13 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 //
 // Note [gelu_linear's backward in one pass over x]: where both d x and d weight are wanted, the backward
 // computes d h = d y w first, then gelu(h) and d x = d h gelu'(h) in one pass (ops::gelu_and_backward_,
-// d x over d h), then d weight from gelu(h). Two passes over h (gelu again, then gelu_backward) would read
-// h twice and compute erf twice: h is a saved activation, long out of the caches, and erf the costly part
-// (2 MiB a block in bf16: the second read was about 3.5% of a W6 step, in the bf16 conversion of the reads).
-// The fused pass gives both ops' results bit for bit, so nothing else changes, and the step's peak neither:
-// at most two tensors of h's size live at once, as before (gelu(h) with d h). The erf form only: the tanh
-// form's forward and backward compute their tanh's argument in different orders, so their t differ.
+// d x over d h; one pass on the CPU, two kernels still on CUDA), then d weight from gelu(h). Two passes over
+// h (gelu again, then gelu_backward) would read h twice and compute erf twice: h is a saved activation, long
+// out of the caches, and erf the costly part (2 MiB a block in bf16: the second read was about 3.5% of a W6
+// step, in the bf16 conversion of the reads). The fused pass gives both ops' results bit for bit, so nothing
+// else changes, and the step's peak neither: at most two tensors of h's size live at once, as before (gelu(h)
+// with d h). The erf form only: the tanh form's forward and backward compute their tanh's argument in
+// different orders, so their t differ.
 //
 // Note [layer norm before a Linear under autocast]: under autocast (dtype L) the two layers unfused keep
 // x-hat in L (Note [layer norm saves x-hat]) and the Linear its input cast to L: two tensors of x's numel in

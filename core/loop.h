@@ -21,7 +21,7 @@ inline constexpr int kMaxOperands = 4;
 
 struct Loop {
   int ndim = 0;  // >= 1; sizes[ndim - 1] is the innermost run
-  int nops = 0;  // operand 0 is the output
+  int nops = 0;  // operand 0 is the output (a kernel may write another: op_gelu_and_backward's y)
   int64_t numel = 0;
   std::array<int64_t, kMaxDims> sizes{};
   std::array<std::array<int64_t, kMaxDims>, kMaxOperands> strides{};  // bytes

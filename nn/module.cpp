@@ -9,6 +9,7 @@
 #include <sstream>
 #include <utility>
 
+#include "nn/containers.h"
 #include "nn/prune.h"
 
 namespace frugal::nn {
@@ -120,45 +121,93 @@ std::shared_ptr<Module> Module::replace_module(const std::string& path, std::sha
                          [&](const auto& c) { return c.first == name; });
   FRUGAL_CHECK(it != parent->children_.end(), type_name(), "::replace_module: no module at '", path, "'");
   std::shared_ptr<Module> old = std::exchange(it->second, module);
-  parent->child_replaced(name, module);
+  try {
+    parent->child_replaced(name, module);
+  } catch (...) {
+    it->second = old;
+    try {
+      parent->child_replaced(name, old);
+    } catch (...) {  // the first error is the one to report
+    }
+    throw;
+  }
   return old;
 }
 
 void Module::child_replaced(const std::string&, const std::shared_ptr<Module>&) {}
 
+namespace {
+
+// What check_replaceable puts in the tree while it counts references.
+class Placeholder final : public Module {
+ public:
+  Placeholder() : Module("(being checked)") {}
+};
+
+// The module at a path of root ("fc1", "features.0").
+std::shared_ptr<Module> module_at(const Module& root, const std::string& path) {
+  const Module* parent = &root;
+  std::string rest = path;
+  for (;;) {
+    const size_t dot = rest.find('.');
+    std::shared_ptr<Module> m = parent->named_children().at(rest.substr(0, dot));
+    if (dot == std::string::npos) return m;
+    parent = m.get();
+    rest = rest.substr(dot + 1);
+  }
+}
+
+}  // namespace
+
 // Note [rewriting a model in place] (nn/module.h).
-void replace_modules(Module& root, std::vector<std::pair<std::string, std::shared_ptr<Module>>> replacements,
-                     const std::string& who) {
+void check_replaceable(Module& root, const std::vector<std::string>& paths, const std::string& who) {
   std::vector<std::shared_ptr<Module>> old;
-  old.reserve(replacements.size());
+  old.reserve(paths.size());
   auto put_back = [&] {
-    for (size_t i = old.size(); i-- > 0;) root.replace_module(replacements[i].first, old[i]);
+    for (size_t i = old.size(); i-- > 0;) root.replace_module(paths[i], old[i]);
   };
+  const auto placeholder = std::make_shared<Placeholder>();
   try {
-    for (const auto& [path, module] : replacements) old.push_back(root.replace_module(path, module));
+    for (const std::string& path : paths) old.push_back(root.replace_module(path, placeholder));
   } catch (...) {
     put_back();
     throw;
   }
-  // `old` holds one reference to each replaced module; any other is from outside the tree.
+  // `old` holds one reference to a module per path it was at; any other is from outside the tree.
   size_t held = 0;
-  while (held < old.size() && old[held].use_count() == 1) ++held;
+  while (held < old.size() && old[held].use_count() == std::count(old.begin(), old.end(), old[held])) ++held;
+  put_back();
   if (held == old.size()) return;
-  const std::string& path = replacements[held].first;
+  const std::string& path = paths[held];
   const std::string type = old[held]->type_name();
   const size_t dot = path.rfind('.');
-  put_back();
-  const std::string parent =
-      dot == std::string::npos ? root.type_name() : root.named_modules().at(path.substr(0, dot))->type_name();
+  const std::shared_ptr<Module> parent_module =
+      dot == std::string::npos ? nullptr : module_at(root, path.substr(0, dot));
+  const Module& parent = parent_module ? *parent_module : root;
   const std::string member = path.substr(dot == std::string::npos ? 0 : dot + 1);
+  if (dynamic_cast<const SequentialImpl*>(&parent) || dynamic_cast<const ModuleListImpl*>(&parent))
+    FRUGAL_CHECK(false, who, ": the ", type, " at '", path,
+                 "' is also held outside the model's module tree, by a pointer of yours (the ",
+                 parent.type_name(),
+                 " around it would run the new layer, but the pointer would keep the old one). Nothing was "
+                 "replaced. Drop the pointer first (Note [rewriting a model in place], nn/module.h)");
   FRUGAL_CHECK(false, who, ": the ", type, " at '", path,
-               "' is also held outside the model's module tree: by a member of its parent ", parent,
-               " (such as `nn::", type, " ", member,
+               "' is also held outside the model's module tree: by a member of its parent ",
+               parent.type_name(), " (such as `nn::", type, " ", member,
                "`), whose forward would go on calling the old layer, or by a pointer of yours. Nothing was "
                "replaced. Keep such layers in a container (nn::Sequential), re-point the member in ",
-               parent,
+               parent.type_name(),
                "::child_replaced, or drop the pointer first (Note [rewriting a model in place], "
                "nn/module.h)");
+}
+
+void rewrite_modules(Module& root, const std::vector<std::string>& paths,
+                     const std::function<std::shared_ptr<Module>(Module&)>& make, const std::string& who) {
+  check_replaceable(root, paths, who);
+  for (const std::string& path : paths) {
+    std::shared_ptr<Module> replacement = make(*module_at(root, path));
+    root.replace_module(path, std::move(replacement));  // the old module, returned, goes here
+  }
 }
 
 namespace {

@@ -14,6 +14,7 @@
 //   for (const auto& p : net->named_parameters()) std::cout << p.key() << "\n";  // fc1.weight, ...
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -93,7 +94,7 @@ class Module {
   // rewrites of a model: pruning's shrink, quantisation's convert. Throws Error when no child is there.
   // The module tree alone is changed: a typed member of the parent (nn::Linear fc1) still holds the old
   // module unless the parent re-points it in child_replaced; the rewrites of a model go through
-  // replace_modules below, which refuses that case.
+  // rewrite_modules below, which refuses that case. If child_replaced throws, the old module is put back.
   std::shared_ptr<Module> replace_module(const std::string& path, std::shared_ptr<Module> module);
 
   // Training mode (dropout active, batch norm updating its statistics) for this module and its children.
@@ -174,13 +175,19 @@ class Module {
 // pruning (shrink, to_sparse) rewrite a model by putting new modules where old ones are in the module tree.
 // A module whose parent also holds it in a typed member (nn::Linear fc1, as MlpImpl at the top of this file)
 // would stay in use: the parent's forward calls the member, not the tree, so the model would go on computing
-// in f32 while its state_dict (and the file saved from it) holds the int8 weights. So a rewrite goes through
-// replace_modules: each (path, module) of `replacements` is put in place (replace_module), and once all are,
-// any old module still held outside the tree (by a member of its parent that child_replaced did not re-point,
-// or by a pointer of the caller's) puts every old module back and throws Error naming it: the model is as it
-// was. The caller holds no reference of its own to the modules it replaces. `who` names the rewrite in
-// errors.
-void replace_modules(Module& root, std::vector<std::pair<std::string, std::shared_ptr<Module>>> replacements,
-                     const std::string& who);
+// in f32 while its state_dict (and the file saved from it) holds the int8 weights. So a rewrite first checks
+// (check_replaceable): it puts a placeholder at every path to be rewritten (a parent that re-points its
+// members in child_replaced drops its references then), counts the references left to each old module,
+// puts them all back, and throws Error naming the first module that something outside the tree still holds
+// (the member of a parent, or a pointer of the caller's), with nothing changed. Only then does it rewrite
+// (rewrite_modules), one module at a time, each old module let go as soon as its replacement is in place, so
+// that a rewrite needs no more memory than the largest module's old and new forms together (beyond the
+// model). The caller holds no reference of its own to the modules at `paths`. `who` names the rewrite in
+// errors. A module registered at several paths is rewritten once per path, as each path is.
+void check_replaceable(Module& root, const std::vector<std::string>& paths, const std::string& who);
+// check_replaceable, then for each path in order: make(the module there) builds its replacement, which takes
+// its place. An error from make leaves the paths before it rewritten.
+void rewrite_modules(Module& root, const std::vector<std::string>& paths,
+                     const std::function<std::shared_ptr<Module>(Module&)>& make, const std::string& who);
 
 }  // namespace frugal::nn

@@ -324,6 +324,11 @@ void shrink(SequentialImpl& model) {
                                   "MaxPool2d, Dropout and Flatten only"));
     }
   }
+  // Before anything changes (the masks are made permanent below): every prunable layer can be replaced
+  // (Note [rewriting a model in place]).
+  std::vector<std::string> prunable;
+  for (const Layer& l : layers) prunable.push_back(std::to_string(l.index));
+  check_replaceable(model, prunable, op);
   for (size_t j = 0; j < layers.size(); ++j) {
     Module& m = *layers[j].module;
     for (const std::string& p : std::vector<std::string>(m.masked_parameters())) remove(m, p);
@@ -340,11 +345,20 @@ void shrink(SequentialImpl& model) {
                    "Flatten only");
   }
   NoGradGuard no_record;
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> rebuilt_layers;
+  // The layers that lose rows or inputs, rebuilt one at a time, each old one freed once its new one is in.
+  std::vector<std::string> paths;
+  std::vector<size_t> rebuilt;                         // their layers, in the order of paths
+  std::vector<bool> after_conv(layers.size(), false);  // whether the layer before is a Conv2d
   for (size_t j = 0; j < layers.size(); ++j) {
-    const Module& m = *layers[j].module;
+    if (j > 0) after_conv[j] = is_conv(*layers[j - 1].module);
+    if (j == 0 && int64_t(layers[j].kept_out.size()) == layers[j].out) continue;
+    paths.push_back(std::to_string(layers[j].index));
+    rebuilt.push_back(j);
+  }
+  size_t next = 0;  // rewrite_modules calls rebuild once per path, in order
+  auto rebuild = [&](Module& m) -> std::shared_ptr<Module> {
+    const size_t j = rebuilt[next++];
     const std::vector<int64_t>& rows = layers[j].kept_out;
-    if (j == 0 && int64_t(rows.size()) == layers[j].out) continue;
     Tensor w = index_select(weight_of(m), 0, indices(rows));
     if (j > 0) {
       // The inputs this layer still gets: the previous layer's kept rows (a channel feeding a Linear through
@@ -352,7 +366,7 @@ void shrink(SequentialImpl& model) {
       const Layer& prev = layers[j - 1];
       std::vector<int64_t> cols = prev.kept_out;
       const int64_t in = w.size(1);
-      if (is_linear(m) && is_conv(*prev.module)) {
+      if (is_linear(m) && after_conv[j]) {
         FRUGAL_CHECK(in % prev.out == 0, op, ": Linear ", layers[j].index, " has ", in,
                      " inputs, not a multiple of the previous Conv2d's ", prev.out, " channels");
         const int64_t hw = in / prev.out;
@@ -366,12 +380,12 @@ void shrink(SequentialImpl& model) {
       w = index_select(w, 1, indices(cols));
     }
     const Tensor b = bias_of(m).defined() ? index_select(bias_of(m), 0, indices(rows)) : Tensor();
-    std::shared_ptr<Module> rebuilt;
+    std::shared_ptr<Module> layer;
     if (is_linear(m)) {
       auto lin = std::make_shared<LinearImpl>(LinearOptions(w.size(1), w.size(0)).bias(b.defined()));
       lin->weight.copy_(w);
       if (b.defined()) lin->bias.copy_(b);
-      rebuilt = lin;
+      layer = lin;
     } else {
       const Conv2dOptions& o = static_cast<const Conv2dImpl&>(m).options();
       auto conv = std::make_shared<Conv2dImpl>(Conv2dOptions(w.size(1), w.size(0), o.kernel_size())
@@ -381,28 +395,32 @@ void shrink(SequentialImpl& model) {
                                                    .bias(b.defined()));
       conv->weight.copy_(w);
       if (b.defined()) conv->bias.copy_(b);
-      rebuilt = conv;
+      layer = conv;
     }
-    rebuilt->train(m.is_training());
-    rebuilt_layers.emplace_back(std::to_string(layers[j].index), rebuilt);
-  }
-  replace_modules(model, std::move(rebuilt_layers), op);
+    layer->train(m.is_training());
+    return layer;
+  };
+  rewrite_modules(model, paths, rebuild, op);
 }
 
 int to_sparse(Module& model, double min_sparsity) {
   FRUGAL_CHECK(min_sparsity >= 0 && min_sparsity <= 1,
                "prune::to_sparse: min_sparsity must be in [0, 1], got ", min_sparsity);
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> sparse;
+  std::vector<std::string> paths;
   for (const auto& [path, m] : model.named_modules()) {
     if (!is_linear(*m)) continue;
     auto& lin = static_cast<LinearImpl&>(*m);
     lin.apply_masks();
-    if (sparsity(lin.weight) < min_sparsity) continue;
-    sparse.emplace_back(path, std::make_shared<SparseLinearImpl>(lin));
+    if (sparsity(lin.weight) >= min_sparsity) paths.push_back(path);
   }
-  const int replaced = int(sparse.size());
-  replace_modules(model, std::move(sparse), "prune::to_sparse");
-  return replaced;
+  // One layer at a time, each dense weight freed once its CSR form is in place.
+  rewrite_modules(
+      model, paths,
+      [](Module& m) -> std::shared_ptr<Module> {
+        return std::make_shared<SparseLinearImpl>(static_cast<LinearImpl&>(m));
+      },
+      "prune::to_sparse");
+  return int(paths.size());
 }
 
 namespace detail {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -544,7 +545,7 @@ int quantize_dynamic(Module& model) {
       dynamic_cast<LinearImpl*>(&model) == nullptr && dynamic_cast<EmbeddingImpl*>(&model) == nullptr,
       "quantize_dynamic: the model is itself a ", model.type_name(),
       ", which cannot replace itself; put it in a Sequential (or another module) first");
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> found;
+  std::vector<std::string> paths;
   for (const auto& [path, module] : model.named_modules()) {
     const Tensor* w = nullptr;
     if (auto* lin = dynamic_cast<LinearImpl*>(module.get())) w = &lin->weight;
@@ -553,19 +554,18 @@ int quantize_dynamic(Module& model) {
     FRUGAL_CHECK_DTYPE(w->dtype() == kF32 && w->device() == kCPU, "quantize_dynamic: ", module->type_name(),
                        " '", path, "' has a ", w->dtype(), " weight on ", w->device(),
                        "; only f32 cpu models can be quantised (convert it with to(kF32))");
-    found.emplace_back(path, module);
+    paths.push_back(path);
   }
-  for (auto& [path, module] : found) {
-    std::shared_ptr<Module> q;
-    if (auto* lin = dynamic_cast<LinearImpl*>(module.get()))
-      q = std::make_shared<QuantizedLinearImpl>(lin->weight, lin->bias);
-    else
-      q = std::make_shared<QuantizedEmbeddingImpl>(static_cast<EmbeddingImpl&>(*module).weight);
-    module =
-        q;  // our reference is to the replacement, so the layer (and its f32 weight) goes with the tree's
-  }
-  replace_modules(model, found, "quantize_dynamic");
-  return int(found.size());
+  // One layer at a time, each f32 weight freed as soon as its int8 form is in place.
+  rewrite_modules(
+      model, paths,
+      [](Module& m) -> std::shared_ptr<Module> {
+        if (auto* lin = dynamic_cast<LinearImpl*>(&m))
+          return std::make_shared<QuantizedLinearImpl>(lin->weight, lin->bias);
+        return std::make_shared<QuantizedEmbeddingImpl>(static_cast<EmbeddingImpl&>(m).weight);
+      },
+      "quantize_dynamic");
+  return int(paths.size());
 }
 
 std::set<std::string> int8_names(const Module& model) {
@@ -582,19 +582,18 @@ namespace {
 
 // The layers prepare and prepare_qat take: every Linear, and the Conv2ds that pay in int8 (groups 1, patches
 // of at least kMinConvPatch values).
-std::vector<std::pair<std::string, std::shared_ptr<Module>>> quantisable_layers(Module& model,
-                                                                                const char* who) {
+std::vector<std::string> quantisable_layers(Module& model, const char* who) {
   FRUGAL_CHECK(dynamic_cast<LinearImpl*>(&model) == nullptr && dynamic_cast<Conv2dImpl*>(&model) == nullptr,
                who, ": the model is itself a ", model.type_name(),
                ", which cannot replace itself; wrap it first");
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> found;
+  std::vector<std::string> found;
   for (const auto& [path, module] : model.named_modules()) {
     const auto* conv = dynamic_cast<const Conv2dImpl*>(module.get());
     const bool conv_pays =
         conv && conv->options().groups() == 1 &&
         conv->options().in_channels() * conv->options().kernel_size().h * conv->options().kernel_size().w >=
             kMinConvPatch;
-    if (dynamic_cast<LinearImpl*>(module.get()) || conv_pays) found.emplace_back(path, module);
+    if (dynamic_cast<LinearImpl*>(module.get()) || conv_pays) found.push_back(path);
   }
   return found;
 }
@@ -602,73 +601,76 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> quantisable_layers(
 }  // namespace
 
 int prepare_qat(Module& model) {
-  auto found = quantisable_layers(model, "prepare_qat");
-  for (auto& [path, module] : found) {
-    if (auto* lin = dynamic_cast<const LinearImpl*>(module.get()))
-      module = std::make_shared<QatLinearImpl>(*lin);
-    else
-      module = std::make_shared<QatConv2dImpl>(static_cast<const Conv2dImpl&>(*module));
-  }
-  replace_modules(model, found, "prepare_qat");
-  return int(found.size());
+  const std::vector<std::string> paths = quantisable_layers(model, "prepare_qat");
+  rewrite_modules(
+      model, paths,
+      [](Module& m) -> std::shared_ptr<Module> {
+        if (auto* lin = dynamic_cast<const LinearImpl*>(&m)) return std::make_shared<QatLinearImpl>(*lin);
+        return std::make_shared<QatConv2dImpl>(static_cast<const Conv2dImpl&>(m));
+      },
+      "prepare_qat");
+  return int(paths.size());
 }
 
 int prepare(Module& model, Observer observer) {
-  auto found = quantisable_layers(model, "quant::prepare");
-  for (auto& [path, module] : found) {
-    if (auto* lin = dynamic_cast<const LinearImpl*>(module.get()))
-      module = std::make_shared<ObservedLinearImpl>(*lin, observer);
-    else
-      module = std::make_shared<ObservedConv2dImpl>(static_cast<const Conv2dImpl&>(*module), observer);
-  }
-  replace_modules(model, found, "quant::prepare");
-  return int(found.size());
+  const std::vector<std::string> paths = quantisable_layers(model, "quant::prepare");
+  rewrite_modules(
+      model, paths,
+      [observer](Module& m) -> std::shared_ptr<Module> {
+        if (auto* lin = dynamic_cast<const LinearImpl*>(&m))
+          return std::make_shared<ObservedLinearImpl>(*lin, observer);
+        return std::make_shared<ObservedConv2dImpl>(static_cast<const Conv2dImpl&>(m), observer);
+      },
+      "quant::prepare");
+  return int(paths.size());
 }
 
 int convert(Module& model) {
-  struct Found {
-    std::string path;
-    std::shared_ptr<Module> module;
+  // What a converted layer is made from: its weight and bias, its input's observed range, and its
+  // convolution's options (null for a Linear); nothing for a module that is not converted.
+  struct Observed {
     Tensor weight, bias;
-    float lo, hi;
-    const Conv2dOptions* conv;  // null for a Linear
+    float lo = 0, hi = 0;
+    const Conv2dOptions* conv = nullptr;
   };
-  std::vector<Found> found;
-  for (const auto& [path, module] : model.named_modules()) {
-    if (auto* q = dynamic_cast<QatLinearImpl*>(module.get())) {
+  auto observed_of = [](Module& m, const std::string& path) -> std::optional<Observed> {
+    if (auto* q = dynamic_cast<QatLinearImpl*>(&m)) {
       FRUGAL_CHECK(q->observed, "convert: QatLinear '", path, "' has observed no batch; train it first");
-      found.push_back({path, module, q->weight, q->bias, q->observed_min.data<float>()[0],
-                       q->observed_max.data<float>()[0], nullptr});
-    } else if (auto* c = dynamic_cast<QatConv2dImpl*>(module.get())) {
+      return Observed{q->weight, q->bias, q->observed_min.data<float>()[0], q->observed_max.data<float>()[0],
+                      nullptr};
+    }
+    if (auto* c = dynamic_cast<QatConv2dImpl*>(&m)) {
       FRUGAL_CHECK(c->observed, "convert: QatConv2d '", path, "' has observed no batch; train it first");
-      found.push_back({path, module, c->weight, c->bias, c->observed_min.data<float>()[0],
-                       c->observed_max.data<float>()[0], &c->options()});
-    } else if (auto* o = dynamic_cast<RangeObserver*>(module.get())) {
-      FRUGAL_CHECK(o->batches > 0, "convert: ", module->type_name(), " '", path,
+      return Observed{c->weight, c->bias, c->observed_min.data<float>()[0], c->observed_max.data<float>()[0],
+                      &c->options()};
+    }
+    if (auto* o = dynamic_cast<RangeObserver*>(&m)) {
+      FRUGAL_CHECK(o->batches > 0, "convert: ", m.type_name(), " '", path,
                    "' has observed no batch; calibrate it (run batches through the model) first");
       const auto [lo, hi] = o->range();
-      if (auto* c = dynamic_cast<ObservedConv2dImpl*>(module.get()))
-        found.push_back({path, module, c->weight, c->bias, lo, hi, &c->options()});
-      else if (auto* l = dynamic_cast<ObservedLinearImpl*>(module.get()))
-        found.push_back({path, module, l->weight, l->bias, lo, hi, nullptr});
+      if (auto* c = dynamic_cast<ObservedConv2dImpl*>(&m))
+        return Observed{c->weight, c->bias, lo, hi, &c->options()};
+      if (auto* l = dynamic_cast<ObservedLinearImpl*>(&m))
+        return Observed{l->weight, l->bias, lo, hi, nullptr};
     }
-  }
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> replacements;
-  for (Found& f : found) {
-    const InputQuant in = input_qparams_of_range(f.lo, f.hi);
-    NoGradGuard ng;
-    const Tensor b = f.bias.defined() ? f.bias.detach() : Tensor();
-    std::shared_ptr<Module> q;
-    if (f.conv)
-      q = std::make_shared<QuantizedConv2dImpl>(*f.conv, f.weight.detach(), b, &in);
-    else
-      q = std::make_shared<QuantizedLinearImpl>(f.weight.detach(), b, in.scale, in.zero_point);
-    replacements.emplace_back(f.path, q);
-  }
-  const int n = int(found.size());
-  found.clear();  // our references to the old layers (and their f32 weights)
-  replace_modules(model, std::move(replacements), "convert");
-  return n;
+    return std::nullopt;
+  };
+  std::vector<std::string> paths;
+  for (const auto& [path, module] : model.named_modules())
+    if (observed_of(*module, path)) paths.push_back(path);
+  // One layer at a time, each f32 weight freed as soon as its int8 form is in place.
+  rewrite_modules(
+      model, paths,
+      [&](Module& m) -> std::shared_ptr<Module> {
+        const Observed f = *observed_of(m, "");
+        const InputQuant in = input_qparams_of_range(f.lo, f.hi);
+        NoGradGuard ng;
+        const Tensor b = f.bias.defined() ? f.bias.detach() : Tensor();
+        if (f.conv) return std::make_shared<QuantizedConv2dImpl>(*f.conv, f.weight.detach(), b, &in);
+        return std::make_shared<QuantizedLinearImpl>(f.weight.detach(), b, in.scale, in.zero_point);
+      },
+      "convert");
+  return int(paths.size());
 }
 
 }  // namespace quant

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "autograd/graph.h"
+#include "core/memory.h"
 #include "nn/containers.h"
 #include "nn/gpt.h"
 #include "nn/layers.h"
@@ -119,6 +120,66 @@ TEST(Rewrite, AParentThatRePointsItsMembersRunsTheRewrittenLayers) {
   const std::vector<float> int8 = forward_no_grad(*net, x);
   EXPECT_EQ(int8, forward_no_grad(*same, x));  // the int8 layers ran, as in the Sequential
   EXPECT_NE(int8, f32);
+}
+
+TEST(Rewrite, ALayerAtTwoPathsIsRewrittenAtBoth) {
+  manual_seed(9);
+  nn::Linear shared(16, 16);
+  nn::Sequential net{shared, nn::ReLU(), shared};
+  shared = nullptr;
+  EXPECT_EQ(nn::quant::quantize_dynamic(*net), 2);
+  EXPECT_EQ(type_at(*net, "0"), "QuantizedLinear");
+  EXPECT_EQ(type_at(*net, "2"), "QuantizedLinear");
+}
+
+// One layer at a time: the f32 weight of each goes as soon as its int8 form is in place, so the arena's peak
+// during quantize_dynamic stays below one f32 layer over what the model held (8 of them: all the int8 layers
+// at once would be two).
+TEST(Rewrite, QuantizeDynamicNeedsOneLayerAtATime) {
+  manual_seed(10);
+  nn::Sequential net;
+  for (int i = 0; i < 8; ++i) net->push_back(nn::Linear(nn::LinearOptions(256, 256).bias(false)));
+  const int64_t layer_bytes = 256 * 256 * 4;
+  const int64_t before = memory::stats(kCPU).allocated.current;
+  memory::reset_peak(kCPU);
+  EXPECT_EQ(nn::quant::quantize_dynamic(*net), 8);
+  const int64_t rise = memory::stats(kCPU).allocated.peak - before;
+  EXPECT_LT(rise, layer_bytes) << "the arena rose by " << rise << " bytes during the rewrite";
+  // The f32 weights are gone; what stays is int8 weights and one f32 scale per row.
+  EXPECT_LE(memory::stats(kCPU).allocated.current,
+            before - 8 * layer_bytes + 8 * (layer_bytes / 4 + 256 * 4));
+}
+
+// A container whose child_replaced fails: the tree keeps its old module.
+struct RefusingListImpl : nn::Module {
+  RefusingListImpl() { register_module("0", nn::Linear(4, 4)); }
+  Tensor forward(const Tensor& x) override { return x; }
+
+ protected:
+  void child_replaced(const std::string&, const std::shared_ptr<nn::Module>& m) override {
+    FRUGAL_CHECK(m->type_name() == "Linear", "RefusingList takes Linears only");
+  }
+};
+FRUGAL_MODULE(RefusingList);
+
+TEST(Rewrite, AFailingChildReplacedLeavesTheOldModule) {
+  RefusingList net;
+  nn::Module* const old = net->named_modules().at("0").get();
+  expect_error<Error>([&] { net->replace_module("0", nn::ReLU().ptr()); }, {"Linears only"});
+  EXPECT_EQ(net->named_modules().at("0").get(), old);
+  expect_error<Error>([&] { nn::quant::quantize_dynamic(*net); }, {"Linears only"});
+  EXPECT_EQ(net->named_modules().at("0").get(), old);
+}
+
+// shrink refuses before it makes any mask permanent.
+TEST(Rewrite, ARefusedShrinkKeepsTheMasks) {
+  manual_seed(11);
+  nn::Linear kept(8, 16);
+  nn::Sequential net{kept, nn::ReLU(), nn::Linear(16, 4)};
+  nn::prune::ln_structured(*kept, "weight", 0.5, 2, 0);
+  expect_error<Error>([&] { nn::prune::shrink(*net); }, {"prune::shrink", "'0'", "pointer of yours"});
+  EXPECT_TRUE(kept->mask("weight").defined());
+  EXPECT_EQ(type_at(*net, "0"), "Linear");
 }
 
 TEST(Rewrite, QuantizeDynamicRefusesTheGptWhoseBlocksCallTheirMembers) {
