@@ -10,6 +10,7 @@
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include "core/op_table.h"
+#include "kernels/cpu/gelu_forms.h"
 #include "kernels/cpu/map.h"
 #include "kernels/cpu/register.h"
 
@@ -30,8 +31,7 @@ template <typename T>
 void gelu_backward_cpu(const Loop& loop, const OpArgs&) {
   using C = acc_t<T>;
   map_backward<T>(loop, [](Out<C>& dx, const In<C>& dy, const In<C>& x) {
-    dx = dy * (C(0.5) + C(0.5) * (x * C(0.70710678118654752)).erf() +
-               x * C(0.39894228040143267794) * (C(-0.5) * x.square()).exp());
+    dx = cpu::gelu_backward_form<C>(dy, x, cpu::gelu_erf<C>(x));
   });
 }
 
@@ -47,29 +47,27 @@ void gelu_tanh_backward_cpu(const Loop& loop, const OpArgs&) {
 }
 
 // Note [gelu_linear's backward in one pass over x] (autograd/grad_linear.cpp): y = gelu(x) and dy <- dy
-// gelu'(x) with one read of x, in the operations of gelu's Eigen form (kernels/cpu/elementwise.cpp) and of
-// gelu_backward_cpu above, in pieces that give the whole run's results (Note [pieces of a run, bit for
-// bit]; y and dy equally aligned, as fresh tensors are), so that both results are those two ops' bit for
-// bit. The elements Eigen assigns by packets share one erf; those it assigns one by one (a run's unaligned
-// head, the tail after its last whole packet; all of them in f64, which has no packet erf) go through the
-// two ops' own expressions, written
-// again here, since the compiler may contract a scalar erf's last operations with what follows it in one
-// expression and not in the other (1 of 35 elements differed in its last bit).
+// gelu'(x) with one read of x, from the forms gelu's and gelu_backward's kernels use (kernels/cpu/
+// gelu_forms.h), in pieces that give the whole run's results (Note [pieces of a run, bit for bit]; y and dy
+// equally aligned, as fresh tensors are), so that both results are those two ops' bit for bit. The elements
+// Eigen assigns by packets share one erf; those it assigns one by one (a run's unaligned head, the tail after
+// its last whole packet; all of them in f64, which has no packet erf) compute erf inside each form, as the
+// two ops do: the compiler may contract a scalar erf's last operations with what follows it there and not
+// when it is shared (1 of 35 elements differed in its last bit). e: scratch for the shared erf.
 template <typename C>
 void gelu_and_backward_piece(C* dy_p, C* y_p, const C* x_p, C* e_p, int64_t m, int64_t packets) {
   if (packets > 0) {
     Out<C> dy(dy_p, packets), y(y_p, packets), e(e_p, packets);
     In<C> x(x_p, packets);
-    e = (x * C(0.70710678118654752)).erf();
-    y = C(0.5) * x * (C(1) + e);
-    dy = dy * (C(0.5) + C(0.5) * e + x * C(0.39894228040143267794) * (C(-0.5) * x.square()).exp());
+    e = cpu::gelu_erf<C>(x);
+    y = cpu::gelu_form<C>(x, e);
+    dy = cpu::gelu_backward_form<C>(dy, x, e);
   }
   if (packets < m) {
     Out<C> dy(dy_p + packets, m - packets), y(y_p + packets, m - packets);
     In<C> x(x_p + packets, m - packets);
-    y = C(0.5) * x * (C(1) + (x * C(0.70710678118654752)).erf());      // as elementwise.cpp's Gelu form
-    dy = dy * (C(0.5) + C(0.5) * (x * C(0.70710678118654752)).erf() +  // as gelu_backward_cpu's
-               x * C(0.39894228040143267794) * (C(-0.5) * x.square()).exp());
+    y = cpu::gelu_form<C>(x, cpu::gelu_erf<C>(x));
+    dy = cpu::gelu_backward_form<C>(dy, x, cpu::gelu_erf<C>(x));
   }
 }
 
@@ -96,6 +94,8 @@ void gelu_and_backward_cpu(const Loop& loop, const OpArgs&) {
         const bool together = (reinterpret_cast<uintptr_t>(dy) - reinterpret_cast<uintptr_t>(y)) % 64 == 0;
         alignas(64) C dx[cpu::kMapChunk];
         for (int64_t i = 0, m = cpu::first_piece(y, n); i < n; i += m, m = std::min(cpu::kMapChunk, n - i)) {
+          // Only an aligned piece has packets (and fits in e: a longer first piece, of a y not even aligned
+          // to its elements, has none).
           const int64_t packets =
               reinterpret_cast<uintptr_t>(y + i) % kPacketBytes == 0 ? whole_packets(m) : 0;
           C* const out = together || packets == 0 ? dy + i : std::copy_n(dy + i, m, dx) - m;

@@ -13,6 +13,7 @@
 
 #include "core/op_table.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/gelu_forms.h"
 #include "kernels/cpu/map.h"
 #include "kernels/cpu/register.h"
 #include "kernels/math.h"
@@ -48,7 +49,7 @@ FRUGAL_EIGEN_UNARY(Log, o = x.log())
 FRUGAL_EIGEN_UNARY(Sqrt, o = x.sqrt())
 FRUGAL_EIGEN_UNARY(Rsqrt, o = x.rsqrt())
 FRUGAL_EIGEN_UNARY(Relu, o = x.max(C(0)))
-FRUGAL_EIGEN_UNARY(Gelu, o = C(0.5) * x * (C(1) + (x * C(0.70710678118654752)).erf()))
+FRUGAL_EIGEN_UNARY(Gelu, o = cpu::gelu_form<C>(x, cpu::gelu_erf<C>(x)))
 FRUGAL_EIGEN_UNARY(GeluTanh,
                    o = C(0.5) * x * (C(1) + (C(0.7978845608028654) * (x + C(0.044715) * x.cube())).tanh()))
 FRUGAL_EIGEN_UNARY(Sigmoid, cpu::exp_into(o, -x); o = C(1) / (C(1) + o))
