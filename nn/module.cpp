@@ -185,20 +185,21 @@ void check_replaceable(Module& root, const std::vector<std::string>& paths, cons
       dot == std::string::npos ? nullptr : module_at(root, path.substr(0, dot));
   const Module& parent = parent_module ? *parent_module : root;
   const std::string member = path.substr(dot == std::string::npos ? 0 : dot + 1);
+  // Under a container the tree is what runs: the reference left is the caller's.
   if (dynamic_cast<const SequentialImpl*>(&parent) || dynamic_cast<const ModuleListImpl*>(&parent))
-    FRUGAL_CHECK(false, who, ": the ", type, " at '", path,
-                 "' is also held outside the model's module tree, by a pointer of yours (the ",
-                 parent.type_name(),
-                 " around it would run the new layer, but the pointer would keep the old one). Nothing was "
-                 "replaced. Drop the pointer first (Note [rewriting a model in place], nn/module.h)");
-  FRUGAL_CHECK(false, who, ": the ", type, " at '", path,
-               "' is also held outside the model's module tree: by a member of its parent ",
-               parent.type_name(), " (such as `nn::", type, " ", member,
-               "`), whose forward would go on calling the old layer, or by a pointer of yours. Nothing was "
-               "replaced. Keep such layers in a container (nn::Sequential), re-point the member in ",
-               parent.type_name(),
-               "::child_replaced, or drop the pointer first (Note [rewriting a model in place], "
-               "nn/module.h)");
+    throw Error(detail::str_cat(
+        who, ": the ", type, " at '", path,
+        "' is also held outside the model's module tree, by a pointer of yours (the ", parent.type_name(),
+        " around it would run the new layer, but the pointer would keep the old one). Nothing was replaced. "
+        "Drop the pointer first (Note [rewriting a model in place], nn/module.h)"));
+  throw Error(detail::str_cat(
+      who, ": the ", type, " at '", path,
+      "' is also held outside the model's module tree: by a member of its parent ", parent.type_name(),
+      " (such as `nn::", type, " ", member,
+      "`), whose forward would go on calling the old layer, or by a pointer of yours. Nothing was replaced. "
+      "Keep such layers in a container (nn::Sequential), re-point the member in ",
+      parent.type_name(),
+      "::child_replaced, or drop the pointer first (Note [rewriting a model in place], nn/module.h)"));
 }
 
 void rewrite_modules(Module& root, const std::vector<std::string>& paths,

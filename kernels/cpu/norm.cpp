@@ -5,8 +5,8 @@
 // element by element and accumulate in f32 (a 16-bit x-hat converts in runs: Note [16-bit x-hat in runs]).
 // The x-hat forms (op_layer_norm_xhat, op_layer_norm_backward_xhat) are the same loops writing, or reading,
 // x-hat in its saved dtype; the rounded forms (op_layer_norm_rounded, op_layer_norm_affine) make y from that
-// rounded x-hat. The reference they are tested against is the
-// composite nn::functional::layer_norm_composite (the rounded forms: a plain loop in their test).
+// rounded x-hat. The reference they are tested against is the composite nn::functional::layer_norm_composite
+// (the rounded forms: a plain loop in their test).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>

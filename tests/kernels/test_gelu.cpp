@@ -179,6 +179,11 @@ TEST(Gelu, AndBackwardBadInputs) {
   EXPECT_EQ(x.to_vector<float>(), before);  // nothing written
   Tensor none;
   expect_error<Error>([&] { ops::gelu_and_backward_(none, x); }, {"gelu_and_backward_", "undefined"});
+  // A gradient it cannot write over in place: a transposed view.
+  Tensor gt = testing::uniform({4, 3}, -1, 1).t();
+  const std::vector<float> gt_before = gt.to_vector<float>();
+  expect_error<Error>([&] { ops::gelu_and_backward_(gt, x); }, {"gelu_and_backward_", "contiguous"});
+  EXPECT_EQ(gt.to_vector<float>(), gt_before);
 }
 
 }  // namespace
