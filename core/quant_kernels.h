@@ -23,10 +23,13 @@ void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, co
 // int8 convolution, groups 1, over a's geometry: a.x the u8 codes of x [n, c, h, w] (zero point
 // x_zero_point), a.weight s8 [o, c, kh, kw], a.bias f32 [o] or null, a.y f32 [n, o, oh, ow]:
 // y[n, o, p] = float(sum over the patch of (x - x_zero_point) * w) * scale[o] (+ bias[o]), then the ReLU
-// when relu; the padding counts as the zero point's code (the value 0.0). A chunk of images at a time, with
-// working memory from the arena: oneDNN's int8 convolution over channels-last codes where it has a kernel for
-// the shape, else im2col into int8_linear_xt.
-void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu = false);
+// when relu; the padding counts as the zero point's code (the value 0.0). With pool2, a.y is instead
+// [n, o, oh / 2, ow / 2]: that y max-pooled over 2 x 2 windows at stride 2, as max_pool2d(y, 2) gives it
+// (only the pooled values are written). A chunk of images at a time, with working memory from the arena:
+// oneDNN's int8 convolution over channels-last codes where it has a kernel for the shape, else im2col into
+// int8_linear_xt.
+void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu = false,
+                 bool pool2 = false);
 // Whether int8_conv2d may take oneDNN's int8 convolution (the default); false runs the im2col path, for the
 // tests that check both. A no-op without oneDNN.
 void set_int8_conv_onednn(bool use);

@@ -21,8 +21,9 @@ const std::shared_ptr<Module>& checked_at(const std::vector<std::shared_ptr<Modu
 
 // Runs modules [begin, end) in order on h; a Linear directly followed by a ReLU (both exactly those classes,
 // so no override of forward is skipped) runs as one F::linear_relu, a Conv2d followed by a ReLU as one
-// frugal::conv2d_relu, and a QuantizedLinear followed by a ReLU
-// (or a QuantizedConv2d) followed by a ReLU as its forward_relu.
+// frugal::conv2d_relu, a QuantizedLinear (or a QuantizedConv2d) followed by a ReLU as its forward_relu, and a
+// QuantizedConv2d followed by a ReLU and a MaxPool2d(2) (2 x 2 windows, stride 2, no padding or dilation) as
+// its forward_relu_pool2.
 Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t begin, size_t end, Tensor h) {
   for (size_t i = begin; i < end; ++i) {
     Module& m = *modules[i];
@@ -46,6 +47,17 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
       h = static_cast<QuantizedLinearImpl&>(m).forward_relu(h);
       ++i;
       continue;
+    }
+    const Module* after = i + 2 < end ? modules[i + 2].get() : nullptr;
+    if (next && after && typeid(m) == typeid(QuantizedConv2dImpl) && typeid(*next) == typeid(ReLUImpl) &&
+        typeid(*after) == typeid(MaxPool2dImpl)) {
+      const auto& pool = static_cast<const MaxPool2dImpl&>(*after);
+      if (pool.kernel_size() == Size2(2) && pool.stride() == Size2(2) && pool.padding() == Size2(0) &&
+          pool.dilation() == Size2(1)) {
+        h = static_cast<QuantizedConv2dImpl&>(m).forward_relu_pool2(h);
+        i += 2;
+        continue;
+      }
     }
     if (next && typeid(m) == typeid(QuantizedConv2dImpl) && typeid(*next) == typeid(ReLUImpl)) {
       h = static_cast<QuantizedConv2dImpl&>(m).forward_relu(h);

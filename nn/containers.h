@@ -57,7 +57,8 @@ class SequentialImpl : public Module {
   // directly followed by a ReLU (within one segment) runs as one F::linear_relu: the same values within f32
   // rounding (exactly, where no fused GEMM is registered), one pass over memory fewer each way. A Conv2d
   // followed by a ReLU likewise runs as one frugal::conv2d_relu, with no tensor for the value before the
-  // ReLU.
+  // ReLU; a QuantizedConv2d, a ReLU and a MaxPool2d(2) as one QuantizedConv2d::forward_relu_pool2, which
+  // writes only the pooled output.
   Tensor forward(const Tensor& x) override;
   SequentialImpl& recompute_every(int k);
   int recompute_every() const { return recompute_every_; }

@@ -71,6 +71,10 @@ class MaxPool2dImpl : public Module {
   explicit MaxPool2dImpl(Size2 kernel_size, std::optional<Size2> stride = {}, Size2 padding = 0,
                          Size2 dilation = 1);
   Tensor forward(const Tensor& x) override;
+  Size2 kernel_size() const { return kernel_size_; }
+  Size2 stride() const { return stride_; }
+  Size2 padding() const { return padding_; }
+  Size2 dilation() const { return dilation_; }
 
  private:
   Size2 kernel_size_, stride_, padding_, dilation_;

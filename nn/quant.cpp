@@ -406,8 +406,9 @@ Tensor QuantizedConv2dImpl::dequantized_weight() const { return dequantize_rows(
 
 Tensor QuantizedConv2dImpl::forward(const Tensor& x) { return run(x, false); }
 Tensor QuantizedConv2dImpl::forward_relu(const Tensor& x) { return run(x, true); }
+Tensor QuantizedConv2dImpl::forward_relu_pool2(const Tensor& x) { return run(x, true, true); }
 
-Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu) {
+Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu, bool pool2) {
   check_inference_input("QuantizedConv2d", x);
   const Conv2dOptions& o = options_;
   const int64_t C = o.in_channels(), O = o.out_channels();
@@ -419,11 +420,13 @@ Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu) {
   const int64_t OW = (W + 2 * pd.w - dl.w * (k.w - 1) - 1) / st.w + 1;
   FRUGAL_CHECK_SHAPE(H + 2 * pd.h >= dl.h * (k.h - 1) + 1 && W + 2 * pd.w >= dl.w * (k.w - 1) + 1,
                      "QuantizedConv2d: the input ", x.shape(), " is smaller than the dilated kernel");
+  // An output too small for a 2 x 2 window: max_pool2d's own refusal.
+  if (pool2 && (OH < 2 || OW < 2)) return max_pool2d(run(x, relu), 2);
   const Tensor xc = contiguous(x);
   Tensor xq = empty({N, C, H, W}, kU8);
   const quant::InputQuant qp = quantize_layer_input(xc, input_scale, input_zero_point, xq);
   const Tensor scale = output_scales(qp, weight_scale);
-  Tensor y = empty({N, O, OH, OW}, kF32);
+  Tensor y = pool2 ? empty({N, O, OH / 2, OW / 2}, kF32) : empty({N, O, OH, OW}, kF32);
   ConvArgs args;
   args.n = N, args.c = C, args.h = H, args.w = W, args.o = O, args.kh = k.h, args.kw = k.w, args.oh = OH,
   args.ow = OW;
@@ -431,7 +434,7 @@ Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu) {
   args.dil_w = dl.w;
   args.x = xq.raw_data(), args.weight = weight.raw_data(), args.y = y.raw_data();
   args.bias = bias.defined() ? bias.raw_data() : nullptr;
-  cpu::int8_conv2d(args, qp.zero_point, scale.data<float>(), relu);
+  cpu::int8_conv2d(args, qp.zero_point, scale.data<float>(), relu, pool2);
   return y;
 }
 

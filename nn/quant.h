@@ -78,13 +78,16 @@ class QuantizedConv2dImpl : public Module {
   // x [N, in, H, W] f32, not requiring grad -> [N, out, OH, OW] f32.
   Tensor forward(const Tensor& x) override;
   Tensor forward_relu(const Tensor& x);  // relu(forward(x)) in the same pass (Sequential uses it)
-  Tensor dequantized_weight() const;     // weight * weight_scale per output channel, f32 [out, in, kH, kW]
+  // max_pool2d(relu(forward(x)), 2) bit for bit, in the same pass: only the pooled quarter of the output is
+  // ever written (Sequential uses it for a QuantizedConv2d, a ReLU and a MaxPool2d(2)).
+  Tensor forward_relu_pool2(const Tensor& x);
+  Tensor dequantized_weight() const;  // weight * weight_scale per output channel, f32 [out, in, kH, kW]
   const Conv2dOptions& options() const { return options_; }
   Tensor weight, weight_scale, bias;     // U8 (int8 bytes), f32 [out], f32 [out] or undefined
   Tensor input_scale, input_zero_point;  // static only (else undefined)
 
  private:
-  Tensor run(const Tensor& x, bool relu);
+  Tensor run(const Tensor& x, bool relu, bool pool2 = false);
   Conv2dOptions options_;
 };
 FRUGAL_MODULE(QuantizedConv2d);

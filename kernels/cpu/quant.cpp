@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cmath>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "core/parallel.h"
 #include "core/quant_kernels.h"
 #include "kernels/cpu/im2col.h"
+#include "kernels/cpu/transpose_block.h"
 #include "kernels/cpu/workspace.h"
 
 #ifdef FRUGAL_HAVE_ONEDNN
@@ -222,11 +224,34 @@ void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, co
 
 namespace {
 
+// One output value from its s32 sum: x scale, + bias, then the ReLU; the multiply-add explicitly fused, so
+// that the vector blocks and the scalar edges of to_nchw (and pool2_to_nchw) round alike whatever the
+// compiler contracts.
+template <bool kBias, bool kRelu>
+inline float output_value(int32_t s, float scale, const float* bias, int64_t oc) {
+  float v;
+  if constexpr (kBias)
+    v = std::fma(float(s), scale, bias[oc]);
+  else
+    v = float(s) * scale;
+  if constexpr (kRelu) v = v < 0.0f ? 0.0f : v;
+  return v;
+}
+inline float output_value(int32_t s, float scale, const float* bias, int64_t oc, bool relu) {
+  if (bias)
+    return relu ? output_value<true, true>(s, scale, bias, oc)
+                : output_value<true, false>(s, scale, bias, oc);
+  return relu ? output_value<false, true>(s, scale, bias, oc)
+              : output_value<false, false>(s, scale, bias, oc);
+}
+
 // Pixel-major s32 or f32 (image, pixel, o) to NCHW f32, in tiles of 32 pixels so that both sides stay in
-// cache; for s32, the scale, the bias and the ReLU on the way.
+// cache; for s32, output_value on the way. Blocks of 8 pixels x 8 channels are transposed in registers
+// (kernels/cpu/transpose_block.h) where the build has AVX2 and FMA; the edges go element by element.
 template <typename S>
 void to_nchw(const S* src_all, float* y, int64_t images, int64_t P, int64_t O, const float* scale,
              const float* bias, bool relu) {
+  static_assert(sizeof(S) == sizeof(float));
   constexpr int64_t kTile = 32;
   const int64_t tiles = (P + kTile - 1) / kTile;
   parallel_for(0, images * tiles, std::max<int64_t>(1, kGrain / (kTile * O)), [&](int64_t b, int64_t e) {
@@ -234,26 +259,110 @@ void to_nchw(const S* src_all, float* y, int64_t images, int64_t P, int64_t O, c
       const int64_t img = t / tiles, p0 = t % tiles * kTile, p1 = std::min(P, p0 + kTile);
       const S* src = src_all + img * P * O;
       float* dst = y + img * O * P;
-      for (int64_t oc = 0; oc < O; ++oc)
-        for (int64_t p = p0; p < p1; ++p) {
-          if constexpr (std::is_same_v<S, float>) {
-            dst[oc * P + p] = src[p * O + oc];
-          } else {
-            float v = float(src[p * O + oc]) * scale[oc];
-            if (bias) v += bias[oc];
-            dst[oc * P + p] = relu && v < 0.0f ? 0.0f : v;
+      int64_t pb = p0, ob = 0;  // the blocks cover pixels [p0, pb) and channels [0, ob)
+#if FRUGAL_TRANSPOSE_AVX && defined(__AVX2__) && defined(__FMA__)
+      pb = p0 + (p1 - p0) / 8 * 8, ob = O / 8 * 8;
+      const __m256 zero = _mm256_setzero_ps();
+      for (int64_t oc = 0; oc < ob; oc += 8)
+        for (int64_t p = p0; p < pb; p += 8) {
+          __m256 r[8];  // r[j]: channel oc + j at pixels p..p+7
+          transpose8x8_load(reinterpret_cast<const float*>(src + p * O + oc), O, r);
+          for (int j = 0; j < 8; ++j) {
+            __m256 v = r[j];
+            if constexpr (!std::is_same_v<S, float>) {
+              const __m256 x = _mm256_cvtepi32_ps(_mm256_castps_si256(v)), sc = _mm256_set1_ps(scale[oc + j]);
+              v = bias ? _mm256_fmadd_ps(x, sc, _mm256_set1_ps(bias[oc + j])) : _mm256_mul_ps(x, sc);
+              if (relu) v = _mm256_max_ps(zero, v);  // as v < 0 ? 0 : v, -0 and NaN kept
+            }
+            _mm256_storeu_ps(dst + (oc + j) * P + p, v);
           }
+        }
+#endif
+      for (int64_t oc = 0; oc < O; ++oc)
+        for (int64_t p = oc < ob ? pb : p0; p < p1; ++p) {
+          if constexpr (std::is_same_v<S, float>)
+            dst[oc * P + p] = src[p * O + oc];
+          else
+            dst[oc * P + p] = output_value(src[p * O + oc], scale[oc], bias, oc, relu);
         }
     }
   });
 }
 
+// Pixel-major s32 or f32 (image, pixel, o) outputs of [OH, OW] to NCHW f32 max-pooled over 2 x 2 windows at
+// stride 2 (PH = OH / 2, PW = OW / 2, as MaxPool2d(2) floors): each window's four values made (output_value
+// for s32; f32 values are final) and the largest kept, into a pixel-major buffer, then to_nchw. Only the
+// pooled quarter is written out, and no ReLU or pooling pass reads the full output again.
+template <typename S>
+void pool2_to_nchw(const S* src_all, float* y, int64_t images, int64_t OH, int64_t OW, int64_t O,
+                   const float* scale, const float* bias, bool relu) {
+  const int64_t PH = OH / 2, PW = OW / 2, PP = PH * PW;
+  Tensor buffer = workspace(images * PP * O * int64_t(sizeof(float)));
+  float* pooled = reinterpret_cast<float*>(buffer.data<uint8_t>());
+  // The bias and the ReLU as template arguments: a branch on either inside the channel loop kept it scalar.
+  auto pool = [&]<bool kBias, bool kRelu>() {
+    parallel_for(
+        0, images * PH, std::max<int64_t>(1, kGrain / std::max<int64_t>(4 * PW * O, 1)),
+        [&](int64_t b, int64_t e) {
+          for (int64_t t = b; t < e; ++t) {
+            const int64_t img = t / PH, ph = t % PH;
+            for (int64_t pw = 0; pw < PW; ++pw) {
+              const S* p00 = src_all + ((img * OH + 2 * ph) * OW + 2 * pw) * O;
+              const S* p01 = p00 + O;
+              const S* p10 = p00 + OW * O;
+              const S* p11 = p10 + O;
+              float* out = pooled + ((img * PH + ph) * PW + pw) * O;
+              int64_t oc = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+              // 8 channels at a time: output_value's operations, and std::max(a, b) as
+              // _mm256_max_ps(b, a) (both give a unless a < b).
+              auto load = [&](const S* p) {
+                if constexpr (std::is_same_v<S, float>) {
+                  return _mm256_loadu_ps(p + oc);
+                } else {
+                  const __m256 x =
+                      _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + oc)));
+                  const __m256 sc = _mm256_loadu_ps(scale + oc);
+                  __m256 v;
+                  if constexpr (kBias)
+                    v = _mm256_fmadd_ps(x, sc, _mm256_loadu_ps(bias + oc));
+                  else
+                    v = _mm256_mul_ps(x, sc);
+                  if constexpr (kRelu) v = _mm256_max_ps(_mm256_setzero_ps(), v);  // v < 0 ? 0 : v
+                  return v;
+                }
+              };
+              for (; oc + 8 <= O; oc += 8)
+                _mm256_storeu_ps(out + oc, _mm256_max_ps(_mm256_max_ps(load(p11), load(p10)),
+                                                         _mm256_max_ps(load(p01), load(p00))));
+#endif
+              for (; oc < O; ++oc) {
+                auto value = [&](const S* p) {
+                  if constexpr (std::is_same_v<S, float>)
+                    return p[oc];
+                  else
+                    return output_value<kBias, kRelu>(p[oc], scale[oc], bias, oc);
+                };
+                out[oc] = std::max(std::max(value(p00), value(p01)), std::max(value(p10), value(p11)));
+              }
+            }
+          }
+        });
+  };
+  if (bias)
+    relu ? pool.template operator()<true, true>() : pool.template operator()<true, false>();
+  else
+    relu ? pool.template operator()<false, true>() : pool.template operator()<false, false>();
+  to_nchw(pooled, y, images, PP, O, nullptr, nullptr, false);
+}
+
 #ifdef FRUGAL_HAVE_ONEDNN
 // int8_conv2d through oneDNN's int8 convolution; false where it has no kernel for the shape.
-bool conv2d_onednn(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu, int64_t chunk) {
+bool conv2d_onednn(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu, bool pool2,
+                   int64_t chunk) {
   if (a.groups != 1 || !g_int8_conv_onednn.load(std::memory_order_relaxed) || !int8_conv_plan(a, chunk))
     return false;
-  const int64_t C = a.c, HW = a.h * a.w, P = a.oh * a.ow, O = a.o;
+  const int64_t C = a.c, HW = a.h * a.w, P = a.oh * a.ow, O = a.o, YP = (a.oh / 2) * (a.ow / 2);
   const auto* xs = static_cast<const uint8_t*>(a.x);
   auto* ys = static_cast<float*>(a.y);
   dnnl::engine& eng = onednn_engine();
@@ -294,8 +403,12 @@ bool conv2d_onednn(const ConvArgs& a, int32_t x_zero_point, const float* scale, 
     const Tensor scratch = add_scratchpad(plan->scratchpad, args);
     plan->conv.execute(onednn_stream(), args);
     onednn_stream().wait();
-    to_nchw(static_cast<const int32_t*>(out.raw_data()), ys + n0 * O * P, images, P, O, scale,
-            static_cast<const float*>(a.bias), relu);
+    const auto* sums = static_cast<const int32_t*>(out.raw_data());
+    if (pool2)
+      pool2_to_nchw(sums, ys + n0 * O * YP, images, a.oh, a.ow, O, scale, static_cast<const float*>(a.bias),
+                    relu);
+    else
+      to_nchw(sums, ys + n0 * O * P, images, P, O, scale, static_cast<const float*>(a.bias), relu);
   }
   return true;
 }
@@ -303,13 +416,13 @@ bool conv2d_onednn(const ConvArgs& a, int32_t x_zero_point, const float* scale, 
 
 }  // namespace
 
-void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu) {
+void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu, bool pool2) {
   const int64_t P = a.oh * a.ow, K = a.c * a.kh * a.kw, O = a.o;
   // Images go through in chunks of about 4096 output pixels, so that the patches (u8, K a pixel) and the
   // GEMM's pixel-major output stay small beside x and y.
   const int64_t chunk = std::clamp<int64_t>(4096 / P, 1, std::max<int64_t>(a.n, 1));
 #ifdef FRUGAL_HAVE_ONEDNN
-  if (a.n > 0 && P > 0 && O > 0 && conv2d_onednn(a, x_zero_point, scale, relu, chunk)) return;
+  if (a.n > 0 && P > 0 && O > 0 && conv2d_onednn(a, x_zero_point, scale, relu, pool2, chunk)) return;
 #endif
   Tensor col = workspace(K * chunk * P), out = workspace(chunk * P * O * int64_t(sizeof(float)));
   const auto* xs = static_cast<const uint8_t*>(a.x);
@@ -333,7 +446,11 @@ void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bo
     });
     linear(cs, true, x_zero_point, w, scale, static_cast<const float*>(a.bias), os, pixels, K, O, relu,
            &sums);
-    to_nchw(os, ys + n0 * O * P, images, P, O, nullptr, nullptr, false);
+    if (pool2)
+      pool2_to_nchw(os, ys + n0 * O * (a.oh / 2) * (a.ow / 2), images, a.oh, a.ow, O, nullptr, nullptr,
+                    false);
+    else
+      to_nchw(os, ys + n0 * O * P, images, P, O, nullptr, nullptr, false);
   }
 }
 

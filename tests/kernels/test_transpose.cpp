@@ -16,7 +16,7 @@ std::vector<double> transposed(const std::vector<double>& in, int64_t rows, int6
 }
 
 TEST(Transpose2d, MatchesDefinition) {
-  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::I64, DType::U8})
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::I64, DType::I32, DType::U8})
     for (auto [rows, cols, pad] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {1, 1, 0}, {3, 5, 0}, {32, 32, 0}, {33, 65, 3}, {512, 128, 0}, {1000, 37, 11}}) {
       const Tensor base = testing::uniform({rows, cols + pad}, 0, 100, DType::F64, 5).to(t);

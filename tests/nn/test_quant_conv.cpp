@@ -1,7 +1,8 @@
 // nn::QuantizedConv2d: against the convolution of the dequantised input and weight written out here (in
 // f64, through ops::conv2d), for strides, paddings, dilations, non-square kernels, no bias and batches that
-// span several of its chunks; close to the f32 Conv2d; the fused ReLU; static quantisation of a CNN
-// (prepare, calibrate, convert) with its bytes and a safetensors round trip; QAT of convolutions; bad inputs.
+// span several of its chunks; close to the f32 Conv2d; the fused ReLU, and ReLU + MaxPool2d(2); static
+// quantisation of a CNN (prepare, calibrate, convert) with its bytes and a safetensors round trip; QAT of
+// convolutions; bad inputs.
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -77,6 +78,8 @@ TEST(QuantizedConv2d, MatchesQuantiseThenConvolveAndIsCloseToF32) {
       {nn::Conv2dOptions(2, 5, {3, 2}).padding({2, 1}).dilation({2, 1}).bias(false), Shape({2, 2, 8, 7})},
       // 28 x 28 outputs: chunks of 5 images, so 12 images run as 5 + 5 + 2.
       {nn::Conv2dOptions(1, 4, 3).padding(1), Shape({12, 1, 28, 28})},
+      // 12 channels and 42 pixels: the output's 8 x 8 blocks and its edges on both sides.
+      {nn::Conv2dOptions(16, 12, 3).padding(1), Shape({3, 16, 6, 7})},
   };
   NoGradGuard ng;
   for (const Case& c : cases)
@@ -110,7 +113,8 @@ TEST(QuantizedConv2d, MatchesQuantiseThenConvolveAndIsCloseToF32) {
 }
 
 TEST(QuantizedConv2d, ReluRunsInTheSamePassAndSequentialUsesIt) {
-  nn::Conv2d conv(nn::Conv2dOptions(2, 4, 3).padding(1));
+  // 12 channels of 36 pixels: 8 x 8 blocks and edges.
+  nn::Conv2d conv(nn::Conv2dOptions(2, 12, 3).padding(1));
   const Tensor x = uniform({2, 2, 6, 6}, -1, 1);
   NoGradGuard ng;
   nn::QuantizedConv2d q(conv->options(), conv->weight, conv->bias);
@@ -123,6 +127,49 @@ TEST(QuantizedConv2d, ReluRunsInTheSamePassAndSequentialUsesIt) {
     EXPECT_EQ(in_seq[i], fused[i]) << i;
   }
   EXPECT_TRUE(std::any_of(plain.begin(), plain.end(), [](float v) { return v < 0; }));
+}
+
+// A QuantizedConv2d, a ReLU and a MaxPool2d(2) in a Sequential run as one pass (forward_relu_pool2) that
+// writes only the pooled output: bit for bit the three run apart, on both int8 paths, with and without bias,
+// static and dynamic, over odd output sizes (the pool drops the last row and column) and channels that fill
+// the 8 x 8 blocks and their edges. Other pools after the ReLU run apart; an output smaller than a window
+// gets max_pool2d's refusal.
+TEST(QuantizedConv2d, ReluAndMaxPoolRunInTheSamePass) {
+  manual_seed(12);
+  NoGradGuard ng;
+  const nn::quant::InputQuant fixed{0.03f, 30};
+  for (bool onednn : {true, false}) {
+    cpu::set_int8_conv_onednn(onednn);
+    for (bool bias : {true, false})
+      for (bool dynamic : {true, false}) {
+        nn::Conv2d conv(nn::Conv2dOptions(16, 12, 3).padding(1).bias(bias));
+        nn::QuantizedConv2d q(conv->options(), conv->weight, conv->bias, dynamic ? nullptr : &fixed);
+        const Tensor x = uniform({3, 16, 9, 11}, -1, 2);
+        const Tensor apart = max_pool2d(q->forward_relu(x), 2);
+        ASSERT_EQ(apart.shape(), Shape({3, 12, 4, 5}));
+        const std::string where = std::string(onednn ? "oneDNN" : "im2col") + (bias ? " bias" : "") +
+                                  (dynamic ? " dynamic" : " static");
+        EXPECT_EQ(q->forward_relu_pool2(x).to_vector<float>(), apart.to_vector<float>()) << where;
+        nn::Sequential seq{q, nn::ReLU(), nn::MaxPool2d(2)};
+        EXPECT_EQ(seq->forward(x).to_vector<float>(), apart.to_vector<float>()) << where;
+        const std::vector<float> v = apart.to_vector<float>();
+        EXPECT_TRUE(std::any_of(v.begin(), v.end(), [](float e) { return e > 0; })) << where;
+        // A window of 3, and a stride of 1, are not fused; the result is still the three layers'.
+        nn::Sequential three{q, nn::ReLU(), nn::MaxPool2d(3)};
+        EXPECT_EQ(three->forward(x).to_vector<float>(), max_pool2d(q->forward_relu(x), 3).to_vector<float>());
+        nn::Sequential overlapping{q, nn::ReLU(), nn::MaxPool2d(2, 1)};
+        EXPECT_EQ(overlapping->forward(x).to_vector<float>(),
+                  max_pool2d(q->forward_relu(x), 2, 1).to_vector<float>());
+      }
+  }
+  cpu::set_int8_conv_onednn(true);  // the default
+  nn::Conv2d conv(nn::Conv2dOptions(2, 4, 3));
+  nn::QuantizedConv2d q(conv->options(), conv->weight, conv->bias);
+  const Tensor tiny = uniform({1, 2, 3, 3}, -1, 1);  // a 1 x 1 output
+  expect_error<ShapeError>([&] { max_pool2d(q->forward_relu(tiny), 2); },
+                           {"max_pool2d: input [1, 4, 1, 1]", "output size is too small"});
+  expect_error<ShapeError>([&] { q->forward_relu_pool2(tiny); },
+                           {"max_pool2d: input [1, 4, 1, 1]", "output size is too small"});
 }
 
 nn::Sequential small_cnn() {
