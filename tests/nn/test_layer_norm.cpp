@@ -137,6 +137,25 @@ TEST(LayerNorm, GradientsDoNotDependOnThreads) {
   expect_same(one, many, {0, 0}, "1 thread vs several");
 }
 
+// A row's statistics depend on its values alone, not on where it lies (Note [a row's statistics]): the rows
+// of x and the same rows one element further along a buffer (another alignment) normalise bit for bit alike,
+// for lengths around the vector widths.
+TEST(LayerNorm, ResultsDoNotDependOnWhereTheRowsLie) {
+  for (DType t : {DType::F32, DType::F64})
+    for (int64_t cols : {5, 16, 37, 64, 130}) {
+      const Tensor x = uniform({4, cols}, -2, 3, t, 31);
+      Tensor buffer = zeros({4 * cols + 1}, t);
+      Tensor shifted = buffer.narrow(0, 1, 4 * cols).view({4, cols});
+      shifted.copy_(x);
+      const ops::LayerNormResult a = ops::layer_norm(x, {cols});
+      const ops::LayerNormResult b = ops::layer_norm(shifted, {cols});
+      const std::string what = std::string(dtype_name(t)) + " cols " + std::to_string(cols);
+      EXPECT_EQ(a.mean.to_vector<double>(), b.mean.to_vector<double>()) << what;
+      EXPECT_EQ(a.rstd.to_vector<double>(), b.rstd.to_vector<double>()) << what;
+      EXPECT_EQ(a.y.to_vector<double>(), b.y.to_vector<double>()) << what;
+    }
+}
+
 TEST(LayerNorm, MixedParameterDtypes) {
   // bf16 activations with f32 parameters (as under autocast): parameter gradients come back in f32.
   const Tensor x = uniform({4, 8}, -2, 2, DType::BF16, 61).requires_grad_();

@@ -211,6 +211,30 @@ TEST(LayerNormRounded, KernelsAreTheXhatFormsAndThePlainAffineBitForBit) {
         }
 }
 
+// Rows whose x-hat and y hold f32 subnormals (which bf16 keeps, and the vectorised f32 -> bf16 conversion
+// would flush; Note [the rounded row in registers]): still the x-hat form's x-hat and the plain affine map.
+TEST(LayerNormRounded, SubnormalXhatValuesRoundAsTheScalarConversion) {
+  const int64_t cols = 48;  // three blocks of 16
+  std::vector<float> xs;
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t j = 0; j < cols; ++j)
+      // +-1 and zeros, with one subnormal: the mean is about 1e-41, so every zero's x-hat is subnormal.
+      xs.push_back(j == 20 + r ? 1e-39f : j % 3 == 0 ? 0.0f : (j % 3 == 1 ? 1.0f : -1.0f));
+  const Tensor x = tensor(xs, Shape({2, cols}));
+  for (int affine = 0; affine < 4; ++affine) {
+    const Tensor w = affine & 1 ? ones({cols}) : Tensor();
+    const Tensor b = affine & 2 ? zeros({cols}) : Tensor();
+    const ops::LayerNormResult r = ops::layer_norm_rounded(x, {cols}, w, b, 1e-5, DType::BF16);
+    const ops::LayerNormResult ref = ops::layer_norm(x, {cols}, w, b, 1e-5, DType::BF16);
+    const std::vector<double> xh = r.xhat.to_vector<double>();
+    EXPECT_TRUE(std::any_of(xh.begin(), xh.end(), [](double v) {
+      return v != 0 && std::fabs(v) < double(std::numeric_limits<float>::min());
+    })) << "the x-hat holds no subnormal";
+    EXPECT_EQ(xh, ref.xhat.to_vector<double>()) << affine;
+    EXPECT_EQ(r.y.to_vector<double>(), affine_plain<float>(r.xhat, w, b).to_vector<double>()) << affine;
+  }
+}
+
 // Under autocast (dtype low), with the Linear's input x [rows, d]: the op's result and gradients, and those
 // of the ops it runs called one by one (the Linear on layer_norm_rounded's y, then the x-hat backward).
 struct RoundedRun {
