@@ -185,13 +185,33 @@ void check_replaceable(Module& root, const std::vector<std::string>& paths, cons
       dot == std::string::npos ? nullptr : module_at(root, path.substr(0, dot));
   const Module& parent = parent_module ? *parent_module : root;
   const std::string member = path.substr(dot == std::string::npos ? 0 : dot + 1);
+  // A Sequential on the way that runs recompute segments: the graph of a forward whose backward has not run
+  // holds each segment's modules (to run them again), and is the likelier holder than a pointer.
+  std::string segments;
+  const Module* at = &root;
+  for (size_t from = 0; at;) {
+    if (const auto* seq = dynamic_cast<const SequentialImpl*>(at); seq && seq->recompute_every() > 0) {
+      const std::string where =
+          from == 0 ? std::string("at the top") : detail::str_cat("at '", path.substr(0, from - 1), "'");
+      segments = detail::str_cat(" If a forward of this model ran with grad (the Sequential ", where,
+                                 " runs recompute segments), the autograd graph of its output holds the "
+                                 "segments' modules until backward runs or the output is dropped: do either "
+                                 "first.");
+      break;
+    }
+    const size_t next = path.find('.', from);
+    if (next == std::string::npos) break;
+    at = module_at(root, path.substr(0, next)).get();
+    from = next + 1;
+  }
   // Under a container the tree is what runs: the reference left is the caller's.
   if (dynamic_cast<const SequentialImpl*>(&parent) || dynamic_cast<const ModuleListImpl*>(&parent))
     throw Error(detail::str_cat(
         who, ": the ", type, " at '", path,
         "' is also held outside the model's module tree, by a pointer of yours (the ", parent.type_name(),
         " around it would run the new layer, but the pointer would keep the old one). Nothing was replaced. "
-        "Drop the pointer first (Note [rewriting a model in place], nn/module.h)"));
+        "Drop the pointer first (Note [rewriting a model in place], nn/module.h).",
+        segments));
   throw Error(detail::str_cat(
       who, ": the ", type, " at '", path,
       "' is also held outside the model's module tree: by a member of its parent ", parent.type_name(),
@@ -199,7 +219,8 @@ void check_replaceable(Module& root, const std::vector<std::string>& paths, cons
       "`), whose forward would go on calling the old layer, or by a pointer of yours. Nothing was replaced. "
       "Keep such layers in a container (nn::Sequential), re-point the member in ",
       parent.type_name(),
-      "::child_replaced, or drop the pointer first (Note [rewriting a model in place], nn/module.h)"));
+      "::child_replaced, or drop the pointer first (Note [rewriting a model in place], nn/module.h).",
+      segments));
 }
 
 void rewrite_modules(Module& root, const std::vector<std::string>& paths,

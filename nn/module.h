@@ -179,7 +179,9 @@ class Module {
 // (check_replaceable): it puts a placeholder at every path to be rewritten (a parent that re-points its
 // members in child_replaced drops its references then), counts the references left to each old module,
 // puts them all back, and throws Error naming the first module that something outside the tree still holds
-// (the member of a parent, or a pointer of the caller's), with nothing changed. Only then does it rewrite
+// (the member of a parent, or a pointer of the caller's; under a Sequential that runs recompute segments, the
+// message also names the autograd graph of a forward whose backward has not run, which holds the segments'
+// modules), with nothing changed. Only then does it rewrite
 // (rewrite_modules), one module at a time, each old module let go as soon as its replacement is in place, so
 // that a rewrite needs no more memory than the largest module's old and new forms together (beyond the
 // model). The caller holds no reference of its own to the modules at `paths`. `who` names the rewrite in

@@ -102,6 +102,34 @@ TEST(Rewrite, APointerKeptIntoASequentialMakesTheRewriteRefuse) {
   EXPECT_EQ(type_at(*net, "2"), "QuantizedLinear");
 }
 
+// A forward in recompute segments keeps its segments' modules in the graph until backward: the refusal says
+// so (naming the Sequential), and after backward the rewrite goes through.
+TEST(Rewrite, ALiveRecomputeGraphIsNamedAsTheHolder) {
+  manual_seed(7);
+  nn::Sequential inner{nn::Linear(8, 16), nn::ReLU(), nn::Linear(16, 16), nn::ReLU(), nn::Linear(16, 4)};
+  inner->recompute_every(2);
+  nn::Sequential net{nn::Linear(8, 8), inner};
+  const Tensor x = uniform({3, 8}, -1, 1).requires_grad_(true);
+  Tensor out = net->forward(x);
+  expect_error<Error>([&] { nn::quant::quantize_dynamic(*net); },
+                      {"quantize_dynamic", "'1.0'", "Nothing was replaced", "the Sequential at '1'",
+                       "recompute segments", "until backward runs or the output is dropped"});
+  EXPECT_EQ(type_at(*net, "1.0"), "Linear");
+  out.sum().backward();
+  out = Tensor();
+  EXPECT_EQ(nn::quant::quantize_dynamic(*net), 4);
+  EXPECT_EQ(type_at(*net, "1.0"), "QuantizedLinear");
+  // A pointer kept into a model without recompute segments: no word of them.
+  nn::Linear kept(4, 4);
+  nn::Sequential plain{kept};
+  try {
+    nn::quant::quantize_dynamic(*plain);
+    ADD_FAILURE() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("recompute"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Rewrite, AParentThatRePointsItsMembersRunsTheRewrittenLayers) {
   manual_seed(7);
   RepointingMlp net;
