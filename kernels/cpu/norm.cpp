@@ -18,6 +18,7 @@
 #include "core/parallel.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/register.h"
+#include "kernels/cpu/vec.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -220,23 +221,11 @@ inline void with_affine(const void* w, const void* bias, F&& f) {
 // 40% of a forward over W3's rows of 128. Rows of f16/bf16 are summed as they are read, in simd reductions.
 // Never inlined: one compiled body for every form (plain, x-hat, rounded), where the compiler cannot fuse the
 // squares into the sums in one caller and not in another, so the forms' statistics agree bit for bit.
-#if defined(__AVX512F__)
-constexpr int kStatBytes = 64;
-#elif defined(__AVX__)
-constexpr int kStatBytes = 32;
-#else
-constexpr int kStatBytes = 16;
-#endif
-template <typename C>
-struct StatVec {
-  typedef C type __attribute__((vector_size(kStatBytes)));
-};
-
 template <typename T, typename C>
 [[gnu::noinline]] void row_stats(const T* x, int64_t n, C inv_n, C& mu, C& ss) {
   if constexpr (std::is_same_v<T, C>) {
-    using V = typename StatVec<C>::type;
-    constexpr int64_t L = kStatBytes / int64_t(sizeof(C));
+    using V = cpu::Vec<C>;
+    constexpr int64_t L = cpu::kLanes<C>;
     auto load = [&](int64_t j) {
       V v;
       std::memcpy(&v, x + j, sizeof(V));

@@ -15,6 +15,7 @@
 #include "core/op_table_attention.h"
 #include "core/parallel.h"
 #include "kernels/cpu/register.h"
+#include "kernels/cpu/vec.h"
 
 namespace frugal {
 namespace {
@@ -28,29 +29,9 @@ namespace {
 // at these sizes (64 x 64 x 32 per head in W3) and cannot skip blocks.
 // A full MR x NR block: 2 x MR vector accumulators (GCC/Clang vector types, so they stay in registers; a
 // zero-initialised array would live in memory), one broadcast of A and two loads of B per row and step.
-// A vector is one register of the widest kind the target has: a wider GCC vector would be split over several
-// registers (more of them than the blocking below can keep) and passed in memory (-Wpsabi).
-#if defined(__AVX512F__)
-constexpr int kVectorBytes = 64;
-#elif defined(__AVX__)
-constexpr int kVectorBytes = 32;
-#else
-constexpr int kVectorBytes = 16;
-#endif
-template <typename T>
-struct VecOf;
-template <>
-struct VecOf<float> {
-  typedef float type __attribute__((vector_size(kVectorBytes)));
-};
-template <>
-struct VecOf<double> {
-  typedef double type __attribute__((vector_size(kVectorBytes)));
-};
-template <typename T>
-using Vec = typename VecOf<T>::type;
-template <typename T>
-constexpr int kLanes = int(kVectorBytes / sizeof(T));
+// A vector is one register of the widest kind the target has (kernels/cpu/vec.h).
+using cpu::kLanes;
+using cpu::Vec;
 
 // x in every lane: x - 0 is x for every x (V{} + x is not: the compiler must keep that add for the sign of
 // zero), so this compiles to one broadcast.
