@@ -9,12 +9,8 @@
 //   VCVTPS2PH keeps the top of a NaN's payload (the scalar path makes every NaN 0x7e00 with its sign).
 #include "kernels/cpu/convert.h"
 
-#if (defined(__AVX512BF16__) || defined(__F16C__))
+#if defined(__F16C__)
 #include <immintrin.h>
-#endif
-
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-#define FRUGAL_BF16_SIMD 1
 #endif
 #if defined(__F16C__) && defined(__AVX2__)
 #define FRUGAL_F16_SIMD 1
@@ -54,11 +50,8 @@ const char* conversion_isa() {
 void to_f32(const BFloat16* in, float* out, int64_t n) {
   int64_t i = 0;
 #ifdef FRUGAL_BF16_SIMD
-  // Exact: the bf16 bits are the f32's upper half.
-  for (; i + 16 <= n; i += 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
-    _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i))));
 #endif
   to_f32_scalar(in + i, out + i, n - i);
 }
@@ -66,19 +59,12 @@ void to_f32(const BFloat16* in, float* out, int64_t n) {
 void from_f32(const float* in, BFloat16* out, int64_t n) {
   int64_t i = 0;
 #ifdef FRUGAL_BF16_SIMD
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), min_normal = _mm512_set1_epi32(0x00800000);
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_loadu_ps(in + i);
-    // Nonzero subnormals: 0 < |bits| < the smallest normal.
-    const __m512i a = _mm512_and_si512(_mm512_castps_si512(v), abs_mask);
-    const __mmask16 subnormal =
-        _mm512_cmpgt_epi32_mask(a, _mm512_setzero_si512()) & _mm512_cmplt_epi32_mask(a, min_normal);
-    if (subnormal) {
+    if (bf16_flushes(v))
       from_f32_scalar(in + i, out + i, 16);
-      continue;
-    }
-    const __m256bh b = _mm512_cvtneps_pbh(v);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), reinterpret_cast<const __m256i&>(b));
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), f32x16_to_bf16(v));
   }
 #endif
   from_f32_scalar(in + i, out + i, n - i);

@@ -8,7 +8,6 @@
 // rounded x-hat. The reference they are tested against is the composite nn::functional::layer_norm_composite
 // (the rounded forms: a plain loop in their test).
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -22,9 +21,6 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#endif
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-#define FRUGAL_NORM_BF16_SIMD 1
 #endif
 
 namespace frugal {
@@ -156,26 +152,20 @@ inline void rounded_row_loops(const T* x, S* y, S* xo, const C* w, const C* bias
 
 template <bool kWeight, bool kBias, typename S, typename T, typename C>
 inline void rounded_row(const T* x, S* y, S* xo, const C* w, const C* bias, C mu, C rs, int64_t n) {
-#if FRUGAL_NORM_BF16_SIMD
+#if FRUGAL_BF16_SIMD
   if constexpr (std::is_same_v<T, float> && std::is_same_v<S, BFloat16>) {
     // Note [the rounded row in registers]: f32 x, bf16 x-hat and y (W6's norms under autocast) take 16 values
     // at a time through the whole row: x-hat, its rounding, the affine map of the rounded value and y's
     // rounding, with the same operations as rounded_row_loops. Through those (three passes over L1
-    // buffers and three conversion calls a row) the form took 2.6x the plain f32 forward. A block whose
-    // x-hat or y holds a nonzero f32 subnormal (which VCVTNEPS2BF16 flushes, and core/half.h rounds) goes
-    // through the loops instead, as do the last n % 16 values.
+    // buffers and three conversion calls a row) the form took 2.1x the plain f32 forward. A block whose
+    // x-hat or y holds a nonzero f32 subnormal (cpu::bf16_flushes) goes through the loops
+    // instead, as do the last n % 16 values.
     const __m512 vmu = _mm512_set1_ps(mu), vrs = _mm512_set1_ps(rs);
-    // Nonzero subnormals: 0 < |bits| < the smallest normal, as |bits| - 1 < 0x7fffff unsigned.
-    auto subnormal = [](__m512 v) {
-      const __m512i a = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
-      return _mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fffff));
-    };
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
       const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), vmu), vrs);
-      const __m256bh xb = _mm512_cvtneps_pbh(xh);
-      const __m512 xr =
-          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(std::bit_cast<__m256i>(xb)), 16));
+      const __m256i xb = cpu::f32x16_to_bf16(xh);
+      const __m512 xr = cpu::bf16x16_to_f32(xb);
       __m512 v = xr;
       if constexpr (kWeight && kBias)
         v = _mm512_fmadd_ps(xr, _mm512_loadu_ps(w + j), _mm512_loadu_ps(bias + j));
@@ -183,13 +173,13 @@ inline void rounded_row(const T* x, S* y, S* xo, const C* w, const C* bias, C mu
         v = _mm512_mul_ps(xr, _mm512_loadu_ps(w + j));
       else if constexpr (kBias)
         v = _mm512_add_ps(xr, _mm512_loadu_ps(bias + j));
-      if (!_kortestz_mask16_u8(subnormal(xh), subnormal(v))) {
+      if (!_kortestz_mask16_u8(cpu::bf16_flushes(xh), cpu::bf16_flushes(v))) {
         rounded_row_loops<kWeight, kBias>(x + j, y + j, xo + j, w ? w + j : w, bias ? bias + j : bias, mu, rs,
                                           16);
         continue;
       }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xo + j), std::bit_cast<__m256i>(xb));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), std::bit_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xo + j), xb);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), cpu::f32x16_to_bf16(v));
     }
     if (j < n)
       rounded_row_loops<kWeight, kBias>(x + j, y + j, xo + j, w ? w + j : w, bias ? bias + j : bias, mu, rs,
