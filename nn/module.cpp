@@ -157,6 +157,25 @@ std::shared_ptr<Module> module_at(const Module& root, const std::string& path) {
   }
 }
 
+// For a refusal at `path`: a sentence on the recompute segments of the first Sequential on the way from root
+// to the module that runs them, or nothing. The graph of a forward whose backward has not run holds each
+// segment's modules (to run them again), a likelier holder than a pointer.
+std::string recompute_note(const Module& root, const std::string& path) {
+  const Module* at = &root;
+  for (size_t from = 0;;) {
+    if (const auto* seq = dynamic_cast<const SequentialImpl*>(at); seq && seq->recompute_every() > 0)
+      return detail::str_cat(
+          " If a forward of this model ran with grad (the Sequential ",
+          from == 0 ? std::string("at the top") : detail::str_cat("at '", path.substr(0, from - 1), "'"),
+          " runs recompute segments), the autograd graph of its output holds the segments' modules until "
+          "backward runs or the output is dropped: do either first.");
+    const size_t dot = path.find('.', from);
+    if (dot == std::string::npos) return "";
+    at = at->named_children().at(path.substr(from, dot - from)).get();
+    from = dot + 1;
+  }
+}
+
 }  // namespace
 
 // Note [rewriting a model in place] (nn/module.h).
@@ -185,25 +204,7 @@ void check_replaceable(Module& root, const std::vector<std::string>& paths, cons
       dot == std::string::npos ? nullptr : module_at(root, path.substr(0, dot));
   const Module& parent = parent_module ? *parent_module : root;
   const std::string member = path.substr(dot == std::string::npos ? 0 : dot + 1);
-  // A Sequential on the way that runs recompute segments: the graph of a forward whose backward has not run
-  // holds each segment's modules (to run them again), and is the likelier holder than a pointer.
-  std::string segments;
-  const Module* at = &root;
-  for (size_t from = 0; at;) {
-    if (const auto* seq = dynamic_cast<const SequentialImpl*>(at); seq && seq->recompute_every() > 0) {
-      const std::string where =
-          from == 0 ? std::string("at the top") : detail::str_cat("at '", path.substr(0, from - 1), "'");
-      segments = detail::str_cat(" If a forward of this model ran with grad (the Sequential ", where,
-                                 " runs recompute segments), the autograd graph of its output holds the "
-                                 "segments' modules until backward runs or the output is dropped: do either "
-                                 "first.");
-      break;
-    }
-    const size_t next = path.find('.', from);
-    if (next == std::string::npos) break;
-    at = module_at(root, path.substr(0, next)).get();
-    from = next + 1;
-  }
+  const std::string segments = recompute_note(root, path);
   // Under a container the tree is what runs: the reference left is the caller's.
   if (dynamic_cast<const SequentialImpl*>(&parent) || dynamic_cast<const ModuleListImpl*>(&parent))
     throw Error(detail::str_cat(

@@ -119,6 +119,11 @@ TEST(Rewrite, ALiveRecomputeGraphIsNamedAsTheHolder) {
   out = Tensor();
   EXPECT_EQ(nn::quant::quantize_dynamic(*net), 4);
   EXPECT_EQ(type_at(*net, "1.0"), "QuantizedLinear");
+  // The model itself the Sequential that runs segments.
+  nn::Sequential top{nn::Linear(8, 8), nn::ReLU(), nn::Linear(8, 4)};
+  top->recompute_every(2);
+  const Tensor live = top->forward(x);
+  expect_error<Error>([&] { nn::quant::quantize_dynamic(*top); }, {"'0'", "the Sequential at the top"});
   // A pointer kept into a model without recompute segments: no word of them.
   nn::Linear kept(4, 4);
   nn::Sequential plain{kept};
