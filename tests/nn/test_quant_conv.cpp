@@ -170,6 +170,11 @@ TEST(QuantizedConv2d, ReluAndMaxPoolRunInTheSamePass) {
                            {"max_pool2d: input [1, 4, 1, 1]", "output size is too small"});
   expect_error<ShapeError>([&] { q->forward_relu_pool2(tiny); },
                            {"max_pool2d: input [1, 4, 1, 1]", "output size is too small"});
+  // A non-contiguous input (a transposed one) gives its copy's result.
+  const Tensor view = uniform({2, 2, 6, 7}, -1, 1).transpose(2, 3);
+  ASSERT_FALSE(view.is_contiguous());
+  EXPECT_EQ(q->forward_relu_pool2(view).to_vector<float>(),
+            q->forward_relu_pool2(view.contiguous()).to_vector<float>());
 }
 
 nn::Sequential small_cnn() {
