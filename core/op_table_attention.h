@@ -59,14 +59,18 @@ struct SelfAttentionArgs {
   bool causal = false;
 };
 // Per-thread scratch elements: K^T (forward) or dS and V^T (backward), plus converted copies of one head's
-// operands when the dtype is not its own compute type.
+// operands when the dtype is not its own compute type; for bf16, also room for the CPU's bf16 products'
+// packed operands (Note [the attention's products in bf16] in kernels/cpu/self_attention.cpp).
 // (probs_in_scratch, for the low-probs and the stats forms: plus one head's P in the compute type, and 64
 // elements to align it.)
 inline int64_t self_attention_workspace(const SelfAttentionArgs& a, DType dtype, bool backward,
                                         bool probs_in_scratch = false) {
   const bool convert = dtype == DType::F16 || dtype == DType::BF16;
   const int64_t th = a.t * a.head_dim;
-  return (backward ? a.t * a.t + th + (convert ? 7 * th : 0) : th + (convert ? 4 * th : 0)) +
+  const int64_t packed = dtype != DType::BF16 ? 0
+                         : backward           ? 2 * a.t * (a.t + 1) + 2 * a.head_dim
+                                              : a.t * (a.t + 1) / 2 + a.head_dim;
+  return (backward ? a.t * a.t + th + (convert ? 7 * th : 0) : th + (convert ? 4 * th : 0)) + packed +
          (probs_in_scratch ? a.t * a.t + 64 : 0);
 }
 using SelfAttentionKernel = void(const SelfAttentionArgs& args);

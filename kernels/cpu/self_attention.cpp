@@ -2,20 +2,34 @@
 // parallel, one head's matrices at a time on one thread: its q, k, v are read in place from the packed qkv
 // rows (no head split copies), its output is written in place into the merged [B, T, H * hd] rows (no merge
 // copy), and each head's T x T products are small enough to stay in L1/L2. The per-head products are small
-// register-blocked loops that skip the blocks a causal mask zeroes. The reference is the composite of matmul,
+// register-blocked loops that skip the blocks a causal mask zeroes (bf16 ones on VDPBF16PS where the CPU has
+// it: Note [the attention's products in bf16]). The reference is the composite of matmul,
 // attention_scores_softmax and views (nn::functional::self_attention_composite).
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "core/error.h"
 #include "core/op_table_attention.h"
 #include "core/parallel.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/register.h"
+#include "kernels/cpu/transpose_block.h"
 #include "kernels/cpu/vec.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+// The products of bf16 heads on VDPBF16PS (Note [the attention's products in bf16]); stride / 2 in
+// pack_pairs needs the 8 x 8 transposes of transpose_block.h.
+#if FRUGAL_BF16_SIMD && defined(__AVX512BW__) && FRUGAL_TRANSPOSE_AVX
+#define FRUGAL_ATTENTION_BF16_DOT 1
+#endif
 
 namespace frugal {
 namespace {
@@ -145,7 +159,7 @@ void head_scores(const SelfAttentionArgs& a, const C* q, const C* k, int64_t in,
 // past them. Every row's (m, 1 / l) goes to `save` when it is given (the stats forms' forward), or comes from
 // `load` (their backward: the same operations on the same S give the same P bit for bit).
 template <typename C>
-void softmax_rows(const SelfAttentionArgs& a, C* p, C* save, const C* load) {
+void softmax_rows_eigen(const SelfAttentionArgs& a, C* p, C* save, const C* load) {
   const int64_t t = a.t;
   const C scale = C(a.scale);
   for (int64_t i = 0; i < t; ++i) {
@@ -167,6 +181,100 @@ void softmax_rows(const SelfAttentionArgs& a, C* p, C* save, const C* load) {
       save[2 * i + 1] = inv;
     }
   }
+}
+
+#if defined(__AVX512F__)
+// Note [a causal row's softmax in vectors]: a causal row of n <= T keys is short (1 to 64 in W3) and of
+// every length, and Eigen runs the part of it before the first aligned element and after the last whole
+// vector one element at a time (maxCoeff, sum, the scaling): that took about 19% of a head. Here every pass
+// runs in 16-lane vectors from the row's start, the last one masked: the max, exp(scale s - m) (Eigen's
+// vector exp, pexp, on every lane; a masked lane's value is never stored or summed), its sum (one vector
+// accumulator, its lanes added as a tree), and the scaling. The order depends on n alone, so a row gives the
+// same P wherever it lies (the stats forms' backward recomputes P in scratch).
+inline __mmask16 first_lanes(int64_t count) {
+  return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
+}
+
+inline void softmax_rows_avx512(const SelfAttentionArgs& a, float* p, float* save, const float* load) {
+  const int64_t t = a.t;
+  const float scale = float(a.scale);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < t; ++i) {
+    float* row = p + i * t;
+    const int64_t n = allowed(a, i);
+    float m;
+    if (load) {
+      m = load[2 * i];
+    } else {
+      // max(scale x) is scale max(x) for scale > 0 and scale min(x) otherwise.
+      const bool up = scale >= 0;
+      __m512 acc = _mm512_set1_ps(up ? -std::numeric_limits<float>::infinity()
+                                     : std::numeric_limits<float>::infinity());
+      for (int64_t j = 0; j < n; j += 16) {
+        const __m512 x = _mm512_mask_loadu_ps(acc, first_lanes(n - j), row + j);
+        acc = up ? _mm512_max_ps(acc, x) : _mm512_min_ps(acc, x);
+      }
+      m = scale * (up ? _mm512_reduce_max_ps(acc) : _mm512_reduce_min_ps(acc));
+    }
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 k = first_lanes(n - j);
+      const __m512 e =
+          Eigen::internal::pexp(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + j), vscale), vm));
+      _mm512_mask_storeu_ps(row + j, k, e);
+      sum = _mm512_mask_add_ps(sum, k, sum, e);
+    }
+    const float inv = load ? load[2 * i + 1] : 1.0f / _mm512_reduce_add_ps(sum);
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 k = first_lanes(n - j);
+      _mm512_mask_storeu_ps(row + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + j), vinv));
+    }
+    std::fill(row + n, row + t, 0.0f);
+    if (save) {
+      save[2 * i] = m;
+      save[2 * i + 1] = inv;
+    }
+  }
+}
+#endif
+
+template <typename C>
+void softmax_rows(const SelfAttentionArgs& a, C* p, C* save, const C* load) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<C, float>) return softmax_rows_avx512(a, p, save, load);
+#endif
+  softmax_rows_eigen(a, p, save, load);
+}
+
+// Row i of dP (ds, t elements) into dS = scale P (dP - sum(P dP)) over the n allowed keys, 0 past them.
+template <typename C>
+[[gnu::noinline]] void softmax_backward_row(const C* p, C* ds, int64_t n, int64_t t, C scale) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<C, float>) {
+    // In vectors from the row's start, the last one masked (Note [a causal row's softmax in vectors]).
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 k = first_lanes(n - j);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, p + j), _mm512_maskz_loadu_ps(k, ds + j), acc);
+    }
+    const __m512 dot = _mm512_set1_ps(_mm512_reduce_add_ps(acc)), vscale = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 k = first_lanes(n - j);
+      const __m512 sp = _mm512_mul_ps(vscale, _mm512_maskz_loadu_ps(k, p + j));
+      _mm512_mask_storeu_ps(ds + j, k,
+                            _mm512_mul_ps(sp, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, ds + j), dot)));
+    }
+    std::fill(ds + n, ds + t, 0.0f);
+    return;
+  }
+#endif
+  Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>> pr(p, n);
+  Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> r(ds, n);
+  const C dot = (pr * r).sum();
+  r = scale * pr * (r - dot);
+  std::fill(ds + n, ds + t, C(0));
 }
 
 // One head in the compute type C: q, k, v [t, hd] with rows `in` apart, y [t, hd] with rows `out` apart,
@@ -193,17 +301,278 @@ void head_backward(const SelfAttentionArgs& a, const C* q, const C* k, const C* 
   small_gemm(t, hd, t, p, 1, t, dy, out, dv, in, upper_k);  // dV = P^T dY
   transpose(t, hd, v, in, vt);
   small_gemm(t, t, hd, dy, out, 1, vt, t, ds, t, lower_n);  // dP = dY V^T, then dS in place
-  for (int64_t i = 0; i < t; ++i) {
-    const int64_t n = allowed(a, i);
-    Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>> pr(p + i * t, n);
-    Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> r(ds + i * t, n);
-    const C dot = (pr * r).sum();
-    r = scale * pr * (r - dot);
-    std::fill(ds + i * t + n, ds + (i + 1) * t, C(0));
-  }
+  for (int64_t i = 0; i < t; ++i) softmax_backward_row(p + i * t, ds + i * t, allowed(a, i), t, scale);
   small_gemm(t, hd, t, ds, t, 1, k, in, dq, in, lower_k);  // dQ = dS K
   small_gemm(t, hd, t, ds, 1, t, q, in, dk, in, upper_k);  // dK = dS^T Q
 }
+
+#if FRUGAL_ATTENTION_BF16_DOT
+// Note [the attention's products in bf16]: with bf16 operands and a CPU with AVX512_BF16, a head's seven
+// products (S = Q K^T, in the forward and again in the stats forms' backward; Y = P V; dV = P^T dY,
+// dP = dY V^T, dQ = dS K, dK = dS^T Q) run on VDPBF16PS: 32 products of bf16 pairs summed into 16 f32
+// lanes per instruction, twice the f32 FMA's rate. The f32 path converted q, k, v, dy to f32 and ran
+// everything in f32; here:
+// - q, k, v and dy are read where they lie in the packed rows, as bf16. Only the softmax and dS = s P (dP -
+//   rowsum(dP P)) stay in f32, on the f32 S and dP the products return.
+// - P and dS are rounded to bf16 to be multiplied (as PyTorch's bf16 attention does; the composite rounds
+//   them too): one relative rounding of 2^-9 per entry, within the bf16 tolerance the results are tested
+//   to. Every form (probs, low probs, stats) rounds the same P, so their y and gradients stay equal.
+// - An operand's pairs along the summed dimension must sit side by side. A row-major operand has them
+//   (q, dy, the rounded P and dS: their element (r, c) at r * row + c); K^T and V^T as the right operand are
+//   K's and V's rows read as 32-bit pairs and transposed (pack_pairs); every other operand is interleaved,
+//   rows 2p and 2p + 1 zipped into pair row p (interleave_rows), and a transposed left operand (P^T, dS^T)
+//   is P's or dS's interleaving read with its pair and row strides exchanged.
+// - VDPBF16PS treats bf16 subnormal inputs as 0 and flushes subnormal sums: products below 2^-126 are
+//   lost, far under what bf16 data can resolve here.
+// Odd head sizes take the f32 path (q's and dy's pairs would run past a row). Tested
+// (tests/nn/test_self_attention.cpp): y against a naive forward in double that rounds P the same way, the
+// gradients against the f32 kernels', every form against the composite. W3's attention (bf16, 2 threads):
+// forward 510 -> 300 us, backward 875 -> 590 us.
+namespace bf16dot {
+
+inline __m512bh as_bh(__m512i x) {
+  __m512bh r;
+  std::memcpy(&r, &x, sizeof(r));
+  return r;
+}
+
+inline uint32_t load_pair(const uint16_t* p) {
+  uint32_t r;
+  std::memcpy(&r, p, sizeof(r));
+  return r;
+}
+
+// An MR x 32 block of C (f32, rows crs apart; nr <= 32 columns stored) = A B over pairs [p0, p1): A's
+// element (r, 2p + h) at a[r * a_row + p * a_pair + h], B's pair row p at b + p * brs (u32).
+template <int MR>
+inline void block(int64_t nr, int64_t p0, int64_t p1, const uint16_t* a, int64_t a_row, int64_t a_pair,
+                  const uint32_t* b, int64_t brs, float* c, int64_t crs) {
+  const __mmask16 m0 = first_lanes(nr), m1 = first_lanes(nr - 16);
+  __m512 lo[MR], hi[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  for (int64_t p = p0; p < p1; ++p) {
+    const __m512bh b0 = as_bh(_mm512_maskz_loadu_epi32(m0, b + p * brs));
+    const __m512bh b1 = as_bh(_mm512_maskz_loadu_epi32(m1, b + p * brs + 16));
+    const uint16_t* ap = a + p * a_pair;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh av = as_bh(_mm512_set1_epi32(int32_t(load_pair(ap + r * a_row))));
+      lo[r] = _mm512_dpbf16_ps(lo[r], av, b0);
+      hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    _mm512_mask_storeu_ps(c + r * crs, m0, lo[r]);
+    _mm512_mask_storeu_ps(c + r * crs + 16, m1, hi[r]);
+  }
+}
+
+// C [m, n] = A [m, k] B [k, n] with A as block()'s and B interleaved (u32 [ceil(k / 2), n], rows brs
+// apart); `range` skips what a causal mask zeroes, as small_gemm's. With lower_k an odd k1 takes the pair
+// (k1 - 1, k1): A's element k1 of those rows is 0 (past the diagonal), and B has the row.
+inline void gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_row, int64_t a_pair,
+                 const uint32_t* b, int64_t brs, float* c, int64_t crs, Range range = {}) {
+  constexpr int64_t MR = 8, NR = 32;
+  for (int64_t i = 0; i < m; i += MR) {
+    const int64_t mr = std::min(MR, m - i), last = i + mr - 1;
+    const int64_t k0 = range.upper_k ? std::min(i, k) : 0, k1 = range.lower_k ? std::min(last + 1, k) : k;
+    const int64_t p0 = k0 / 2, p1 = (k1 + 1) / 2;  // i is even: k0 starts a pair
+    const int64_t n1 = range.lower_n ? std::min((last + NR) / NR * NR, n) : n;
+    const uint16_t* ai = a + i * a_row;
+    for (int64_t j = 0; j < n1; j += NR) {
+      const int64_t nr = std::min(NR, n1 - j);
+      float* cij = c + i * crs + j;
+      switch (mr) {
+        case 8:
+          block<8>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
+          break;
+        case 7:
+          block<7>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
+          break;
+        case 6:
+          block<6>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
+          break;
+        case 5:
+          block<5>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
+          break;
+        case 4:
+          block<4>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
+          break;
+        case 3:
+          block<3>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
+          break;
+        case 2:
+          block<2>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
+          break;
+        default:
+          block<1>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
+          break;
+      }
+    }
+  }
+}
+
+// The pair rows of src [rows, cols] (bf16 bits, rows `stride` apart): dst[p * cols + j] = src[2p][j] |
+// src[2p + 1][j] << 16, p < ceil(rows / 2), the second of an odd last row's pair 0.
+inline void interleave_rows(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols, uint32_t* dst) {
+  // zip[2q] = q, zip[2q + 1] = 32 + q: element q of the first row, then of the second.
+  alignas(64) static const std::array<uint16_t, 32> zip = [] {
+    std::array<uint16_t, 32> z{};
+    for (int q = 0; q < 16; ++q) z[size_t(2 * q)] = uint16_t(q), z[size_t(2 * q + 1)] = uint16_t(32 + q);
+    return z;
+  }();
+  const __m512i order = _mm512_load_si512(zip.data());
+  for (int64_t p = 0; 2 * p < rows; ++p) {
+    const uint16_t* r0 = src + 2 * p * stride;
+    const uint16_t* r1 = r0 + stride;
+    const bool second = 2 * p + 1 < rows;
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __mmask16 k = first_lanes(cols - j);
+      const __m512i x = _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(k, r0 + j));
+      const __m512i y =
+          _mm512_castsi256_si512(second ? _mm256_maskz_loadu_epi16(k, r1 + j) : _mm256_setzero_si256());
+      _mm512_mask_storeu_epi32(dst + p * cols + j, k, _mm512_permutex2var_epi16(x, order, y));
+    }
+  }
+}
+
+// rows x cols of f32 src (rows `stride` apart) rounded to bf16 rows of dst (rows dst_stride apart), as
+// core/half.h rounds (cpu::from_f32); a pad column (dst_stride > cols) is set to 0.
+inline void round_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, uint16_t* dst,
+                       int64_t dst_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::from_f32(src + r * stride, reinterpret_cast<BFloat16*>(dst + r * dst_stride), cols);
+    if (dst_stride > cols) dst[r * dst_stride + cols] = 0;
+  }
+}
+
+// interleave_rows of f32 src [rows, cols] (rows `stride` apart) rounded to bf16 as round_rows does.
+inline void interleave_rows_f32(const float* src, int64_t stride, int64_t rows, int64_t cols, uint32_t* dst) {
+  for (int64_t p = 0; 2 * p < rows; ++p) {
+    const float* r0 = src + 2 * p * stride;
+    const float* r1 = r0 + stride;
+    const bool second = 2 * p + 1 < rows;
+    uint32_t* out = dst + p * cols;
+    int64_t j = 0;
+    for (; j + 16 <= cols; j += 16) {
+      const __m512 x = _mm512_loadu_ps(r0 + j), y = second ? _mm512_loadu_ps(r1 + j) : _mm512_setzero_ps();
+      if (cpu::bf16_flushes(x) | cpu::bf16_flushes(y)) break;  // subnormals: the scalar rounding below
+      const __m512i lo = _mm512_cvtepu16_epi32(cpu::f32x16_to_bf16(x));
+      const __m512i hi = _mm512_cvtepu16_epi32(cpu::f32x16_to_bf16(y));
+      _mm512_storeu_si512(out + j, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+    for (; j < cols; ++j)
+      out[j] = uint32_t(BFloat16(r0[j]).bits) | (second ? uint32_t(BFloat16(r1[j]).bits) << 16 : 0u);
+  }
+}
+
+// K's (or V's) rows [t, hd] (rows `stride` apart, hd even) as the right operand of a product with K^T:
+// dst[p * t + j] = the pair (K[j][2p], K[j][2p + 1]), p < hd / 2: the 32-bit pairs transposed, 8 x 8 at a
+// time.
+inline void pack_pairs(const uint16_t* src, int64_t stride, int64_t t, int64_t hd, uint32_t* dst) {
+  const int64_t pairs = hd / 2;
+  int64_t j = 0;
+  for (; j + 8 <= t; j += 8) {
+    int64_t p = 0;
+    for (; p + 8 <= pairs; p += 8) {
+      // 8 rows of 8 pairs, rows stride / 2 pairs apart (stride is even: the packed rows' 3 d), as floats
+      // (the transpose only moves bits).
+      __m256 c[8];
+      cpu::transpose8x8_load(reinterpret_cast<const float*>(src + j * stride + 2 * p), stride / 2, c);
+      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(reinterpret_cast<float*>(dst + (p + q) * t + j), c[q]);
+    }
+    for (; p < pairs; ++p)
+      for (int i = 0; i < 8; ++i) dst[p * t + j + i] = load_pair(src + (j + i) * stride + 2 * p);
+  }
+  for (; j < t; ++j)
+    for (int64_t p = 0; p < pairs; ++p) dst[p * t + j] = load_pair(src + j * stride + 2 * p);
+}
+
+// One bf16 head's forward (Note [the attention's products in bf16]): q, k, v [t, hd] bf16 with rows `in`
+// apart, y [t, hd] rows `out` apart; p [t, t] f32 (S, then P); stats as head_forward's; low_probs: P rounded
+// to bf16 [t, t] (the low-probs forms) or null; w: bf16_forward_scratch(t, hd) floats.
+inline int64_t bf16_forward_scratch(int64_t t, int64_t hd) {
+  const int64_t t2 = t + t % 2;  // rows of the rounded P padded to whole pairs
+  return hd / 2 * t + t2 / 2 * hd + t * t2 / 2 + t * hd;
+}
+// S = Q K^T of one bf16 head into p [t, t] (f32); kp: scratch [hd / 2, t] u32 for K's pairs.
+inline void head_scores(const SelfAttentionArgs& a, const uint16_t* q, const uint16_t* k, int64_t in,
+                        float* p, uint32_t* kp) {
+  Range lower_n;
+  lower_n.lower_n = a.causal;
+  pack_pairs(k, in, a.t, a.head_dim, kp);
+  gemm(a.t, a.t, a.head_dim, q, in, 2, kp, a.t, p, a.t, lower_n);
+}
+
+inline void head_forward(const SelfAttentionArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                         int64_t in, float* p, uint16_t* y, int64_t out, float* w, float* stats,
+                         uint16_t* low_probs) {
+  const int64_t t = a.t, hd = a.head_dim, t2 = t + t % 2;
+  Range lower_k;
+  lower_k.lower_k = a.causal;
+  uint32_t* kp = reinterpret_cast<uint32_t*>(w);                 // [hd / 2, t]
+  uint32_t* vi = kp + hd / 2 * t;                                // [t2 / 2, hd]
+  uint16_t* pb = reinterpret_cast<uint16_t*>(vi + t2 / 2 * hd);  // [t, t2]
+  float* yf = reinterpret_cast<float*>(pb + t * t2);             // [t, hd]
+  head_scores(a, q, k, in, p, kp);
+  softmax_rows<float>(a, p, stats, nullptr);
+  round_rows(p, t, t, t, pb, t2);
+  interleave_rows(v, in, t, hd, vi);
+  gemm(t, hd, t, pb, t2, 2, vi, hd, yf, hd, lower_k);  // Y = P V
+  for (int64_t i = 0; i < t; ++i) cpu::from_f32(yf + i * hd, reinterpret_cast<BFloat16*>(y + i * out), hd);
+  if (low_probs)
+    for (int64_t i = 0; i < t; ++i) std::memcpy(low_probs + i * t, pb + i * t2, size_t(t) * sizeof(uint16_t));
+}
+
+// One bf16 head's backward: q, k, v [t, hd] bf16 with rows `in` apart, dy [t, hd] rows `out` apart; p [t, t]
+// f32 P; its gradients into dqkv_q (dq's rows, `in` apart, dk and dv d and 2 d on); ds [t, t] f32 scratch;
+// w: bf16_backward_scratch(t, hd) floats.
+inline int64_t bf16_backward_scratch(int64_t t, int64_t hd) {
+  const int64_t t2 = t + t % 2;
+  return hd / 2 * t + 3 * t * hd + 3 * (t2 / 2 * hd) + 2 * (t2 / 2 * t) + t * t2 / 2;
+}
+inline void head_backward(const SelfAttentionArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                          int64_t in, const float* p, const uint16_t* dy, int64_t out, uint16_t* dqkv_q,
+                          float* ds, float* w) {
+  const int64_t t = a.t, hd = a.head_dim, t2 = t + t % 2, d = a.heads * hd;
+  Range lower_n, lower_k, upper_k;
+  lower_n.lower_n = lower_k.lower_k = upper_k.upper_k = a.causal;
+  uint32_t* kp = reinterpret_cast<uint32_t*>(w);           // [hd / 2, t]: K's pairs, then V's
+  float* dqf = reinterpret_cast<float*>(kp + hd / 2 * t);  // [t, hd] each
+  float* dkf = dqf + t * hd;
+  float* dvf = dkf + t * hd;
+  uint32_t* dyi = reinterpret_cast<uint32_t*>(dvf + t * hd);  // [t2 / 2, hd] each
+  uint32_t* ki = dyi + t2 / 2 * hd;
+  uint32_t* qi = ki + t2 / 2 * hd;
+  uint32_t* pi = qi + t2 / 2 * hd;  // [t2 / 2, t] each
+  uint32_t* dsi = pi + t2 / 2 * t;
+  uint16_t* dsb = reinterpret_cast<uint16_t*>(dsi + t2 / 2 * t);  // [t, t2]
+  // dV = P^T dY: P's pair rows (over the queries) read as P^T's pairs along its rows.
+  interleave_rows_f32(p, t, t, t, pi);
+  interleave_rows(dy, out, t, hd, dyi);
+  gemm(t, hd, t, reinterpret_cast<const uint16_t*>(pi), 2, 2 * t, dyi, hd, dvf, hd, upper_k);
+  pack_pairs(v, in, t, hd, kp);
+  gemm(t, t, hd, dy, out, 2, kp, t, ds, t, lower_n);  // dP = dY V^T, then dS in place
+  for (int64_t i = 0; i < t; ++i)
+    softmax_backward_row(p + i * t, ds + i * t, allowed(a, i), t, float(a.scale));
+  round_rows(ds, t, t, t, dsb, t2);
+  interleave_rows_f32(ds, t, t, t, dsi);
+  interleave_rows(k, in, t, hd, ki);
+  gemm(t, hd, t, dsb, t2, 2, ki, hd, dqf, hd, lower_k);  // dQ = dS K
+  interleave_rows(q, in, t, hd, qi);
+  gemm(t, hd, t, reinterpret_cast<const uint16_t*>(dsi), 2, 2 * t, qi, hd, dkf, hd, upper_k);  // dK = dS^T Q
+  for (int64_t i = 0; i < t; ++i) {
+    uint16_t* row = dqkv_q + i * in;
+    cpu::from_f32(dqf + i * hd, reinterpret_cast<BFloat16*>(row), hd);
+    cpu::from_f32(dkf + i * hd, reinterpret_cast<BFloat16*>(row + d), hd);
+    cpu::from_f32(dvf + i * hd, reinterpret_cast<BFloat16*>(row + 2 * d), hd);
+  }
+}
+
+}  // namespace bf16dot
+#endif
 
 // rows x cols of src (rows `stride` apart) to contiguous dst, converted; and back.
 template <typename To, typename From>
@@ -250,8 +619,9 @@ void self_attention_forward_cpu(const SelfAttentionArgs& a) {
   const int64_t t = a.t, hd = a.head_dim, d = a.heads * hd;
   constexpr bool convert = !std::is_same_v<T, C>;
   static_assert(convert || kKeep != Keep::kLowProbs, "probs are kept in a 16-bit dtype only");
+  const int64_t area = self_attention_workspace(a, dtype_v<T>, false);  // P in scratch after it
   parallel_for(0, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
-    C* kt = scratch<C>(a, hd * t + (convert ? 4 * t * hd : 0) + (kKeep != Keep::kProbs ? t * t + 64 : 0));
+    C* kt = scratch<C>(a, self_attention_workspace(a, dtype_v<T>, false, kKeep != Keep::kProbs));
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
       if (bh + 1 < end) {
@@ -260,8 +630,19 @@ void self_attention_forward_cpu(const SelfAttentionArgs& a) {
       }
       C* head_stats = kKeep == Keep::kStats ? stats + bh * t * 2 : nullptr;
       // P in scratch where op_self_attention's f32 probs have it (aligned_as), or in probs.
-      C* p = kKeep == Keep::kProbs ? reinterpret_cast<C*>(probs) + o.p
-                                   : aligned_as(kt + hd * t + (convert ? 4 * t * hd : 0), o.p);
+      C* p = kKeep == Keep::kProbs ? reinterpret_cast<C*>(probs) + o.p : aligned_as(kt + area, o.p);
+#if FRUGAL_ATTENTION_BF16_DOT
+      if constexpr (std::is_same_v<T, BFloat16>) {
+        if (hd % 2 == 0) {
+          const uint16_t* q16 = reinterpret_cast<const uint16_t*>(qkv + o.q);
+          uint16_t* low = nullptr;
+          if constexpr (kKeep == Keep::kLowProbs) low = reinterpret_cast<uint16_t*>(probs + o.p);
+          bf16dot::head_forward(a, q16, q16 + d, q16 + 2 * d, 3 * d, p, reinterpret_cast<uint16_t*>(ys + o.y),
+                                d, kt, head_stats, low);
+          continue;
+        }
+      }
+#endif
       if constexpr (convert) {
         C* q = kt + hd * t;
         C *k = q + t * hd, *v = k + t * hd, *y = v + t * hd;
@@ -294,13 +675,36 @@ void self_attention_backward_cpu(const SelfAttentionArgs& a) {
   const int64_t t = a.t, hd = a.head_dim, d = a.heads * hd;
   constexpr bool convert = !std::is_same_v<T, C>;
   static_assert(convert || kKeep != Keep::kLowProbs, "probs are kept in a 16-bit dtype only");
+  const int64_t area = self_attention_workspace(a, dtype_v<T>, true);  // P in scratch after it
   parallel_for(0, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
-    C* ds =
-        scratch<C>(a, t * t + hd * t + (convert ? 7 * t * hd : 0) + (kKeep != Keep::kProbs ? t * t + 64 : 0));
+    C* ds = scratch<C>(a, self_attention_workspace(a, dtype_v<T>, true, kKeep != Keep::kProbs));
     C* vt = ds + t * t;
-    C* p_scratch = vt + hd * t + (convert ? 7 * t * hd : 0);
+    C* p_scratch = ds + area;
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
+#if FRUGAL_ATTENTION_BF16_DOT
+      if constexpr (std::is_same_v<T, BFloat16>) {
+        if (hd % 2 == 0) {
+          const uint16_t* q16 = reinterpret_cast<const uint16_t*>(qkv + o.q);
+          const float* p16;
+          if constexpr (kKeep == Keep::kProbs) {
+            p16 = probs + o.p;
+          } else if constexpr (kKeep == Keep::kLowProbs) {
+            copy_rows(t, t, probs + o.p, t, p_scratch, t);
+            p16 = p_scratch;
+          } else {
+            float* pa = aligned_as(p_scratch, o.p);  // vt is free until head_backward fills it
+            bf16dot::head_scores(a, q16, q16 + d, 3 * d, pa, reinterpret_cast<uint32_t*>(vt));
+            softmax_rows<float>(a, pa, nullptr, stats + bh * t * 2);
+            p16 = pa;
+          }
+          bf16dot::head_backward(a, q16, q16 + d, q16 + 2 * d, 3 * d, p16,
+                                 reinterpret_cast<const uint16_t*>(dys + o.y), d,
+                                 reinterpret_cast<uint16_t*>(dqkv + o.q), ds, vt);
+          continue;
+        }
+      }
+#endif
       const C* q = nullptr;
       const C *k = nullptr, *v = nullptr, *dy = nullptr;
       int64_t in = 3 * d, out = d;

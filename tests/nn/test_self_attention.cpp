@@ -24,9 +24,17 @@ struct Case {
   bool causal;
 };
 const Case kCases[] = {
-    {2, 7, 12, 3, 0.5, true}, {2, 7, 12, 3, 0.5, false},
-    {1, 1, 4, 1, 1.0, true},  {3, 64, 128, 4, 0.17677669529663687, true},
-    {2, 5, 8, 2, -0.7, true}, {4, 33, 48, 2, 0.3, false},
+    {2, 7, 12, 3, 0.5, true},
+    {2, 7, 12, 3, 0.5, false},
+    {1, 1, 4, 1, 1.0, true},
+    {3, 64, 128, 4, 0.17677669529663687, true},
+    {2, 5, 8, 2, -0.7, true},
+    {4, 33, 48, 2, 0.3, false},
+    // bf16's products (Note [the attention's products in bf16]): row blocks with a remainder and two column
+    // blocks; a head size of 40 (20 pairs: an 8 x 8 transpose and a rest); an odd head size (the f32 path).
+    {1, 70, 64, 2, 0.2, true},
+    {2, 40, 80, 2, 0.3, false},
+    {2, 19, 6, 2, 0.4, true},
 };
 
 std::string name(const Case& c) {
@@ -90,6 +98,82 @@ TEST(SelfAttention, MatchesCompositeHalfTypes) {
       expect_close(y, y_ref.to_vector<double>(), {4 * tol.atol, 4 * tol.rtol}, what + " y");
       expect_close(dqkv, dqkv_ref.to_vector<double>(), {8 * tol.atol, 8 * tol.rtol}, what + " dqkv");
     }
+}
+
+// bf16's forward against a naive one in double on the same bf16 inputs that rounds P to bf16 before P V
+// (what the bf16 products do; the f32 path does not, and the bound covers both): |y - y_ref| within 2^-8
+// |y_ref| (y's own rounding) plus 2^-8 sum_j P_j |V_j| (P's rounding). A key dropped or paired with the
+// wrong value row, anywhere in the row and column blocks, is far outside it. Large scales make P nearly
+// one-hot, with subnormal entries.
+TEST(SelfAttention, Bf16ForwardAgainstNaiveWithRoundedProbabilities) {
+  struct Shape4 {
+    int64_t t, hd, heads;
+    double scale;
+    bool causal;
+  };
+  for (const Shape4& c :
+       {Shape4{7, 4, 3, 0.5, true}, Shape4{1, 2, 1, 1.0, true}, Shape4{70, 32, 2, 0.2, true},
+        Shape4{40, 40, 2, 0.3, false}, Shape4{19, 3, 2, 0.4, true}, Shape4{33, 24, 2, -0.3, false},
+        Shape4{9, 4, 2, 30.0, true}, Shape4{64, 32, 4, 0.17677669529663687, true}}) {
+    const int64_t d = c.hd * c.heads;
+    const Tensor qkv = uniform({2, c.t, 3 * d}, -2, 2, DType::BF16, 21);
+    const std::vector<double> x = qkv.to_vector<double>();
+    const std::vector<double> y = F::self_attention(qkv, c.heads, c.scale, c.causal).to_vector<double>();
+    const std::string what = "T " + std::to_string(c.t) + " hd " + std::to_string(c.hd) + " heads " +
+                             std::to_string(c.heads) + (c.causal ? " causal" : " full");
+    int bad = 0;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < c.heads; ++h)
+        for (int64_t i = 0; i < c.t; ++i) {
+          auto at = [&](int64_t row, int64_t which, int64_t col) {
+            return x[size_t((b * c.t + row) * 3 * d + which * d + h * c.hd + col)];
+          };
+          const int64_t n = c.causal ? i + 1 : c.t;
+          std::vector<double> s(static_cast<size_t>(n));
+          double m = -INFINITY, l = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            double dot = 0;
+            for (int64_t e = 0; e < c.hd; ++e) dot += at(i, 0, e) * at(j, 1, e);
+            s[size_t(j)] = c.scale * dot;
+            m = std::max(m, s[size_t(j)]);
+          }
+          for (int64_t j = 0; j < n; ++j) l += std::exp(s[size_t(j)] - m);
+          for (int64_t e = 0; e < c.hd; ++e) {
+            double ref = 0, spread = 0;
+            for (int64_t j = 0; j < n; ++j) {
+              const double pj = std::exp(s[size_t(j)] - m) / l;
+              ref += double(float(BFloat16(float(pj)))) * at(j, 2, e);
+              spread += pj * std::abs(at(j, 2, e));
+            }
+            const double got = y[size_t((b * c.t + i) * d + h * c.hd + e)];
+            if (std::abs(got - ref) > std::ldexp(std::abs(ref) + spread, -8) + 1e-6 && bad++ < 5)
+              ADD_FAILURE() << what << ": y[" << b << ", " << i << ", head " << h << ", " << e
+                            << "] = " << got << ", reference " << ref;
+          }
+        }
+  }
+}
+
+// bf16's gradients against the f32 kernels' on the same inputs (bf16 values, f32 dtype): within bf16's
+// relative tolerance plus 2^-8 of the largest gradient (the rounded P and dS; the f32 path gives the f32
+// results rounded). The scale of 30 makes P and dS hold f32 subnormals, which the bf16 products' packing
+// rounds apart (Note [the attention's products in bf16]).
+TEST(SelfAttention, Bf16GradientsAgainstTheF32Kernels) {
+  for (const Case& c : {Case{2, 40, 16, 2, 30.0, true}, Case{2, 40, 16, 2, 30.0, false},
+                        Case{3, 64, 128, 4, 0.17677669529663687, true}, Case{2, 33, 48, 2, -0.3, false},
+                        Case{1, 70, 64, 2, 0.2, true}}) {
+    const auto [y, dqkv] = run(c, DType::BF16, true);
+    Tensor qkv = uniform({c.b, c.t, 3 * c.d}, -2, 2, DType::BF16, 7).to(DType::F32).requires_grad_();
+    const Tensor y32 = F::self_attention(qkv, c.heads, c.scale, c.causal);
+    y32.backward(uniform(y32.shape(), -1, 1, DType::BF16, 8).to(DType::F32));
+    const std::vector<double> g = dqkv.to_vector<double>(), g32 = qkv.grad().to_vector<double>();
+    double largest = 0;
+    for (double v : g32) largest = std::max(largest, std::abs(v));
+    int bad = 0;
+    for (size_t i = 0; i < g.size(); ++i)
+      if (std::abs(g[i] - g32[i]) > 1.6e-2 * std::abs(g32[i]) + std::ldexp(largest, -8) && bad++ < 5)
+        ADD_FAILURE() << name(c) << ": d qkv[" << i << "] = " << g[i] << ", f32 kernels " << g32[i];
+  }
 }
 
 TEST(SelfAttention, Gradcheck) {
