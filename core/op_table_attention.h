@@ -4,6 +4,8 @@
 // kernels and their tests, so a new op of one family recompiles only that family.
 #pragma once
 
+#include <algorithm>
+
 #include "op_table.h"
 
 namespace frugal {
@@ -58,20 +60,26 @@ struct SelfAttentionArgs {
   double scale = 1;
   bool causal = false;
 };
+// Per-thread scratch elements of the CPU's bf16 products (Note [the attention's products in bf16] in
+// kernels/cpu/self_attention.cpp), past dS in the backward: K's (then V's) pairs transposed [hd / 2, T];
+// forward: V interleaved [ceil(T / 2), hd] and P rounded [T, T + T % 2]; backward: dY, K and Q
+// interleaved, P and dS interleaved [ceil(T / 2), T], and dS rounded [T, T + T % 2].
+inline int64_t self_attention_bf16_scratch(int64_t t, int64_t hd, bool backward) {
+  const int64_t pairs = (t + 1) / 2, padded = t + t % 2;
+  return backward ? hd / 2 * t + 3 * pairs * hd + 2 * pairs * t + t * padded / 2
+                  : hd / 2 * t + pairs * hd + t * padded / 2;
+}
 // Per-thread scratch elements: K^T (forward) or dS and V^T (backward), plus converted copies of one head's
-// operands when the dtype is not its own compute type; for bf16, also room for the CPU's bf16 products'
-// packed operands (Note [the attention's products in bf16] in kernels/cpu/self_attention.cpp).
-// (probs_in_scratch, for the low-probs and the stats forms: plus one head's P in the compute type, and 64
-// elements to align it.)
+// operands when the dtype is not its own compute type, or for bf16 the room of its CPU products where that
+// is more. (probs_in_scratch, for the low-probs and the stats forms: plus one head's P in the compute type,
+// and 64 elements to align it.)
 inline int64_t self_attention_workspace(const SelfAttentionArgs& a, DType dtype, bool backward,
                                         bool probs_in_scratch = false) {
   const bool convert = dtype == DType::F16 || dtype == DType::BF16;
   const int64_t th = a.t * a.head_dim;
-  const int64_t packed = dtype != DType::BF16 ? 0
-                         : backward           ? 2 * a.t * (a.t + 1) + 2 * a.head_dim
-                                              : a.t * (a.t + 1) / 2 + a.head_dim;
-  return (backward ? a.t * a.t + th + (convert ? 7 * th : 0) : th + (convert ? 4 * th : 0)) + packed +
-         (probs_in_scratch ? a.t * a.t + 64 : 0);
+  const int64_t own = th + (convert ? (backward ? 7 : 4) * th : 0);
+  const int64_t products = dtype == DType::BF16 ? self_attention_bf16_scratch(a.t, a.head_dim, backward) : 0;
+  return (backward ? a.t * a.t : 0) + std::max(own, products) + (probs_in_scratch ? a.t * a.t + 64 : 0);
 }
 using SelfAttentionKernel = void(const SelfAttentionArgs& args);
 extern OpTable<SelfAttentionKernel> op_self_attention;

@@ -342,11 +342,22 @@ inline uint32_t load_pair(const uint16_t* p) {
   return r;
 }
 
-// An MR x 32 block of C (f32, rows crs apart; nr <= 32 columns stored) = A B over pairs [p0, p1): A's
-// element (r, 2p + h) at a[r * a_row + p * a_pair + h], B's pair row p at b + p * brs (u32).
-template <int MR>
-inline void block(int64_t nr, int64_t p0, int64_t p1, const uint16_t* a, int64_t a_row, int64_t a_pair,
-                  const uint32_t* b, int64_t brs, float* c, int64_t crs) {
+// v's lanes in m to c: as floats, or rounded to bf16 (Out = uint16_t). VDPBF16PS flushes subnormal sums,
+// so v holds none, and VCVTNEPS2BF16 rounds it as core/half.h does (cpu::f32x16_to_bf16).
+template <typename Out>
+inline void store_lanes(Out* c, __mmask16 m, __m512 v) {
+  if constexpr (std::is_same_v<Out, float>)
+    _mm512_mask_storeu_ps(c, m, v);
+  else
+    _mm256_mask_storeu_epi16(c, m, cpu::f32x16_to_bf16(v));
+}
+
+// An MR x 32 block of C (rows crs apart; nr <= 32 columns stored; f32, or bf16 bits rounded from the f32
+// sums) = A B over pairs [p0, p1): A's element (r, 2p + h) at a[r * a_row + p * a_pair + h], B's pair row p
+// at b + p * brs (u32).
+template <int MR, typename Out>
+void block(int64_t nr, int64_t p0, int64_t p1, const uint16_t* a, int64_t a_row, int64_t a_pair,
+           const uint32_t* b, int64_t brs, Out* c, int64_t crs) {
   const __mmask16 m0 = first_lanes(nr), m1 = first_lanes(nr - 16);
   __m512 lo[MR], hi[MR];
 #pragma GCC unroll 8
@@ -364,53 +375,35 @@ inline void block(int64_t nr, int64_t p0, int64_t p1, const uint16_t* a, int64_t
   }
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
-    _mm512_mask_storeu_ps(c + r * crs, m0, lo[r]);
-    _mm512_mask_storeu_ps(c + r * crs + 16, m1, hi[r]);
+    store_lanes(c + r * crs, m0, lo[r]);
+    store_lanes(c + r * crs + 16, m1, hi[r]);
   }
 }
 
+// block<mr> for mr = 1..8, by mr - 1.
+template <typename Out>
+using BlockFn = void (*)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, const uint32_t*,
+                         int64_t, Out*, int64_t);
+template <typename Out>
+constexpr BlockFn<Out> kBlocks[8] = {block<1, Out>, block<2, Out>, block<3, Out>, block<4, Out>,
+                                     block<5, Out>, block<6, Out>, block<7, Out>, block<8, Out>};
+
 // C [m, n] = A [m, k] B [k, n] with A as block()'s and B interleaved (u32 [ceil(k / 2), n], rows brs
-// apart); `range` skips what a causal mask zeroes, as small_gemm's. With lower_k an odd k1 takes the pair
-// (k1 - 1, k1): A's element k1 of those rows is 0 (past the diagonal), and B has the row.
-inline void gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_row, int64_t a_pair,
-                 const uint32_t* b, int64_t brs, float* c, int64_t crs, Range range = {}) {
+// apart); C f32, or bf16 (Out = uint16_t: the head's results, written in place). `range` skips what a
+// causal mask zeroes, as small_gemm's. With lower_k an odd k1 takes the pair (k1 - 1, k1): A's element k1
+// of those rows is 0 (past the diagonal), and B has the row.
+template <typename Out>
+void gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t a_row, int64_t a_pair,
+          const uint32_t* b, int64_t brs, Out* c, int64_t crs, Range range = {}) {
   constexpr int64_t MR = 8, NR = 32;
   for (int64_t i = 0; i < m; i += MR) {
     const int64_t mr = std::min(MR, m - i), last = i + mr - 1;
     const int64_t k0 = range.upper_k ? std::min(i, k) : 0, k1 = range.lower_k ? std::min(last + 1, k) : k;
     const int64_t p0 = k0 / 2, p1 = (k1 + 1) / 2;  // i is even: k0 starts a pair
     const int64_t n1 = range.lower_n ? std::min((last + NR) / NR * NR, n) : n;
-    const uint16_t* ai = a + i * a_row;
-    for (int64_t j = 0; j < n1; j += NR) {
-      const int64_t nr = std::min(NR, n1 - j);
-      float* cij = c + i * crs + j;
-      switch (mr) {
-        case 8:
-          block<8>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
-          break;
-        case 7:
-          block<7>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
-          break;
-        case 6:
-          block<6>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
-          break;
-        case 5:
-          block<5>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
-          break;
-        case 4:
-          block<4>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
-          break;
-        case 3:
-          block<3>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
-          break;
-        case 2:
-          block<2>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
-          break;
-        default:
-          block<1>(nr, p0, p1, ai, a_row, a_pair, b + j, brs, cij, crs);
-          break;
-      }
-    }
+    for (int64_t j = 0; j < n1; j += NR)
+      kBlocks<Out>[mr - 1](std::min(NR, n1 - j), p0, p1, a + i * a_row, a_row, a_pair, b + j, brs,
+                           c + i * crs + j, crs);
   }
 }
 
@@ -490,13 +483,6 @@ inline void pack_pairs(const uint16_t* src, int64_t stride, int64_t t, int64_t h
     for (int64_t p = 0; p < pairs; ++p) dst[p * t + j] = load_pair(src + j * stride + 2 * p);
 }
 
-// One bf16 head's forward (Note [the attention's products in bf16]): q, k, v [t, hd] bf16 with rows `in`
-// apart, y [t, hd] rows `out` apart; p [t, t] f32 (S, then P); stats as head_forward's; low_probs: P rounded
-// to bf16 [t, t] (the low-probs forms) or null; w: bf16_forward_scratch(t, hd) floats.
-inline int64_t bf16_forward_scratch(int64_t t, int64_t hd) {
-  const int64_t t2 = t + t % 2;  // rows of the rounded P padded to whole pairs
-  return hd / 2 * t + t2 / 2 * hd + t * t2 / 2 + t * hd;
-}
 // S = Q K^T of one bf16 head into p [t, t] (f32); kp: scratch [hd / 2, t] u32 for K's pairs.
 inline void head_scores(const SelfAttentionArgs& a, const uint16_t* q, const uint16_t* k, int64_t in,
                         float* p, uint32_t* kp) {
@@ -506,6 +492,10 @@ inline void head_scores(const SelfAttentionArgs& a, const uint16_t* q, const uin
   gemm(a.t, a.t, a.head_dim, q, in, 2, kp, a.t, p, a.t, lower_n);
 }
 
+// One bf16 head's forward (Note [the attention's products in bf16]): q, k, v [t, hd] bf16 with rows `in`
+// apart, y [t, hd] (written in place, rounded) rows `out` apart; p [t, t] f32 (S, then P); stats as
+// head_forward's; low_probs: P rounded to bf16 [t, t] (the low-probs forms) or null; w:
+// self_attention_bf16_scratch(t, hd, false) floats.
 inline void head_forward(const SelfAttentionArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                          int64_t in, float* p, uint16_t* y, int64_t out, float* w, float* stats,
                          uint16_t* low_probs) {
@@ -515,35 +505,26 @@ inline void head_forward(const SelfAttentionArgs& a, const uint16_t* q, const ui
   uint32_t* kp = reinterpret_cast<uint32_t*>(w);                 // [hd / 2, t]
   uint32_t* vi = kp + hd / 2 * t;                                // [t2 / 2, hd]
   uint16_t* pb = reinterpret_cast<uint16_t*>(vi + t2 / 2 * hd);  // [t, t2]
-  float* yf = reinterpret_cast<float*>(pb + t * t2);             // [t, hd]
   head_scores(a, q, k, in, p, kp);
   softmax_rows<float>(a, p, stats, nullptr);
   round_rows(p, t, t, t, pb, t2);
   interleave_rows(v, in, t, hd, vi);
-  gemm(t, hd, t, pb, t2, 2, vi, hd, yf, hd, lower_k);  // Y = P V
-  for (int64_t i = 0; i < t; ++i) cpu::from_f32(yf + i * hd, reinterpret_cast<BFloat16*>(y + i * out), hd);
+  gemm(t, hd, t, pb, t2, 2, vi, hd, y, out, lower_k);  // Y = P V, into y
   if (low_probs)
     for (int64_t i = 0; i < t; ++i) std::memcpy(low_probs + i * t, pb + i * t2, size_t(t) * sizeof(uint16_t));
 }
 
 // One bf16 head's backward: q, k, v [t, hd] bf16 with rows `in` apart, dy [t, hd] rows `out` apart; p [t, t]
 // f32 P; its gradients into dqkv_q (dq's rows, `in` apart, dk and dv d and 2 d on); ds [t, t] f32 scratch;
-// w: bf16_backward_scratch(t, hd) floats.
-inline int64_t bf16_backward_scratch(int64_t t, int64_t hd) {
-  const int64_t t2 = t + t % 2;
-  return hd / 2 * t + 3 * t * hd + 3 * (t2 / 2 * hd) + 2 * (t2 / 2 * t) + t * t2 / 2;
-}
+// w: self_attention_bf16_scratch(t, hd, true) floats.
 inline void head_backward(const SelfAttentionArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                           int64_t in, const float* p, const uint16_t* dy, int64_t out, uint16_t* dqkv_q,
                           float* ds, float* w) {
   const int64_t t = a.t, hd = a.head_dim, t2 = t + t % 2, d = a.heads * hd;
   Range lower_n, lower_k, upper_k;
   lower_n.lower_n = lower_k.lower_k = upper_k.upper_k = a.causal;
-  uint32_t* kp = reinterpret_cast<uint32_t*>(w);           // [hd / 2, t]: K's pairs, then V's
-  float* dqf = reinterpret_cast<float*>(kp + hd / 2 * t);  // [t, hd] each
-  float* dkf = dqf + t * hd;
-  float* dvf = dkf + t * hd;
-  uint32_t* dyi = reinterpret_cast<uint32_t*>(dvf + t * hd);  // [t2 / 2, hd] each
+  uint32_t* kp = reinterpret_cast<uint32_t*>(w);  // [hd / 2, t]: K's pairs, then V's
+  uint32_t* dyi = kp + hd / 2 * t;                // [t2 / 2, hd] each
   uint32_t* ki = dyi + t2 / 2 * hd;
   uint32_t* qi = ki + t2 / 2 * hd;
   uint32_t* pi = qi + t2 / 2 * hd;  // [t2 / 2, t] each
@@ -552,7 +533,7 @@ inline void head_backward(const SelfAttentionArgs& a, const uint16_t* q, const u
   // dV = P^T dY: P's pair rows (over the queries) read as P^T's pairs along its rows.
   interleave_rows_f32(p, t, t, t, pi);
   interleave_rows(dy, out, t, hd, dyi);
-  gemm(t, hd, t, reinterpret_cast<const uint16_t*>(pi), 2, 2 * t, dyi, hd, dvf, hd, upper_k);
+  gemm(t, hd, t, reinterpret_cast<const uint16_t*>(pi), 2, 2 * t, dyi, hd, dqkv_q + 2 * d, in, upper_k);
   pack_pairs(v, in, t, hd, kp);
   gemm(t, t, hd, dy, out, 2, kp, t, ds, t, lower_n);  // dP = dY V^T, then dS in place
   for (int64_t i = 0; i < t; ++i)
@@ -560,15 +541,10 @@ inline void head_backward(const SelfAttentionArgs& a, const uint16_t* q, const u
   round_rows(ds, t, t, t, dsb, t2);
   interleave_rows_f32(ds, t, t, t, dsi);
   interleave_rows(k, in, t, hd, ki);
-  gemm(t, hd, t, dsb, t2, 2, ki, hd, dqf, hd, lower_k);  // dQ = dS K
+  gemm(t, hd, t, dsb, t2, 2, ki, hd, dqkv_q, in, lower_k);  // dQ = dS K
   interleave_rows(q, in, t, hd, qi);
-  gemm(t, hd, t, reinterpret_cast<const uint16_t*>(dsi), 2, 2 * t, qi, hd, dkf, hd, upper_k);  // dK = dS^T Q
-  for (int64_t i = 0; i < t; ++i) {
-    uint16_t* row = dqkv_q + i * in;
-    cpu::from_f32(dqf + i * hd, reinterpret_cast<BFloat16*>(row), hd);
-    cpu::from_f32(dkf + i * hd, reinterpret_cast<BFloat16*>(row + d), hd);
-    cpu::from_f32(dvf + i * hd, reinterpret_cast<BFloat16*>(row + 2 * d), hd);
-  }
+  gemm(t, hd, t, reinterpret_cast<const uint16_t*>(dsi), 2, 2 * t, qi, hd, dqkv_q + d, in,
+       upper_k);  // dK = dS^T Q
 }
 
 }  // namespace bf16dot
