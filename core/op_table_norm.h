@@ -4,6 +4,8 @@
 // family recompiles only that family.
 #pragma once
 
+#include <optional>
+
 #include "op_table.h"
 
 namespace frugal {
@@ -41,6 +43,9 @@ struct LayerNormArgs {
   void* workspace = nullptr;  // backward scratch [chunks, 2, cols]
   void* xhat = nullptr;       // x-hat forms: forward out, backward in [rows, cols]
   DType xhat_dtype = DType::F32;
+  // op_layer_norm_backward_xhat: dy's dtype when it is not the table's: the CPU's f32 kernels also take dy
+  // in x-hat's 16-bit dtype (d x-hat under autocast), converted as it is read.
+  std::optional<DType> dy_dtype;
   int64_t rows = 0, cols = 0, chunks = 1;
   double eps = 1e-5;
 };

@@ -221,11 +221,16 @@ LayerNormGrads layer_norm_backward_xhat(const Tensor& grad_out, const Tensor& xh
   const DType c = compute_dtype(x_dtype);
   check_stats(op, rstd, "rstd", rows, c);
   const Tensor xc = contiguous(xhat), w = as_compute(weight, c), rc = contiguous(rstd);
-  const Tensor dy = contiguous(ops::to(grad_out, x_dtype));
+  // d x-hat in x-hat's 16-bit dtype under an f32 x (autocast): the CPU's kernel reads it as it is, without a
+  // cast to f32 (a pass and a tensor of x's size); everywhere else the gradient comes in x's dtype.
+  const bool dy_as_is = !xhat.device().is_cuda() && x_dtype == DType::F32 && grad_out.dtype() == xhat.dtype() &&
+                        (xhat.dtype() == DType::BF16 || xhat.dtype() == DType::F16);
+  const Tensor dy = contiguous(dy_as_is ? grad_out : ops::to(grad_out, x_dtype));
   LayerNormArgs a;
   a.xhat = xc.raw_data();
   a.xhat_dtype = xhat.dtype();
   a.dy = dy.raw_data();
+  if (dy_as_is) a.dy_dtype = dy.dtype();
   a.weight = w.defined() ? w.raw_data() : nullptr;
   a.rstd = rc.raw_data();
   a.rows = rows;

@@ -344,16 +344,18 @@ struct XhatSaved {
   C operator[](int64_t j) const { return C(xo[j]); }
 };
 
-// dy, dx: [rows, cols]; x (from x) or xhat of S (saved x-hat): [rows, cols]; weight: [cols] or null; mean
-// (from x only), rstd: [rows]; dweight, dbias: [cols] or null; workspace: [chunks, 2, cols] when dweight or
-// dbias is wanted
-template <typename T, typename S = void>
+// dy (D), dx (T): [rows, cols]; x (from x) or xhat of S (saved x-hat): [rows, cols]; weight: [cols] or null;
+// mean (from x only), rstd: [rows]; dweight, dbias: [cols] or null; workspace: [chunks, 2, cols] when
+// dweight or dbias is wanted. A 16-bit dy under an f32 T (d x-hat under autocast) is read back into f32 a
+// row at a time, as a 16-bit x-hat is: the values the cast op would have made, without its pass and tensor.
+template <typename T, typename S = void, typename D = T>
 void layer_norm_backward_cpu(const LayerNormArgs& a) {
   using C = acc_t<T>;
   constexpr bool kFromX = std::is_void_v<S>;
   using XS = std::conditional_t<kFromX, T, S>;
   const XS* xs = static_cast<const XS*>(kFromX ? a.x : a.xhat);
-  const T* dys = static_cast<const T*>(a.dy);
+  const D* dys = static_cast<const D*>(a.dy);
+  constexpr bool kDyInRuns = !std::is_same_v<D, T> && kConvertInRuns<D, C>;
   T* dxs = static_cast<T*>(a.dx);
   const C* w = static_cast<const C*>(a.weight);
   const C* means = static_cast<const C*>(a.mean);
@@ -370,9 +372,9 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
     C* pdw = param_grads ? ws + c * 2 * n : nullptr;  // this chunk's partial sums
     C* pdb = param_grads ? pdw + n : nullptr;
     if (param_grads) std::fill(pdw, pdw + 2 * n, C(0));
-    // Row r from its x-hat, read through `xhat` (xhat[j]: x-hat's j-th value in the compute type).
-    auto row = [&](int64_t r, const auto& xhat) {
-      const T* dy = dys + r * n;
+    // Row r from its x-hat, read through `xhat` (xhat[j]: x-hat's j-th value in the compute type), and dy
+    // (D, or f32 read back).
+    auto row = [&](int64_t r, const auto& xhat, const auto* dy) {
       const C rs = rstds[r];
       const auto grad = [&](int64_t j) {
         if constexpr (kWeight)
@@ -407,18 +409,28 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
     // A 16-bit x-hat is read back into f32 a row at a time, where the row fits the buffer (Note [16-bit
     // x-hat in runs]): the same values as converting each one where it is read.
     [[maybe_unused]] alignas(64) float row_xhat[kConvertInRuns<S, C> ? kRowBuffer : 1];
+    [[maybe_unused]] alignas(64) float row_dy[kDyInRuns ? kRowBuffer : 1];
+    auto with_dy = [&](int64_t r, const auto& xhat) {
+      if constexpr (kDyInRuns) {
+        if (n <= kRowBuffer) {
+          cpu::to_f32(dys + r * n, row_dy, n);
+          return row(r, xhat, static_cast<const float*>(row_dy));
+        }
+      }
+      row(r, xhat, dys + r * n);
+    };
     for (int64_t r = c * per_chunk, r_end = std::min(rows, (c + 1) * per_chunk); r < r_end; ++r) {
       if constexpr (kFromX) {
-        row(r, XhatFromX<T, C>{xs + r * n, means[r], rstds[r]});
+        with_dy(r, XhatFromX<T, C>{xs + r * n, means[r], rstds[r]});
       } else if constexpr (kConvertInRuns<S, C>) {
         if (n <= kRowBuffer) {
           cpu::to_f32(xs + r * n, row_xhat, n);
-          row(r, XhatSaved<float, C>{row_xhat});
+          with_dy(r, XhatSaved<float, C>{row_xhat});
         } else {
-          row(r, XhatSaved<S, C>{xs + r * n});
+          with_dy(r, XhatSaved<S, C>{xs + r * n});
         }
       } else {
-        row(r, XhatSaved<S, C>{xs + r * n});
+        with_dy(r, XhatSaved<S, C>{xs + r * n});
       }
     }
   };
@@ -454,9 +466,17 @@ void layer_norm_xhat_cpu(const LayerNormArgs& a) {
     using S = decltype(s);
     if constexpr (kForm == XhatForm::kForward)
       layer_norm_forward_cpu<T, S>(a);
-    else if constexpr (kForm == XhatForm::kBackward)
+    else if constexpr (kForm == XhatForm::kBackward) {
+      // dy in x-hat's 16-bit dtype under an f32 x (d x-hat under autocast), or in the table's.
+      if constexpr (std::is_same_v<T, float> && kSixteenBit<S>) {
+        if (a.dy_dtype == dtype_v<S>) return layer_norm_backward_cpu<T, S, S>(a);
+      }
+      FRUGAL_CHECK_DTYPE(!a.dy_dtype || *a.dy_dtype == dtype_v<T>,
+                         "layer_norm_backward_xhat: no CPU kernel for a ", dtype_name(*a.dy_dtype),
+                         " gradient of ", dtype_name(dtype_v<T>), " x with a ", dtype_name(dtype_v<S>),
+                         " x-hat");
       layer_norm_backward_cpu<T, S>(a);
-    else if constexpr (kForm == XhatForm::kRounded)
+    } else if constexpr (kForm == XhatForm::kRounded)
       layer_norm_forward_cpu<T, S, true>(a);
     else
       layer_norm_affine_cpu<T, S>(a);

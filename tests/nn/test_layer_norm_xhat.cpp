@@ -113,7 +113,7 @@ TEST(LayerNormXhat, MatchesTheBackwardFromX) {
 // The backward from a 16-bit x-hat reads a row back into f32 at once where it fits the kernel's buffer, and
 // value by value in longer rows (Note [16-bit x-hat in runs], kernels/cpu/norm.cpp): both are the backward
 // from the same values held in f32 (converted here by way of f64, not by the kernel's conversion), the first
-// bit for bit, the second to f32 rounding (its row sums run in another order).
+// bit for bit, the second to f32 rounding (its row sums run in another order). So is a 16-bit gradient.
 TEST(LayerNormXhat, SixteenBitXhatIsReadAsItsValues) {
   for (DType s : {DType::F16, DType::BF16})
     for (int64_t cols : {7, 4096, 4097}) {
@@ -133,6 +133,21 @@ TEST(LayerNormXhat, SixteenBitXhatIsReadAsItsValues) {
           EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>()) << what;
         else
           expect_close(a, b.to_vector<double>(), {1e-5, 1e-5}, what);
+      }
+      // A gradient in x-hat's dtype (d x-hat under autocast) is read as it is, the same way: the results of
+      // the same values cast to f32 first.
+      const Tensor g16 = g.to(s);
+      const ops::LayerNormGrads got16 =
+          ops::layer_norm_backward_xhat(g16, r.xhat, DType::F32, {cols}, w, r.rstd, true, true, true);
+      const ops::LayerNormGrads ref16 = ops::layer_norm_backward_xhat(g16.to(DType::F32), r.xhat, DType::F32,
+                                                                      {cols}, w, r.rstd, true, true, true);
+      EXPECT_EQ(got16.dx.dtype(), DType::F32) << what;
+      for (const auto& [a, b] :
+           {std::pair{got16.dx, ref16.dx}, {got16.dweight, ref16.dweight}, {got16.dbias, ref16.dbias}}) {
+        if (cols <= 4096)
+          EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>()) << what << " 16-bit gradient";
+        else
+          expect_close(a, b.to_vector<double>(), {1e-5, 1e-5}, what + " 16-bit gradient");
       }
     }
 }
