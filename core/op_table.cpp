@@ -32,6 +32,7 @@ FRUGAL_REDUCE_OPS(FRUGAL_DEFINE_TABLE)
 constinit OpTable<ElementwiseKernel> op_where{"where"};
 constinit OpTable<ElementwiseKernel> op_cast{"cast"};
 constinit OpTable<ElementwiseKernel> op_fill{"fill"};
+constinit OpTable<ElementwiseKernel> op_add_widened{"add_widened"};
 constinit OpTable<GemmKernel> op_gemm{"matmul"};
 constinit OpTable<LinearKernel> op_linear{"linear"};
 constinit OpTable<ReluBackwardBiasKernel> op_relu_backward_bias{"relu_backward_bias"};

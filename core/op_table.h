@@ -124,6 +124,9 @@ FRUGAL_COMPARE_OPS(FRUGAL_DECLARE_TABLE)
 extern OpTable<ElementwiseKernel> op_where;  // operands: out, cond (bool), a, b; keyed by a's dtype
 extern OpTable<ElementwiseKernel> op_cast;  // operands: out, in; keyed by the OUTPUT dtype; args.a = in dtype
 extern OpTable<ElementwiseKernel> op_fill;  // operands: out; args.a = the value
+// add of an f32 and a 16-bit tensor (autocast's residual adds) without a cast first: operands out (f32), a
+// (f32), b (f16/bf16, the table's key); out = a + f32(b), add's values bit for bit (the widening is exact).
+extern OpTable<ElementwiseKernel> op_add_widened;
 
 // GELU's gradient in one pass (autograd/grad_elementwise.cpp): operands out (dx), dy, x, all of x's dtype
 // (the table's key), f16/bf16 computing in f32. With Phi and phi the standard normal CDF and density:

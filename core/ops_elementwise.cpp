@@ -71,6 +71,18 @@ Tensor binary(OpTable<ElementwiseKernel>& table, const Tensor& a, const Tensor& 
                      ": bool tensors are not supported (shapes ", a.shape(), " and ", b.shape(),
                      "), as in PyTorch; for masks, add is a logical or, mul a ",
                      "logical and, and ne(a, b) an exclusive or");
+  // An f32 and a 16-bit operand (autocast's residual adds): add widens the 16-bit one as it reads it, with
+  // no f32 copy of it first (the values of the cast and the add, bit for bit).
+  if (&table == &op_add && t == DType::F32 && a.dtype() != b.dtype() &&
+      (a.dtype() == DType::F32 || b.dtype() == DType::F32) && a.device() == b.device()) {
+    const Tensor& wide = a.dtype() == DType::F32 ? a : b;
+    const Tensor& narrow = a.dtype() == DType::F32 ? b : a;
+    if (op_add_widened.has(a.device(), narrow.dtype())) {
+      Tensor out = empty(broadcast_shapes(a.shape(), b.shape(), table.name()), wide.options());
+      op_add_widened.get(a.device(), narrow.dtype())(make_loop({&out, &wide, &narrow}), {});
+      return out;
+    }
+  }
   Tensor a2, b2;
   const Shape shape = prepare_binary(table.name(), a, b, t, a2, b2);
   Tensor out = empty(shape, a2.options());

@@ -188,6 +188,30 @@ void cast_cpu(const Loop& loop, const OpArgs& args) {
   });
 }
 
+// out (f32) = a (f32) + b (H, f16 or bf16): b's runs widened into an L1 buffer by the vectorised
+// conversion, kMapChunk at a time, then added.
+template <typename H>
+void add_widened_cpu(const Loop& loop, const OpArgs&) {
+  for_each_run(loop, [&](char* const* p, const int64_t* s, int64_t n) {
+    float* out = reinterpret_cast<float*>(p[0]);
+    const float* a = reinterpret_cast<const float*>(p[1]);
+    const H* b = reinterpret_cast<const H*>(p[2]);
+    if (s[0] == 4 && s[1] == 4 && s[2] == int64_t(sizeof(H))) {
+      alignas(64) float wide[cpu::kMapChunk];
+      for (int64_t i = 0; i < n; i += cpu::kMapChunk) {
+        const int64_t m = std::min(cpu::kMapChunk, n - i);
+        cpu::to_f32(b + i, wide, m);
+#pragma omp simd
+        for (int64_t j = 0; j < m; ++j) out[i + j] = a[i + j] + wide[j];
+      }
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i)
+      *reinterpret_cast<float*>(p[0] + i * s[0]) = *reinterpret_cast<const float*>(p[1] + i * s[1]) +
+                                                   float(*reinterpret_cast<const H*>(p[2] + i * s[2]));
+  });
+}
+
 template <typename T>
 void fill_cpu(const Loop& loop, const OpArgs& args) {
   const T v = convert<T>(args.a);
@@ -236,6 +260,8 @@ const bool kRegistered = [] {
   FRUGAL_REG(where)
   FRUGAL_REG(cast)
   FRUGAL_REG(fill)
+  op_add_widened.set(DeviceType::CPU, DType::F16, add_widened_cpu<Half>);
+  op_add_widened.set(DeviceType::CPU, DType::BF16, add_widened_cpu<BFloat16>);
 #undef FRUGAL_REG_UNARY
 #undef FRUGAL_REG_UNARY_PARAM
 #undef FRUGAL_REG_BINARY

@@ -35,6 +35,10 @@ const std::map<std::string, std::string> kAllowedWithoutCuda = {
      "the fused attention that keeps each row's softmax statistics, not the probabilities (Note [attention "
      "keeps row statistics]); on a GPU self_attention keeps the probabilities (cuBLASLt's batched GEMMs)"},
     {"self_attention_backward_stats", "its backward, which computes the probabilities again"},
+    {"add_widened",
+     "add of an f32 and a 16-bit tensor reading the 16-bit one as it is (autocast's residual adds); "
+     "elsewhere "
+     "ops::add casts it to f32 first, then adds"},
 };
 
 TEST(CudaCoverage, EveryCpuKernelHasACudaTwin) {

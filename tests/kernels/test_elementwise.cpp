@@ -208,6 +208,35 @@ TEST(Binary, IntegerArithmeticAndPromotion) {
   EXPECT_EQ(add(uniform({2}, 0, 1, DType::BF16), 3.0).dtype(), DType::BF16);
 }
 
+// An f32 and a 16-bit operand (autocast's residual adds): add reads the 16-bit one as it is (op_add_widened),
+// and its values are those of the cast and the f32 add, bit for bit, in either order, broadcast, strided,
+// and past one buffer of the kernel; no f32 copy of the 16-bit operand is made (one allocation: the result).
+TEST(Binary, AddOfF32AndSixteenBitWidensAsItReads) {
+  for (DType h : {DType::BF16, DType::F16}) {
+    const std::pair<Shape, Shape> shapes[] = {
+        {{7, 300}, {7, 300}}, {{7, 300}, {300}}, {{7, 1}, {1, 300}}, {{3}, {}}, {{1000}, {1000}}};
+    for (const auto& [sa, sb] : shapes)
+      for (bool wide_first : {true, false}) {
+        const Tensor w = uniform(wide_first ? sa : sb, -3, 3, DType::F32, 11);
+        const Tensor n = uniform(wide_first ? sb : sa, -3, 3, h, 12);
+        const Tensor got = wide_first ? add(w, n) : add(n, w);
+        const Tensor ref = wide_first ? add(w, n.to(DType::F32)) : add(n.to(DType::F32), w);
+        const std::string what = std::string(dtype_name(h)) + " " + sa.str() + " " + sb.str() +
+                                 (wide_first ? " f32 first" : " f32 second");
+        EXPECT_EQ(got.dtype(), DType::F32) << what;
+        EXPECT_EQ(got.shape(), ref.shape()) << what;
+        EXPECT_EQ(got.to_vector<float>(), ref.to_vector<float>()) << what;
+      }
+    const Tensor w = uniform({30, 20}, -3, 3, DType::F32, 13).t();        // [20, 30], transposed
+    const Tensor n = uniform({20, 60}, -3, 3, h, 14).slice(1, 0, 60, 2);  // [20, 30], step 2
+    EXPECT_EQ(add(w, n).to_vector<float>(), add(w, n.to(DType::F32)).to_vector<float>()) << dtype_name(h);
+    const Tensor a = uniform({64, 64}, -3, 3, DType::F32, 15), b = uniform({64, 64}, -3, 3, h, 16);
+    const int64_t before = memory::allocator(kCPU).stats().num_allocs;
+    const Tensor y = add(a, b);
+    EXPECT_EQ(memory::allocator(kCPU).stats().num_allocs - before, 1) << dtype_name(h);
+  }
+}
+
 TEST(Binary, ScalarForms) {
   const Tensor x = uniform({100}, 0.5, 2);
   const auto v = x.to_vector<double>();
