@@ -223,7 +223,8 @@ LayerNormGrads layer_norm_backward_xhat(const Tensor& grad_out, const Tensor& xh
   const Tensor xc = contiguous(xhat), w = as_compute(weight, c), rc = contiguous(rstd);
   // d x-hat in x-hat's 16-bit dtype under an f32 x (autocast): the CPU's kernel reads it as it is, without a
   // cast to f32 (a pass and a tensor of x's size); everywhere else the gradient comes in x's dtype.
-  const bool dy_as_is = !xhat.device().is_cuda() && x_dtype == DType::F32 && grad_out.dtype() == xhat.dtype() &&
+  const bool dy_as_is = !xhat.device().is_cuda() && x_dtype == DType::F32 &&
+                        grad_out.dtype() == xhat.dtype() &&
                         (xhat.dtype() == DType::BF16 || xhat.dtype() == DType::F16);
   const Tensor dy = contiguous(dy_as_is ? grad_out : ops::to(grad_out, x_dtype));
   LayerNormArgs a;

@@ -658,22 +658,28 @@ void self_attention_backward_cpu(const SelfAttentionArgs& a) {
     C* p_scratch = ds + area;
     for (int64_t bh = begin; bh < end; ++bh) {
       const HeadOffsets o = head_offsets(a, bh);
+      // P: the kept one, read back from 16 bits, or made again from S, which scores(pa) writes into pa,
+      // where the forward had it (aligned_as): vt is free until the head's backward fills it.
+      auto probs_of = [&]([[maybe_unused]] auto&& scores) -> const C* {
+        if constexpr (kKeep == Keep::kProbs) {
+          return probs + o.p;
+        } else if constexpr (kKeep == Keep::kLowProbs) {
+          copy_rows(t, t, probs + o.p, t, p_scratch, t);
+          return p_scratch;
+        } else {
+          C* pa = aligned_as(p_scratch, o.p);
+          scores(pa);
+          softmax_rows<C>(a, pa, nullptr, stats + bh * t * 2);
+          return pa;
+        }
+      };
 #if FRUGAL_ATTENTION_BF16_DOT
       if constexpr (std::is_same_v<T, BFloat16>) {
         if (hd % 2 == 0) {
           const uint16_t* q16 = reinterpret_cast<const uint16_t*>(qkv + o.q);
-          const float* p16;
-          if constexpr (kKeep == Keep::kProbs) {
-            p16 = probs + o.p;
-          } else if constexpr (kKeep == Keep::kLowProbs) {
-            copy_rows(t, t, probs + o.p, t, p_scratch, t);
-            p16 = p_scratch;
-          } else {
-            float* pa = aligned_as(p_scratch, o.p);  // vt is free until head_backward fills it
+          const float* p16 = probs_of([&](float* pa) {
             bf16dot::head_scores(a, q16, q16 + d, 3 * d, pa, reinterpret_cast<uint32_t*>(vt));
-            softmax_rows<float>(a, pa, nullptr, stats + bh * t * 2);
-            p16 = pa;
-          }
+          });
           bf16dot::head_backward(a, q16, q16 + d, q16 + 2 * d, 3 * d, p16,
                                  reinterpret_cast<const uint16_t*>(dys + o.y), d,
                                  reinterpret_cast<uint16_t*>(dqkv + o.q), ds, vt);
@@ -698,19 +704,7 @@ void self_attention_backward_cpu(const SelfAttentionArgs& a) {
         q = qkv + o.q, k = q + d, v = q + 2 * d, dy = dys + o.y;
         dq = dqkv + o.q, dk = dq + d, dv = dq + 2 * d;
       }
-      const C* p;
-      if constexpr (kKeep == Keep::kProbs) {
-        p = probs + o.p;
-      } else if constexpr (kKeep == Keep::kLowProbs) {
-        copy_rows(t, t, probs + o.p, t, p_scratch, t);
-        p = p_scratch;
-      } else {
-        // P again, where the forward had it (aligned_as): vt is free until head_backward fills it.
-        C* pa = aligned_as(p_scratch, o.p);
-        head_scores(a, q, k, in, pa, vt);
-        softmax_rows<C>(a, pa, nullptr, stats + bh * t * 2);
-        p = pa;
-      }
+      const C* p = probs_of([&](C* pa) { head_scores(a, q, k, in, pa, vt); });
       head_backward<C>(a, q, k, v, in, p, dy, out, dq, dk, dv, ds, vt);
       if constexpr (convert) {
         copy_rows(t, hd, dq, hd, dqkv + o.q, 3 * d);
