@@ -61,7 +61,7 @@ struct SelfAttentionArgs {
   bool causal = false;
 };
 // Per-thread scratch elements of the CPU's bf16 products (Note [the attention's products in bf16] in
-// kernels/cpu/self_attention.cpp), past dS in the backward: K's (then V's) pairs transposed [hd / 2, T];
+// kernels/cpu/attention_bf16.h), past dS in the backward: K's (then V's) pairs transposed [hd / 2, T];
 // forward: V interleaved [ceil(T / 2), hd] and P rounded [T, T + T % 2]; backward: dY, K and Q
 // interleaved, P and dS interleaved [ceil(T / 2), T], and dS rounded [T, T + T % 2].
 inline int64_t self_attention_bf16_scratch(int64_t t, int64_t hd, bool backward) {
