@@ -234,6 +234,17 @@ TEST(Binary, AddOfF32AndSixteenBitWidensAsItReads) {
     const int64_t before = memory::allocator(kCPU).stats().num_allocs;
     const Tensor y = add(a, b);
     EXPECT_EQ(memory::allocator(kCPU).stats().num_allocs - before, 1) << dtype_name(h);
+    // The gradient reaches each operand in its own dtype and broadcast shape.
+    const Tensor wa = uniform({7, 30}, -3, 3, DType::F32, 17).requires_grad_();
+    const Tensor nb = uniform({30}, -3, 3, h, 18).requires_grad_();
+    const Tensor g = uniform({7, 30}, -1, 1, DType::F32, 19);
+    add(wa, nb).backward(g);
+    EXPECT_EQ(wa.grad().to_vector<float>(), g.to_vector<float>()) << dtype_name(h);
+    ASSERT_EQ(nb.grad().dtype(), h) << dtype_name(h);
+    EXPECT_EQ(nb.grad().to_vector<float>(), sum(g, {0}).to(h).to_vector<float>()) << dtype_name(h);
+    // Shapes that do not broadcast are refused before anything is allocated.
+    testing::expect_error<ShapeError>([&] { add(uniform({3}, 0, 1), uniform({4}, 0, 1, h)); },
+                                      {"add", "[3]", "[4]"});
   }
 }
 

@@ -86,18 +86,19 @@ TEST(SelfAttention, MatchesCompositeF32AndF64) {
 
 TEST(SelfAttention, MatchesCompositeHalfTypes) {
   for (DType t : {DType::BF16, DType::F16})
-    for (const Case& c : kCases) {
-      const auto [y, dqkv] = run(c, t, true);
-      const auto [y_ref, dqkv_ref] = run(c, t, false);
-      const std::string what = name(c) + " " + dtype_name(t);
-      EXPECT_EQ(y.dtype(), t) << what;
-      EXPECT_EQ(dqkv.dtype(), t) << what;
-      // The composite rounds its scores, probabilities and partial gradients to t; the fused op only its
-      // results.
-      const testing::Tol tol = testing::tol_for(t);
-      expect_close(y, y_ref.to_vector<double>(), {4 * tol.atol, 4 * tol.rtol}, what + " y");
-      expect_close(dqkv, dqkv_ref.to_vector<double>(), {8 * tol.atol, 8 * tol.rtol}, what + " dqkv");
-    }
+    for (const Case& c : kCases)
+      for (bool strided : {false, true}) {
+        const auto [y, dqkv] = run(c, t, true, strided);
+        const auto [y_ref, dqkv_ref] = run(c, t, false, strided);
+        const std::string what = name(c) + " " + dtype_name(t) + (strided ? " strided" : "");
+        EXPECT_EQ(y.dtype(), t) << what;
+        EXPECT_EQ(dqkv.dtype(), t) << what;
+        // The composite rounds its scores, probabilities and partial gradients to t; the fused op only its
+        // results.
+        const testing::Tol tol = testing::tol_for(t);
+        expect_close(y, y_ref.to_vector<double>(), {4 * tol.atol, 4 * tol.rtol}, what + " y");
+        expect_close(dqkv, dqkv_ref.to_vector<double>(), {8 * tol.atol, 8 * tol.rtol}, what + " dqkv");
+      }
 }
 
 // bf16's forward against a naive one in double on the same bf16 inputs that rounds P to bf16 before P V
