@@ -86,9 +86,15 @@ Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
   Tensor y = empty({m, out}, x.options());
   if (bias.defined()) copy_(y, ops::expand(bias, {m, out}));
-  // [in, out]: a transposing copy, unless weight is a transposed view already.
-  const Tensor wt = contiguous(ops::transpose(weight, 0, 1));
-  gemm(x.raw_data(), in, 1, wt.raw_data(), out, 1, y, in, bias.defined());
+  // B = weight^T [in, out]: a contiguous weight is read in place as that transpose (every device's GEMM
+  // reads a transposed operand), so it is never copied; any other layout (or a single input column, whose
+  // in-place view has no usable stride) through a transposing copy.
+  if (weight.is_contiguous() && in > 1) {
+    gemm(x.raw_data(), in, 1, weight.raw_data(), 1, in, y, in, bias.defined());
+  } else {
+    const Tensor wt = contiguous(ops::transpose(weight, 0, 1));
+    gemm(x.raw_data(), in, 1, wt.raw_data(), out, 1, y, in, bias.defined());
+  }
   return y;
 }
 

@@ -3,6 +3,7 @@
 // alpha and beta, a layout oneDNN declines, non-finite values, and matmul's gradients in bf16.
 #include <cmath>
 
+#include "core/estimate.h"
 #include "core/op_table_linalg.h"
 #include "kernels/cpu/reference.h"
 #include "tests/test_util.h"
@@ -145,6 +146,113 @@ TEST(Matmul16, AlphaBetaOnEveryKernel) {
                      std::string(kn.name) + " alpha=" + std::to_string(alpha) +
                          " beta=" + std::to_string(beta) + " m=" + std::to_string(m));
       }
+}
+
+// A layer's forward on a few rows (A's rows and B's columns contiguous along k): the dot products of Note
+// [few rows of 16-bit floats] on every widened kernel. Row and column counts across the register blocks'
+// edges, k across a vector's lanes (and the copied tail), padded rows and columns (strides beyond k), alpha
+// and beta, and batches whose entries start apart.
+TEST(Matmul16, FewRowsAsDotProducts) {
+  struct Kernel {
+    DType t;
+    GemmKernel* fn;
+    const char* name;
+  };
+  const Kernel kernels[] = {{DType::BF16, gemm_bf16_widened_cpu, "bf16 widened"},
+                            {DType::F16, gemm_f16_widened_cpu, "f16 widened"},
+                            {DType::F16, op_gemm.get(kCPU, DType::F16), "f16 registered"}};
+  const std::tuple<int64_t, int64_t, int64_t> sizes[] = {
+      {1, 1, 1}, {1, 5, 8}, {2, 4, 9}, {3, 7, 17}, {5, 9, 16}, {16, 33, 7}, {13, 4, 300}, {16, 64, 128}};
+  for (const Kernel& kn : kernels)
+    for (auto [m, n, k] : sizes)
+      for (auto [alpha, beta] : {std::pair<float, float>{1, 0}, {-2, 0.25f}})
+        for (int64_t pad : {0, 3}) {
+          const int64_t batch = pad ? 2 : 1, a_row = k + pad, b_col = k + pad, c_row = n + pad;
+          const uint64_t seed = uint64_t(m * 7 + n * 11 + k * 13 + pad);
+          const Tensor a = uniform({batch, m, a_row}, -1, 1, kn.t, seed);
+          const Tensor b = uniform({batch, n, b_col}, -1, 1, kn.t, seed + 1);  // B^T's rows, padded
+          Tensor c = uniform({batch, m, c_row}, -1, 1, kn.t, seed + 2);
+          GemmArgs g;
+          g.batch = batch;
+          g.m = m;
+          g.n = n;
+          g.k = k;
+          g.a = a.raw_data();
+          g.a_batch = m * a_row;
+          g.a_row = a_row;
+          g.b = b.raw_data();
+          g.b_batch = n * b_col;
+          g.b_row = 1;
+          g.b_col = b_col;
+          g.c = c.raw_data();
+          g.c_batch = m * c_row;
+          g.c_row = c_row;
+          g.alpha = alpha;
+          g.beta = beta;
+          auto expected = reference_result(g, a, b, c);
+          const auto before = c.to_vector<double>();
+          kn.fn(g);
+          const std::string what = std::string(kn.name) + " m=" + std::to_string(m) +
+                                   " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                                   " pad=" + std::to_string(pad) + " alpha=" + std::to_string(alpha);
+          // The padding columns of C are left as they were; the reference computes them as well.
+          const auto got = c.to_vector<double>();
+          for (int64_t e = 0; e < batch * m; ++e)
+            for (int64_t j = n; j < c_row; ++j) {
+              ASSERT_EQ(got[size_t(e * c_row + j)], before[size_t(e * c_row + j)])
+                  << what << " wrote padding";
+              expected[size_t(e * c_row + j)] = before[size_t(e * c_row + j)];
+            }
+          expect_close(c, expected, once_rounded(kn.t, k), what);
+        }
+}
+
+// Those dot products take no memory beside C: a 16-bit layer's forward on a few rows needs no more than its
+// output, where the f32 tiles took about the f32 weight's bytes (and f16's composed layer first copied the
+// weight transposed), and the dry run says so as well.
+TEST(Matmul16, FewRowsTakeNoWorkspace) {
+  const int64_t m = 16, k = 128, n = 256;
+  for (DType t : {DType::BF16, DType::F16}) {
+    const Tensor a = uniform({m, k}, -1, 1, t, 61), b = uniform({n, k}, -1, 1, t, 62);
+    Tensor c = zeros({m, n}, t);
+    GemmArgs g;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = a.raw_data();
+    g.a_row = k;
+    g.b = b.raw_data();
+    g.b_row = 1;
+    g.b_col = k;
+    g.c = c.raw_data();
+    g.c_row = n;
+    memory::reset_peak(kCPU);
+    const int64_t before = memory::stats(kCPU).allocated.current;
+    (t == DType::BF16 ? gemm_bf16_widened_cpu : gemm_f16_widened_cpu)(g);
+    EXPECT_EQ(memory::stats(kCPU).allocated.peak, before) << dtype_name(t);
+  }
+  const Tensor x = uniform({m, k}, -1, 1, DType::F16, 63), w = uniform({n, k}, -1, 1, DType::F16, 64);
+  const Tensor bias = uniform({n}, -1, 1, DType::F16, 65);
+  InferenceMode im;
+  memory::reset_peak(kCPU);
+  const int64_t before = memory::stats(kCPU).allocated.current;
+  const Tensor y = linear(x, w, bias);
+  const int64_t output = m * n * 2;
+  EXPECT_EQ(memory::stats(kCPU).allocated.peak - before, output) << "f16 linear";
+  std::vector<double> expected = reference_matmul(x, w.t());
+  const auto bias64 = bias.to_vector<double>();
+  for (size_t e = 0; e < expected.size(); ++e) expected[e] += bias64[e % size_t(n)];
+  expect_close(y, expected, once_rounded(DType::F16, k), "f16 linear");
+  int64_t base = 0;
+  const memory::Estimate e = memory::estimate([&](Device d) {
+    const Tensor xm = empty({m, k}, TensorOptions(DType::F16).device(d));
+    const Tensor wm = empty({n, k}, TensorOptions(DType::F16).device(d));
+    const Tensor bm = empty({n}, TensorOptions(DType::F16).device(d));
+    base = memory::stats(d).allocated.current;
+    memory::reset_peak(d);
+    const Tensor ym = linear(xm, wm, bm);
+  });
+  EXPECT_EQ(e.peak_allocated - base, output) << "the dry run of the f16 linear";
 }
 
 // Batch entries that overlap (each A a window one row further down one matrix): oneDNN refuses such a
