@@ -2,8 +2,8 @@
 // Eigen. bf16: oneDNN's matmul primitive (AVX-512 BF16 dot products accumulated in f32, rounded once on
 // store). f16, and bf16 without oneDNN or in a layout oneDNN declines: tiles of A and B widened to f32 and
 // multiplied by the registered f32 GEMM, C rounded once; a few rows of A by the columns of a weight read in
-// place, as dot products widened in registers (Note [few rows of 16-bit floats]). The naive reference the tests and benchmarks check
-// against is kernels/cpu/reference.h.
+// place, as dot products widened in registers (Note [few rows of 16-bit floats]). The naive reference the
+// tests and benchmarks check against is kernels/cpu/reference.h.
 #include <Eigen/Core>
 
 #include <algorithm>
