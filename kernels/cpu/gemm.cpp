@@ -154,26 +154,30 @@ void gemm_widened_tile(const GemmArgs& g, GemmKernel* gemm_f32, const Tiles& til
   }
 }
 
-// ---- few rows of 16-bit floats as dot products ------------------------------------------------------
+// ---- a few rows of 16-bit floats as dot products ----------------------------------------------------
 
 // Note [few rows of 16-bit floats]: a layer's forward on a small batch, C = A B with A [m, k] holding a few
 // rows and B = W^T read in place (W's rows are B's columns, each contiguous along k), is mostly B. Widened
 // into f32 tiles, B took a k x n tile of f32 per thread: at least the f32 weight's own bytes for a layer of
 // up to 512 x 256, so a bf16 or f16 model served a few rows at a time needed more memory than the f32 one
 // (where oneDNN has no 16-bit matmul: f16 everywhere, bf16 without AVX-512 BF16). With m <= kDotRows and
-// both operands contiguous along k, C is computed as dot products instead: blocks of kDotR rows x kDotC
-// columns, each accumulated in kDotR x kDotC f32 vectors from operands widened in registers as they are
-// loaded, summed across lanes at the end and rounded once. It takes no workspace at all. Each element of A
-// is widened once per block of columns and each of B once per block of rows; the rows of A stay in L1.
-// On a Zen 3 (AVX2, 2 threads; bf16 x [m, k] by a weight [n, k], alternated runs) it is as fast as the
-// widened tiles or faster up to 16 rows (m 16, k 128, n 256: 21.2 against 22.3 us; m 4: 8.7 against
-// 17.3), but slower beyond at short k (m 32, k 128, n 384: 46 against 35 us), where the f32 GEMM's
-// register blocking pays for the tiles: hence kDotRows = 16.
+// both operands contiguous along k, C is computed as dot products instead, with nothing from the arena:
+// - a task is kDotGroup blocks of kDotC columns, for every row; A's rows are widened kDotR at a time, kDotK
+//   of k at once, into f32 on the stack (once per task, not per block of columns);
+// - a block of kDotR rows x kDotC columns is accumulated in as many f32 vectors, each step one vector of
+//   A's widened rows times one of a column of B widened in a register as it is loaded (vpmovzxwd and
+//   vpslld for bf16, vcvtph2ps for f16); the lanes are summed at the end (vhaddps on AVX2);
+// - each row's sums across the task's columns are rounded at once (cpu::from_f32).
+// bf16 on a Zen 3 (AVX2; a weight [n, k] by x [m, k]; best of 5 alternated runs, one thread / two): m 4,
+// k 128, n 256: 5.2 / 4.7 us against the tiles' 9.5 / 12.1; m 16, k 512, n 2048: 509 / 290 against 631 / 384;
+// m 16, k 128, n 256: 19.6 / 15.8 against 18.7 / 17.8. Beyond 16 rows the f32 GEMM's register blocking
+// pays for the tiles (m 32, k 128, n 384: 57 against 48 us on one thread): hence kDotRows = 16. f16, whose
+// composed layer also copied the weight transposed before: 2 to 4 times faster up to m 16.
 constexpr int64_t kDotRows = 16;
 #if defined(__AVX512F__)
 constexpr int kDotR = 4, kDotC = 4;  // 16 accumulators of the 32 registers
 #else
-constexpr int kDotR = 3, kDotC = 4;  // 12 accumulators, 3 rows of A and a column of B: AVX2's 16 registers
+constexpr int kDotR = 4, kDotC = 3;  // 12 accumulators and a column of B of AVX2's 16 registers
 #endif
 constexpr int kDotLanes = cpu::kLanes<float>;
 
@@ -210,14 +214,16 @@ inline cpu::Vec<float> widen_lanes(const Half* p) {
 #endif
 }
 
-// out[c] = the sum of acc[c]'s lanes, for a block's kDotC columns of one row.
+// out[c] += the sum of acc[c]'s lanes, for a block's kDotC columns of one row.
 inline void sum_lanes(const cpu::Vec<float>* acc, float* out) {
 #if defined(__AVX2__) && !defined(__AVX512F__)
-  if constexpr (kDotC == 4) {  // pairs added thrice across the four (vhaddps), then the two 128-bit halves
+  if constexpr (kDotC == 3) {  // pairs added thrice across the three (vhaddps), then the two 128-bit halves
     const __m256 h01 = _mm256_hadd_ps(__m256(acc[0]), __m256(acc[1]));
-    const __m256 h23 = _mm256_hadd_ps(__m256(acc[2]), __m256(acc[3]));
-    const __m256 h = _mm256_hadd_ps(h01, h23);  // in each half: acc[c]'s four lanes there summed, c < 4
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    const __m256 h22 = _mm256_hadd_ps(__m256(acc[2]), __m256(acc[2]));
+    const __m256 h = _mm256_hadd_ps(h01, h22);  // in each half: acc[c]'s four lanes there summed, c < 3
+    alignas(16) float sums[4];
+    _mm_store_ps(sums, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    for (int c = 0; c < 3; ++c) out[c] += sums[c];
     return;
   }
 #endif
@@ -226,62 +232,93 @@ inline void sum_lanes(const cpu::Vec<float>* acc, float* out) {
     std::memcpy(h, &acc[c], sizeof h);
     for (int w = kDotLanes / 2; w >= 1; w /= 2)
       for (int l = 0; l < w; ++l) h[l] += h[l + w];
-    out[c] = h[0];
+    out[c] += h[0];
   }
 }
 
-// The kDotR x kDotC block of C at rows a[], columns b[] (the rows of W), over k; a row or column past C's
-// edge repeats the last one, computed and not stored. acc[r][c] is the exact f32 sum in lanes.
+inline cpu::Vec<float> widen_lanes(const float* p) {
+  cpu::Vec<float> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// The kDotR x kDotC block of C at rows a[] (widened, zero past k up to a whole vector), columns b[] (the rows
+// of W), over k, added to out (rows out_row apart); a row or column past C's edge repeats the last one,
+// computed and not stored.
 template <typename T>
-void dot_block(const T* const* a, const T* const* b, int64_t k, float (&out)[kDotR][kDotC]) {
+void dot_block(const float* const* a, const T* const* b, int64_t k, float* out, int64_t out_row) {
   cpu::Vec<float> acc[kDotR][kDotC] = {};
-  auto step = [&](const T* const* ar, const T* const* bc, int64_t p) {
+  auto step = [&](const T* const* bc, int64_t p, int64_t q) {  // A's lanes at p, B's at q
     cpu::Vec<float> x[kDotR];
-    for (int r = 0; r < kDotR; ++r) x[r] = widen_lanes(ar[r] + p);
+    for (int r = 0; r < kDotR; ++r) x[r] = widen_lanes(a[r] + p);
     for (int c = 0; c < kDotC; ++c) {
-      const cpu::Vec<float> y = widen_lanes(bc[c] + p);
+      const cpu::Vec<float> y = widen_lanes(bc[c] + q);
       for (int r = 0; r < kDotR; ++r) acc[r][c] += x[r] * y;
     }
   };
   const int64_t full = k - k % kDotLanes;
-  for (int64_t p = 0; p < full; p += kDotLanes) step(a, b, p);
-  if (full < k) {  // the last k % kDotLanes, copied beside zeros (0 x 0 adds nothing)
-    T ta[kDotR][kDotLanes] = {}, tb[kDotC][kDotLanes] = {};
-    const T* pa[kDotR];
+  for (int64_t p = 0; p < full; p += kDotLanes) step(b, p, p);
+  if (full < k) {  // B's last k % kDotLanes copied beside zeros, against A's zeros
+    T tb[kDotC][kDotLanes] = {};
     const T* pb[kDotC];
-    for (int r = 0; r < kDotR; ++r) pa[r] = ta[r];
-    for (int c = 0; c < kDotC; ++c) pb[c] = tb[c];
-    for (int r = 0; r < kDotR; ++r) std::copy(a[r] + full, a[r] + k, ta[r]);
-    for (int c = 0; c < kDotC; ++c) std::copy(b[c] + full, b[c] + k, tb[c]);
-    step(pa, pb, 0);
+    for (int c = 0; c < kDotC; ++c) {
+      std::copy(b[c] + full, b[c] + k, tb[c]);
+      pb[c] = tb[c];
+    }
+    step(pb, full, 0);
   }
-  for (int r = 0; r < kDotR; ++r) sum_lanes(acc[r], out[r]);
+  for (int r = 0; r < kDotR; ++r) sum_lanes(acc[r], out + r * out_row);
 }
+
+// A task's columns and the stack it takes: A's rows widened (8 KiB) and their sums (<= 1 KiB).
+constexpr int64_t kDotK = 512;
+constexpr int64_t kDotGroup = 16;
+constexpr int64_t kSumsRow = kDotGroup * kDotC;  // a block of rows' sums: a row of the group's columns
 
 template <typename T>
 void gemm_dot(const GemmArgs& g) {
   const int64_t col_blocks = (g.n + kDotC - 1) / kDotC;
-  // A task is a block of columns for every row; enough of them to a thread to be worth a fork.
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(g.m * g.k * kDotC, 1));
-  parallel_for(0, g.batch * col_blocks, grain, [&](int64_t t0, int64_t t1) {
+  const int64_t groups = (col_blocks + kDotGroup - 1) / kDotGroup;
+  // Enough tasks to a thread to be worth a fork.
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(g.m * g.k * kDotC * kDotGroup, 1));
+  parallel_for(0, g.batch * groups, grain, [&](int64_t t0, int64_t t1) {
+    alignas(64) float widened[kDotR][kDotK];
+    const float* rows[kDotR];
+    for (int r = 0; r < kDotR; ++r) rows[r] = widened[r];
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / col_blocks, j0 = t % col_blocks * kDotC;
+      const int64_t b = t / groups, q0 = t % groups * kDotGroup;
+      const int64_t q1 = std::min(col_blocks, q0 + kDotGroup);
       const T* a = static_cast<const T*>(g.a) + b * g.a_batch;
       const T* bm = static_cast<const T*>(g.b) + b * g.b_batch;
       T* c = static_cast<T*>(g.c) + b * g.c_batch;
-      const T* cols[kDotC];
-      for (int q = 0; q < kDotC; ++q) cols[q] = bm + std::min(j0 + q, g.n - 1) * g.b_col;
       for (int64_t i0 = 0; i0 < g.m; i0 += kDotR) {
-        const T* rows[kDotR];
-        for (int r = 0; r < kDotR; ++r) rows[r] = a + std::min(i0 + r, g.m - 1) * g.a_row;
-        float sums[kDotR][kDotC];
-        dot_block(rows, cols, g.k, sums);
-        for (int r = 0; r < kDotR && i0 + r < g.m; ++r)
-          for (int q = 0; q < kDotC && j0 + q < g.n; ++q) {
-            T& out = c[(i0 + r) * g.c_row + j0 + q];
-            const float s = g.beta != 0 ? g.alpha * sums[r][q] + g.beta * float(out) : g.alpha * sums[r][q];
-            out = T(s);
+        float sums[kDotR][kSumsRow] = {};
+        for (int64_t p0 = 0; p0 < g.k; p0 += kDotK) {
+          const int64_t kc = std::min(kDotK, g.k - p0);
+          const int64_t padded = (kc + kDotLanes - 1) / kDotLanes * kDotLanes;
+          for (int r = 0; r < kDotR; ++r) {
+            cpu::to_f32(a + std::min(i0 + r, g.m - 1) * g.a_row + p0, widened[r], kc);
+            std::fill(widened[r] + kc, widened[r] + padded, 0.0f);
           }
+          for (int64_t q = q0; q < q1; ++q) {
+            const T* cols[kDotC];
+            for (int u = 0; u < kDotC; ++u) cols[u] = bm + std::min(q * kDotC + u, g.n - 1) * g.b_col + p0;
+            dot_block(rows, cols, kc, sums[0] + (q - q0) * kDotC, kSumsRow);
+          }
+        }
+        const int64_t j0 = q0 * kDotC, cols = std::min(q1 * kDotC, g.n) - j0;
+        for (int r = 0; r < kDotR && i0 + r < g.m; ++r) {  // each row's columns rounded at once
+          float* v = sums[r];
+          T* out = c + (i0 + r) * g.c_row + j0;
+          if (g.beta != 0) {
+            float old[kSumsRow];
+            cpu::to_f32(out, old, cols);
+            for (int64_t u = 0; u < cols; ++u) v[u] = g.alpha * v[u] + g.beta * old[u];
+          } else if (g.alpha != 1) {
+            for (int64_t u = 0; u < cols; ++u) v[u] *= g.alpha;
+          }
+          cpu::from_f32(v, out, cols);
+        }
       }
     }
   });

@@ -161,8 +161,10 @@ TEST(Matmul16, FewRowsAsDotProducts) {
   const Kernel kernels[] = {{DType::BF16, gemm_bf16_widened_cpu, "bf16 widened"},
                             {DType::F16, gemm_f16_widened_cpu, "f16 widened"},
                             {DType::F16, op_gemm.get(kCPU, DType::F16), "f16 registered"}};
+  // Past one task's columns (n 100), past the rows widened at once (k 600, 1030).
   const std::tuple<int64_t, int64_t, int64_t> sizes[] = {
-      {1, 1, 1}, {1, 5, 8}, {2, 4, 9}, {3, 7, 17}, {5, 9, 16}, {16, 33, 7}, {13, 4, 300}, {16, 64, 128}};
+      {1, 1, 1},   {1, 5, 8},    {2, 4, 9},     {3, 7, 17},    {5, 9, 16},
+      {16, 33, 7}, {13, 4, 300}, {16, 64, 128}, {5, 100, 600}, {16, 7, 1030}};
   for (const Kernel& kn : kernels)
     for (auto [m, n, k] : sizes)
       for (auto [alpha, beta] : {std::pair<float, float>{1, 0}, {-2, 0.25f}})
