@@ -77,10 +77,8 @@ void to_f32(const BFloat16* in, float* out, int64_t n) {
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(out + i, bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i))));
 #elif defined(FRUGAL_BF16_AVX2)
-  for (; i + 8 <= n; i += 8) {  // exact: a bf16's bits are its f32's upper half
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
-    _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-  }
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
 #endif
   to_f32_scalar(in + i, out + i, n - i);
 }

@@ -9,18 +9,28 @@
 
 #include "core/half.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define FRUGAL_BF16_SIMD 1
 #endif
 
 namespace frugal::cpu {
 
-#if FRUGAL_BF16_SIMD
-// 16 bf16 values to f32: exact, the bf16 bits are the f32's upper half.
+// 8 or 16 bf16 values to f32: exact, the bf16 bits are the f32's upper half (zero-extend, shift).
+#if defined(__AVX2__)
+inline __m256 bf16x8_to_f32(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+#if defined(__AVX512F__)
 inline __m512 bf16x16_to_f32(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+#endif
+
+#if FRUGAL_BF16_SIMD
 // The lanes of v that VCVTNEPS2BF16 would round unlike core/half.h: nonzero f32 subnormals, which it
 // flushes and the scalar conversion rounds. 0 < |bits| < the smallest normal, as |bits| - 1 < 0x7fffff
 // unsigned.

@@ -184,20 +184,21 @@ constexpr int kDotLanes = cpu::kLanes<float>;
 bool dot_form(const GemmArgs& g) { return g.m <= kDotRows && g.k > 0 && g.a_col == 1 && g.b_row == 1; }
 
 // kDotLanes 16-bit values at p, widened in a register (exactly: every 16-bit float is an f32).
-inline cpu::Vec<float> widen_lanes(const BFloat16* p) {
-  // A bf16's bits are its f32's upper half: zero-extend and shift (vpmovzxwd, vpslld).
-#if defined(__AVX512F__)
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return cpu::Vec<float>(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-#elif defined(__AVX2__)
-  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return cpu::Vec<float>(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-#else
+template <typename T>
+cpu::Vec<float> widen_lanes_portable(const T* p) {
   float f[kDotLanes];
   cpu::to_f32(p, f, kDotLanes);
   cpu::Vec<float> v;
   std::memcpy(&v, f, sizeof v);
   return v;
+}
+inline cpu::Vec<float> widen_lanes(const BFloat16* p) {
+#if defined(__AVX512F__)
+  return cpu::Vec<float>(cpu::bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#elif defined(__AVX2__)
+  return cpu::Vec<float>(cpu::bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  return widen_lanes_portable(p);
 #endif
 }
 inline cpu::Vec<float> widen_lanes(const Half* p) {
@@ -206,11 +207,7 @@ inline cpu::Vec<float> widen_lanes(const Half* p) {
 #elif defined(__F16C__) && defined(__AVX__)
   return cpu::Vec<float>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 #else
-  float f[kDotLanes];
-  cpu::to_f32(p, f, kDotLanes);
-  cpu::Vec<float> v;
-  std::memcpy(&v, f, sizeof v);
-  return v;
+  return widen_lanes_portable(p);
 #endif
 }
 
