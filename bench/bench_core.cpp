@@ -1,7 +1,7 @@
 // Core kernels: GEMM 1024^3 (workload W5) in f32 through the registered kernel (oneDNN) and Eigen's GEMM, and
-// in bf16 and f16 through theirs; an elementwise add, softmax and LayerNorm (forward and backward) over 16M
-// floats, beside a STREAM-like copy of as many (the bandwidth they are compared with). Each benchmark first
-// checks its result against a naive reference.
+// in bf16 and f16 through theirs; a layer's forward on a few rows in f32, bf16 and f16; an elementwise add,
+// softmax and LayerNorm (forward and backward) over 16M floats, beside a STREAM-like copy of as many (the
+// bandwidth they are compared with). Each benchmark first checks its result against a naive reference.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -75,6 +75,48 @@ BENCHMARK_CAPTURE(BM_Gemm16, f16, DType::F16)
     ->Arg(1024)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// A layer's forward on a few rows (Note [few rows of 16-bit floats], kernels/cpu/gemm.cpp): linear(x [m, k],
+// w [n, k]) in each dtype, f32 beside it as the peer of the same shape. The counter workspace_bytes is what
+// the arena held beyond the output while it ran.
+void BM_LinearFewRows(benchmark::State& state, DType t) {
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  const Tensor x = randn({m, k}).to(t), w = randn({n, k}).to(t);
+  InferenceMode im;
+  memory::reset_peak(kCPU);
+  const int64_t before = memory::stats(kCPU).allocated.current;
+  Tensor y = linear(x, w);
+  const int64_t workspace = memory::stats(kCPU).allocated.peak - before - y.nbytes();
+  const auto got = y.to_vector<double>(), xs = x.to_vector<double>(), ws = w.to_vector<double>();
+  const double rtol = t == DType::BF16 ? 1e-2 : t == DType::F16 ? 2e-3 : 1e-5;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, mag = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        s += xs[size_t(i * k + p)] * ws[size_t(j * k + p)];
+        mag += std::fabs(xs[size_t(i * k + p)] * ws[size_t(j * k + p)]);
+      }
+      if (std::fabs(s - got[size_t(i * n + j)]) > rtol * (1 + mag))
+        return state.SkipWithError("linear result differs from the reference");
+    }
+  for (auto _ : state) {
+    y = linear(x, w);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  state.counters["workspace_bytes"] = double(workspace);
+  state.counters["FLOP/s"] = benchmark::Counter(
+      2.0 * double(m * n * k), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+void few_rows_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({4, 128, 256})
+      ->Args({16, 128, 256})
+      ->Args({16, 512, 2048})
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+BENCHMARK_CAPTURE(BM_LinearFewRows, f32, DType::F32)->Apply(few_rows_shapes);
+BENCHMARK_CAPTURE(BM_LinearFewRows, bf16, DType::BF16)->Apply(few_rows_shapes);
+BENCHMARK_CAPTURE(BM_LinearFewRows, f16, DType::F16)->Apply(few_rows_shapes);
 
 void BM_GemmF32Eigen(benchmark::State& state) {
   const int64_t n = state.range(0);
