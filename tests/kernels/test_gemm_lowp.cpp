@@ -67,6 +67,23 @@ std::vector<double> reference_matmul(const Tensor& a, const Tensor& b) {
   return c64.to_vector<double>();
 }
 
+// C [m, n] = A [m, k] B for B given by its columns, b [n, k] (a layer's weight read as its transpose), all
+// contiguous.
+GemmArgs layer_gemm(const Tensor& a, const Tensor& b, Tensor& c) {
+  GemmArgs g;
+  g.m = a.size(0);
+  g.n = b.size(0);
+  g.k = a.size(1);
+  g.a = a.raw_data();
+  g.a_row = g.k;
+  g.b = b.raw_data();
+  g.b_row = 1;
+  g.b_col = g.k;
+  g.c = c.raw_data();
+  g.c_row = g.n;
+  return g;
+}
+
 std::string describe(DType t, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
   return std::string(dtype_name(t)) + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
          " k=" + std::to_string(k) + (ta ? " A^T" : "") + (tb ? " B^T" : "");
@@ -127,17 +144,7 @@ TEST(Matmul16, AlphaBetaOnEveryKernel) {
       for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{7, 5, 3}, {260, 70, 530}}) {
         const Tensor a = uniform({m, k}, -1, 1, kn.t, 51), b = uniform({n, k}, -1, 1, kn.t, 52);  // b as B^T
         Tensor c = uniform({m, n}, -1, 1, kn.t, 53);
-        GemmArgs g;
-        g.m = m;
-        g.n = n;
-        g.k = k;
-        g.a = a.raw_data();
-        g.a_row = k;
-        g.b = b.raw_data();
-        g.b_row = 1;
-        g.b_col = k;
-        g.c = c.raw_data();
-        g.c_row = n;
+        GemmArgs g = layer_gemm(a, b, c);
         g.alpha = alpha;
         g.beta = beta;
         const auto expected = reference_result(g, a, b, c);
@@ -174,23 +181,22 @@ TEST(Matmul16, FewRowsAsDotProducts) {
           const Tensor a = uniform({batch, m, a_row}, -1, 1, kn.t, seed);
           const Tensor b = uniform({batch, n, b_col}, -1, 1, kn.t, seed + 1);  // B^T's rows, padded
           Tensor c = uniform({batch, m, c_row}, -1, 1, kn.t, seed + 2);
-          GemmArgs g;
-          g.batch = batch;
-          g.m = m;
-          g.n = n;
-          g.k = k;
-          g.a = a.raw_data();
-          g.a_batch = m * a_row;
-          g.a_row = a_row;
-          g.b = b.raw_data();
-          g.b_batch = n * b_col;
-          g.b_row = 1;
-          g.b_col = b_col;
-          g.c = c.raw_data();
-          g.c_batch = m * c_row;
-          g.c_row = c_row;
-          g.alpha = alpha;
-          g.beta = beta;
+          const GemmArgs g{.batch = batch,
+                           .m = m,
+                           .n = n,
+                           .k = k,
+                           .a = a.raw_data(),
+                           .b = b.raw_data(),
+                           .c = c.raw_data(),
+                           .a_batch = m * a_row,
+                           .a_row = a_row,
+                           .b_batch = n * b_col,
+                           .b_row = 1,
+                           .b_col = b_col,
+                           .c_batch = m * c_row,
+                           .c_row = c_row,
+                           .alpha = alpha,
+                           .beta = beta};
           auto expected = reference_result(g, a, b, c);
           const auto before = c.to_vector<double>();
           kn.fn(g);
@@ -217,17 +223,7 @@ TEST(Matmul16, FewRowsTakeNoWorkspace) {
   for (DType t : {DType::BF16, DType::F16}) {
     const Tensor a = uniform({m, k}, -1, 1, t, 61), b = uniform({n, k}, -1, 1, t, 62);
     Tensor c = zeros({m, n}, t);
-    GemmArgs g;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.a = a.raw_data();
-    g.a_row = k;
-    g.b = b.raw_data();
-    g.b_row = 1;
-    g.b_col = k;
-    g.c = c.raw_data();
-    g.c_row = n;
+    const GemmArgs g = layer_gemm(a, b, c);
     memory::reset_peak(kCPU);
     const int64_t before = memory::stats(kCPU).allocated.current;
     (t == DType::BF16 ? gemm_bf16_widened_cpu : gemm_f16_widened_cpu)(g);
