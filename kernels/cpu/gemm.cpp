@@ -1,8 +1,8 @@
 // CPU GEMM. f32: oneDNN's dnnl_sgemm when built with it (DESIGN.md says why), Eigen's GEMM otherwise; f64:
 // Eigen. bf16: oneDNN's matmul primitive (AVX-512 BF16 dot products accumulated in f32, rounded once on
 // store). f16, and bf16 without oneDNN or in a layout oneDNN declines: tiles of A and B widened to f32 and
-// multiplied by the registered f32 GEMM, C rounded once; a few rows of A by the columns of a weight read in
-// place, as dot products widened in registers (Note [few rows of 16-bit floats]). The naive reference the
+// multiplied by the registered f32 GEMM, C rounded once; a few rows of A as dot products with B's columns, or
+// as sums of B's rows, widened in registers (Note [few rows of 16-bit floats]). The naive reference the
 // tests and benchmarks check against is kernels/cpu/reference.h.
 #include <Eigen/Core>
 
@@ -173,7 +173,15 @@ void gemm_widened_tile(const GemmArgs& g, GemmKernel* gemm_f32, const Tiles& til
 // m 16, k 128, n 256: 19.6 / 15.8 against 18.7 / 17.8. Beyond 16 rows the f32 GEMM's register blocking
 // pays for the tiles (m 32, k 128, n 384: 57 against 48 us on one thread): hence kDotRows = 16. f16, whose
 // composed layer also copied the weight transposed before: 2 to 4 times faster up to m 16.
+// B's rows contiguous instead (B [k, n] as it lies: a layer's d x = d y W, or matmul(x, w) of a matrix
+// w [k, n]), C's rows are sums of B's rows: kDotR rows x kPanel columns accumulate in registers, each step
+// an element of A's widened row, broadcast, times a row of B widened as it is loaded (rows_block); a last,
+// partial panel is widened beside zeros first. Up to 8 rows only (kSumRows): with 4 rows of C a block, B
+// is widened once per 4 rows, and at m 16 that lost to the tiles (one thread, bf16, k 2048, n 512: 690
+// against 540 us; k 512, n 2048: 688 against 572) while m 8 and 4 gained (376 against 418; 167 against
+// 278).
 constexpr int64_t kDotRows = 16;
+constexpr int64_t kSumRows = 8;  // B's rows contiguous (see the Note's last paragraph)
 #if defined(__AVX512F__)
 constexpr int kDotR = 4, kDotC = 4;  // 16 accumulators of the 32 registers
 #else
@@ -181,7 +189,11 @@ constexpr int kDotR = 4, kDotC = 3;  // 12 accumulators and a column of B of AVX
 #endif
 constexpr int kDotLanes = cpu::kLanes<float>;
 
-bool dot_form(const GemmArgs& g) { return g.m <= kDotRows && g.k > 0 && g.a_col == 1 && g.b_row == 1; }
+// A's rows contiguous along k, and B's columns (a weight read as its transpose: dot products) or its rows
+// (B [k, n] as it lies, dX = dY W: rows of C as sums of B's rows, Note [few rows of 16-bit floats]).
+bool few_rows(const GemmArgs& g) {
+  return g.k > 0 && g.a_col == 1 && ((g.b_row == 1 && g.m <= kDotRows) || (g.b_col == 1 && g.m <= kSumRows));
+}
 
 // kDotLanes 16-bit values at p, widened in a register (exactly: every 16-bit float is an f32).
 template <typename T>
@@ -267,24 +279,49 @@ void dot_block(const float* const* a, const T* const* b, int64_t k, float* out, 
   for (int r = 0; r < kDotR; ++r) sum_lanes(acc[r], out + r * out_row);
 }
 
-// A task's columns and the stack it takes: A's rows widened (8 KiB) and their sums (<= 1 KiB).
+// The other layout: B's rows contiguous along n. kDotR rows x kPanel columns of C at out (rows out_row
+// apart) += A's widened rows a[] times B's rows b + p ldb, p < k: each step one element of each row of A,
+// broadcast, times one row of B widened in registers; no sums across lanes.
+constexpr int64_t kPanel = 2 * kDotLanes;
+template <typename TB>
+void rows_block(const float* const* a, const TB* b, int64_t ldb, int64_t k, float* out, int64_t out_row) {
+  cpu::Vec<float> acc[kDotR][2] = {};
+  for (int64_t p = 0; p < k; ++p) {
+    const cpu::Vec<float> b0 = widen_lanes(b + p * ldb), b1 = widen_lanes(b + p * ldb + kDotLanes);
+    for (int r = 0; r < kDotR; ++r) {  // a scalar times a vector: broadcast from memory
+      const float x = a[r][p];
+      acc[r][0] += b0 * x;
+      acc[r][1] += b1 * x;
+    }
+  }
+  for (int r = 0; r < kDotR; ++r)
+    for (int h = 0; h < 2; ++h) {
+      float* o = out + r * out_row + h * kDotLanes;
+      const cpu::Vec<float> sum = widen_lanes(o) + acc[r][h];
+      std::memcpy(o, &sum, sizeof sum);
+    }
+}
+
+// A task's columns (kDotGroup blocks of columns, or as many panels of B's rows) and the stack it takes: A's
+// rows widened (8 KiB), their sums (<= 1 KiB) and a partial panel (32 KiB, 64 with AVX-512).
 constexpr int64_t kDotK = 512;
 constexpr int64_t kDotGroup = 16;
-constexpr int64_t kSumsRow = kDotGroup * kDotC;  // a block of rows' sums: a row of the group's columns
+constexpr int64_t kSumsRow = kDotGroup * kDotC;  // a block of rows' sums: a row of the task's columns
+static_assert(kSumsRow % kPanel == 0, "a task's columns are whole panels");
 
 template <typename T>
-void gemm_dot(const GemmArgs& g) {
-  const int64_t col_blocks = (g.n + kDotC - 1) / kDotC;
-  const int64_t groups = (col_blocks + kDotGroup - 1) / kDotGroup;
+void gemm_few_rows(const GemmArgs& g) {
+  const bool dot = g.b_row == 1;
+  const int64_t groups = (g.n + kSumsRow - 1) / kSumsRow;
   // Enough tasks to a thread to be worth a fork.
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(g.m * g.k * kDotC * kDotGroup, 1));
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(g.m * g.k * kSumsRow, 1));
   parallel_for(0, g.batch * groups, grain, [&](int64_t t0, int64_t t1) {
     alignas(64) float widened[kDotR][kDotK];
+    alignas(64) float panel[kDotK * kPanel];  // a last, partial panel of B's rows, widened beside zeros
     const float* rows[kDotR];
     for (int r = 0; r < kDotR; ++r) rows[r] = widened[r];
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / groups, q0 = t % groups * kDotGroup;
-      const int64_t q1 = std::min(col_blocks, q0 + kDotGroup);
+      const int64_t b = t / groups, j0 = t % groups * kSumsRow, cols = std::min(kSumsRow, g.n - j0);
       const T* a = static_cast<const T*>(g.a) + b * g.a_batch;
       const T* bm = static_cast<const T*>(g.b) + b * g.b_batch;
       T* c = static_cast<T*>(g.c) + b * g.c_batch;
@@ -297,13 +334,28 @@ void gemm_dot(const GemmArgs& g) {
             cpu::to_f32(a + std::min(i0 + r, g.m - 1) * g.a_row + p0, widened[r], kc);
             std::fill(widened[r] + kc, widened[r] + padded, 0.0f);
           }
-          for (int64_t q = q0; q < q1; ++q) {
-            const T* cols[kDotC];
-            for (int u = 0; u < kDotC; ++u) cols[u] = bm + std::min(q * kDotC + u, g.n - 1) * g.b_col + p0;
-            dot_block(rows, cols, kc, sums[0] + (q - q0) * kDotC, kSumsRow);
+          if (dot) {
+            for (int64_t u0 = 0; u0 < cols; u0 += kDotC) {
+              const T* col[kDotC];
+              for (int u = 0; u < kDotC; ++u) col[u] = bm + std::min(j0 + u0 + u, g.n - 1) * g.b_col + p0;
+              dot_block(rows, col, kc, sums[0] + u0, kSumsRow);
+            }
+            continue;
+          }
+          for (int64_t u0 = 0; u0 < cols; u0 += kPanel) {
+            const T* first = bm + p0 * g.b_row + j0 + u0;
+            const int64_t width = std::min(kPanel, cols - u0);
+            if (width == kPanel) {
+              rows_block(rows, first, g.b_row, kc, sums[0] + u0, kSumsRow);
+              continue;
+            }
+            for (int64_t p = 0; p < kc; ++p) {
+              cpu::to_f32(first + p * g.b_row, panel + p * kPanel, width);
+              std::fill(panel + p * kPanel + width, panel + (p + 1) * kPanel, 0.0f);
+            }
+            rows_block(rows, static_cast<const float*>(panel), kPanel, kc, sums[0] + u0, kSumsRow);
           }
         }
-        const int64_t j0 = q0 * kDotC, cols = std::min(q1 * kDotC, g.n) - j0;
         for (int r = 0; r < kDotR && i0 + r < g.m; ++r) {  // each row's columns rounded at once
           float* v = sums[r];
           T* out = c + (i0 + r) * g.c_row + j0;
@@ -332,7 +384,7 @@ int64_t widened_bytes(const GemmArgs& g) {
 template <typename T>
 void gemm_widened(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
-  if (dot_form(g)) return gemm_dot<T>(g);
+  if (few_rows(g)) return gemm_few_rows<T>(g);
   GemmKernel* gemm_f32 = op_gemm.get(kCPU, DType::F32);
   const int64_t tiles_m = (g.m + kTileM - 1) / kTileM, tiles_n = (g.n + kTileN - 1) / kTileN;
   const int64_t tasks = g.batch * tiles_m * tiles_n;
@@ -443,7 +495,7 @@ void gemm_bf16_onednn(const GemmArgs& g) {
 
 // The meta kernels (core/op_table.h): the working memory the 16-bit paths above take, on the meta device.
 void gemm_widened_meta(const GemmArgs& g) {
-  if (g.m == 0 || g.n == 0 || dot_form(g)) return;  // the dot products take no workspace
+  if (g.m == 0 || g.n == 0 || few_rows(g)) return;  // the dot products take no workspace
   const Tensor buf = cpu::meta_workspace(widened_bytes(g));
 }
 #ifdef FRUGAL_HAVE_ONEDNN

@@ -155,11 +155,12 @@ TEST(Matmul16, AlphaBetaOnEveryKernel) {
       }
 }
 
-// A layer's forward on a few rows (A's rows and B's columns contiguous along k): the dot products of Note
-// [few rows of 16-bit floats] on every widened kernel. Row and column counts across the register blocks'
-// edges, k across a vector's lanes (and the copied tail), padded rows and columns (strides beyond k), alpha
-// and beta, and batches whose entries start apart.
-TEST(Matmul16, FewRowsAsDotProducts) {
+// A few rows of A by B in both layouts of Note [few rows of 16-bit floats], on every widened kernel: B's
+// columns contiguous (a layer's weight read as its transpose: dot products) and B's rows contiguous (B [k, n]
+// as it lies: rows of C as sums of B's rows). Row and column counts across the register blocks' and panels'
+// edges, k across a vector's lanes (and the copied tail), padded rows and columns (strides beyond k or n),
+// alpha and beta, and batches whose entries start apart.
+TEST(Matmul16, FewRowsInBothLayouts) {
   struct Kernel {
     DType t;
     GemmKernel* fn;
@@ -168,56 +169,59 @@ TEST(Matmul16, FewRowsAsDotProducts) {
   const Kernel kernels[] = {{DType::BF16, gemm_bf16_widened_cpu, "bf16 widened"},
                             {DType::F16, gemm_f16_widened_cpu, "f16 widened"},
                             {DType::F16, op_gemm.get(kCPU, DType::F16), "f16 registered"}};
-  // Past one task's columns (n 100), past the rows widened at once (k 600, 1030).
+  // Past one task's columns (n 100), past the rows widened at once (k 600, 1030), whole and partial panels.
   const std::tuple<int64_t, int64_t, int64_t> sizes[] = {
-      {1, 1, 1},   {1, 5, 8},    {2, 4, 9},     {3, 7, 17},    {5, 9, 16},
-      {16, 33, 7}, {13, 4, 300}, {16, 64, 128}, {5, 100, 600}, {16, 7, 1030}};
+      {1, 1, 1},    {1, 5, 8},     {2, 4, 9},     {3, 7, 17},    {5, 9, 16},  {16, 33, 7},
+      {13, 4, 300}, {16, 64, 128}, {5, 100, 600}, {16, 7, 1030}, {6, 48, 20}, {9, 97, 33}};
   for (const Kernel& kn : kernels)
     for (auto [m, n, k] : sizes)
       for (auto [alpha, beta] : {std::pair<float, float>{1, 0}, {-2, 0.25f}})
-        for (int64_t pad : {0, 3}) {
-          const int64_t batch = pad ? 2 : 1, a_row = k + pad, b_col = k + pad, c_row = n + pad;
-          const uint64_t seed = uint64_t(m * 7 + n * 11 + k * 13 + pad);
-          const Tensor a = uniform({batch, m, a_row}, -1, 1, kn.t, seed);
-          const Tensor b = uniform({batch, n, b_col}, -1, 1, kn.t, seed + 1);  // B^T's rows, padded
-          Tensor c = uniform({batch, m, c_row}, -1, 1, kn.t, seed + 2);
-          const GemmArgs g{.batch = batch,
-                           .m = m,
-                           .n = n,
-                           .k = k,
-                           .a = a.raw_data(),
-                           .b = b.raw_data(),
-                           .c = c.raw_data(),
-                           .a_batch = m * a_row,
-                           .a_row = a_row,
-                           .b_batch = n * b_col,
-                           .b_row = 1,
-                           .b_col = b_col,
-                           .c_batch = m * c_row,
-                           .c_row = c_row,
-                           .alpha = alpha,
-                           .beta = beta};
-          auto expected = reference_result(g, a, b, c);
-          const auto before = c.to_vector<double>();
-          kn.fn(g);
-          const std::string what = std::string(kn.name) + " m=" + std::to_string(m) +
-                                   " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-                                   " pad=" + std::to_string(pad) + " alpha=" + std::to_string(alpha);
-          // The padding columns of C are left as they were; the reference computes them as well.
-          const auto got = c.to_vector<double>();
-          for (int64_t e = 0; e < batch * m; ++e)
-            for (int64_t j = n; j < c_row; ++j) {
-              ASSERT_EQ(got[size_t(e * c_row + j)], before[size_t(e * c_row + j)])
-                  << what << " wrote padding";
-              expected[size_t(e * c_row + j)] = before[size_t(e * c_row + j)];
-            }
-          expect_close(c, expected, once_rounded(kn.t, k), what);
-        }
+        for (int64_t pad : {0, 3})
+          for (bool columns : {true, false}) {
+            const int64_t batch = pad ? 2 : 1, a_row = k + pad, c_row = n + pad;
+            const int64_t b_lead = (columns ? k : n) + pad;  // b's rows: B's columns, or B's rows
+            const uint64_t seed = uint64_t(m * 7 + n * 11 + k * 13 + pad);
+            const Tensor a = uniform({batch, m, a_row}, -1, 1, kn.t, seed);
+            const Tensor b = uniform({batch, columns ? n : k, b_lead}, -1, 1, kn.t, seed + 1);
+            Tensor c = uniform({batch, m, c_row}, -1, 1, kn.t, seed + 2);
+            const GemmArgs g{.batch = batch,
+                             .m = m,
+                             .n = n,
+                             .k = k,
+                             .a = a.raw_data(),
+                             .b = b.raw_data(),
+                             .c = c.raw_data(),
+                             .a_batch = m * a_row,
+                             .a_row = a_row,
+                             .b_batch = (columns ? n : k) * b_lead,
+                             .b_row = columns ? 1 : b_lead,
+                             .b_col = columns ? b_lead : 1,
+                             .c_batch = m * c_row,
+                             .c_row = c_row,
+                             .alpha = alpha,
+                             .beta = beta};
+            auto expected = reference_result(g, a, b, c);
+            const auto before = c.to_vector<double>();
+            kn.fn(g);
+            const std::string what = std::string(kn.name) + " m=" + std::to_string(m) +
+                                     " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                                     " pad=" + std::to_string(pad) + " alpha=" + std::to_string(alpha) +
+                                     (columns ? " B's columns" : " B's rows");
+            // The padding columns of C are left as they were; the reference computes them as well.
+            const auto got = c.to_vector<double>();
+            for (int64_t e = 0; e < batch * m; ++e)
+              for (int64_t j = n; j < c_row; ++j) {
+                ASSERT_EQ(got[size_t(e * c_row + j)], before[size_t(e * c_row + j)])
+                    << what << " wrote padding";
+                expected[size_t(e * c_row + j)] = before[size_t(e * c_row + j)];
+              }
+            expect_close(c, expected, once_rounded(kn.t, k), what);
+          }
 }
 
-// Those dot products take no memory beside C: a 16-bit layer's forward on a few rows needs no more than its
-// output, where the f32 tiles took about the f32 weight's bytes (and f16's composed layer first copied the
-// weight transposed), and the dry run says so as well.
+// A few rows take no memory beside C: a 16-bit layer's forward on a few rows needs no more than its output,
+// where the f32 tiles took about the f32 weight's bytes (and f16's composed layer first copied the weight
+// transposed), and the dry run says so as well; so does the other layout of B.
 TEST(Matmul16, FewRowsTakeNoWorkspace) {
   const int64_t m = 16, k = 128, n = 256;
   for (DType t : {DType::BF16, DType::F16}) {
@@ -226,8 +230,27 @@ TEST(Matmul16, FewRowsTakeNoWorkspace) {
     const GemmArgs g = layer_gemm(a, b, c);
     memory::reset_peak(kCPU);
     const int64_t before = memory::stats(kCPU).allocated.current;
-    (t == DType::BF16 ? gemm_bf16_widened_cpu : gemm_f16_widened_cpu)(g);
+    GemmKernel* widened = t == DType::BF16 ? gemm_bf16_widened_cpu : gemm_f16_widened_cpu;
+    widened(g);
     EXPECT_EQ(memory::stats(kCPU).allocated.peak, before) << dtype_name(t);
+    // B's rows contiguous (B [k, n] as it lies, as d x = d y W), on 8 rows.
+    const Tensor rows = uniform({8, k}, -1, 1, t, 66), bk = uniform({k, n}, -1, 1, t, 67);
+    Tensor c8 = zeros({8, n}, t);
+    const GemmArgs g8{.m = 8,
+                      .n = n,
+                      .k = k,
+                      .a = rows.raw_data(),
+                      .b = bk.raw_data(),
+                      .c = c8.raw_data(),
+                      .a_row = k,
+                      .b_row = n,
+                      .c_row = n};
+    memory::reset_peak(kCPU);
+    const int64_t before8 = memory::stats(kCPU).allocated.current;
+    widened(g8);
+    EXPECT_EQ(memory::stats(kCPU).allocated.peak, before8) << dtype_name(t) << ", B's rows";
+    expect_close(c8, reference_matmul(rows, bk), once_rounded(t, k),
+                 std::string(dtype_name(t)) + ", B's rows");
   }
   const Tensor x = uniform({m, k}, -1, 1, DType::F16, 63), w = uniform({n, k}, -1, 1, DType::F16, 64);
   const Tensor bias = uniform({n}, -1, 1, DType::F16, 65);
