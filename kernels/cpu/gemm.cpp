@@ -154,7 +154,7 @@ void gemm_widened_tile(const GemmArgs& g, GemmKernel* gemm_f32, const Tiles& til
   }
 }
 
-// ---- a few rows of 16-bit floats as dot products ----------------------------------------------------
+// ---- a few rows of 16-bit floats, in registers -------------------------------------------------------
 
 // Note [few rows of 16-bit floats]: a layer's forward on a small batch, C = A B with A [m, k] holding a few
 // rows and B = W^T read in place (W's rows are B's columns, each contiguous along k), is mostly B. Widened
@@ -495,7 +495,7 @@ void gemm_bf16_onednn(const GemmArgs& g) {
 
 // The meta kernels (core/op_table.h): the working memory the 16-bit paths above take, on the meta device.
 void gemm_widened_meta(const GemmArgs& g) {
-  if (g.m == 0 || g.n == 0 || few_rows(g)) return;  // the dot products take no workspace
+  if (g.m == 0 || g.n == 0 || few_rows(g)) return;  // a few rows take no workspace
   const Tensor buf = cpu::meta_workspace(widened_bytes(g));
 }
 #ifdef FRUGAL_HAVE_ONEDNN
