@@ -177,10 +177,9 @@ void gemm_widened_tile(const GemmArgs& g, GemmKernel* gemm_f32, const Tiles& til
 // w [k, n]), C's rows are sums of B's rows: kDotR rows x kPanel columns accumulate in registers, each step
 // an element of A's widened row, broadcast, times a row of B widened as it is loaded (rows_block); a last,
 // partial panel is widened beside zeros first. Up to 8 rows only (kSumRows): with 4 rows of C a block, B
-// is widened once per 4 rows, and at m 16 that lost to the tiles (one thread, bf16, k 2048, n 512: 690
-// against 540 us, on a host busy on its other core), while on a quiet host, best of 5, one thread / two:
-// m 4, k 2048, n 512: 165 / 102 us against the tiles' 246 / 146; m 8: 344 / 198 against 368 / 221; m 8,
-// k 512, n 2048: 338 / 208 against 398 / 236.
+// is widened once per 4 rows. bf16, best of 5 alternated runs, one thread / two: m 4, k 2048, n 512: 165 /
+// 102 us against the tiles' 246 / 146; m 8: 344 / 198 against 368 / 221; m 8, k 512, n 2048: 338 / 208
+// against 398 / 236; but m 16: 674 / 398 against 545 / 365.
 constexpr int64_t kDotRows = 16;
 constexpr int64_t kSumRows = 8;  // B's rows contiguous (see the Note's last paragraph)
 #if defined(__AVX512F__)
