@@ -117,6 +117,17 @@ void widen_block(const T* src, int64_t rows, int64_t cols, int64_t rs, int64_t c
   }
 }
 
+// out[j] = alpha acc[j] (+ beta out[j]), j < n: a row of C from its f32 sums, rounded once (acc is
+// overwritten).
+template <typename T>
+void store_row(const GemmArgs& g, float* acc, T* out, int64_t n) {
+  if (g.beta != 0)
+    for (int64_t j = 0; j < n; ++j) acc[j] = g.alpha * acc[j] + g.beta * float(out[j]);
+  else if (g.alpha != 1)
+    for (int64_t j = 0; j < n; ++j) acc[j] *= g.alpha;
+  cpu::from_f32(acc, out, n);
+}
+
 // C's tile (i0, j0) of batch b: the f32 products summed over K tiles in `tile`, then rounded once.
 template <typename T>
 void gemm_widened_tile(const GemmArgs& g, GemmKernel* gemm_f32, const Tiles& tiles, int64_t b, int64_t i0,
@@ -143,15 +154,7 @@ void gemm_widened_tile(const GemmArgs& g, GemmKernel* gemm_f32, const Tiles& til
     f.beta = p0 == 0 ? 0 : 1;
     gemm_f32(f);
   }
-  for (int64_t i = 0; i < mb; ++i) {
-    float* acc = tc + i * nb;
-    T* out = c + i * g.c_row;
-    if (g.beta != 0)
-      for (int64_t j = 0; j < nb; ++j) acc[j] = g.alpha * acc[j] + g.beta * float(out[j]);
-    else if (g.alpha != 1)
-      for (int64_t j = 0; j < nb; ++j) acc[j] *= g.alpha;
-    cpu::from_f32(acc, out, nb);
-  }
+  for (int64_t i = 0; i < mb; ++i) store_row(g, tc + i * nb, c + i * g.c_row, nb);
 }
 
 // ---- a few rows of 16-bit floats, in registers -------------------------------------------------------
@@ -245,6 +248,7 @@ inline void sum_lanes(const cpu::Vec<float>* acc, float* out) {
   }
 }
 
+// The f32 overload, a plain load: the blocks below read widened rows, f32 panels and their sums with it.
 inline cpu::Vec<float> widen_lanes(const float* p) {
   cpu::Vec<float> v;
   std::memcpy(&v, p, sizeof v);
@@ -356,18 +360,8 @@ void gemm_few_rows(const GemmArgs& g) {
             rows_block(rows, static_cast<const float*>(panel), kPanel, kc, sums[0] + u0, kSumsRow);
           }
         }
-        for (int r = 0; r < kDotR && i0 + r < g.m; ++r) {  // each row's columns rounded at once
-          float* v = sums[r];
-          T* out = c + (i0 + r) * g.c_row + j0;
-          if (g.beta != 0) {
-            float old[kSumsRow];
-            cpu::to_f32(out, old, cols);
-            for (int64_t u = 0; u < cols; ++u) v[u] = g.alpha * v[u] + g.beta * old[u];
-          } else if (g.alpha != 1) {
-            for (int64_t u = 0; u < cols; ++u) v[u] *= g.alpha;
-          }
-          cpu::from_f32(v, out, cols);
-        }
+        for (int r = 0; r < kDotR && i0 + r < g.m; ++r)  // each row's columns rounded at once
+          store_row(g, sums[r], c + (i0 + r) * g.c_row + j0, cols);
       }
     }
   });
