@@ -1,6 +1,7 @@
 // The 16-bit GEMMs (bf16 through oneDNN's matmul, f16 and the bf16 fallback through widened f32 tiles)
 // against the naive f64 GEMM: odd sizes across tile edges, transposed operands, batches through ops::matmul,
-// alpha and beta, a layout oneDNN declines, non-finite values, and matmul's gradients in bf16.
+// alpha and beta, a layout oneDNN declines, non-finite values, and matmul's gradients in bf16; a few rows in
+// registers (both layouts of B) and the workspace they do not take.
 #include <cmath>
 
 #include "core/estimate.h"
