@@ -62,8 +62,9 @@ AdamStepArgs adam_args(Slot& s) {
   a.bias_correction2_sqrt = std::sqrt(1 - 0.999);
   return a;
 }
-Adam8bitStepArgs adam8bit_args(Slot& s) {
+Adam8bitStepArgs adam8bit_args(Slot& s, bool float8) {
   Adam8bitStepArgs a;
+  a.float8 = float8;
   a.param = s.param.raw_data();
   a.grad = s.grad.raw_data();
   a.exp_avg_codes = static_cast<uint8_t*>(s.codes1.raw_data());
@@ -84,12 +85,12 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 }
 
 // Three steps of the 8-bit kernel and of the reference from the same buffers: equal bit for bit.
-bool check_8bit() {
+bool check_8bit(bool float8) {
   std::vector<Slot> fast = slots(), naive = slots();
   for (int step = 0; step < 3; ++step)
     for (size_t k = 0; k < fast.size(); ++k) {
-      op_adam8bit_step.get(kCPU, DType::F32)(adam8bit_args(fast[k]));
-      adam8bit_step_reference_cpu(DType::F32, adam8bit_args(naive[k]));
+      op_adam8bit_step.get(kCPU, DType::F32)(adam8bit_args(fast[k], float8));
+      adam8bit_step_reference_cpu(DType::F32, adam8bit_args(naive[k], float8));
     }
   for (size_t k = 0; k < fast.size(); ++k)
     if (!same_bytes(fast[k].param, naive[k].param) || !same_bytes(fast[k].codes1, naive[k].codes1) ||
@@ -136,37 +137,49 @@ void BM_AdamKernelF32_W3(benchmark::State& state) {
 }
 BENCHMARK(BM_AdamKernelF32_W3)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
-void BM_Adam8bitKernel_W3(benchmark::State& state) {
-  if (!check_8bit()) return state.SkipWithError("op_adam8bit_step disagrees with the naive reference");
+// The dynamic code (BM_Adam8bitKernel_W3) and the float8 codes (BM_Adam8bitFloat8Kernel_W3).
+template <bool kFloat8>
+void adam8bit_kernel(benchmark::State& state) {
+  if (!check_8bit(kFloat8)) return state.SkipWithError("op_adam8bit_step disagrees with the naive reference");
   std::vector<Slot> s = slots();
   std::vector<Adam8bitStepArgs> args;
   int64_t n = 0, blocks = 0;
   for (Slot& slot : s)
-    args.push_back(adam8bit_args(slot)), n += slot.param.numel(), blocks += slot.absmax1.numel();
+    args.push_back(adam8bit_args(slot, kFloat8)), n += slot.param.numel(), blocks += slot.absmax1.numel();
   for (auto _ : state)
     for (const Adam8bitStepArgs& a : args) op_adam8bit_step.get(kCPU, DType::F32)(a);
   set_counters(state, n, double(n) * 16 + double(blocks) * 16);
 }
+void BM_Adam8bitKernel_W3(benchmark::State& state) { adam8bit_kernel<false>(state); }
+void BM_Adam8bitFloat8Kernel_W3(benchmark::State& state) { adam8bit_kernel<true>(state); }
 BENCHMARK(BM_Adam8bitKernel_W3)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_Adam8bitFloat8Kernel_W3)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // The optimizers' whole steps over the same parameters (their loops, checks and small tensors included).
 template <typename Opt, typename Options>
-void optimizer_step(benchmark::State& state) {
-  if (!check_8bit() || !check_adam()) return state.SkipWithError("a kernel disagrees with its reference");
+void optimizer_step(benchmark::State& state, const Options& options) {
+  if (!check_8bit(false) || !check_8bit(true) || !check_adam())
+    return state.SkipWithError("a kernel disagrees with its reference");
   std::vector<Tensor> params = w3_parameters();
-  Opt opt(params, Options(1e-3));
+  Opt opt(params, options);
   int64_t n = 0;
   for (const Tensor& p : params) n += p.numel();
   for (auto _ : state) opt.step();
   state.counters["elements"] = double(n);
   state.counters["state_bytes"] = double(opt.num_state_bytes());
 }
-void BM_AdamWStep_W3(benchmark::State& state) { optimizer_step<optim::AdamW, optim::AdamWOptions>(state); }
+void BM_AdamWStep_W3(benchmark::State& state) {
+  optimizer_step<optim::AdamW>(state, optim::AdamWOptions(1e-3));
+}
 void BM_AdamW8bitStep_W3(benchmark::State& state) {
-  optimizer_step<optim::AdamW8bit, optim::AdamW8bitOptions>(state);
+  optimizer_step<optim::AdamW8bit>(state, optim::AdamW8bitOptions(1e-3));
+}
+void BM_AdamW8bitFloat8Step_W3(benchmark::State& state) {
+  optimizer_step<optim::AdamW8bit>(state, optim::AdamW8bitOptions(1e-3).code(optim::Adam8bitCode::Float8));
 }
 BENCHMARK(BM_AdamWStep_W3)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_AdamW8bitStep_W3)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_AdamW8bitFloat8Step_W3)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

@@ -39,11 +39,10 @@ struct AdamStepArgs {
 using AdamStepKernel = void(const AdamStepArgs& args);
 extern OpTable<AdamStepKernel> op_adam_step;
 
-// Adam/AdamW with 8-bit moments (optim/adam8bit.h): exp_avg as codes of the signed dynamic code, exp_avg_sq
-// of the unsigned one (kernels/dynamic_code.h), each with one f32 scale (the block's largest |value|) per
-// block of block_size elements; the last block may be shorter. Per block: dequantise, the Adam/AdamW update
-// in the compute type from the new f32 moments, the new scales, requantise. Keyed by the parameter's dtype;
-// the gradient has that dtype.
+// Adam/AdamW with 8-bit moments (optim/adam8bit.h): exp_avg and exp_avg_sq as 8-bit codes, each with one
+// f32 scale (the block's largest |value|) per block of block_size elements; the last block may be shorter.
+// Per block: dequantise, the Adam/AdamW update in the compute type from the new f32 moments, the new scales,
+// requantise. Keyed by the parameter's dtype; the gradient has that dtype.
 struct Adam8bitStepArgs {
   void* param = nullptr;                // [n]
   const void* grad = nullptr;           // [n]
@@ -57,6 +56,10 @@ struct Adam8bitStepArgs {
   double step_size = 0;                 // lr / (1 - beta1^step)
   double bias_correction2_sqrt = 1;     // sqrt(1 - beta2^step)
   bool decoupled_weight_decay = false;  // AdamW
+  // The codes: bitsandbytes' dynamic code, signed for exp_avg and unsigned for exp_avg_sq
+  // (kernels/dynamic_code.h), or with float8 E4M3 for exp_avg and E4M4 for exp_avg_sq's square root, whose
+  // scales exp_avg_sq_codes and exp_avg_sq_absmax then hold (kernels/float8_code.h).
+  bool float8 = false;
 };
 // The largest block: the kernels keep a block's new moments on the stack (CPU) or in registers (CUDA).
 inline constexpr int64_t kAdam8bitMaxBlock = 4096;

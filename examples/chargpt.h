@@ -31,7 +31,7 @@ struct Options {
   bool selective_recompute = false;  // each block a segment that keeps its GEMMs' results
   int64_t selective_blocks = 0;      // or only the next this many after recompute_blocks (memory::plan's)
   bool sparse_embeddings = false;    // SparseAdam for the token embedding, the optimizer below for the rest
-  std::string optimizer = "adamw";   // for the dense parameters: adamw, adafactor or adamw8bit
+  std::string optimizer = "adamw";   // dense parameters: adamw, adafactor, adamw8bit, adamw8bit-float8
   // Mixed precision: autocast to this dtype around the forward and the loss, and for f16 a loss scaler.
   std::optional<DType> autocast;
   double clip = 0;                // clip the dense gradients' norm to this (0: off)
@@ -114,8 +114,12 @@ class Trainer {
       optimizer = std::make_unique<optim::Adafactor>(dense, optim::AdafactorOptions(opts.lr));
     else if (opts.optimizer == "adamw8bit")
       optimizer = std::make_unique<optim::AdamW8bit>(dense, optim::AdamW8bitOptions(opts.lr));
+    else if (opts.optimizer == "adamw8bit-float8")
+      optimizer = std::make_unique<optim::AdamW8bit>(
+          dense, optim::AdamW8bitOptions(opts.lr).code(optim::Adam8bitCode::Float8));
     else
-      throw Error("unknown optimizer '" + opts.optimizer + "'; valid: adamw, adafactor, adamw8bit");
+      throw Error("unknown optimizer '" + opts.optimizer +
+                  "'; valid: adamw, adafactor, adamw8bit, adamw8bit-float8");
     schedules_.push_back(std::make_unique<optim::CosineAnnealingLR>(*optimizer, opts.steps, opts.lr * 0.1));
     if (!sparse.empty()) {
       sparse_adam = std::make_unique<optim::SparseAdam>(sparse, optim::SparseAdamOptions(opts.lr));

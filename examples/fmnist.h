@@ -56,7 +56,14 @@ inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& kind,
   if (kind == "adafactor") return std::make_unique<optim::Adafactor>(params, optim::AdafactorOptions(lr));
   if (kind == "adam8bit") return std::make_unique<optim::Adam8bit>(params, optim::Adam8bitOptions(lr));
   if (kind == "adamw8bit") return std::make_unique<optim::AdamW8bit>(params, optim::AdamW8bitOptions(lr));
-  throw Error("unknown optimizer '" + kind + "'; valid: sgd, adam, adamw, adafactor, adam8bit, adamw8bit");
+  constexpr auto float8 = optim::Adam8bitCode::Float8;
+  if (kind == "adam8bit-float8")
+    return std::make_unique<optim::Adam8bit>(params, optim::Adam8bitOptions(lr).code(float8));
+  if (kind == "adamw8bit-float8")
+    return std::make_unique<optim::AdamW8bit>(params, optim::AdamW8bitOptions(lr).code(float8));
+  throw Error(
+      "unknown optimizer '" + kind +
+      "'; valid: sgd, adam, adamw, adafactor, adam8bit, adamw8bit, adam8bit-float8, adamw8bit-float8");
 }
 
 // Mixed precision of a run (--amp): autocast to `autocast` around the forward and the loss (none: f32), and

@@ -54,10 +54,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Validator(examples::integer_in(1, 1000000000), "[1, 10^9]"));
   app.add_option("--lr", o.lr, "learning rate (finite, > 0; Adafactor's largest relative step)")
       ->check(finite_positive);
-  app.add_option("--optimizer", o.optimizer,
-                 "adamw, adafactor (factored second moment: O(rows + columns) state a matrix), or adamw8bit "
-                 "(both moments in 8 bits: about 2 bytes of state a parameter)")
-      ->check(CLI::IsMember({"adamw", "adafactor", "adamw8bit"}));
+  app.add_option(
+         "--optimizer", o.optimizer,
+         "adamw, adafactor (factored second moment: O(rows + columns) state a matrix), adamw8bit "
+         "(both moments in 8 bits: about 2 bytes of state a parameter), or adamw8bit-float8 (the same "
+         "in the float8 codes: a faster update)")
+      ->check(CLI::IsMember({"adamw", "adafactor", "adamw8bit", "adamw8bit-float8"}));
   app.add_option("--accum", o.accum, "micro-batches per step (gradient accumulation)")->check(positive);
   CLI::Option* whole = app.add_flag("--recompute", o.recompute,
                                     "run each block as a recompute segment (less activation memory)");

@@ -76,8 +76,10 @@ int main(int argc, char** argv) {
   app.add_option(
          "--optimizer", optimizer,
          "sgd (momentum 0.9), adam, adamw, adafactor (factored second moment; --lr is its largest "
-         "step), or adam8bit / adamw8bit (both moments in 8 bits: about 2 bytes of state a parameter)")
-      ->check(CLI::IsMember({"sgd", "adam", "adamw", "adafactor", "adam8bit", "adamw8bit"}));
+         "step), adam8bit / adamw8bit (both moments in 8 bits: about 2 bytes of state a parameter), or "
+         "adam8bit-float8 / adamw8bit-float8 (the same in the float8 codes: a faster update)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw", "adafactor", "adam8bit", "adamw8bit", "adam8bit-float8",
+                             "adamw8bit-float8"}));
   app.add_option("--schedule", schedule, "learning rate over the run: cosine (decays to 0 per step) or none")
       ->check(CLI::IsMember({"cosine", "none"}));
   app.add_option("--accum", accum, "micro-batches per step (gradient accumulation; it divides --batch)")

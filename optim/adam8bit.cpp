@@ -46,15 +46,22 @@ bool quantised(const O& o, const Tensor& param) {
   return param.numel() >= o.min_8bit_size();
 }
 
+// The state's names: the codes' name the code (Note [choosing the code]).
 template <typename O>
 std::vector<std::string> names_of(const O& o, const Tensor& param) {
-  if (quantised(o, param))
-    return {"exp_avg_codes", "exp_avg_absmax", "exp_avg_sq_codes", "exp_avg_sq_absmax"};
-  return {"exp_avg", "exp_avg_sq"};
+  if (!quantised(o, param)) return {"exp_avg", "exp_avg_sq"};
+  if (o.code() == Adam8bitCode::Float8)
+    return {"exp_avg_e4m3", "exp_avg_absmax", "exp_avg_sq_root_e4m4", "exp_avg_sq_root_absmax"};
+  return {"exp_avg_codes", "exp_avg_absmax", "exp_avg_sq_codes", "exp_avg_sq_absmax"};
 }
 
-bool is_absmax(const std::string& name) { return name == "exp_avg_absmax" || name == "exp_avg_sq_absmax"; }
-bool is_codes(const std::string& name) { return name == "exp_avg_codes" || name == "exp_avg_sq_codes"; }
+bool is_absmax(const std::string& name) {
+  return name == "exp_avg_absmax" || name == "exp_avg_sq_absmax" || name == "exp_avg_sq_root_absmax";
+}
+bool is_codes(const std::string& name) {
+  return name == "exp_avg_codes" || name == "exp_avg_sq_codes" || name == "exp_avg_e4m3" ||
+         name == "exp_avg_sq_root_e4m4";
+}
 
 template <typename O>
 Shape shape_of(const O& o, const std::string& name, const Tensor& param) {
@@ -92,10 +99,12 @@ void adam8bit_update(const O& o, bool decoupled, Tensor& param, const Tensor& gr
   Adam8bitStepArgs a;
   a.param = param.raw_data();
   a.grad = grad.raw_data();
-  a.exp_avg_codes = static_cast<uint8_t*>(state("exp_avg_codes"));
+  const bool float8 = o.code() == Adam8bitCode::Float8;
+  a.exp_avg_codes = static_cast<uint8_t*>(state(float8 ? "exp_avg_e4m3" : "exp_avg_codes"));
   a.exp_avg_absmax = static_cast<float*>(state("exp_avg_absmax"));
-  a.exp_avg_sq_codes = static_cast<uint8_t*>(state("exp_avg_sq_codes"));
-  a.exp_avg_sq_absmax = static_cast<float*>(state("exp_avg_sq_absmax"));
+  a.exp_avg_sq_codes = static_cast<uint8_t*>(state(float8 ? "exp_avg_sq_root_e4m4" : "exp_avg_sq_codes"));
+  a.exp_avg_sq_absmax = static_cast<float*>(state(float8 ? "exp_avg_sq_root_absmax" : "exp_avg_sq_absmax"));
+  a.float8 = float8;
   a.n = param.numel();
   a.block_size = o.block_size();
   a.lr = o.lr();

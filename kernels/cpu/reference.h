@@ -158,4 +158,12 @@ uint8_t dynamic_code_quantize_cpu(bool is_signed, float q);
 uint8_t dynamic_code_quantize_reference(bool is_signed, float q);
 // codes[i] = the code of q[i], i < n, by the CPU kernel's block quantiser (with AVX2, 32 at a time).
 void dynamic_code_quantize_block_cpu(bool is_signed, const float* q, uint8_t* codes, int64_t n);
+// The float8 codes (kernels/float8_code.h) from their definition: a code's value, and a value's code by a
+// scan of every code for the nearest.
+double float8_code_decode_reference(bool is_signed, uint8_t code);
+uint8_t float8_code_encode_reference(bool is_signed, float q);
+// codes1[i] = float8_code::encode_signed(m[i]), codes2[i] = encode_unsigned(root[i]), i < n, by the CPU
+// kernel's block encoder (with AVX2, 32 at a time).
+void float8_code_encode_block_cpu(const float* m, uint8_t* codes1, const float* root, uint8_t* codes2,
+                                  int64_t n);
 }  // namespace frugal

@@ -1,12 +1,14 @@
 // CUDA Adam8bit update (op_adam8bit_step): one block of 256 threads per quantisation block (grid-stride over
 // the blocks), each thread holding its up to 16 elements' new moments in registers; the block's scales by a
-// block-wide max, then the codes by binary search in a copy of both code tables in shared memory. The
-// per-element math and the rounding rule are kernels/dynamic_code.h's, as the CPU kernel's
-// (kernels/cpu/optim8bit.cpp), so the results are the CPU's.
+// block-wide max, then the codes: the dynamic code's by binary search in a copy of both code tables in shared
+// memory, the float8 codes by arithmetic. The per-element math and the rounding rules are
+// kernels/dynamic_code.h's and kernels/float8_code.h's, as the CPU kernel's (kernels/cpu/optim8bit.cpp), so
+// the results are the CPU's.
 #include "core/op_table_optim.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/types.cuh"
 #include "kernels/dynamic_code.h"
+#include "kernels/float8_code.h"
 
 namespace frugal {
 namespace {
@@ -50,6 +52,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t begin = b * a.block_size;
     const int64_t len = a.n - begin < a.block_size ? a.n - begin : a.block_size;
     const C scale1 = C(a.exp_avg_absmax[b]), scale2 = C(a.exp_avg_sq_absmax[b]);
+    const float8_code::BlockFactors<C> old =
+        float8_code::factors_of<C>(a.exp_avg_absmax[b], a.exp_avg_sq_absmax[b]);
     C m[kPerThread], v[kPerThread];
     BlockMax<C> mine{C(0), C(0)};
 #pragma unroll
@@ -57,13 +61,21 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t i = threadIdx.x + int64_t(j) * kThreads;
       if (i < len) {
         const int64_t k = begin + i;
-        const math::Adam8bitElement<C> e = math::adam8bit_step(
-            gpu::load(param[k]), gpu::load(grad[k]), C(code1.value[a.exp_avg_codes[k]]) * scale1,
-            C(code2.value[a.exp_avg_sq_codes[k]]) * scale2, h);
+        C m_old, v_old;
+        if (a.float8) {
+          m_old = C(float8_code::decode_signed(a.exp_avg_codes[k])) * old.exp_avg;
+          const C root = C(float8_code::decode_unsigned(a.exp_avg_sq_codes[k])) * old.root;
+          v_old = root * root;
+        } else {
+          m_old = C(code1.value[a.exp_avg_codes[k]]) * scale1;
+          v_old = C(code2.value[a.exp_avg_sq_codes[k]]) * scale2;
+        }
+        const math::Adam8bitElement<C> e =
+            math::adam8bit_step(gpu::load(param[k]), gpu::load(grad[k]), m_old, v_old, h);
         param[k] = gpu::store<T>(e.p);
         m[j] = e.m;
-        v[j] = e.v;
-        mine = max_of(mine, BlockMax<C>{math::finite_abs(e.m), math::finite_abs(e.v)});
+        v[j] = a.float8 ? math::sqrt_(e.v) : e.v;  // float8 keeps exp_avg_sq's root, and its scale
+        mine = max_of(mine, BlockMax<C>{math::finite_abs(e.m), math::finite_abs(v[j])});
       }
     }
     // Every thread has read the old scales before the merge's first barrier; thread 0 writes after it.
@@ -73,15 +85,19 @@ __global__ void __launch_bounds__(kThreads)
       a.exp_avg_absmax[b] = absmax1;
       a.exp_avg_sq_absmax[b] = absmax2;
     }
-    // A zero scale stores every code as 0's: x / inf is 0 or NaN (as the CPU kernel).
-    const C inf = C(INFINITY);
-    const C div1 = absmax1 > 0 ? C(absmax1) : inf, div2 = absmax2 > 0 ? C(absmax2) : inf;
+    // A moment times its block's inverse scale, as the CPU kernel's (a zero scale gives 0: every code 0's).
+    const C inv1 = absmax1 > 0 ? C(1) / C(absmax1) : C(0), inv2 = absmax2 > 0 ? C(1) / C(absmax2) : C(0);
+    const float8_code::BlockFactors<C> now = float8_code::factors_of<C>(absmax1, absmax2);
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
       const int64_t i = threadIdx.x + int64_t(j) * kThreads;
-      if (i < len) {
-        a.exp_avg_codes[begin + i] = dynamic_code::quantize(code1, float(m[j] / div1));
-        a.exp_avg_sq_codes[begin + i] = dynamic_code::quantize(code2, float(v[j] / div2));
+      if (i >= len) continue;
+      if (a.float8) {
+        a.exp_avg_codes[begin + i] = float8_code::encode_signed(float(m[j] * now.inv_exp_avg));
+        a.exp_avg_sq_codes[begin + i] = float8_code::encode_unsigned(float(v[j] * now.inv_root));
+      } else {
+        a.exp_avg_codes[begin + i] = dynamic_code::quantize(code1, float(m[j] * inv1));
+        a.exp_avg_sq_codes[begin + i] = dynamic_code::quantize(code2, float(v[j] * inv2));
       }
     }
   }

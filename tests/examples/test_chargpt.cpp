@@ -131,6 +131,14 @@ TEST_F(CharGPTResume, AdamW8bitContinuesTheSameLosses) {
   expect_resume_continues(o);
 }
 
+// The same with the float8 codes (--optimizer adamw8bit-float8).
+TEST_F(CharGPTResume, AdamW8bitFloat8ContinuesTheSameLosses) {
+  chargpt::Options o = tiny();
+  o.optimizer = "adamw8bit-float8";
+  o.width = 64;
+  expect_resume_continues(o);
+}
+
 TEST_F(CharGPTResume, SparseEmbeddingsAndAccumulationContinueTheSameLosses) {
   chargpt::Options o = tiny();
   o.sparse_embeddings = true;

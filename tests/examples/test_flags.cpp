@@ -385,6 +385,7 @@ TEST(TrainerFlags, EstimateEqualsTheRunsPeak) {
         {"--epochs", "1", "--max-steps", "4", "--optimizer", "sgd"},
         {"--epochs", "1", "--max-steps", "4", "--optimizer", "adafactor"},
         {"--epochs", "1", "--max-steps", "4", "--optimizer", "adam8bit"},
+        {"--epochs", "1", "--max-steps", "4", "--optimizer", "adam8bit-float8"},
         {"--epochs", "1", "--max-steps", "4", "--step-in-backward"},
         {"--epochs", "1", "--max-steps", "4", "--step-in-backward", "--recompute"},
         {"--epochs", "1", "--max-steps", "4", "--model", "cnn", "--batch", "32"}}},
@@ -397,6 +398,7 @@ TEST(TrainerFlags, EstimateEqualsTheRunsPeak) {
         {"--clip", "1"},
         {"--optimizer", "adafactor"},
         {"--optimizer", "adamw8bit"},
+        {"--optimizer", "adamw8bit-float8"},
         {"--selective-recompute"},
         {"--step-in-backward"},
         {"--step-in-backward", "--recompute"}}}};

@@ -1,7 +1,12 @@
 // optim::Adam8bit and AdamW8bit: the dynamic code (its entries, the round trip's error, the CPU's bucket
-// search and block quantiser against a scan of every entry), the fused kernel against the naive reference
-// bit for bit, the state's size in the arena, small parameters exactly as Adam, convergence beside f32
-// AdamW, state dicts and resuming, non-finite gradients, master weights, a failed step, and option checks.
+// search and block quantiser against a scan of every entry), the float8 codes (their values and rounding
+// against their definition), the fused kernel against the naive reference bit for bit with either code,
+// the state's size in the arena, small parameters exactly as Adam, convergence beside f32 AdamW, state dicts
+// and resuming, non-finite gradients, master weights, a failed step, and option checks.
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -11,6 +16,7 @@
 #include "frugal.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/dynamic_code.h"
+#include "kernels/float8_code.h"
 #include "optim/adam8bit.h"
 #include "tests/test_util.h"
 
@@ -171,6 +177,96 @@ TEST(DynamicCode, RoundTripErrorIsHalfTheSpacingOfItsDecade) {
   }
 }
 
+// Every byte of both float8 codes decodes to its definition's value (kernels/float8_code.h), -0 included;
+// the magnitudes ascend and end at 1.875 (E4M3) and 1.9375 (E4M4).
+TEST(Float8Code, EveryCodeDecodesToItsDefinition) {
+  for (int k = 0; k < 256; ++k) {
+    const auto code = uint8_t(k);
+    EXPECT_EQ(std::bit_cast<uint32_t>(float8_code::decode_signed(code)),
+              std::bit_cast<uint32_t>(float(float8_code_decode_reference(true, code))))
+        << "signed " << k;
+    EXPECT_EQ(float8_code::decode_unsigned(code), float(float8_code_decode_reference(false, code)))
+        << "unsigned " << k;
+    if (k > 0 && k != 128) {
+      EXPECT_LT(float8_code::decode_unsigned(uint8_t(k - 1)), float8_code::decode_unsigned(code));
+      EXPECT_LT(std::fabs(float8_code::decode_signed(uint8_t(k - 1))),
+                std::fabs(float8_code::decode_signed(code)))
+          << k;
+    }
+  }
+  EXPECT_EQ(float8_code::decode_signed(0x7f), 1.875f);
+  EXPECT_EQ(float8_code::decode_signed(0xff), -1.875f);
+  EXPECT_EQ(float8_code::decode_signed(0x01), std::ldexp(1.0f, -17));  // the smallest subnormal
+  EXPECT_EQ(float8_code::decode_signed(0x08), std::ldexp(1.0f, -14));  // the smallest normal
+  EXPECT_EQ(float8_code::decode_unsigned(0xff), 1.9375f);
+  EXPECT_EQ(float8_code::decode_unsigned(0x01), std::ldexp(1.0f, -18));
+  EXPECT_EQ(float8_code::decode_signed(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(float8_code::decode_signed(0x80)));
+}
+
+// Values for the float8 codes: every code's value, the midpoints between neighbours (where the tie rule
+// decides) and the 4 floats on either side of each, magnitudes from 1e-9 to 3 of both signs, floats spread
+// over every bit pattern (one in 65521), and the special values.
+std::vector<float> values_to_encode() {
+  std::vector<float> qs = {0.0f,
+                           -0.0f,
+                           2.0f,
+                           -2.0f,
+                           1e-45f,
+                           -1e-45f,
+                           std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN(),
+                           -std::numeric_limits<float>::quiet_NaN()};
+  for (int k = 0; k < 256; ++k)
+    for (bool is_signed : {true, false}) {
+      const double value = float8_code_decode_reference(is_signed, uint8_t(k));
+      const double next =
+          float8_code_decode_reference(is_signed, uint8_t(k + 1 == 256 || k == 127 ? k : k + 1));
+      for (double x : {value, (value + next) / 2}) {
+        float below = float(x), above = below;
+        for (int ulps = 0; ulps <= 4;
+             ++ulps, below = std::nextafter(below, 0.0f), above = std::nextafter(above, 4.0f))
+          for (float q : {below, above}) qs.push_back(q), qs.push_back(-q);
+      }
+    }
+  Generator g(9);
+  const std::vector<double> r = rand({100000}, DType::F64, &g).to_vector<double>();
+  for (size_t i = 0; i < r.size(); ++i) {
+    const double magnitude = std::pow(10.0, -9.0 + 9.5 * r[i]);
+    qs.push_back(float(i % 2 ? magnitude : -magnitude));
+  }
+  for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += 65521)
+    qs.push_back(std::bit_cast<float>(uint32_t(bits)));
+  return qs;
+}
+
+// float8_code's encoders (integer rounding, the subnormals' add) give the nearest code by the scan of every
+// code, ties to the even one; the CPU kernel's block encoder (AVX2, 32 at a time) gives the same codes.
+TEST(Float8Code, EncodingIsTheNearestCodeAndTheBlockEncoderAgrees) {
+  const std::vector<float> qs = values_to_encode();
+  for (float q : qs) {
+    ASSERT_EQ(float8_code::encode_signed(q), float8_code_encode_reference(true, q)) << "signed " << q;
+    ASSERT_EQ(float8_code::encode_unsigned(q), float8_code_encode_reference(false, q)) << "unsigned " << q;
+  }
+  std::vector<uint8_t> signed_codes(qs.size()), unsigned_codes(qs.size());
+  float8_code_encode_block_cpu(qs.data(), signed_codes.data(), qs.data(), unsigned_codes.data(),
+                               int64_t(qs.size()));
+  for (size_t i = 0; i < qs.size(); ++i) {
+    ASSERT_EQ(signed_codes[i], float8_code::encode_signed(qs[i])) << "signed " << qs[i] << " at " << i;
+    ASSERT_EQ(unsigned_codes[i], float8_code::encode_unsigned(qs[i])) << "unsigned " << qs[i] << " at " << i;
+  }
+  // The rules at the edges: NaN, and for the unsigned code every q <= 0, to 0; inf and beyond the top to the
+  // top; -0 keeps its sign.
+  EXPECT_EQ(float8_code::encode_signed(std::nanf("")), 0);
+  EXPECT_EQ(float8_code::encode_unsigned(-1.0f), 0);
+  EXPECT_EQ(float8_code::encode_signed(-std::numeric_limits<float>::infinity()), 0xff);
+  EXPECT_EQ(float8_code::encode_unsigned(3.0f), 0xff);
+  EXPECT_EQ(float8_code::encode_signed(-0.0f), 0x80);
+  std::printf("float8 codes: %zu values, the encoders == the scan of every code\n", qs.size());
+}
+
 // One kernel step's buffers: parameter and gradient of dtype t, and the 8-bit state.
 struct Buffers {
   Tensor param, grad, codes1, absmax1, codes2, absmax2;
@@ -197,17 +293,20 @@ void expect_same_bytes(const Buffers& a, const Buffers& b, const std::string& wh
   EXPECT_EQ(bytes_of(a.absmax2), bytes_of(b.absmax2)) << what << ": exp_avg_sq scales";
 }
 
-// The registered kernel against adam8bit_step_reference_cpu, six steps, bit for bit: every dtype, the three
-// kinds of weight decay, block sizes with a short last block, enough blocks to run on several threads, and
-// a NaN and an inf gradient element.
-TEST(Adam8bitKernel, EqualsTheNaiveReferenceBitForBit) {
-  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16})
+// The registered kernel against adam8bit_step_reference_cpu, six steps, bit for bit: both codes, every
+// dtype, the three kinds of weight decay, block sizes with a short last block, enough blocks to run on
+// several threads, and a NaN and an inf gradient element.
+void expect_kernel_equals_reference(bool float8, std::vector<DType> dtypes = {DType::F32, DType::F64,
+                                                                              DType::BF16, DType::F16}) {
+  int64_t subnormal_codes = 0;  // float8: the codes of the last step below 2^M, zero aside
+  for (DType t : dtypes)
     for (int decay = 0; decay < 3; ++decay)
       for (int64_t bs : {int64_t(64), int64_t(2048)}) {
         const int64_t n = bs == 64 ? 64 * 7 + 13 : 3 * kGrain + 2048 + 77;
         Buffers fast{testing::uniform({n}, -1, 1, t, 3), zeros({n}, t),         zeros({n}, DType::U8),
                      zeros({(n + bs - 1) / bs}),         zeros({n}, DType::U8), zeros({(n + bs - 1) / bs})};
         Adam8bitStepArgs base;
+        base.float8 = float8;
         base.n = n;
         base.block_size = bs;
         base.lr = 1e-2;
@@ -233,13 +332,34 @@ TEST(Adam8bitKernel, EqualsTheNaiveReferenceBitForBit) {
           base.bias_correction2_sqrt = std::sqrt(1 - std::pow(base.beta2, step));
           op_adam8bit_step.get(kCPU, t)(fast.args(base));
           adam8bit_step_reference_cpu(t, naive.args(base));
-          const std::string what = std::string(dtype_name(t)) + " decay " + std::to_string(decay) +
-                                   " block " + std::to_string(bs) + " step " + std::to_string(step);
+          const std::string what = std::string(float8 ? "float8 " : "dynamic ") + dtype_name(t) + " decay " +
+                                   std::to_string(decay) + " block " + std::to_string(bs) + " step " +
+                                   std::to_string(step);
           expect_same_bytes(fast, naive, what);
-          if (HasFailure()) return;
+          if (::testing::Test::HasFailure()) return;
         }
+        for (uint8_t c : bytes_of(fast.codes1)) subnormal_codes += (c & 0x7f) > 0 && (c & 0x7f) < 8;
+        for (uint8_t c : bytes_of(fast.codes2)) subnormal_codes += c > 0 && c < 16;
       }
+  if (float8) {
+    EXPECT_GT(subnormal_codes, 0) << "the steps reached no subnormal code";
+  }
 }
+TEST(Adam8bitKernel, EqualsTheNaiveReferenceBitForBit) { expect_kernel_equals_reference(false); }
+TEST(Adam8bitKernel, Float8EqualsTheNaiveReferenceBitForBit) { expect_kernel_equals_reference(true); }
+
+#if defined(__x86_64__)
+// Note [float8 moments with AVX2]: with MXCSR's DAZ set (by a caller) the kernel does not decode through
+// f32 subnormals, so the codes below 2^M still decode to their values: the same bytes as the reference.
+TEST(Adam8bitKernel, Float8DecodesItsSubnormalsUnderDenormalsAreZero) {
+  const unsigned int csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x40);
+  expect_kernel_equals_reference(true, {DType::F32});  // the dtype with a vector path
+  _mm_setcsr(csr);
+  // The codes the test reaches include subnormals: a plain decode of 0x01 under DAZ would give 0.
+  EXPECT_EQ(float8_code::decode_signed(0x01), std::ldexp(1.0f, -17));
+}
+#endif
 
 TEST(Adam8bitKernel, MissingDtypeIsAnError) {
   Adam8bitStepArgs args;
@@ -321,7 +441,7 @@ TEST(AdamW8bit, ReachesTheLossOfF32AdamW) {
   const Tensor x = testing::uniform({4096, 64}, -1, 1, DType::F32, 5);
   const Tensor teacher = testing::uniform({64, 2}, -0.5, 0.5, DType::F32, 6);
   const Tensor y = add(tanh(matmul(x, teacher)), testing::uniform({4096, 2}, -0.2, 0.2, DType::F32, 7));
-  auto train = [&](bool eight_bit) {
+  auto train = [&](bool eight_bit, optim::Adam8bitCode code = optim::Adam8bitCode::Dynamic) {
     manual_seed(11);
     nn::Sequential model;
     model->push_back(nn::Linear(64, 128));
@@ -333,7 +453,7 @@ TEST(AdamW8bit, ReachesTheLossOfF32AdamW) {
     std::unique_ptr<optim::Optimizer> opt;
     if (eight_bit)
       opt = std::make_unique<optim::AdamW8bit>(model->parameters(),
-                                               optim::AdamW8bitOptions(3e-3).block_size(256));
+                                               optim::AdamW8bitOptions(3e-3).block_size(256).code(code));
     else
       opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions(3e-3));
     double loss = 0;
@@ -345,16 +465,19 @@ TEST(AdamW8bit, ReachesTheLossOfF32AdamW) {
       loss = l.item<double>();
     }
     if (eight_bit) {
-      EXPECT_EQ(opt->state_dict().count("state.0.exp_avg_codes"), 1u);  // 64 x 128: in 8 bits
-      EXPECT_EQ(opt->state_dict().count("state.2.exp_avg_codes"), 1u);  // 128 x 32
+      const char* codes = code == optim::Adam8bitCode::Float8 ? "exp_avg_e4m3" : "exp_avg_codes";
+      EXPECT_EQ(opt->state_dict().count(std::string("state.0.") + codes), 1u);  // 64 x 128: in 8 bits
+      EXPECT_EQ(opt->state_dict().count(std::string("state.2.") + codes), 1u);  // 128 x 32
     }
     return loss;
   };
-  const double f32 = train(false), q8 = train(true);
-  std::printf("noisy regression, 300 steps: AdamW loss %.5f, AdamW8bit %.5f (%+.2f%%)\n", f32, q8,
-              100 * (q8 - f32) / f32);
+  const double f32 = train(false), q8 = train(true), f8 = train(true, optim::Adam8bitCode::Float8);
+  std::printf(
+      "noisy regression, 300 steps: AdamW loss %.5f, AdamW8bit %.5f (%+.2f%%), float8 %.5f (%+.2f%%)\n", f32,
+      q8, 100 * (q8 - f32) / f32, f8, 100 * (f8 - f32) / f32);
   EXPECT_LT(f32, 0.02);  // it learned: the noise alone is 0.0133, the targets' variance about 0.15
   EXPECT_LE(std::fabs(q8 - f32), 0.03 * f32);
+  EXPECT_LE(std::fabs(f8 - f32), 0.03 * f32);
 }
 
 std::vector<Tensor> resume_params(DType t = DType::F32) {
@@ -374,8 +497,8 @@ std::vector<Tensor> copies(const std::vector<Tensor>& params) {
 
 // 20 steps straight, against 10 steps, a state dict, a new optimizer (other options: the dict's come back,
 // block_size included) over copies of the parameters, and 10 more: bit-identical parameters and state.
-TEST(Adam8bit, ResumesBitForBit) {
-  const auto opts = optim::AdamW8bitOptions(1e-2).block_size(256).weight_decay(0.05);
+void expect_resumes_bit_for_bit(optim::Adam8bitCode code) {
+  const auto opts = optim::AdamW8bitOptions(1e-2).block_size(256).weight_decay(0.05).code(code);
   std::vector<Tensor> straight = resume_params(), resumed = resume_params();
   optim::AdamW8bit a(straight, opts);
   for (int t = 1; t <= 20; ++t) set_grads(straight, t), a.step();
@@ -387,7 +510,8 @@ TEST(Adam8bit, ResumesBitForBit) {
   }
   EXPECT_EQ(saved.at("state.0.exp_avg_absmax").shape(), Shape({25}));  // 6400 / 256
   std::vector<Tensor> continued = copies(resumed);
-  optim::AdamW8bit second(continued, optim::AdamW8bitOptions(0.5));  // block_size 2048 until the load
+  optim::AdamW8bit second(continued,
+                          optim::AdamW8bitOptions(0.5).code(code));  // block_size 2048 until the load
   second.load_state_dict(saved);
   EXPECT_EQ(static_cast<const optim::AdamW8bitOptions&>(second.param_groups()[0].options()).block_size(),
             256);
@@ -397,6 +521,38 @@ TEST(Adam8bit, ResumesBitForBit) {
   const StateDict sa = a.state_dict(), sb = second.state_dict();
   ASSERT_EQ(sa.size(), sb.size());
   for (const auto& [key, t] : sa) EXPECT_EQ(bytes_of(t), bytes_of(sb.at(key))) << key;
+}
+TEST(Adam8bit, ResumesBitForBit) { expect_resumes_bit_for_bit(optim::Adam8bitCode::Dynamic); }
+TEST(Adam8bit, ResumesBitForBitWithTheFloat8Codes) {
+  expect_resumes_bit_for_bit(optim::Adam8bitCode::Float8);
+}
+
+// The float8 codes' state is named by its code, the same size as the dynamic code's; a dict of one code
+// does not load into an optimizer of the other.
+TEST(Adam8bit, Float8StateIsNamedByItsCodeAndLoadsOnlyIntoItsCode) {
+  std::vector<Tensor> params = resume_params();
+  optim::AdamW8bit dynamic(params, optim::AdamW8bitOptions().block_size(256));
+  optim::AdamW8bit float8(params,
+                          optim::AdamW8bitOptions().block_size(256).code(optim::Adam8bitCode::Float8));
+  set_grads(params, 1);
+  dynamic.step();
+  float8.step();
+  const StateDict s = float8.state_dict(), d = dynamic.state_dict();
+  EXPECT_EQ(s.at("state.0.exp_avg_e4m3").dtype(), DType::U8);
+  EXPECT_EQ(s.at("state.0.exp_avg_e4m3").shape(), Shape({64, 100}));
+  EXPECT_EQ(s.at("state.0.exp_avg_sq_root_e4m4").dtype(), DType::U8);
+  EXPECT_EQ(s.at("state.0.exp_avg_absmax").shape(), Shape({25}));
+  EXPECT_EQ(s.at("state.0.exp_avg_sq_root_absmax").shape(), Shape({25}));
+  EXPECT_EQ(s.count("state.0.exp_avg_codes"), 0u);
+  EXPECT_EQ(s.at("state.1.exp_avg").dtype(), DType::F32);  // 100 < min_8bit_size: Adam's moments
+  EXPECT_EQ(float8.num_state_bytes(), dynamic.num_state_bytes());
+  // The root's scale is the largest root of exp_avg_sq: after one step from zero, (1 - beta2) g^2's.
+  const std::vector<float> g = params[0].grad().to_vector<float>();
+  float largest = 0;
+  for (size_t i = 0; i < 256; ++i) largest = std::max(largest, std::sqrt(float(1 - 0.999) * (g[i] * g[i])));
+  EXPECT_EQ(s.at("state.0.exp_avg_sq_root_absmax").to_vector<float>()[0], largest);
+  expect_error<Error>([&] { dynamic.load_state_dict(s); }, {"has no 'state.0.exp_avg_codes'"});
+  expect_error<Error>([&] { float8.load_state_dict(d); }, {"has no 'state.0.exp_avg_e4m3'"});
 }
 
 TEST(Adam8bit, LoadRejectsStateOfTheWrongShapeOrDtype) {
@@ -419,10 +575,10 @@ TEST(Adam8bit, LoadRejectsStateOfTheWrongShapeOrDtype) {
 
 // Note [non-finite 8-bit moments]: a NaN gradient element makes its parameter element NaN; the rest of its
 // block is updated exactly as if that element's gradient had been 0, and its moment is stored as 0.
-TEST(Adam8bit, NanGradientPoisonsOnlyItsElement) {
+void expect_nan_poisons_only_its_element(optim::Adam8bitCode code) {
   std::vector<Tensor> with_nan = resume_params(), with_zero = resume_params();
-  optim::Adam8bit a({with_nan[0]}, optim::Adam8bitOptions(1e-2).block_size(256));
-  optim::Adam8bit b({with_zero[0]}, optim::Adam8bitOptions(1e-2).block_size(256));
+  optim::Adam8bit a({with_nan[0]}, optim::Adam8bitOptions(1e-2).block_size(256).code(code));
+  optim::Adam8bit b({with_zero[0]}, optim::Adam8bitOptions(1e-2).block_size(256).code(code));
   std::vector<double> g = testing::uniform({6400}, -1, 1, DType::F64, 3).to_vector<double>();
   g[300] = std::nan("");
   with_nan[0].set_grad(tensor(g, {64, 100}).to(DType::F32));
@@ -435,9 +591,14 @@ TEST(Adam8bit, NanGradientPoisonsOnlyItsElement) {
   pa[300] = pb[300];
   EXPECT_EQ(pa, pb);
   const StateDict sa = a.state_dict(), sb = b.state_dict();
-  for (const char* key : {"state.0.exp_avg_codes", "state.0.exp_avg_absmax", "state.0.exp_avg_sq_codes",
-                          "state.0.exp_avg_sq_absmax"})
-    EXPECT_EQ(bytes_of(sa.at(key)), bytes_of(sb.at(key))) << key;
+  ASSERT_EQ(sa.size(), sb.size());
+  for (const auto& [key, t] : sa) EXPECT_EQ(bytes_of(t), bytes_of(sb.at(key))) << key;
+}
+TEST(Adam8bit, NanGradientPoisonsOnlyItsElement) {
+  expect_nan_poisons_only_its_element(optim::Adam8bitCode::Dynamic);
+}
+TEST(Adam8bit, NanGradientPoisonsOnlyItsElementWithTheFloat8Codes) {
+  expect_nan_poisons_only_its_element(optim::Adam8bitCode::Float8);
 }
 
 // Note [master weights]: bf16 parameters updated through f32 copies follow, in the copies, exactly the f32
