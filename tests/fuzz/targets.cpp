@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -19,18 +18,26 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A folder of this process's own for the inputs, removed when the process ends.
-const fs::path& scratch() {
-  static const fs::path dir = [] {
+// A folder of this process's own for the inputs, removed when the process ends (by the static's destructor:
+// an atexit handler registered while the static was being made ran after its destructor, found an empty
+// path and left every folder behind).
+struct ScratchFolder {
+  ScratchFolder() {
     std::string templ = (fs::temp_directory_path() / "frugal-fuzz-XXXXXX").string();
     if (!mkdtemp(templ.data())) throw std::runtime_error("fuzz: cannot make a scratch folder");
-    std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(scratch(), ec);
-    });
-    return fs::path(templ);
-  }();
-  return dir;
+    path = templ;
+  }
+  ~ScratchFolder() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  ScratchFolder(const ScratchFolder&) = delete;
+  ScratchFolder& operator=(const ScratchFolder&) = delete;
+  fs::path path;
+};
+const fs::path& scratch() {
+  static const ScratchFolder folder;
+  return folder.path;
 }
 
 void write_file(const fs::path& path, std::string_view bytes) {
