@@ -9,12 +9,13 @@
 //
 // Note [the float8 codes]: both are IEEE-style floats of 4 exponent bits (bias 15: the largest magnitude is
 // just under 2) with subnormals, and no infinity or NaN, so that every byte is a finite value:
-// - signed (exp_avg): E4M3, a sign bit then 7 bits of magnitude: 1.875 down to 2^-17, 6.25% apart at most;
-// - unsigned (the square root of exp_avg_sq): E4M4, 8 bits of magnitude: 1.9375 down to 2^-18, 3.1% apart.
+// - signed (exp_avg): E4M3, a sign bit then 7 bits of magnitude: 1.875 down to 2^-17, a normal value
+//   rounded within 6.25%;
+// - unsigned (the square root of exp_avg_sq): E4M4, 8 bits of magnitude: 1.9375 down to 2^-18, within 3.1%.
 // A block's values are scaled so that its largest maps to the top code exactly: the stored moment is
-// value x absmax / top. exp_avg_sq is stored as its square root (scaled by sqrt(absmax)): the kernel takes
-// that root anyway, the root's 8 bits give the denominator the precision of 8 bits, and the range of
-// exp_avg_sq covered is squared, 2^-36 of the block's largest. Rounding goes to the nearest code, a tie to
+// value x absmax / top. exp_avg_sq is stored as its square root, scaled by the block's largest root: the
+// kernel takes that root anyway, its rounding is the denominator's directly, and the range of exp_avg_sq
+// covered is squared, down to 1e-12 of the block's largest. Rounding goes to the nearest code, a tie to
 // the even one (IEEE's rule, so that the vector kernels round with an add); NaN to the code of +0; beyond the
 // top (and inf) to the top; the unsigned code takes every q <= 0 to 0. Against the dynamic code (Note [the
 // dynamic code], kernels/dynamic_code.h), which quantisation to its 256 entries costs a table lookup and a

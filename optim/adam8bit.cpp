@@ -46,7 +46,7 @@ bool quantised(const O& o, const Tensor& param) {
   return param.numel() >= o.min_8bit_size();
 }
 
-// The state's names: the codes' name the code (Note [choosing the code]).
+// The state's names; the codes' tensors are named after their code (Note [choosing the code]).
 template <typename O>
 std::vector<std::string> names_of(const O& o, const Tensor& param) {
   if (!quantised(o, param)) return {"exp_avg", "exp_avg_sq"};
