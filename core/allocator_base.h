@@ -166,12 +166,12 @@ class AllocatorBase : public Allocator {
     for (Stat* s : {&stats_.requested, &stats_.allocated, &stats_.reserved, &stats_.active_blocks,
                     &stats_.segments, &stats_.mapped, &stats_.footprint})
       s->peak = s->current;
-    publish_locked(smi::SlotWriter::kNoTag, true);
+    publish_locked(kNoTag, true);
   }
   void set_limit(int64_t bytes) override {
     std::lock_guard lock(mu_);
     limit_ = std::max<int64_t>(bytes, 0);
-    publish_locked(smi::SlotWriter::kNoTag, true);
+    publish_locked(kNoTag, true);
   }
   int64_t limit() const override {
     std::lock_guard lock(mu_);
@@ -226,7 +226,7 @@ class AllocatorBase : public Allocator {
   void publish_to(smi::SlotWriter writer) {
     std::lock_guard lock(mu_);
     smi_ = writer;
-    publish_locked(smi::SlotWriter::kNoTag, true);
+    publish_locked(kNoTag, true);
   }
 
   // The history (core/memory_history.h). Starting one stamps the blocks live now as its first events.
@@ -257,6 +257,7 @@ class AllocatorBase : public Allocator {
     Stat allocated;
     Stat mapped;        // Note [mapped bytes]
     bool seen = false;  // ever had bytes: listed by tag_stats() even once they are all freed
+    int8_t listed = smi::SlotWriter::kNotListed;  // its place in the frugal-smi page's top tags
   };
 
   virtual int64_t largest_free_locked() const = 0;
@@ -292,7 +293,7 @@ class AllocatorBase : public Allocator {
     add(stats_.reserved, sign * bytes);
     add(stats_.segments, sign);
     ++(sign > 0 ? stats_.num_segment_allocs : stats_.num_segment_frees);
-    publish_locked(smi::SlotWriter::kNoTag);
+    publish_locked(kNoTag);
   }
   // Accounts a block that has just become live (sign +1) or free (sign -1). A peak can only rise with its
   // value, so a free leaves the peaks alone.
@@ -315,34 +316,45 @@ class AllocatorBase : public Allocator {
     TagStat& t = tags_[b->tag];
     t.seen = true;
     change(t.allocated, sign * b->size);
-    publish_locked(b->tag);
+    // publish_locked(b->tag), without its call and its look-up of the tag: this runs at every allocate and
+    // free.
+    if (smi_.on() && smi_.write(figures_locked(), t.listed, t.allocated.current)) [[unlikely]]
+      publish_top_tags_locked();
   }
 
   // The figures to the frugal-smi page, if this allocator publishes: after every change, so that the page
   // says what stats() would. The tags are ranked only now and then (Note [frugal-smi page]).
+  static constexpr uint32_t kNoTag = UINT32_MAX;  // a change of no tag's bytes
   void publish_locked(uint32_t changed_tag, bool rank_tags = false) {
     if (smi_.on()) publish_on_locked(changed_tag, rank_tags);
   }
   [[gnu::noinline]] void publish_on_locked(uint32_t changed_tag, bool rank_tags) {
-    const int64_t tag_bytes = changed_tag < tags_.size() ? tags_[changed_tag].allocated.current : 0;
-    const bool due = smi_.write({stats_.allocated.current, stats_.allocated.peak, stats_.reserved.current,
-                                 stats_.reserved.peak, limit_},
-                                changed_tag, tag_bytes);
+    const TagStat* t = changed_tag < tags_.size() ? &tags_[changed_tag] : nullptr;
+    const bool due = smi_.write(figures_locked(), t ? t->listed : smi::SlotWriter::kNotListed,
+                                t ? t->allocated.current : 0);
     if (due || rank_tags) publish_top_tags_locked();
+  }
+  smi::Figures figures_locked() const {
+    return {stats_.allocated.current, stats_.allocated.peak, stats_.reserved.current, stats_.reserved.peak,
+            limit_};
   }
   // Never throws: it runs where the arena must not fail any more (a tag list that could not be made just
   // stays as it was).
   void publish_top_tags_locked() noexcept {
     try {
-      std::vector<std::pair<uint32_t, smi::TagBytes>> top;
+      std::vector<std::pair<uint32_t, int64_t>> top;
       for (size_t id = 0; id < tags_.size(); ++id)
-        if (tags_[id].allocated.current > 0) top.push_back({uint32_t(id), {"", tags_[id].allocated.current}});
+        if (tags_[id].allocated.current > 0) top.push_back({uint32_t(id), tags_[id].allocated.current});
       const size_t n = std::min<size_t>(top.size(), smi::kTopTags);
       std::partial_sort(top.begin(), top.begin() + n, top.end(),
-                        [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
-      top.resize(n);
-      for (auto& [id, t] : top) t.tag = id == 0 ? "(untagged)" : tag_name(id);
-      smi_.write_top_tags(top);
+                        [](const auto& a, const auto& b) { return a.second > b.second; });
+      std::vector<smi::TagBytes> named(n);
+      for (size_t i = 0; i < n; ++i)
+        named[i] = {top[i].first == 0 ? "(untagged)" : tag_name(top[i].first), top[i].second};
+      // Nothing below throws: the places the tags are given are the ones the page shows.
+      for (TagStat& t : tags_) t.listed = smi::SlotWriter::kNotListed;
+      for (size_t i = 0; i < n; ++i) tags_[top[i].first].listed = int8_t(i);
+      smi_.write_top_tags(named);
     } catch (...) {
     }
   }

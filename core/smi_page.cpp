@@ -184,18 +184,20 @@ std::string page_name(int64_t pid) {
   return "frugal-" + std::to_string(getuid()) + "-" + std::to_string(pid);
 }
 
-void SlotWriter::write_top_tags(const std::vector<std::pair<uint32_t, TagBytes>>& top) {
+void SlotWriter::write_top_tags(const std::vector<TagBytes>& top) {
   slot_->seq.store(++seq_, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   changes_ = 0;
-  num_top_ = int(std::min<size_t>(top.size(), kTopTags));
-  for (int i = 0; i < num_top_; ++i) {
-    top_ids_[i] = top[size_t(i)].first;
-    top_bytes_[i] = top[size_t(i)].second.bytes;
-    store_text(slot_->tags[i].name, top[size_t(i)].second.tag);
-    store(slot_->tags[i].bytes, top[size_t(i)].second.bytes);
+  const int n = int(std::min<size_t>(top.size(), kTopTags));
+  least_listed_ = n < kTopTags ? 0 : INT64_MAX;
+  soonest_ = n == 0 ? 0 : kTopTagsSoonest;
+  for (int i = 0; i < n; ++i) {
+    const TagBytes& t = top[size_t(i)];
+    if (n == kTopTags) least_listed_ = std::min(least_listed_, t.bytes);
+    store_text(slot_->tags[i].name, t.tag);
+    store(slot_->tags[i].bytes, t.bytes);
   }
-  store(slot_->num_tags, num_top_);
+  store(slot_->num_tags, n);
   slot_->seq.store(++seq_, std::memory_order_release);
 }
 

@@ -4,7 +4,7 @@
 // without loading the library.
 //
 //   smi::SlotWriter w = smi::claim_slot("cpu", "arena");       // once per device allocator
-//   w.write(figures, tag, tag_bytes);                          // after every change, under its lock
+//   w.write(figures, listed, tag_bytes);                       // after every change, under its lock
 //   for (const smi::Process& p : smi::scan().processes) ...    // frugal-smi
 #pragma once
 
@@ -38,14 +38,17 @@ namespace frugal::smi {
 // - Lock-free updates: a seqlock per slot. The one writer (the allocator, under its mutex) makes the
 //   sequence odd, stores the fields (relaxed), makes it even again (release); a reader retries while the
 //   sequence is odd or changed across its reads, so it never sees half an update. On the allocator's hot
-//   path that is about 50 instructions per allocate or free, a dozen of them stores: callgrind counts 783
-//   instructions per 4 KiB allocate/free pair without the page and 881 with it (bench/bench_alloc.cpp
-//   BM_DeviceArenaPair/4096), about 12% of the pair.
+//   path that is about 37 instructions per allocate or free, inlined, 8 of them stores: callgrind counts
+//   252 instructions per 4 KiB allocate/free pair of memory::allocator(kCPU) without the page and 327 with
+//   it (a loop of 10^5 pairs; bench/bench_alloc.cpp BM_DeviceArenaPair/4096 times it). A call to a writer
+//   that looked the tag up in the list and the list's least bytes at every change took 394.
 // - Top tags: ranking the tags walks every tag, so it runs only now and then: when a tag not listed has
 //   outgrown the least one listed (or a slot of the list is empty), but at most every kTopTagsSoonest-th
 //   change (except for the first tag listed); at least every kTopTagsEvery-th change; and when the limit or
 //   the peaks are set. In between, the bytes of the tags listed are kept exact at each change; a tag that has
-//   grown past them shows at the next ranking.
+//   grown past them shows at the next ranking. Each tag knows its place in the list (the allocator's
+//   TagStat::listed), so a change finds it without a search, and the writer keeps a bar for the others
+//   (SlotWriter::least_listed_) instead of computing the least bytes listed.
 // - fork(): the child of a fork without exec must not write into its parent's page, and nothing in it can
 //   tell its allocators their slot is gone. So a pthread_atfork child handler maps private anonymous memory
 //   over the page: the child's writes then go nowhere, and the child publishes nothing (after an exec it is
@@ -115,9 +118,11 @@ class SlotWriter {
   explicit SlotWriter(SlotWords* slot) : slot_(slot) {}
   bool on() const { return slot_ != nullptr; }
 
-  // The figures after a change, and the live bytes of the tag that changed (kNoTag: none), in one update.
-  // Returns true when the tags are due to be ranked again (write_top_tags).
-  bool write(const Figures& f, uint32_t tag, int64_t tag_bytes) {
+  // The figures after a change, and the live bytes of the tag that changed, in one update. `listed` is that
+  // tag's place in the top tags (its index in the last write_top_tags; kNotListed when it is not there, or
+  // when no tag changed). Returns true when the tags are due to be ranked again (write_top_tags). Inlined
+  // into the allocators' allocate and free: Note [frugal-smi page] counts its instructions.
+  [[gnu::always_inline]] bool write(const Figures& f, int listed, int64_t tag_bytes) {
     SlotWords& s = *slot_;  // held in a register: an atomic store could otherwise change slot_, for all the
                             // compiler knows, and it would load it again after each
     s.seq.store(++seq_, std::memory_order_relaxed);       // odd
@@ -127,37 +132,32 @@ class SlotWriter {
     store(s.reserved, f.reserved);
     store(s.reserved_peak, f.reserved_peak);
     store(s.limit, f.limit);
-    int listed = -1;
-    for (int i = 0; i < num_top_; ++i)
-      if (top_ids_[i] == tag) listed = i;
     if (listed >= 0) {
       store(s.tags[listed].bytes, tag_bytes);
-      top_bytes_[listed] = tag_bytes;
+      least_listed_ = std::min(least_listed_, tag_bytes);
     }
     s.seq.store(++seq_, std::memory_order_release);  // even
-    if (++changes_ >= kTopTagsEvery) return true;
-    if (listed >= 0 || tag == kNoTag || tag_bytes <= 0) return false;
-    return (num_top_ == 0 || changes_ >= kTopTagsSoonest) && outgrows_list(tag_bytes);
+    if (++changes_ >= kTopTagsEvery) [[unlikely]]
+      return true;
+    return listed < 0 && tag_bytes > least_listed_ && changes_ >= soonest_;
   }
-  // The tags with the most live bytes (at most kTopTags, most first), by id and name.
-  void write_top_tags(const std::vector<std::pair<uint32_t, TagBytes>>& top);
+  // The tags with the most live bytes (at most kTopTags, most first). Their places in `top` are the
+  // `listed` of write.
+  void write_top_tags(const std::vector<TagBytes>& top);
 
-  static constexpr uint32_t kNoTag = UINT32_MAX;
+  static constexpr int kNotListed = -1;
 
  private:
   static void store(Word& w, int64_t v) { w.store(uint64_t(v), std::memory_order_relaxed); }
-  // Whether a tag not listed, now holding `bytes`, belongs in the list.
-  bool outgrows_list(int64_t bytes) const {
-    if (num_top_ < kTopTags) return true;
-    return bytes > *std::min_element(top_bytes_, top_bytes_ + num_top_);
-  }
 
   SlotWords* slot_ = nullptr;
-  uint32_t top_ids_[kTopTags] = {};
-  int64_t top_bytes_[kTopTags] = {};
-  int num_top_ = 0;
-  uint32_t changes_ = 0;
-  uint64_t seq_ = 0;  // the slot's sequence: this is its only writer
+  // A tag not listed that holds more than this is ranked (once soonest_ changes have passed): 0 while the
+  // list has room, else at most the least bytes listed. It follows a listed tag's bytes down, not up, so
+  // it may call for a ranking that changes nothing, but never misses one.
+  int64_t least_listed_ = 0;
+  uint32_t soonest_ = 0;  // kTopTagsSoonest, or 0 while the list is empty
+  uint32_t changes_ = 0;  // since the last ranking
+  uint64_t seq_ = 0;      // the slot's sequence: this is its only writer
 };
 
 // A slot of this process's page for an allocator of `device` ("cpu", "cuda:0") of kind "arena" or "system",

@@ -389,10 +389,9 @@ TEST(Smi, TheReaderNeverSeesATornSlot) {
   std::atomic<bool> done{false};
   std::thread write_thread([&] {
     for (int64_t k = 1; k <= kUpdates; ++k) {
-      writer.write({k, 2 * k, 3 * k, 4 * k, 5 * k}, smi::SlotWriter::kNoTag, 0);
+      writer.write({k, 2 * k, 3 * k, 4 * k, 5 * k}, smi::SlotWriter::kNotListed, 0);
       if (k % 7 == 0)
-        writer.write_top_tags(
-            {{1, {"tag-" + std::to_string(k), k}}, {2, {"other-" + std::to_string(k), k / 2}}});
+        writer.write_top_tags({{"tag-" + std::to_string(k), k}, {"other-" + std::to_string(k), k / 2}});
     }
     done = true;
   });
@@ -419,6 +418,43 @@ TEST(Smi, TheReaderNeverSeesATornSlot) {
   smi::DeviceFigures f;
   ASSERT_TRUE(smi::read_slot(slot, f));
   EXPECT_EQ(f.figures.allocated, kUpdates);
+}
+
+// When the tags are ranked again (Note [frugal-smi page]): at once while none is listed; when a tag not
+// listed outgrows the least one listed (or the list has room), but not before kTopTagsSoonest changes; and
+// every kTopTagsEvery changes in any case. A listed tag that shrinks lowers the bar at once.
+TEST(Smi, TheTagsAreRankedWhenTheRuleSays) {
+  static smi::SlotWords slot;
+  smi::SlotWriter w(&slot);
+  const smi::Figures f{};
+  constexpr int kNot = smi::SlotWriter::kNotListed;
+  // Changes until write says the ranking is due (0: not within `most`).
+  auto changes_until_due = [&](int listed, int64_t bytes, uint32_t most) -> uint32_t {
+    for (uint32_t i = 1; i <= most; ++i)
+      if (w.write(f, listed, bytes)) return i;
+    return 0;
+  };
+  EXPECT_EQ(changes_until_due(kNot, 100, 1), 1u) << "the first tag with bytes is listed at once";
+  EXPECT_FALSE(w.write(f, kNot, 0)) << "a tag without bytes outgrows nothing";
+
+  w.write_top_tags({{"a", 100}});  // room for three more: any tag with bytes belongs
+  EXPECT_EQ(changes_until_due(kNot, 1, smi::kTopTagsEvery), smi::kTopTagsSoonest);
+
+  w.write_top_tags({{"a", 100}, {"b", 50}, {"c", 20}, {"d", 10}});
+  EXPECT_EQ(changes_until_due(kNot, 10, smi::kTopTagsEvery), smi::kTopTagsEvery)
+      << "a tag with no more than the least listed waits for the periodic ranking";
+  w.write_top_tags({{"a", 100}, {"b", 50}, {"c", 20}, {"d", 10}});
+  EXPECT_EQ(changes_until_due(kNot, 11, smi::kTopTagsEvery), smi::kTopTagsSoonest);
+
+  w.write_top_tags({{"a", 100}, {"b", 50}, {"c", 20}, {"d", 10}});
+  EXPECT_FALSE(w.write(f, 0, 3)) << "a listed tag's change is no reason to rank";
+  EXPECT_EQ(changes_until_due(kNot, 5, smi::kTopTagsEvery), smi::kTopTagsSoonest - 1)
+      << "'a' fell to 3 bytes: 5 outgrows it";
+  smi::DeviceFigures read;
+  ASSERT_TRUE(smi::read_slot(slot, read));
+  ASSERT_EQ(read.top_tags.size(), 4u);
+  EXPECT_EQ(read.top_tags.back().tag, "a") << "the reader lists the most bytes first";
+  EXPECT_EQ(read.top_tags.back().bytes, 3) << "a listed tag's bytes are kept exact between rankings";
 }
 
 }  // namespace
