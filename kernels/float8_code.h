@@ -1,7 +1,8 @@
 // The float8 codes that optim::Adam8bit can keep its moments in instead of the dynamic code
 // (Adam8bitOptions::code, optim/adam8bit.h): a byte read as a small float, so that a kernel turns codes into
 // values and values into codes by arithmetic alone, with no table and no search. Plain C++ that the CPU and
-// CUDA kernels (kernels/cpu/optim8bit.cpp, kernels/cuda/optim8bit.cu) and the tests share. No CUDA header.
+// CUDA kernels (kernels/cpu/optim8bit_float8.cpp, kernels/cuda/optim8bit.cu) and the tests share. No CUDA
+// header.
 //
 //   float x = float8_code::decode_signed(0x3f);            // 0x3f: +, exponent 7, mantissa 7
 //   uint8_t k = float8_code::encode_signed(x);             // 0x3f again

@@ -1,37 +1,25 @@
 // CPU Adam8bit update (op_adam8bit_step): per quantisation block, dequantise both moments, the Adam/AdamW
 // step from the new f32 moments (math::adam8bit_step, kernels/dynamic_code.h), the block's new scales, and
-// the moments requantised (kernels/dynamic_code.h). Blocks run in parallel; inside one, two passes with
-// AVX-512 (Note [Adam8bit with AVX-512]) or AVX2 (Note [Adam8bit with AVX2]) where the build targets it, else
-// plain loops the compiler vectorises (Note [four passes over a block]). Beside it, the naive reference it is
-// tested against bit for bit (adam8bit_step_reference_cpu, kernels/cpu/reference.h).
+// the moments requantised. Blocks run in parallel (adam8bit_loop). This file holds the dynamic code's blocks
+// (kernels/dynamic_code.h): two passes with AVX-512 (Note [Adam8bit with AVX-512]) or AVX2 (Note [Adam8bit
+// with AVX2]) where the build targets it, else plain loops the compiler vectorises (Note [four passes over
+// a block]). The float8 codes' blocks are in optim8bit_float8.cpp, the naive reference that both equal bit
+// for bit in optim8bit_reference.cpp.
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
 #include <type_traits>
-#include <vector>
 
 #include "core/error.h"
 #include "core/op_table_optim.h"
 #include "core/parallel.h"
+#include "kernels/cpu/optim8bit.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/register.h"
 #include "kernels/dynamic_code.h"
-#include "kernels/float8_code.h"
 
-// The f32 kernel's vector paths. The dynamic code: AVX-512 with VBMI where the build targets it, else AVX2
-// (one of the two). The float8 codes: AVX2 wherever the build targets it (AVX-512 machines included).
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define FRUGAL_FLOAT8_AVX2 1
-#endif
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
-#define FRUGAL_ADAM8BIT_AVX512 1
-#elif FRUGAL_FLOAT8_AVX2
-#define FRUGAL_ADAM8BIT_AVX2 1
-#endif
-
-namespace frugal {
+namespace frugal::optim8bit {
 namespace {
 
 using dynamic_code::Code;
@@ -124,30 +112,6 @@ void quantize_block(const FastCode& f, const C* x, C inv_scale, uint8_t* codes, 
   for (int64_t i = 0; i < len; ++i) codes[i] = quantize_fast<kSigned>(f, float(x[i] * inv_scale));
 }
 
-// What a block's moments are multiplied by before rounding to the code: 1 / its scale, or 0 for a zero
-// scale (every moment 0 or non-finite: each gets 0's code, x 0 being 0 or NaN). A multiply rather than a
-// division per element; a product may then exceed 1 by a rounding, which rounds to the code's end.
-template <typename C>
-C inverse_scale(float absmax) {
-  return absmax > 0 ? C(1) / C(absmax) : C(0);
-}
-
-template <typename C>
-math::Adam8bitHyper<C> hyper_of(const Adam8bitStepArgs& a) {
-  const bool decay = a.weight_decay != 0;
-  return {C(a.beta1),
-          C(a.beta2),
-          C(1 - a.beta1),
-          C(1 - a.beta2),
-          C(a.eps),
-          C(a.weight_decay),
-          C(1 - a.lr * a.weight_decay),
-          C(a.step_size),
-          C(a.bias_correction2_sqrt),
-          decay && !a.decoupled_weight_decay,
-          decay && a.decoupled_weight_decay};
-}
-
 // Note [four passes over a block]: the block's moments live in two f32 buffers on the stack, and each step
 // is its own plain loop over them (dequantise, update, scales, quantise): one loop doing all, with the
 // gathers, the update and the max reductions together, ran scalar (gcc 12 vectorised it, then took the
@@ -160,27 +124,6 @@ template <typename C>
 void dequantize_block(const float* value, const uint8_t* codes, C scale, C* out, int64_t len) {
 #pragma omp simd
   for (int64_t i = 0; i < len; ++i) out[i] = C(value[codes[i]]) * scale;
-}
-
-// The update of len elements: p, g (T); m, v (C) in: the dequantised moments, out: the new ones.
-template <typename T, typename C>
-void update_block(T* p, const T* g, C* m, C* v, const math::Adam8bitHyper<C> h, int64_t len) {
-#pragma omp simd
-  for (int64_t i = 0; i < len; ++i) {
-    const math::Adam8bitElement<C> e = math::adam8bit_step(C(p[i]), C(g[i]), m[i], v[i], h);
-    p[i] = T(e.p);
-    m[i] = e.m;
-    v[i] = e.v;
-  }
-}
-
-// The largest finite |x[i]|, i < len (0 if none).
-template <typename C>
-C finite_max(const C* x, int64_t len) {
-  C r = 0;
-#pragma omp simd reduction(max : r)
-  for (int64_t i = 0; i < len; ++i) r = std::max(r, math::finite_abs(x[i]));
-  return r;
 }
 
 // One block of len elements, four passes (Note [four passes over a block]): p, g [len] (T); c1, c2 [len]
@@ -199,31 +142,7 @@ void adam8bit_block_portable(T* p, const T* g, uint8_t* c1, float* absmax1, uint
   quantize_block<false>(f2, v, inverse_scale<C>(*absmax2), c2, len);
 }
 
-// adam8bit_block_portable with the float8 codes (Note [the float8 codes], kernels/float8_code.h): the same
-// four passes, the codes decoded and encoded by float8_code's scalar functions; v holds exp_avg_sq, then
-// its roots, and *absmax2 is the largest finite root.
-template <typename T, typename C>
-void float8_block_portable(T* p, const T* g, uint8_t* c1, float* absmax1, uint8_t* c2, float* absmax2,
-                           const math::Adam8bitHyper<C>& h, C* m, C* v, int64_t len) {
-  const float8_code::BlockFactors<C> old = float8_code::factors_of<C>(*absmax1, *absmax2);
-#pragma omp simd
-  for (int64_t i = 0; i < len; ++i) {
-    m[i] = C(float8_code::decode_signed(c1[i])) * old.exp_avg;
-    const C root = C(float8_code::decode_unsigned(c2[i])) * old.root;
-    v[i] = root * root;
-  }
-  update_block(p, g, m, v, h, len);
-#pragma omp simd
-  for (int64_t i = 0; i < len; ++i) v[i] = math::sqrt_(v[i]);
-  *absmax1 = float(finite_max(m, len));
-  *absmax2 = float(finite_max(v, len));
-  const float8_code::BlockFactors<C> now = float8_code::factors_of<C>(*absmax1, *absmax2);
-#pragma omp simd
-  for (int64_t i = 0; i < len; ++i) {
-    c1[i] = float8_code::encode_signed(float(m[i] * now.inv_exp_avg));
-    c2[i] = float8_code::encode_unsigned(float(v[i] * now.inv_root));
-  }
-}
+}  // namespace
 
 #if FRUGAL_FLOAT8_AVX2
 // Note [Adam8bit with AVX2]: the f32 kernel's block in two passes written with intrinsics. gcc 12
@@ -239,19 +158,7 @@ void float8_block_portable(T* p, const T* g, uint8_t* c1, float* absmax1, uint8_
 // fmas explicit, IEEE sqrt and division), and the codes quantize_fast's, so the vector lanes, the scalar
 // tails and the GPU round alike.
 namespace avx2 {
-
-// |x| when finite, else 0 (math::finite_abs; +0 for -0, which the largest |moment| cannot tell apart).
-inline __m256 finite_abs(__m256 x) {
-  const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
-  return _mm256_and_ps(a, _mm256_cmp_ps(a, _mm256_set1_ps(std::numeric_limits<float>::max()), _CMP_LE_OQ));
-}
-
-// The largest lane of x; its lanes are >= 0 and not NaN, so the order of the comparisons does not matter.
-inline float max_of(__m256 x) {
-  __m128 r = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  r = _mm_max_ps(r, _mm_movehl_ps(r, r));
-  return _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
-}
+namespace {
 
 // table[index[j]], j < 8: eight scalar loads put together with inserts. Not _mm256_i32gather_ps: on the Zen 3
 // this was measured on, 8 lookups take 0.35 ns an element this way, 0.6 by a gather.
@@ -305,14 +212,6 @@ inline __m256i quantize8(const float* entry, __m256i zero, __m256 q) {
   return _mm256_add_epi32(k, zero);
 }
 
-// The low bytes of four vectors of int32 codes (each in [0, 255]) to out[0 .. 32).
-inline void pack32(const __m256i k[4], uint8_t* out) {
-  // packus interleaves the 128-bit halves: the 32-bit groups of 4 codes come out as 0, 2, 4, 6, 1, 3, 5, 7.
-  const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(k[0], k[1]), _mm256_packus_epi32(k[2], k[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-}
-
 // codes[i] = the code of x[i] x inv_scale, i < len: 32 at a time, the rest one by one.
 template <bool kSigned>
 void quantize_block(const FastCode& f, const float* x, float inv_scale, uint8_t* codes, int64_t len) {
@@ -327,35 +226,6 @@ void quantize_block(const FastCode& f, const float* x, float inv_scale, uint8_t*
     pack32(k, codes + i);
   }
   for (; i < len; ++i) codes[i] = quantize_fast<kSigned>(f, x[i] * inv_scale);
-}
-
-// math::adam8bit_step on 8 lanes, operation for operation (Note [Adam8bit with AVX2]): the hyperparameters
-// broadcast, and one step giving the new parameter, moments, and root of exp_avg_sq (the denominator's).
-struct Hyper8 {
-  explicit Hyper8(const math::Adam8bitHyper<float>& h)
-      : beta1(_mm256_set1_ps(h.beta1)),
-        beta2(_mm256_set1_ps(h.beta2)),
-        one_minus_beta1(_mm256_set1_ps(h.one_minus_beta1)),
-        one_minus_beta2(_mm256_set1_ps(h.one_minus_beta2)),
-        eps(_mm256_set1_ps(h.eps)),
-        weight_decay(_mm256_set1_ps(h.weight_decay)),
-        shrink(_mm256_set1_ps(h.shrink)),
-        minus_step_size(_mm256_set1_ps(-h.step_size)),
-        bc2_sqrt(_mm256_set1_ps(h.bc2_sqrt)) {}
-  __m256 beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, shrink, minus_step_size, bc2_sqrt;
-};
-struct Step8 {
-  __m256 p, m, v, root;
-};
-template <bool kCoupled, bool kDecoupled>
-inline Step8 step8(const Hyper8& h, __m256 p, __m256 g, __m256 m_old, __m256 v_old) {
-  if constexpr (kCoupled) g = _mm256_fmadd_ps(h.weight_decay, p, g);
-  if constexpr (kDecoupled) p = _mm256_mul_ps(p, h.shrink);
-  const __m256 m = _mm256_fmadd_ps(h.beta1, m_old, _mm256_mul_ps(h.one_minus_beta1, g));
-  const __m256 v = _mm256_fmadd_ps(h.beta2, v_old, _mm256_mul_ps(h.one_minus_beta2, _mm256_mul_ps(g, g)));
-  const __m256 root = _mm256_sqrt_ps(v);
-  const __m256 denom = _mm256_add_ps(_mm256_div_ps(root, h.bc2_sqrt), h.eps);
-  return {_mm256_fmadd_ps(h.minus_step_size, _mm256_div_ps(m, denom), p), m, v, root};
 }
 
 // adam8bit_block_portable for f32, in two passes (Note [Adam8bit with AVX2]). h's flags are kCoupled and
@@ -397,156 +267,11 @@ void adam8bit_block(float* p, const float* g, uint8_t* c1, float* absmax1, uint8
   quantize_block<false>(f2, v, inverse_scale<float>(r2), c2, len);
 }
 
-// Note [float8 moments with AVX2]: the float8 codes (kernels/float8_code.h) in vectors of 8, with no table
-// and no gather, and with the scalar functions' results:
-// - Decoding: a code's bits shifted into an f32's exponent and mantissa are its value x 2^-112, the codes
-//   below 2^M (float8's subnormals) landing on f32's subnormals; one multiply by 2^112 finishes it, exactly.
-//   That needs the CPU to read subnormal inputs as they are: with MXCSR's DAZ set (not by frugal; by a
-//   caller), the kernel decodes as float8_code does, in seven operations instead of one
-//   (decode8_magnitude_exact).
-//   The signed code is sign-extended first, so its sign bit lands on the f32's.
-// - Encoding: as float8_code::encode_magnitude, the f32's bits plus a rounding increment (ties to even)
-//   less the exponent offset, shifted down; below 2^-14 an add of 2^(9 - M), which rounds; a blend.
-// - A block's scales: the largest |exp_avg| and root; a NaN lane drops out of _mm256_max_ps (it returns its
-//   second operand), an inf gets in, and then the block's finite maximum is taken again from the buffer.
-// The f32 block takes two passes as the dynamic code's (Note [Adam8bit with AVX2]); pass 1 stores the new
-// roots, which the update computes anyway, for pass 2 to encode.
-
-inline __m256i load8_unsigned(const uint8_t* codes) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
-}
-inline __m256i load8_signed(const uint8_t* codes) {
-  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
-}
-
-// float8_code::decode_signed / decode_unsigned of 8 codes (Note [float8 moments with AVX2]), through f32's
-// subnormals (kSubnormals) or as float8_code's scalar functions.
-// float8_code::decode_magnitude<F> of 8 magnitudes k <= F::kLargest, as the scalar function computes it.
-template <typename F>
-inline __m256 decode8_magnitude_exact(__m256i k) {
-  const __m256i subnormal = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(F::kFirstNormal)), k);
-  const __m256i biased =
-      _mm256_add_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(int(F::kOffset))),
-                       _mm256_and_si256(subnormal, _mm256_set1_epi32(int(F::kFirstNormal))));
-  return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_slli_epi32(biased, F::kShift)),
-                       _mm256_and_ps(_mm256_castsi256_ps(subnormal), _mm256_set1_ps(F::kSmallestNormal)));
-}
-template <bool kSubnormals>
-inline __m256 decode8_signed(const uint8_t* codes) {
-  using F = float8_code::Signed;
-  const __m256i k = load8_signed(codes);  // the sign bit in bits 7 to 31
-  if constexpr (kSubnormals) {
-    const __m256i bits =
-        _mm256_and_si256(_mm256_slli_epi32(k, F::kShift), _mm256_set1_epi32(int(0x87ffffffu)));
-    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p112f));
-  }
-  const __m256 a = decode8_magnitude_exact<F>(_mm256_and_si256(k, _mm256_set1_epi32(0x7f)));
-  return _mm256_or_ps(a, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(k, 31), 31)));
-}
-template <bool kSubnormals>
-inline __m256 decode8_unsigned(const uint8_t* codes) {
-  using F = float8_code::Unsigned;
-  const __m256i k = load8_unsigned(codes);
-  if constexpr (kSubnormals)
-    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(k, F::kShift)), _mm256_set1_ps(0x1p112f));
-  return decode8_magnitude_exact<F>(k);
-}
-
-// encode_magnitude<F> of 8 magnitudes a >= 0 (a NaN lane gives some code: the callers mask it).
-template <typename F>
-inline __m256i encode8_magnitude(__m256 a) {
-  const __m256i b = _mm256_castps_si256(a);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, F::kShift), _mm256_set1_epi32(1));
-  // b + the rounding increment, less the offset: below 2^-14 this wraps, and the blend drops it.
-  const __m256i increment = _mm256_set1_epi32(int((1u << (F::kShift - 1)) - 1 - (F::kOffset << F::kShift)));
-  const __m256i normal = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, odd), increment), F::kShift);
-  const __m256 magic = _mm256_set1_ps(F::kMagic);
-  const __m256i small =
-      _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, magic)), _mm256_castps_si256(magic));
-  const __m256 is_small = _mm256_cmp_ps(a, _mm256_set1_ps(F::kSmallestNormal), _CMP_LT_OQ);
-  const __m256i k = _mm256_castps_si256(
-      _mm256_blendv_ps(_mm256_castsi256_ps(normal), _mm256_castsi256_ps(small), is_small));
-  return _mm256_min_epu32(k, _mm256_set1_epi32(int(F::kLargest)));
-}
-
-// float8_code::encode_signed / encode_unsigned of 8 values, as int32 lanes.
-inline __m256i encode8_signed(__m256 q) {
-  const __m256 sign = _mm256_and_ps(q, _mm256_set1_ps(-0.0f));
-  const __m256i k = encode8_magnitude<float8_code::Signed>(_mm256_xor_ps(q, sign));
-  const __m256i ordered = _mm256_castps_si256(_mm256_cmp_ps(q, q, _CMP_ORD_Q));
-  return _mm256_and_si256(_mm256_or_si256(k, _mm256_srli_epi32(_mm256_castps_si256(sign), 24)), ordered);
-}
-inline __m256i encode8_unsigned(__m256 q) {
-  const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(q, _mm256_setzero_ps(), _CMP_GT_OQ));
-  return _mm256_and_si256(encode8_magnitude<float8_code::Unsigned>(q), positive);
-}
-
-// codes1[i] = encode_signed(m[i] x inv1), codes2[i] = encode_unsigned(root[i] x inv2), i < len: 32 at a
-// time, the rest one by one.
-void float8_encode_block(const float* m, float inv1, uint8_t* codes1, const float* root, float inv2,
-                         uint8_t* codes2, int64_t len) {
-  const __m256 scale1 = _mm256_set1_ps(inv1), scale2 = _mm256_set1_ps(inv2);
-  int64_t i = 0;
-  for (; i + 32 <= len; i += 32) {
-    __m256i k1[4], k2[4];
-    for (int j = 0; j < 4; ++j) {
-      k1[j] = encode8_signed(_mm256_mul_ps(_mm256_loadu_ps(m + i + 8 * j), scale1));
-      k2[j] = encode8_unsigned(_mm256_mul_ps(_mm256_loadu_ps(root + i + 8 * j), scale2));
-    }
-    pack32(k1, codes1 + i);
-    pack32(k2, codes2 + i);
-  }
-  for (; i < len; ++i) {
-    codes1[i] = float8_code::encode_signed(m[i] * inv1);
-    codes2[i] = float8_code::encode_unsigned(root[i] * inv2);
-  }
-}
-
-// The largest |x[i]|: the vector's maximum when finite, else the block's finite maximum from x.
-inline float finite_max_of(__m256 max, const float* x, int64_t len) {
-  const float r = max_of(max);
-  return r <= std::numeric_limits<float>::max() ? r : finite_max(x, len);
-}
-
-// float8_block_portable for f32, in two passes (Note [float8 moments with AVX2]); root: scratch as m.
-template <bool kCoupled, bool kDecoupled, bool kSubnormals>
-void float8_block(float* p, const float* g, uint8_t* c1, float* absmax1, uint8_t* c2, float* absmax2,
-                  const math::Adam8bitHyper<float>& h, float* m, float* root, int64_t len) {
-  const float8_code::BlockFactors<float> old = float8_code::factors_of<float>(*absmax1, *absmax2);
-  const __m256 scale1 = _mm256_set1_ps(old.exp_avg), scale2 = _mm256_set1_ps(old.root);
-  const Hyper8 h8(h);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 max1 = _mm256_setzero_ps(), max2 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const __m256 r = _mm256_mul_ps(decode8_unsigned<kSubnormals>(c2 + i), scale2);
-    const Step8 e = step8<kCoupled, kDecoupled>(h8, _mm256_loadu_ps(p + i), _mm256_loadu_ps(g + i),
-                                                _mm256_mul_ps(decode8_signed<kSubnormals>(c1 + i), scale1),
-                                                _mm256_mul_ps(r, r));
-    _mm256_storeu_ps(p + i, e.p);
-    _mm256_storeu_ps(m + i, e.m);
-    _mm256_storeu_ps(root + i, e.root);
-    max1 = _mm256_max_ps(_mm256_andnot_ps(sign, e.m), max1);
-    max2 = _mm256_max_ps(e.root, max2);
-  }
-  for (; i < len; ++i) {
-    const float r = float8_code::decode_unsigned(c2[i]) * old.root;
-    const math::Adam8bitElement<float> e =
-        math::adam8bit_step(p[i], g[i], float8_code::decode_signed(c1[i]) * old.exp_avg, r * r, h);
-    p[i] = e.p;
-    m[i] = e.m;
-    root[i] = math::sqrt_(e.v);
-    max1 = _mm256_max_ps(_mm256_set1_ps(std::fabs(e.m)), max1);
-    max2 = _mm256_max_ps(_mm256_set1_ps(root[i]), max2);
-  }
-  *absmax1 = finite_max_of(max1, m, len);
-  *absmax2 = finite_max_of(max2, root, len);
-  const float8_code::BlockFactors<float> now = float8_code::factors_of<float>(*absmax1, *absmax2);
-  float8_encode_block(m, now.inv_exp_avg, c1, root, now.inv_root, c2, len);
-}
-
+}  // namespace
 }  // namespace avx2
 #endif
+
+namespace {
 
 #if FRUGAL_ADAM8BIT_AVX512
 // Note [Adam8bit with AVX-512]: where the CPU has AVX-512 with VBMI (Zen 4 and later, Ice Lake and later),
@@ -942,119 +667,6 @@ void adam8bit_step_cpu(const Adam8bitStepArgs& a) {
     adam8bit_loop<T, false, false>(a);
 }
 
-// The naive reference: one element at a time, the moments of a block in vectors, the scale in a plain loop
-// and each code by a scan of all 256 entries for the nearest (in f64; ties toward 0, NaN to 0).
-uint8_t quantize_naive(const Code& c, float q) {
-  if (q != q) return uint8_t(c.zero);
-  const double x = std::min(std::max(double(q), double(c.value[0])), double(c.value[255]));  // inf: an end
-  int best = 0;
-  double best_distance = std::fabs(x - double(c.value[0]));
-  for (int k = 1; k < 256; ++k) {
-    const double d = std::fabs(x - double(c.value[k]));
-    if (d < best_distance || (d == best_distance && std::fabs(c.value[k]) < std::fabs(c.value[best]))) {
-      best = k;
-      best_distance = d;
-    }
-  }
-  return uint8_t(best);
-}
-
-// The float8 codes from their definition (Note [the float8 codes], kernels/float8_code.h): magnitude k, of
-// e = k >> M and m = k & (2^M - 1), is (1 + m / 2^M) x 2^(e - 15), or m x 2^(-14 - M) for e = 0; a value's
-// code by a scan of every magnitude for the nearest (in f64; a tie to the even code).
-double float8_magnitude_naive(int k, int mantissa) {
-  const int e = k >> mantissa, m = k & ((1 << mantissa) - 1);
-  return e == 0 ? std::ldexp(double(m), -14 - mantissa)
-                : std::ldexp(1 + std::ldexp(double(m), -mantissa), e - 15);
-}
-// Every magnitude of each code, [0]: signed (128), [1]: unsigned (256).
-const std::array<std::array<double, 256>, 2>& float8_magnitudes() {
-  static const std::array<std::array<double, 256>, 2> table = [] {
-    std::array<std::array<double, 256>, 2> t{};
-    for (int k = 0; k < 256; ++k) t[0][size_t(k)] = float8_magnitude_naive(k & 0x7f, 3);
-    for (int k = 0; k < 256; ++k) t[1][size_t(k)] = float8_magnitude_naive(k, 4);
-    return t;
-  }();
-  return table;
-}
-double float8_decode_naive(bool is_signed, uint8_t code) {
-  if (!is_signed) return float8_magnitudes()[1][code];
-  const double a = float8_magnitudes()[0][code & 0x7f];
-  return code & 0x80 ? -a : a;
-}
-uint8_t float8_encode_naive(bool is_signed, float q) {
-  if (q != q || (!is_signed && !(q > 0))) return 0;
-  const std::array<double, 256>& magnitude = float8_magnitudes()[is_signed ? 0 : 1];
-  const int largest = is_signed ? 127 : 255;
-  const double a = std::min(std::fabs(double(q)), magnitude[size_t(largest)]);  // inf: the top
-  int best = 0;
-  double best_distance = a;
-  for (int k = 1; k <= largest; ++k) {
-    const double d = std::fabs(a - magnitude[size_t(k)]);
-    if (d < best_distance || (d == best_distance && k % 2 == 0)) {
-      best = k;
-      best_distance = d;
-    }
-  }
-  return uint8_t(is_signed && std::signbit(q) ? 0x80 | best : best);
-}
-
-template <typename T>
-void adam8bit_step_reference(const Adam8bitStepArgs& a) {
-  using C = acc_t<T>;
-  T* param = static_cast<T*>(a.param);
-  const T* grad = static_cast<const T*>(a.grad);
-  const math::Adam8bitHyper<C> h = hyper_of<C>(a);
-  const Code& code1 = dynamic_code::signed_code();
-  const Code& code2 = dynamic_code::unsigned_code();
-  const bool float8 = a.float8;
-  for (int64_t begin = 0, b = 0; begin < a.n; begin += a.block_size, ++b) {
-    const int64_t len = std::min(a.block_size, a.n - begin);
-    std::vector<C> m(size_t(len), C(0)), v(size_t(len), C(0));
-    const auto old = float8_code::factors_of<C>(a.exp_avg_absmax[b], a.exp_avg_sq_absmax[b]);
-    for (int64_t i = 0; i < len; ++i) {
-      const int64_t k = begin + i;
-      C m_old = C(code1.value[a.exp_avg_codes[k]]) * C(a.exp_avg_absmax[b]);
-      C v_old = C(code2.value[a.exp_avg_sq_codes[k]]) * C(a.exp_avg_sq_absmax[b]);
-      if (float8) {
-        m_old = C(float8_decode_naive(true, a.exp_avg_codes[k])) * old.exp_avg;
-        const C root = C(float8_decode_naive(false, a.exp_avg_sq_codes[k])) * old.root;
-        v_old = root * root;
-      }
-      const math::Adam8bitElement<C> e = math::adam8bit_step(C(param[k]), C(grad[k]), m_old, v_old, h);
-      param[k] = T(e.p);
-      m[size_t(i)] = e.m;
-      v[size_t(i)] = e.v;
-    }
-    C max1 = 0, max2 = 0;
-    for (int64_t i = 0; i < len; ++i) {
-      max1 = std::max(max1, math::finite_abs(m[size_t(i)]));
-      max2 = std::max(max2, math::finite_abs(v[size_t(i)]));
-    }
-    a.exp_avg_absmax[b] = float(max1);
-    a.exp_avg_sq_absmax[b] = float(max2);
-    if (float8) {
-      // The largest finite root of exp_avg_sq is its scale.
-      C max_root = 0;
-      for (int64_t i = 0; i < len; ++i)
-        max_root = std::max(max_root, math::finite_abs(math::sqrt_(v[size_t(i)])));
-      a.exp_avg_sq_absmax[b] = float(max_root);
-      const auto now = float8_code::factors_of<C>(a.exp_avg_absmax[b], a.exp_avg_sq_absmax[b]);
-      for (int64_t i = 0; i < len; ++i) {
-        a.exp_avg_codes[begin + i] = float8_encode_naive(true, float(m[size_t(i)] * now.inv_exp_avg));
-        a.exp_avg_sq_codes[begin + i] =
-            float8_encode_naive(false, float(math::sqrt_(v[size_t(i)]) * now.inv_root));
-      }
-      continue;
-    }
-    const C inv1 = inverse_scale<C>(a.exp_avg_absmax[b]), inv2 = inverse_scale<C>(a.exp_avg_sq_absmax[b]);
-    for (int64_t i = 0; i < len; ++i) {
-      a.exp_avg_codes[begin + i] = quantize_naive(code1, float(m[size_t(i)] * inv1));
-      a.exp_avg_sq_codes[begin + i] = quantize_naive(code2, float(v[size_t(i)] * inv2));
-    }
-  }
-}
-
 const bool kRegistered = [] {
   cpu::for_types<float, double, Half, BFloat16>([](auto t) {
     using T = decltype(t);
@@ -1064,43 +676,14 @@ const bool kRegistered = [] {
 }();
 
 }  // namespace
+}  // namespace frugal::optim8bit
 
-void adam8bit_step_reference_cpu(DType dtype, const Adam8bitStepArgs& a) {
-  switch (dtype) {
-    case DType::F32:
-      return adam8bit_step_reference<float>(a);
-    case DType::F64:
-      return adam8bit_step_reference<double>(a);
-    case DType::F16:
-      return adam8bit_step_reference<Half>(a);
-    case DType::BF16:
-      return adam8bit_step_reference<BFloat16>(a);
-    default:
-      FRUGAL_CHECK_DTYPE(false, "adam8bit_step_reference_cpu: no kernel for dtype ", dtype_name(dtype),
-                         "; the parameters of Adam8bit are f32, f64, f16 or bf16");
-  }
-}
+namespace frugal {
+
+using namespace optim8bit;
 
 uint8_t dynamic_code_quantize_cpu(bool is_signed, float q) {
   return is_signed ? quantize_fast<true>(fast_signed(), q) : quantize_fast<false>(fast_unsigned(), q);
-}
-uint8_t dynamic_code_quantize_reference(bool is_signed, float q) {
-  return quantize_naive(is_signed ? dynamic_code::signed_code() : dynamic_code::unsigned_code(), q);
-}
-uint8_t float8_code_encode_reference(bool is_signed, float q) { return float8_encode_naive(is_signed, q); }
-double float8_code_decode_reference(bool is_signed, uint8_t code) {
-  return float8_decode_naive(is_signed, code);
-}
-void float8_code_encode_block_cpu(const float* m, uint8_t* codes1, const float* root, uint8_t* codes2,
-                                  int64_t n) {
-#if FRUGAL_FLOAT8_AVX2
-  avx2::float8_encode_block(m, 1.0f, codes1, root, 1.0f, codes2, n);
-#else
-  for (int64_t i = 0; i < n; ++i) {
-    codes1[i] = float8_code::encode_signed(m[i]);
-    codes2[i] = float8_code::encode_unsigned(root[i]);
-  }
-#endif
 }
 void dynamic_code_quantize_block_cpu(bool is_signed, const float* q, uint8_t* codes, int64_t n) {
 #if FRUGAL_ADAM8BIT_AVX512

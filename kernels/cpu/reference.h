@@ -148,9 +148,9 @@ void gemm_f16_widened_cpu(const GemmArgs& g);
 }  // namespace frugal
 
 namespace frugal {
-// The naive Adam8bit update (op_adam8bit_step's definition, kernels/cpu/optim8bit.cpp) for a parameter of
-// `dtype`: one element at a time, each code by a scan of every entry of its code (the dynamic code's or, with
-// args.float8, the float8 code's). The registered kernel equals it bit for bit.
+// The naive Adam8bit update (op_adam8bit_step's definition, kernels/cpu/optim8bit_reference.cpp) for a
+// parameter of `dtype`: one element at a time, each code by a scan of every entry of its code (the dynamic
+// code's or, with args.float8, the float8 code's). The registered kernel equals it bit for bit.
 void adam8bit_step_reference_cpu(DType dtype, const Adam8bitStepArgs& a);
 // The code of q in the signed or unsigned dynamic code (kernels/dynamic_code.h): the CPU kernel's bucket
 // search and the reference's scan of every entry.

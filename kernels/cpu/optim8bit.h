@@ -1,0 +1,145 @@
+// What the CPU kernels of op_adam8bit_step share: kernels/cpu/optim8bit.cpp (the dynamic code, and the
+// loop over the blocks that runs every kernel), optim8bit_float8.cpp (the float8 codes' blocks) and
+// optim8bit_reference.cpp (the naive reference both are tested against). Private to those files.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/dtype.h"
+#include "core/op_table_optim.h"
+#include "kernels/dynamic_code.h"
+
+// The f32 kernel's vector paths. The dynamic code: AVX-512 with VBMI where the build targets it, else AVX2
+// (one of the two). The float8 codes: AVX2 wherever the build targets it (AVX-512 machines included).
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define FRUGAL_FLOAT8_AVX2 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
+#define FRUGAL_ADAM8BIT_AVX512 1
+#elif FRUGAL_FLOAT8_AVX2
+#define FRUGAL_ADAM8BIT_AVX2 1
+#endif
+
+namespace frugal::optim8bit {
+
+// What a block's moments are multiplied by before rounding to the code: 1 / its scale, or 0 for a zero
+// scale (every moment 0 or non-finite: each gets 0's code, x 0 being 0 or NaN). A multiply rather than a
+// division per element; a product may then exceed 1 by a rounding, which rounds to the code's end.
+template <typename C>
+C inverse_scale(float absmax) {
+  return absmax > 0 ? C(1) / C(absmax) : C(0);
+}
+
+template <typename C>
+math::Adam8bitHyper<C> hyper_of(const Adam8bitStepArgs& a) {
+  const bool decay = a.weight_decay != 0;
+  return {C(a.beta1),
+          C(a.beta2),
+          C(1 - a.beta1),
+          C(1 - a.beta2),
+          C(a.eps),
+          C(a.weight_decay),
+          C(1 - a.lr * a.weight_decay),
+          C(a.step_size),
+          C(a.bias_correction2_sqrt),
+          decay && !a.decoupled_weight_decay,
+          decay && a.decoupled_weight_decay};
+}
+
+// The update of len elements: p, g (T); m, v (C) in: the dequantised moments, out: the new ones.
+template <typename T, typename C>
+void update_block(T* p, const T* g, C* m, C* v, const math::Adam8bitHyper<C> h, int64_t len) {
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) {
+    const math::Adam8bitElement<C> e = math::adam8bit_step(C(p[i]), C(g[i]), m[i], v[i], h);
+    p[i] = T(e.p);
+    m[i] = e.m;
+    v[i] = e.v;
+  }
+}
+
+// The largest finite |x[i]|, i < len (0 if none).
+template <typename C>
+C finite_max(const C* x, int64_t len) {
+  C r = 0;
+#pragma omp simd reduction(max : r)
+  for (int64_t i = 0; i < len; ++i) r = std::max(r, math::finite_abs(x[i]));
+  return r;
+}
+
+// adam8bit_block_portable with the float8 codes (Note [the float8 codes], kernels/float8_code.h): the same
+// four passes, the codes decoded and encoded by float8_code's scalar functions; v holds exp_avg_sq, then
+// its roots, and *absmax2 is the largest finite root.
+// Defined in optim8bit_float8.cpp for the four dtypes' (T, acc_t<T>).
+template <typename T, typename C>
+void float8_block_portable(T* p, const T* g, uint8_t* c1, float* absmax1, uint8_t* c2, float* absmax2,
+                           const math::Adam8bitHyper<C>& h, C* m, C* v, int64_t len);
+
+#if FRUGAL_FLOAT8_AVX2
+namespace avx2 {
+
+// |x| when finite, else 0 (math::finite_abs; +0 for -0, which the largest |moment| cannot tell apart).
+inline __m256 finite_abs(__m256 x) {
+  const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+  return _mm256_and_ps(a, _mm256_cmp_ps(a, _mm256_set1_ps(std::numeric_limits<float>::max()), _CMP_LE_OQ));
+}
+
+// The largest lane of x; its lanes are >= 0 and not NaN, so the order of the comparisons does not matter.
+inline float max_of(__m256 x) {
+  __m128 r = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+  return _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
+}
+
+// The low bytes of four vectors of int32 codes (each in [0, 255]) to out[0 .. 32).
+inline void pack32(const __m256i k[4], uint8_t* out) {
+  // packus interleaves the 128-bit halves: the 32-bit groups of 4 codes come out as 0, 2, 4, 6, 1, 3, 5, 7.
+  const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(k[0], k[1]), _mm256_packus_epi32(k[2], k[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// math::adam8bit_step on 8 lanes, operation for operation (Note [Adam8bit with AVX2], optim8bit.cpp): the
+// hyperparameters broadcast, and one step giving the new parameter, moments, and root of exp_avg_sq (the
+// denominator's).
+struct Hyper8 {
+  explicit Hyper8(const math::Adam8bitHyper<float>& h)
+      : beta1(_mm256_set1_ps(h.beta1)),
+        beta2(_mm256_set1_ps(h.beta2)),
+        one_minus_beta1(_mm256_set1_ps(h.one_minus_beta1)),
+        one_minus_beta2(_mm256_set1_ps(h.one_minus_beta2)),
+        eps(_mm256_set1_ps(h.eps)),
+        weight_decay(_mm256_set1_ps(h.weight_decay)),
+        shrink(_mm256_set1_ps(h.shrink)),
+        minus_step_size(_mm256_set1_ps(-h.step_size)),
+        bc2_sqrt(_mm256_set1_ps(h.bc2_sqrt)) {}
+  __m256 beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, shrink, minus_step_size, bc2_sqrt;
+};
+struct Step8 {
+  __m256 p, m, v, root;
+};
+template <bool kCoupled, bool kDecoupled>
+inline Step8 step8(const Hyper8& h, __m256 p, __m256 g, __m256 m_old, __m256 v_old) {
+  if constexpr (kCoupled) g = _mm256_fmadd_ps(h.weight_decay, p, g);
+  if constexpr (kDecoupled) p = _mm256_mul_ps(p, h.shrink);
+  const __m256 m = _mm256_fmadd_ps(h.beta1, m_old, _mm256_mul_ps(h.one_minus_beta1, g));
+  const __m256 v = _mm256_fmadd_ps(h.beta2, v_old, _mm256_mul_ps(h.one_minus_beta2, _mm256_mul_ps(g, g)));
+  const __m256 root = _mm256_sqrt_ps(v);
+  const __m256 denom = _mm256_add_ps(_mm256_div_ps(root, h.bc2_sqrt), h.eps);
+  return {_mm256_fmadd_ps(h.minus_step_size, _mm256_div_ps(m, denom), p), m, v, root};
+}
+
+// float8_block_portable for f32, in two passes (Note [float8 moments with AVX2]); root: scratch as m.
+// Defined in optim8bit_float8.cpp for the flags optim8bit.cpp's loop passes.
+template <bool kCoupled, bool kDecoupled, bool kSubnormals>
+void float8_block(float* p, const float* g, uint8_t* c1, float* absmax1, uint8_t* c2, float* absmax2,
+                  const math::Adam8bitHyper<float>& h, float* m, float* root, int64_t len);
+
+}  // namespace avx2
+#endif
+
+}  // namespace frugal::optim8bit

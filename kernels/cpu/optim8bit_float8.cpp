@@ -1,0 +1,231 @@
+// The float8 codes' blocks of the CPU Adam8bit kernel (op_adam8bit_step with args.float8; Note [the float8
+// codes], kernels/float8_code.h): a portable form for every dtype and an AVX2 one for f32 (Note [float8
+// moments with AVX2]), run by kernels/cpu/optim8bit.cpp's loop over the blocks; and the block encoder the
+// codes' tests check (float8_code_encode_block_cpu).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/dtype.h"
+#include "kernels/cpu/optim8bit.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/dynamic_code.h"
+#include "kernels/float8_code.h"
+
+namespace frugal::optim8bit {
+
+template <typename T, typename C>
+void float8_block_portable(T* p, const T* g, uint8_t* c1, float* absmax1, uint8_t* c2, float* absmax2,
+                           const math::Adam8bitHyper<C>& h, C* m, C* v, int64_t len) {
+  const float8_code::BlockFactors<C> old = float8_code::factors_of<C>(*absmax1, *absmax2);
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) {
+    m[i] = C(float8_code::decode_signed(c1[i])) * old.exp_avg;
+    const C root = C(float8_code::decode_unsigned(c2[i])) * old.root;
+    v[i] = root * root;
+  }
+  update_block(p, g, m, v, h, len);
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) v[i] = math::sqrt_(v[i]);
+  *absmax1 = float(finite_max(m, len));
+  *absmax2 = float(finite_max(v, len));
+  const float8_code::BlockFactors<C> now = float8_code::factors_of<C>(*absmax1, *absmax2);
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) {
+    c1[i] = float8_code::encode_signed(float(m[i] * now.inv_exp_avg));
+    c2[i] = float8_code::encode_unsigned(float(v[i] * now.inv_root));
+  }
+}
+
+template void float8_block_portable(float*, const float*, uint8_t*, float*, uint8_t*, float*,
+                                    const math::Adam8bitHyper<float>&, float*, float*, int64_t);
+template void float8_block_portable(double*, const double*, uint8_t*, float*, uint8_t*, float*,
+                                    const math::Adam8bitHyper<double>&, double*, double*, int64_t);
+template void float8_block_portable(Half*, const Half*, uint8_t*, float*, uint8_t*, float*,
+                                    const math::Adam8bitHyper<float>&, float*, float*, int64_t);
+template void float8_block_portable(BFloat16*, const BFloat16*, uint8_t*, float*, uint8_t*, float*,
+                                    const math::Adam8bitHyper<float>&, float*, float*, int64_t);
+
+#if FRUGAL_FLOAT8_AVX2
+namespace avx2 {
+namespace {
+
+// Note [float8 moments with AVX2]: the float8 codes (kernels/float8_code.h) in vectors of 8, with no table
+// and no gather, and with the scalar functions' results:
+// - Decoding: a code's bits shifted into an f32's exponent and mantissa are its value x 2^-112, the codes
+//   below 2^M (float8's subnormals) landing on f32's subnormals; one multiply by 2^112 finishes it, exactly.
+//   That needs the CPU to read subnormal inputs as they are: with MXCSR's DAZ set (not by frugal; by a
+//   caller), the kernel decodes as float8_code does, in seven operations instead of one
+//   (decode8_magnitude_exact).
+//   The signed code is sign-extended first, so its sign bit lands on the f32's.
+// - Encoding: as float8_code::encode_magnitude, the f32's bits plus a rounding increment (ties to even)
+//   less the exponent offset, shifted down; below 2^-14 an add of 2^(9 - M), which rounds; a blend.
+// - A block's scales: the largest |exp_avg| and root; a NaN lane drops out of _mm256_max_ps (it returns its
+//   second operand), an inf gets in, and then the block's finite maximum is taken again from the buffer.
+// The f32 block takes two passes as the dynamic code's (Note [Adam8bit with AVX2]); pass 1 stores the new
+// roots, which the update computes anyway, for pass 2 to encode.
+
+inline __m256i load8_unsigned(const uint8_t* codes) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+}
+inline __m256i load8_signed(const uint8_t* codes) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+}
+
+// float8_code::decode_signed / decode_unsigned of 8 codes (Note [float8 moments with AVX2]), through f32's
+// subnormals (kSubnormals) or as float8_code's scalar functions.
+// float8_code::decode_magnitude<F> of 8 magnitudes k <= F::kLargest, as the scalar function computes it.
+template <typename F>
+inline __m256 decode8_magnitude_exact(__m256i k) {
+  const __m256i subnormal = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(F::kFirstNormal)), k);
+  const __m256i biased =
+      _mm256_add_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(int(F::kOffset))),
+                       _mm256_and_si256(subnormal, _mm256_set1_epi32(int(F::kFirstNormal))));
+  return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_slli_epi32(biased, F::kShift)),
+                       _mm256_and_ps(_mm256_castsi256_ps(subnormal), _mm256_set1_ps(F::kSmallestNormal)));
+}
+template <bool kSubnormals>
+inline __m256 decode8_signed(const uint8_t* codes) {
+  using F = float8_code::Signed;
+  const __m256i k = load8_signed(codes);  // the sign bit in bits 7 to 31
+  if constexpr (kSubnormals) {
+    const __m256i bits =
+        _mm256_and_si256(_mm256_slli_epi32(k, F::kShift), _mm256_set1_epi32(int(0x87ffffffu)));
+    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p112f));
+  }
+  const __m256 a = decode8_magnitude_exact<F>(_mm256_and_si256(k, _mm256_set1_epi32(0x7f)));
+  return _mm256_or_ps(a, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(k, 31), 31)));
+}
+template <bool kSubnormals>
+inline __m256 decode8_unsigned(const uint8_t* codes) {
+  using F = float8_code::Unsigned;
+  const __m256i k = load8_unsigned(codes);
+  if constexpr (kSubnormals)
+    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(k, F::kShift)), _mm256_set1_ps(0x1p112f));
+  return decode8_magnitude_exact<F>(k);
+}
+
+// encode_magnitude<F> of 8 magnitudes a >= 0 (a NaN lane gives some code: the callers mask it).
+template <typename F>
+inline __m256i encode8_magnitude(__m256 a) {
+  const __m256i b = _mm256_castps_si256(a);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, F::kShift), _mm256_set1_epi32(1));
+  // b + the rounding increment, less the offset: below 2^-14 this wraps, and the blend drops it.
+  const __m256i increment = _mm256_set1_epi32(int((1u << (F::kShift - 1)) - 1 - (F::kOffset << F::kShift)));
+  const __m256i normal = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, odd), increment), F::kShift);
+  const __m256 magic = _mm256_set1_ps(F::kMagic);
+  const __m256i small =
+      _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, magic)), _mm256_castps_si256(magic));
+  const __m256 is_small = _mm256_cmp_ps(a, _mm256_set1_ps(F::kSmallestNormal), _CMP_LT_OQ);
+  const __m256i k = _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(normal), _mm256_castsi256_ps(small), is_small));
+  return _mm256_min_epu32(k, _mm256_set1_epi32(int(F::kLargest)));
+}
+
+// float8_code::encode_signed / encode_unsigned of 8 values, as int32 lanes.
+inline __m256i encode8_signed(__m256 q) {
+  const __m256 sign = _mm256_and_ps(q, _mm256_set1_ps(-0.0f));
+  const __m256i k = encode8_magnitude<float8_code::Signed>(_mm256_xor_ps(q, sign));
+  const __m256i ordered = _mm256_castps_si256(_mm256_cmp_ps(q, q, _CMP_ORD_Q));
+  return _mm256_and_si256(_mm256_or_si256(k, _mm256_srli_epi32(_mm256_castps_si256(sign), 24)), ordered);
+}
+inline __m256i encode8_unsigned(__m256 q) {
+  const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(q, _mm256_setzero_ps(), _CMP_GT_OQ));
+  return _mm256_and_si256(encode8_magnitude<float8_code::Unsigned>(q), positive);
+}
+
+// codes1[i] = encode_signed(m[i] x inv1), codes2[i] = encode_unsigned(root[i] x inv2), i < len: 32 at a
+// time, the rest one by one.
+void float8_encode_block(const float* m, float inv1, uint8_t* codes1, const float* root, float inv2,
+                         uint8_t* codes2, int64_t len) {
+  const __m256 scale1 = _mm256_set1_ps(inv1), scale2 = _mm256_set1_ps(inv2);
+  int64_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    __m256i k1[4], k2[4];
+    for (int j = 0; j < 4; ++j) {
+      k1[j] = encode8_signed(_mm256_mul_ps(_mm256_loadu_ps(m + i + 8 * j), scale1));
+      k2[j] = encode8_unsigned(_mm256_mul_ps(_mm256_loadu_ps(root + i + 8 * j), scale2));
+    }
+    pack32(k1, codes1 + i);
+    pack32(k2, codes2 + i);
+  }
+  for (; i < len; ++i) {
+    codes1[i] = float8_code::encode_signed(m[i] * inv1);
+    codes2[i] = float8_code::encode_unsigned(root[i] * inv2);
+  }
+}
+
+// The largest |x[i]|: the vector's maximum when finite, else the block's finite maximum from x.
+inline float finite_max_of(__m256 max, const float* x, int64_t len) {
+  const float r = max_of(max);
+  return r <= std::numeric_limits<float>::max() ? r : finite_max(x, len);
+}
+
+}  // namespace
+
+template <bool kCoupled, bool kDecoupled, bool kSubnormals>
+void float8_block(float* p, const float* g, uint8_t* c1, float* absmax1, uint8_t* c2, float* absmax2,
+                  const math::Adam8bitHyper<float>& h, float* m, float* root, int64_t len) {
+  const float8_code::BlockFactors<float> old = float8_code::factors_of<float>(*absmax1, *absmax2);
+  const __m256 scale1 = _mm256_set1_ps(old.exp_avg), scale2 = _mm256_set1_ps(old.root);
+  const Hyper8 h8(h);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 max1 = _mm256_setzero_ps(), max2 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256 r = _mm256_mul_ps(decode8_unsigned<kSubnormals>(c2 + i), scale2);
+    const Step8 e = step8<kCoupled, kDecoupled>(h8, _mm256_loadu_ps(p + i), _mm256_loadu_ps(g + i),
+                                                _mm256_mul_ps(decode8_signed<kSubnormals>(c1 + i), scale1),
+                                                _mm256_mul_ps(r, r));
+    _mm256_storeu_ps(p + i, e.p);
+    _mm256_storeu_ps(m + i, e.m);
+    _mm256_storeu_ps(root + i, e.root);
+    max1 = _mm256_max_ps(_mm256_andnot_ps(sign, e.m), max1);
+    max2 = _mm256_max_ps(e.root, max2);
+  }
+  for (; i < len; ++i) {
+    const float r = float8_code::decode_unsigned(c2[i]) * old.root;
+    const math::Adam8bitElement<float> e =
+        math::adam8bit_step(p[i], g[i], float8_code::decode_signed(c1[i]) * old.exp_avg, r * r, h);
+    p[i] = e.p;
+    m[i] = e.m;
+    root[i] = math::sqrt_(e.v);
+    max1 = _mm256_max_ps(_mm256_set1_ps(std::fabs(e.m)), max1);
+    max2 = _mm256_max_ps(_mm256_set1_ps(root[i]), max2);
+  }
+  *absmax1 = finite_max_of(max1, m, len);
+  *absmax2 = finite_max_of(max2, root, len);
+  const float8_code::BlockFactors<float> now = float8_code::factors_of<float>(*absmax1, *absmax2);
+  float8_encode_block(m, now.inv_exp_avg, c1, root, now.inv_root, c2, len);
+}
+
+// The forms the loop calls: coupled or decoupled weight decay (or none), with or without subnormals.
+using Float8Block = void(float*, const float*, uint8_t*, float*, uint8_t*, float*,
+                         const math::Adam8bitHyper<float>&, float*, float*, int64_t);
+template Float8Block float8_block<false, false, false>;
+template Float8Block float8_block<false, false, true>;
+template Float8Block float8_block<true, false, false>;
+template Float8Block float8_block<true, false, true>;
+template Float8Block float8_block<false, true, false>;
+template Float8Block float8_block<false, true, true>;
+
+}  // namespace avx2
+#endif
+
+}  // namespace frugal::optim8bit
+
+namespace frugal {
+
+void float8_code_encode_block_cpu(const float* m, uint8_t* codes1, const float* root, uint8_t* codes2,
+                                  int64_t n) {
+#if FRUGAL_FLOAT8_AVX2
+  optim8bit::avx2::float8_encode_block(m, 1.0f, codes1, root, 1.0f, codes2, n);
+#else
+  for (int64_t i = 0; i < n; ++i) {
+    codes1[i] = float8_code::encode_signed(m[i]);
+    codes2[i] = float8_code::encode_unsigned(root[i]);
+  }
+#endif
+}
+
+}  // namespace frugal
