@@ -17,7 +17,8 @@
 # 0.5-point target. Times and memory do not depend on the seed.
 # W4r and W6 are judged against frugal's own W4 and W3 (run W4r with W4; W6 and W4b carry the W3 and W4 figures
 # of runs alternated with them in the same process). FRUGAL_PEAK_GFLOPS and FRUGAL_PEAK_BF16_GFLOPS (the f32
-# and bf16 ceilings from fma-peak.sh, measured now on this machine) add each GEMM's fraction of its ceiling.
+# and bf16 ceilings from fma-peak.sh, measured now on this machine; or "measure", for bench/workloads to
+# measure them itself) add each GEMM's fraction of its ceiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}

@@ -6,6 +6,7 @@
 // (core/profiler.h), FRUGAL_BENCH_HISTORY=1 under the memory history (core/memory_history.h), to measure what
 // they cost beside a run without (what they recorded goes to stderr). bench/peers/torch_workloads.py prints
 // the same lines for PyTorch; bench/compare.sh runs both alternately and tabulates the ratios.
+#include <immintrin.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -91,7 +92,8 @@ void fashion(const char* name, bool cnn) {
 
 // The machine's compute ceilings in GFLOP/s (shared/WORKLOADS.md: measured by fma-peak.sh on the same machine
 // at the same time), from --peak-gflops=F32 and --peak-bf16-gflops=BF16 or FRUGAL_PEAK_GFLOPS and
-// FRUGAL_PEAK_BF16_GFLOPS; 0 when not given. With one, every GEMM-bound line gains "ceiling_fraction".
+// FRUGAL_PEAK_BF16_GFLOPS (either may be "measure": ceiling_arg); 0 when not given. With one, every
+// GEMM-bound line gains "ceiling_fraction".
 double peak_f32 = 0, peak_bf16 = 0;
 
 // `, "ceiling_fraction": x` for a rate against a ceiling, or nothing without a ceiling.
@@ -352,17 +354,81 @@ void gemm_shapes(DType dtype) {
 }
 
 // A ceiling from `--flag=X` in the arguments (which it removes) or else the environment variable `env`.
+// The f32 FMA ceiling in GFLOP/s of the widest vectors this build targets, on the library's threads: each
+// thread runs kChains independent chains of FMAs (more than the FMA units' latency x their count, so that
+// they stay busy); the best of 3 runs. What fma-peak.sh measures, for a machine where it cannot run (it
+// needs AVX-512: on a Zen 3 it stops with SIGILL). Written by hand: no Debian package measures this.
+double measure_f32_ceiling() {
+#if defined(__AVX512F__)
+  using Vec = __m512;
+  constexpr int kLanes = 16;
+  auto fma = [](Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); };
+  auto splat = [](float x) { return _mm512_set1_ps(x); };
+  auto sum = [](Vec v) { return _mm512_reduce_add_ps(v); };
+#elif defined(__AVX2__) && defined(__FMA__)
+  using Vec = __m256;
+  constexpr int kLanes = 8;
+  auto fma = [](Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); };
+  auto splat = [](float x) { return _mm256_set1_ps(x); };
+  auto sum = [](Vec v) {
+    alignas(32) float f[8];
+    _mm256_store_ps(f, v);
+    return f[0] + f[1] + f[2] + f[3] + f[4] + f[5] + f[6] + f[7];
+  };
+#else
+  return 0;  // no vector FMA in this build: no ceiling
+#endif
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  constexpr int kChains = 12;
+  constexpr int64_t kIterations = 400'000'000;  // about 0.1 s a run on one core
+  const int threads = num_threads();
+  double best = 0;
+  for (int run = 0; run < 3; ++run) {
+    float total = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      Vec acc[kChains];
+      for (int c = 0; c < kChains; ++c) acc[c] = splat(float(c));
+      const Vec a = splat(0.999999f), b = splat(1e-7f);
+      for (int64_t i = 0; i < kIterations / kChains; ++i)
+        for (int c = 0; c < kChains; ++c) acc[c] = fma(acc[c], a, b);
+      for (int c = 0; c < kChains; ++c) total += sum(acc[c]);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!(total == total)) std::fprintf(stderr, "ceiling: NaN\n");  // keeps the chains' results alive
+    best = std::max(best, 2.0 * kLanes * double(kIterations / kChains * kChains) * threads / s / 1e9);
+  }
+  return best;
+#endif
+}
+
+// A ceiling from `flag`=GFLOPS or the environment variable `env`; "measure" measures the f32 one here
+// (measure_f32_ceiling), which also stands for bf16 on a CPU without a bf16 dot-product instruction, where
+// a bf16 GEMM runs on the f32 FMAs. 0: none.
 double ceiling_arg(std::vector<std::string>& args, const std::string& flag, const char* env) {
-  double v = 0;
-  if (const char* e = std::getenv(env)) v = std::atof(e);
+  std::string text;
+  if (const char* e = std::getenv(env)) text = e;
   for (auto it = args.begin(); it != args.end();) {
     if (it->rfind(flag + "=", 0) == 0) {
-      v = std::atof(it->c_str() + flag.size() + 1);
+      text = it->substr(flag.size() + 1);
       it = args.erase(it);
     } else {
       ++it;
     }
   }
+  if (text != "measure") return std::atof(text.c_str());
+#if defined(__AVX512BF16__)
+  if (flag == "--peak-bf16-gflops") {
+    std::fprintf(stderr, "%s=measure: this CPU has a bf16 dot product; give the rate fma-peak.sh measures\n",
+                 flag.c_str());
+    std::exit(2);
+  }
+#endif
+  static const double v = measure_f32_ceiling();  // once, for both flags
+  // On stderr: every line of stdout is a workload's record (bench/compare_table.py reads them).
+  std::fprintf(stderr, "{\"ceiling\": \"%s\", \"f32_fma_gflops\": %.1f, \"threads\": %d}\n", flag.c_str(), v,
+               num_threads());
   return v;
 }
 
