@@ -81,12 +81,12 @@ inline double u01(uint32_t hi, uint32_t lo) {  // 53 random bits in [0, 1)
 
 // Draws n values of T on the cpu with `per_block(words, out)` turning one Philox block of four 32-bit words
 // into kPerBlock values (four 32-bit or two 64-bit ones); elements depend only on (seed, offset, index).
+// draw_into: into t, a contiguous tensor of T on the cpu; on the meta device, nothing (Note [the meta
+// device]).
 template <typename T, int kPerBlock, typename F>
-Tensor draw(const Shape& shape, Device device, Generator* gen, F per_block) {
-  // On the meta device: the tensor the cpu draws into, and no values (Note [the meta device]).
-  if (device.is_meta()) return empty(shape, TensorOptions(dtype_v<T>).device(kMeta));
+void draw_into(Tensor& t, Generator* gen, F per_block) {
+  if (t.device().is_meta()) return;
   Generator& g = gen ? *gen : default_generator();
-  Tensor t = empty(shape, TensorOptions(dtype_v<T>).device(kCPU));
   const int64_t n = t.numel(), blocks = (n + kPerBlock - 1) / kPerBlock;
   const uint64_t seed = g.seed(), base = g.reserve(uint64_t(blocks));
   T* p = t.data<T>();
@@ -99,8 +99,35 @@ Tensor draw(const Shape& shape, Device device, Generator* gen, F per_block) {
       for (int k = 0; k < kPerBlock && kPerBlock * j + k < n; ++k) p[kPerBlock * j + k] = v[k];
     }
   });
+}
+template <typename T, int kPerBlock, typename F>
+Tensor draw(const Shape& shape, Device device, Generator* gen, F per_block) {
+  // On the meta device: the tensor the cpu draws into, and no values.
+  Tensor t = empty(shape, TensorOptions(dtype_v<T>).device(device.is_meta() ? kMeta : kCPU));
+  draw_into<T, kPerBlock>(t, gen, per_block);
   return t;
 }
+
+// One Philox block into four f32 or two f64 values: rand's, and randn's by Box-Muller (1 - u keeps the
+// logarithm's argument in (0, 1]).
+void uniform_f32(const uint32_t* w, float* v) {
+  for (int k = 0; k < 4; ++k) v[k] = float(w[k] >> 8) * 0x1.0p-24f;
+}
+void uniform_f64(const uint32_t* w, double* v) {
+  v[0] = u01(w[0], w[1]);
+  v[1] = u01(w[2], w[3]);
+}
+template <typename T>
+void box_muller(double u1, double u2, T* v) {
+  const double r = std::sqrt(-2.0 * std::log(1.0 - u1));
+  v[0] = T(r * std::cos(kTwoPi * u2));
+  v[1] = T(r * std::sin(kTwoPi * u2));
+}
+void normal_f32(const uint32_t* w, float* v) {
+  box_muller(w[0] * 0x1.0p-32, w[1] * 0x1.0p-32, v);
+  box_muller(w[2] * 0x1.0p-32, w[3] * 0x1.0p-32, v + 2);
+}
+void normal_f64(const uint32_t* w, double* v) { box_muller(u01(w[0], w[1]), u01(w[2], w[3]), v); }
 
 void check_float(TensorOptions opts, const char* op) {
   FRUGAL_CHECK_DTYPE(is_floating(opts.dtype_), op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
@@ -111,13 +138,8 @@ void check_float(TensorOptions opts, const char* op) {
 Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
   memory::OpScope op_scope("rand");  // Note [op names in the history]
   check_float(opts, "rand");
-  if (opts.dtype_ == DType::F64) {
-    Tensor t = draw<double, 2>(shape, opts.device_, gen, [](const uint32_t* w, double* v) {
-      v[0] = u01(w[0], w[1]);
-      v[1] = u01(w[2], w[3]);
-    });
-    return ops::to(t, opts.device_);
-  }
+  if (opts.dtype_ == DType::F64)
+    return ops::to(draw<double, 2>(shape, opts.device_, gen, uniform_f64), opts.device_);
   // As many random bits as the dtype has significand bits (24, 11, 8), so that every value is exact in it and
   // rounding never reaches 1.0 (f32 values near 1 would round up to 1 in f16 / bf16). PyTorch does the same.
   const int bits = opts.dtype_ == DType::F16 ? 11 : opts.dtype_ == DType::BF16 ? 8 : 24;
@@ -131,21 +153,37 @@ Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
 Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
   memory::OpScope op_scope("randn");  // Note [op names in the history]
   check_float(opts, "randn");
-  // Box-Muller: two uniforms give two normals; 1 - u keeps the logarithm's argument in (0, 1].
-  auto box_muller = [](double u1, double u2, auto* v) {
-    const double r = std::sqrt(-2.0 * std::log(1.0 - u1));
-    v[0] = std::remove_reference_t<decltype(*v)>(r * std::cos(kTwoPi * u2));
-    v[1] = std::remove_reference_t<decltype(*v)>(r * std::sin(kTwoPi * u2));
-  };
-  Tensor t = opts.dtype_ == DType::F64
-                 ? draw<double, 2>(
-                       shape, opts.device_, gen,
-                       [&](const uint32_t* w, double* v) { box_muller(u01(w[0], w[1]), u01(w[2], w[3]), v); })
-                 : draw<float, 4>(shape, opts.device_, gen, [&](const uint32_t* w, float* v) {
-                     box_muller(w[0] * 0x1.0p-32, w[1] * 0x1.0p-32, v);
-                     box_muller(w[2] * 0x1.0p-32, w[3] * 0x1.0p-32, v + 2);
-                   });
+  Tensor t = opts.dtype_ == DType::F64 ? draw<double, 2>(shape, opts.device_, gen, normal_f64)
+                                       : draw<float, 4>(shape, opts.device_, gen, normal_f32);
   return ops::to(ops::to(t, opts.dtype_), opts.device_);
+}
+
+bool can_draw_into(const Tensor& t) {
+  return t.defined() && (t.dtype() == DType::F32 || t.dtype() == DType::F64) &&
+         (t.device().is_meta() || (t.device().is_cpu() && t.is_contiguous()));
+}
+
+namespace {
+template <typename F32, typename F64>
+Tensor& draw_into_checked(Tensor& t, Generator* gen, const char* op, F32 f32, F64 f64) {
+  memory::OpScope op_scope(op);  // Note [op names in the history]
+  FRUGAL_CHECK(t.defined(), op, "_into: the tensor is undefined");
+  FRUGAL_CHECK(can_draw_into(t), op, "_into: expected a contiguous f32 or f64 tensor on the cpu, got ",
+               dtype_name(t.dtype()), " on ", t.device(), t.is_contiguous() ? "" : " (not contiguous)");
+  if (t.dtype() == DType::F64)
+    draw_into<double, 2>(t, gen, f64);
+  else
+    draw_into<float, 4>(t, gen, f32);
+  if (t.storage()) t.storage()->bump_version();
+  return t;
+}
+}  // namespace
+
+Tensor& rand_into(Tensor& t, Generator* gen) {
+  return draw_into_checked(t, gen, "rand", uniform_f32, uniform_f64);
+}
+Tensor& randn_into(Tensor& t, Generator* gen) {
+  return draw_into_checked(t, gen, "randn", normal_f32, normal_f64);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {

@@ -232,6 +232,12 @@ Tensor linspace(Scalar start, Scalar end, int64_t steps, TensorOptions opts = {}
 class Generator;
 Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);   // U[0, 1)
 Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);  // N(0, 1)
+// rand / randn drawn into t, allocating nothing: t's values become those rand(t.shape(), t's dtype) or randn
+// would return. Only where can_draw_into(t): a contiguous f32 or f64 tensor on the cpu, or on the meta
+// device (which draws nothing). nn::init fills parameters this way.
+bool can_draw_into(const Tensor& t);
+Tensor& rand_into(Tensor& t, Generator* gen = nullptr);
+Tensor& randn_into(Tensor& t, Generator* gen = nullptr);
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = DType::I64,
                Generator* gen = nullptr);  // uniform integers in [low, high)
 // A tensor holding a copy of values (dtype from T unless opts names another); shape defaults to

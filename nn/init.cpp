@@ -11,6 +11,20 @@ namespace frugal::nn::init {
 namespace {
 DType draw_dtype(const Tensor& t) { return t.dtype() == DType::F64 ? DType::F64 : DType::F32; }
 
+// t = u x scale + shift, u a draw (rand or randn) of t's shape. In place: into t itself where it can take
+// the draw (an f32 or f64 parameter on the cpu: nothing allocated), else in one temporary of t's size, then
+// converted into t. Not as one expression, whose three temporaries (the draw, the product, the sum) would
+// live together: a 1 GiB embedding was filled with 3 GiB to spare. The same operations either way, hence the
+// same values.
+template <typename Draw, typename DrawInto>
+Tensor& fill(Tensor& t, Generator* gen, double scale, double shift, Draw draw, DrawInto draw_into) {
+  NoGradGuard no_grad;
+  if (can_draw_into(t)) return ops::add_(ops::mul_(draw_into(t, gen), scale), shift);
+  Tensor u = draw(t.shape(), TensorOptions(draw_dtype(t)).device(t.device()), gen);
+  ops::add_(ops::mul_(u, scale), shift);
+  return ops::copy_(t, u);
+}
+
 void check_floating(const Tensor& t, const char* op) {
   FRUGAL_CHECK(t.defined(), "init::", op, ": the tensor is undefined");
   FRUGAL_CHECK_DTYPE(is_floating(t.dtype()), "init::", op, ": expected a floating tensor, got ",
@@ -57,20 +71,13 @@ std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t) {
 Tensor& uniform_(Tensor& t, double a, double b, Generator* gen) {
   check_floating(t, "uniform_");
   FRUGAL_CHECK(a <= b, "init::uniform_: expected a <= b, got [", a, ", ", b, ")");
-  NoGradGuard no_grad;
-  ops::copy_(
-      t, ops::add(ops::mul(rand(t.shape(), TensorOptions(draw_dtype(t)).device(t.device()), gen), b - a), a));
-  return t;
+  return fill(t, gen, b - a, a, rand, rand_into);
 }
 
 Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
   check_floating(t, "normal_");
   FRUGAL_CHECK(std >= 0, "init::normal_: std must be >= 0, got ", std);
-  NoGradGuard no_grad;
-  ops::copy_(
-      t,
-      ops::add(ops::mul(randn(t.shape(), TensorOptions(draw_dtype(t)).device(t.device()), gen), std), mean));
-  return t;
+  return fill(t, gen, std, mean, randn, randn_into);
 }
 
 Tensor& constant_(Tensor& t, double value) {

@@ -92,5 +92,65 @@ TEST(Init, XavierAndKaimingStatistics) {
   EXPECT_GT(max_abs(l), 0.99 / 20.0);
 }
 
+// Filling a tensor allocates nothing for an f32 or f64 tensor on the cpu (drawn into it), and one temporary
+// of its size for f16/bf16 (the f32 draw); not one per operation of the formula. The values are the
+// formula's, u x (b - a) + a, rounded as the ops round it.
+TEST(Init, AFillAllocatesNothingOrOneDraw) {
+  for (DType dtype : {kF32, kF64, kBF16}) {
+    Tensor t = empty({256, 1000}, TensorOptions(dtype));
+    const int64_t extra = dtype == kBF16 ? t.numel() * 4 : 0;
+    for (int kind = 0; kind < 3; ++kind) {
+      memory::reset_peak();
+      const int64_t before = memory::stats().allocated.current;
+      if (kind == 0) init::uniform_(t, -2, 3);
+      if (kind == 1) init::normal_(t, 1, 0.5);
+      if (kind == 2) init::kaiming_uniform_(t, std::sqrt(5.0));
+      const memory::Stats s = memory::stats();
+      EXPECT_EQ(s.allocated.current, before) << dtype_name(dtype) << " fill " << kind << " kept memory";
+      EXPECT_LE(s.allocated.peak - before, extra + 4096) << dtype_name(dtype) << " fill " << kind;
+    }
+  }
+  for (DType dtype : {kF32, kF64, kBF16}) {
+    Tensor t = empty({1000}, TensorOptions(dtype)), n = empty({1000}, TensorOptions(dtype));
+    manual_seed(3);
+    init::uniform_(t, -2, 3);
+    init::normal_(n, 1, 0.5);
+    manual_seed(3);
+    const DType draw = dtype == kF64 ? kF64 : kF32;
+    const Tensor want = ops::to(ops::add(ops::mul(rand({1000}, draw), 5.0), -2.0), dtype);
+    const Tensor want_n = ops::to(ops::add(ops::mul(randn({1000}, draw), 0.5), 1.0), dtype);
+    EXPECT_EQ(t.to_vector<double>(), want.to_vector<double>()) << dtype_name(dtype);
+    EXPECT_EQ(n.to_vector<double>(), want_n.to_vector<double>()) << dtype_name(dtype);
+  }
+}
+
+// rand_into / randn_into give what rand / randn of the tensor's shape and dtype give, and refuse what they
+// cannot draw into, leaving it as it was.
+TEST(Init, DrawIntoEqualsTheFactoriesAndRefusesOtherTensors) {
+  for (DType dtype : {kF32, kF64}) {
+    Tensor t = empty({3, 333}, TensorOptions(dtype));
+    manual_seed(11);
+    rand_into(t);
+    const std::vector<double> drawn = t.to_vector<double>();
+    randn_into(t);
+    const std::vector<double> drawn_n = t.to_vector<double>();
+    manual_seed(11);
+    EXPECT_EQ(drawn, rand({3, 333}, dtype).to_vector<double>()) << dtype_name(dtype);
+    EXPECT_EQ(drawn_n, randn({3, 333}, dtype).to_vector<double>()) << dtype_name(dtype);
+  }
+  Tensor half = zeros({4}, TensorOptions(kBF16));
+  expect_error<Error>([&] { rand_into(half); },
+                      {"rand_into", "expected a contiguous f32 or f64 tensor", "got bf16"});
+  Tensor strided = zeros({4, 4}).transpose(0, 1);
+  expect_error<Error>([&] { randn_into(strided); }, {"randn_into", "(not contiguous)"});
+  Tensor undefined;
+  expect_error<Error>([&] { rand_into(undefined); }, {"the tensor is undefined"});
+  EXPECT_EQ(half.to_vector<float>(), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(strided.to_vector<float>(), std::vector<float>(16, 0.0f));
+  Tensor meta = empty({1 << 20}, TensorOptions().device(kMeta));
+  EXPECT_TRUE(can_draw_into(meta));
+  rand_into(meta);  // draws nothing, touches nothing
+}
+
 }  // namespace
 }  // namespace frugal
