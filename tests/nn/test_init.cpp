@@ -1,7 +1,9 @@
 // nn::init: fans (linear and conv weights), gains, and the statistics of each fill (bounds, mean, std).
 #include <cmath>
 
+#include "nn/conv.h"
 #include "nn/init.h"
+#include "nn/layers.h"
 #include "tests/test_util.h"
 
 namespace frugal {
@@ -122,6 +124,24 @@ TEST(Init, AFillAllocatesNothingOrOneDraw) {
     EXPECT_EQ(t.to_vector<double>(), want.to_vector<double>()) << dtype_name(dtype);
     EXPECT_EQ(n.to_vector<double>(), want_n.to_vector<double>()) << dtype_name(dtype);
   }
+}
+
+// A module is built in its parameters' bytes: its initialisation's draws leave nothing behind and take no
+// room beside the parameters (Linear and Embedding through nn::init, Conv2d through its own draw).
+TEST(Init, AModuleIsBuiltInItsParametersBytes) {
+  auto built_in = [](const char* what, auto make) {
+    memory::reset_peak();
+    const int64_t before = memory::stats().allocated.current;
+    auto module = make();
+    int64_t bytes = 0;
+    for (const Tensor& p : module->parameters()) bytes += p.numel() * int64_t(dtype_size(p.dtype()));
+    const memory::Stats s = memory::stats();
+    EXPECT_GE(s.allocated.current - before, bytes) << what;
+    EXPECT_LE(s.allocated.peak - before, bytes + 4096) << what << ": built with room to spare";
+  };
+  built_in("Linear", [] { return nn::Linear(512, 300); });
+  built_in("Conv2d", [] { return nn::Conv2d(nn::Conv2dOptions(64, 128, 3)); });
+  built_in("Embedding", [] { return nn::Embedding(1000, 64); });
 }
 
 // rand_into / randn_into give what rand / randn of the tensor's shape and dtype give, and refuse what they
