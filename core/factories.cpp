@@ -79,10 +79,9 @@ inline double u01(uint32_t hi, uint32_t lo) {  // 53 random bits in [0, 1)
   return double((uint64_t(hi) << 21) ^ (lo >> 11)) * 0x1.0p-53;
 }
 
-// Draws n values of T on the cpu with `per_block(words, out)` turning one Philox block of four 32-bit words
-// into kPerBlock values (four 32-bit or two 64-bit ones); elements depend only on (seed, offset, index).
-// draw_into: into t, a contiguous tensor of T on the cpu; on the meta device, nothing (Note [the meta
-// device]).
+// Draws t's values (t: a contiguous tensor of T on the cpu) with `per_block(words, out)` turning one Philox
+// block of four 32-bit words into kPerBlock values (four 32-bit or two 64-bit ones); elements depend only on
+// (seed, offset, index). On the meta device it draws nothing (Note [the meta device]).
 template <typename T, int kPerBlock, typename F>
 void draw_into(Tensor& t, Generator* gen, F per_block) {
   if (t.device().is_meta()) return;
@@ -100,9 +99,9 @@ void draw_into(Tensor& t, Generator* gen, F per_block) {
     }
   });
 }
+// A new tensor of `shape` drawn by draw_into (on the meta device: the tensor the cpu would draw into).
 template <typename T, int kPerBlock, typename F>
 Tensor draw(const Shape& shape, Device device, Generator* gen, F per_block) {
-  // On the meta device: the tensor the cpu draws into, and no values.
   Tensor t = empty(shape, TensorOptions(dtype_v<T>).device(device.is_meta() ? kMeta : kCPU));
   draw_into<T, kPerBlock>(t, gen, per_block);
   return t;
