@@ -118,6 +118,23 @@ struct Adam8bitHyper {
   C beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, shrink, step_size, bc2_sqrt;
   bool coupled, decoupled;
 };
+// The hyperparameters of a step from its arguments (Args: Adam8bitStepArgs of core/op_table_optim.h, a
+// template argument so that this header needs no op table), computed in C; on the host, for every backend.
+template <typename C, typename Args>
+Adam8bitHyper<C> adam8bit_hyper(const Args& a) {
+  const bool decay = a.weight_decay != 0;
+  return {C(a.beta1),
+          C(a.beta2),
+          C(1 - a.beta1),
+          C(1 - a.beta2),
+          C(a.eps),
+          C(a.weight_decay),
+          C(1 - a.lr * a.weight_decay),
+          C(a.step_size),
+          C(a.bias_correction2_sqrt),
+          decay && !a.decoupled_weight_decay,
+          decay && a.decoupled_weight_decay};
+}
 template <typename C>
 struct Adam8bitElement {
   C p, m, v;

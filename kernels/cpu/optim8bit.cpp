@@ -598,7 +598,7 @@ void adam8bit_loop(const Adam8bitStepArgs& a) {
   using C = acc_t<T>;
   T* param = static_cast<T*>(a.param);
   const T* grad = static_cast<const T*>(a.grad);
-  const math::Adam8bitHyper<C> h = hyper_of<C>(a);
+  const math::Adam8bitHyper<C> h = math::adam8bit_hyper<C>(a);
   const int64_t bs = a.block_size, blocks = (a.n + bs - 1) / bs;
   // An element costs two (float8) to four (dynamic) times f32 Adam's (kernels/cpu/optim.cpp), so a quarter
   // of its grain pays at least the same fork: W3's 128 x 128 projections (8 blocks) then run on two threads.

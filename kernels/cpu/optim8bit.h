@@ -34,22 +34,6 @@ C inverse_scale(float absmax) {
   return absmax > 0 ? C(1) / C(absmax) : C(0);
 }
 
-template <typename C>
-math::Adam8bitHyper<C> hyper_of(const Adam8bitStepArgs& a) {
-  const bool decay = a.weight_decay != 0;
-  return {C(a.beta1),
-          C(a.beta2),
-          C(1 - a.beta1),
-          C(1 - a.beta2),
-          C(a.eps),
-          C(a.weight_decay),
-          C(1 - a.lr * a.weight_decay),
-          C(a.step_size),
-          C(a.bias_correction2_sqrt),
-          decay && !a.decoupled_weight_decay,
-          decay && a.decoupled_weight_decay};
-}
-
 // The update of len elements: p, g (T); m, v (C) in: the dequantised moments, out: the new ones.
 template <typename T, typename C>
 void update_block(T* p, const T* g, C* m, C* v, const math::Adam8bitHyper<C> h, int64_t len) {

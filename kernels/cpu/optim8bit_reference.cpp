@@ -19,7 +19,6 @@ namespace frugal {
 namespace {
 
 using dynamic_code::Code;
-using optim8bit::hyper_of;
 using optim8bit::inverse_scale;
 
 // The naive reference: one element at a time, the moments of a block in vectors, the scale in a plain loop
@@ -84,7 +83,7 @@ void adam8bit_step_reference(const Adam8bitStepArgs& a) {
   using C = acc_t<T>;
   T* param = static_cast<T*>(a.param);
   const T* grad = static_cast<const T*>(a.grad);
-  const math::Adam8bitHyper<C> h = hyper_of<C>(a);
+  const math::Adam8bitHyper<C> h = math::adam8bit_hyper<C>(a);
   const Code& code1 = dynamic_code::signed_code();
   const Code& code2 = dynamic_code::unsigned_code();
   const bool float8 = a.float8;

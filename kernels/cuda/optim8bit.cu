@@ -110,18 +110,7 @@ void adam8bit_step_cuda(const Adam8bitStepArgs& a) {
   FRUGAL_ASSERT(a.block_size > 0 && a.block_size <= kAdam8bitMaxBlock, "adam8bit_step: block_size ",
                 a.block_size, " got past the options' check");
   static const Codes codes{dynamic_code::signed_code(), dynamic_code::unsigned_code()};
-  const bool decay = a.weight_decay != 0;
-  const math::Adam8bitHyper<C> h{C(a.beta1),
-                                 C(a.beta2),
-                                 C(1 - a.beta1),
-                                 C(1 - a.beta2),
-                                 C(a.eps),
-                                 C(a.weight_decay),
-                                 C(1 - a.lr * a.weight_decay),
-                                 C(a.step_size),
-                                 C(a.bias_correction2_sqrt),
-                                 decay && !a.decoupled_weight_decay,
-                                 decay && a.decoupled_weight_decay};
+  const math::Adam8bitHyper<C> h = math::adam8bit_hyper<C>(a);
   gpu::LaunchOn on(a.param);
   const int64_t blocks = (a.n + a.block_size - 1) / a.block_size;
   adam8bit_step_kernel<T>
