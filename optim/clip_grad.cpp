@@ -11,16 +11,40 @@ namespace frugal::optim {
 
 namespace {
 
-// ||g||_p of one gradient; 16-bit gradients are summed in f32 so that squares cannot overflow.
-double grad_norm(const Tensor& grad, double p) {
-  const Tensor g = grad.dtype() == DType::F16 || grad.dtype() == DType::BF16 ? grad.to(DType::F32) : grad;
+// A gradient is reduced kNormChunk elements at a time, each chunk's sum (or max) taken on its own and the
+// chunks' combined in f64: the temporaries (a 16-bit chunk in f32, its |x|^p) are then a chunk's size, not
+// the gradient's. clip_grad_norm_ runs when every gradient is live, often near the step's peak, where a
+// temporary as large as the largest gradient (twice that for a 16-bit one) would add to it. A gradient of
+// at most one chunk (or a strided one) is reduced in one piece.
+constexpr int64_t kNormChunk = int64_t(1) << 20;
+
+// sum |g|^p (max |g| for p = inf) of one piece; 16-bit values are summed in f32 so that squares cannot
+// overflow.
+double piece_sum(const Tensor& piece, double p) {
+  const Tensor g = piece.dtype() == DType::F16 || piece.dtype() == DType::BF16 ? piece.to(DType::F32) : piece;
   // A dry run makes the same reductions and takes the norm as large, so that the gradients are clipped: the
   // case that allocates more (Note [data-dependent sizes in a dry run], core/estimate.cpp).
   auto value = [](const Tensor& t) { return memory::item_or(t, 1e30); };
   if (std::isinf(p)) return value(ops::max(ops::abs(g)));
   if (p == 1) return value(ops::sum(ops::abs(g)));
-  if (p == 2) return std::sqrt(value(ops::sum(ops::mul(g, g))));
-  return std::pow(value(ops::sum(ops::pow(ops::abs(g), p))), 1 / p);
+  if (p == 2) return value(ops::sum(ops::mul(g, g)));
+  return value(ops::sum(ops::pow(ops::abs(g), p)));
+}
+
+// ||g||_p of one gradient.
+double grad_norm(const Tensor& grad, double p) {
+  double total = 0;
+  if (grad.numel() <= kNormChunk || !grad.is_contiguous()) {
+    total = piece_sum(grad, p);
+  } else {
+    const Tensor flat = grad.reshape({-1});
+    for (int64_t at = 0; at < flat.numel(); at += kNormChunk) {
+      const double s = piece_sum(flat.narrow(0, at, std::min(kNormChunk, flat.numel() - at)), p);
+      total = std::isinf(p) ? std::max(total, s) : total + s;
+    }
+  }
+  if (std::isinf(p) || p == 1) return total;
+  return p == 2 ? std::sqrt(total) : std::pow(total, 1 / p);
 }
 
 }  // namespace

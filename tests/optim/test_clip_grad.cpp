@@ -43,6 +43,33 @@ TEST(ClipGradNorm, HalfPrecisionGradients) {
   EXPECT_NEAR(optim::clip_grad_norm_({p}, 1.0), 16.0 * std::sqrt(1000.0), 1e-3);
 }
 
+// A large gradient's norm is taken a chunk at a time: the norm is the same (to f64 summation), and the
+// temporaries are a chunk's size (2^20 elements: at most its f32 copy, its |x| and |x|^p), not the
+// gradient's.
+TEST(ClipGradNorm, ALargeGradientsNormTakesChunkSizedTemporaries) {
+  constexpr int64_t n = (int64_t(1) << 22) + 12345;  // four chunks and a part
+  for (DType dtype : {kF32, kBF16}) {
+    for (double norm_type : {2.0, 1.0, 3.0, double(INFINITY)}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " norm " + std::to_string(norm_type));
+      Tensor p = zeros({n}, dtype).requires_grad_();
+      manual_seed(5);
+      p.set_grad(ops::to(randn({n}), dtype));
+      const std::vector<double> g = p.grad().to_vector<double>();
+      double want = 0;
+      for (double x : g)
+        want =
+            std::isinf(norm_type) ? std::max(want, std::fabs(x)) : want + std::pow(std::fabs(x), norm_type);
+      if (!std::isinf(norm_type)) want = std::pow(want, 1 / norm_type);
+      memory::reset_peak();
+      const int64_t before = memory::stats().allocated.current;
+      const double total = optim::clip_grad_norm_({p}, 1e9, norm_type);  // measures, does not clip
+      EXPECT_NEAR(total, want, 1e-5 * want);
+      EXPECT_LE(memory::stats().allocated.peak - before, 3 * (int64_t(4) << 20) + (64 << 10))
+          << "a temporary of the gradient's size";
+    }
+  }
+}
+
 TEST(ClipGradValue, Clamps) {
   Tensor p = zeros({4}, DType::F64).requires_grad_();
   p.set_grad(tensor(std::vector<double>{-3, -0.2, 0.4, 9}));
