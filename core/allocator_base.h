@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -190,6 +191,12 @@ class AllocatorBase : public Allocator {
       t.allocated.peak = t.allocated.current;
       t.mapped.peak = t.mapped.current;
     }
+    for (Stat& c : categories_) c.peak = c.current;
+  }
+  // Note [category statistics].
+  std::array<Stat, kNumCategories> category_stats() const {
+    std::lock_guard lock(mu_);
+    return categories_;
   }
   void count_mapped(uint32_t tag, int64_t bytes) final {
     std::lock_guard lock(mu_);
@@ -198,14 +205,14 @@ class AllocatorBase : public Allocator {
     add(stats_.mapped, bytes);
     add(stats_.footprint, bytes);
     if (tag >= tags_.size()) tags_.resize(tag + 1);
-    tags_[tag].seen = true;
+    see_tag_locked(tag);
     add(tags_[tag].mapped, bytes);
   }
   void retag_mapped(uint32_t from, uint32_t to, int64_t bytes) final {
     std::lock_guard lock(mu_);
     if (std::max(from, to) >= tags_.size()) tags_.resize(std::max(from, to) + 1);
     add(tags_[from].mapped, -bytes);
-    tags_[to].seen = true;
+    see_tag_locked(to);
     add(tags_[to].mapped, bytes);
   }
   void retag(Block* b, uint32_t tag) override {
@@ -213,9 +220,11 @@ class AllocatorBase : public Allocator {
     FRUGAL_ASSERT(b != nullptr && b->allocated, "retag: the block is not live");
     if (tag >= tags_.size()) tags_.resize(tag + 1);
     add(tags_[b->tag].allocated, -b->size);
+    categories_[tags_[b->tag].category].current -= b->size;
     const uint32_t old_tag = std::exchange(b->tag, tag);
-    tags_[tag].seen = true;
+    see_tag_locked(tag);
     add(tags_[tag].allocated, b->size);
+    add(categories_[tags_[tag].category], b->size);
     publish_locked(old_tag);
     publish_locked(tag);
     if (history_.on()) [[unlikely]]
@@ -258,7 +267,20 @@ class AllocatorBase : public Allocator {
     Stat mapped;        // Note [mapped bytes]
     bool seen = false;  // ever had bytes: listed by tag_stats() even once they are all freed
     int8_t listed = smi::SlotWriter::kNotListed;  // its place in the frugal-smi page's top tags
+    uint8_t category = uint8_t(Category::Other);  // category_of(its name), set when first seen
   };
+
+  // Marks tag `id` (< tags_.size()) seen, giving it its category the first time: inline, the check alone
+  // (it runs at every allocate and free).
+  void see_tag_locked(uint32_t id) {
+    if (!tags_[id].seen) [[unlikely]]
+      first_see_locked(id);
+  }
+  [[gnu::noinline, gnu::cold]] void first_see_locked(uint32_t id) {
+    TagStat& t = tags_[id];
+    t.seen = true;
+    t.category = uint8_t(category_of(tag_name(id), Phase::Other));
+  }
 
   virtual int64_t largest_free_locked() const = 0;
   virtual std::vector<Block*> live_blocks_locked() const = 0;
@@ -313,9 +335,10 @@ class AllocatorBase : public Allocator {
     ++(sign > 0 ? stats_.num_allocs : stats_.num_frees);
     if (b->tag >= tags_.size()) [[unlikely]]
       tags_.resize(b->tag + 1);
+    see_tag_locked(b->tag);
     TagStat& t = tags_[b->tag];
-    t.seen = true;
     change(t.allocated, sign * b->size);
+    change(categories_[t.category], sign * b->size);
     // publish_locked(b->tag), without its call and its look-up of the tag: this runs at every allocate and
     // free.
     if (smi_.on() && smi_.write(figures_locked(), t.listed, t.allocated.current)) [[unlikely]]
@@ -419,10 +442,19 @@ class AllocatorBase : public Allocator {
       FRUGAL_ASSERT(s->peak >= s->current, "a peak (", s->peak, ") below its current value (", s->current,
                     ")");
     tag_bytes.resize(std::max(tag_bytes.size(), tags_.size()));
+    std::array<int64_t, kNumCategories> category_bytes{};
     for (size_t id = 0; id < tag_bytes.size(); ++id) {
       const int64_t counted = id < tags_.size() ? tags_[id].allocated.current : 0;
       FRUGAL_ASSERT(counted == tag_bytes[id], "tag '", tag_name(uint32_t(id)), "': ", counted,
                     " != ", tag_bytes[id]);
+      if (id < tags_.size()) category_bytes[tags_[id].category] += counted;
+    }
+    for (int c = 0; c < kNumCategories; ++c) {
+      FRUGAL_ASSERT(categories_[size_t(c)].current == category_bytes[size_t(c)], "category '",
+                    category_name(Category(c)), "': ", categories_[size_t(c)].current,
+                    " != ", category_bytes[size_t(c)]);
+      FRUGAL_ASSERT(categories_[size_t(c)].peak >= categories_[size_t(c)].current, "category '",
+                    category_name(Category(c)), "': a peak below its current value");
     }
   }
 
@@ -435,6 +467,11 @@ class AllocatorBase : public Allocator {
   int64_t limit_ = 0;  // 0: none
   Stats stats_;
   std::vector<TagStat> tags_;  // by tag id
+  // Note [category statistics]: live bytes by Category, each tag's category as category_of decides it from
+  // the tag alone (Phase::Other), current and peak since reset_tag_peaks. Exact at every moment, where the
+  // sum of a category's tags' peaks over-counts (they peak at different moments). Kept beside the tags'
+  // (one more Stat change an allocate or free), so that a program's memory report needs no history.
+  std::array<Stat, kNumCategories> categories_{};
   int64_t next_segment_id_ = 0;
   HistoryLog history_;
   uint64_t history_generation_ = 0;  // of the latest history started

@@ -244,6 +244,7 @@ class Arena final : public AllocatorBase {
                      &stats_.segments, &stats_.mapped, &stats_.footprint})
       st->peak = st->current;
     tags_ = source.tags_;
+    categories_ = source.categories_;
     for (TagStat& t : tags_) {
       t.allocated.peak = t.allocated.current;
       t.mapped.peak = t.mapped.current;

@@ -383,6 +383,10 @@ detail::AllocatorBase& detail::allocator_base(Device device) {
   return *base;
 }
 
+std::array<Stat, kNumCategories> category_stats(Device device) {
+  return detail::allocator_base(device).category_stats();
+}
+
 History::History(Device device, size_t max_events) : device_(device) {
   FRUGAL_CHECK(max_events >= 1, "memory::History: max_events must be at least 1, got ", max_events);
   generation_ = detail::allocator_base(device).start_history(max_events);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "device.h"
+#include "memory.h"
 
 namespace frugal {
 class Tensor;
@@ -155,6 +156,12 @@ struct PeakBreakdown {
   std::array<int64_t, kNumCategories> category_peaks{};
 };
 PeakBreakdown peak_by_category(const HistoryRecord& record);
+
+// The device's live bytes by category, current and peak (since reset_tag_peaks), each tag's category as
+// category_of(tag, Phase::Other) decides it; with no history needed. Exact: a category's peak is the most
+// bytes it held at one moment, not the sum of its tags' peaks (Note [category statistics],
+// core/allocator_base.h).
+std::array<Stat, kNumCategories> category_stats(Device device = kCPU);
 
 // The record as Chrome-trace JSON (Note [memory trace format] in core/memory_trace.cpp) and as an SVG
 // picture (core/memory_svg.cpp). Throw Error naming the path when it cannot be written.

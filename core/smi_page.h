@@ -39,9 +39,9 @@ namespace frugal::smi {
 //   sequence odd, stores the fields (relaxed), makes it even again (release); a reader retries while the
 //   sequence is odd or changed across its reads, so it never sees half an update. On the allocator's hot
 //   path that is about 37 instructions per allocate or free, inlined, 8 of them stores: callgrind counts
-//   252 instructions per 4 KiB allocate/free pair of memory::allocator(kCPU) without the page and 327 with
+//   270 instructions per 4 KiB allocate/free pair of memory::allocator(kCPU) without the page and 344 with
 //   it (a loop of 10^5 pairs; bench/bench_alloc.cpp BM_DeviceArenaPair/4096 times it). A call to a writer
-//   that looked the tag up in the list and the list's least bytes at every change took 394.
+//   that searched the list for the tag and computed the least bytes listed at every change added 142.
 // - Top tags: ranking the tags walks every tag, so it runs only now and then: when a tag not listed has
 //   outgrown the least one listed (or a slot of the list is empty), but at most every kTopTagsSoonest-th
 //   change (except for the first tag listed); at least every kTopTagsEvery-th change; and when the limit or

@@ -225,25 +225,23 @@ class RunProfile {
   std::unique_ptr<profiler::Profile> profile_;
 };
 
-// Peak and current bytes per category, from the arena's tags, each tag's category as the memory history
-// decides it from the tag alone (Note [memory categories] in core/memory_history.h): parameters, gradients
-// (the leaves' .grad and what backward allocates), optimizer state (and the step's temporaries), activations
-// (what the forward keeps for backward, its recomputation, and evaluation), data (the dataset held in memory
-// and the batches made from it), and other (untagged). A category's peak adds up the peaks of its tags, an
-// upper bound when it spans several tags.
+// Peak and current bytes per category, from the arena's statistics by category (memory::category_stats),
+// each tag's category as the memory history decides it from the tag alone (Note [memory categories] in
+// core/memory_history.h): parameters, gradients (the leaves' .grad and what backward allocates), optimizer
+// state (and the step's temporaries), activations (what the forward keeps for backward, its recomputation,
+// and evaluation), data (the dataset held in memory and the batches made from it), and other (untagged).
+// Each peak is the most the category held at one moment; the peaks fall at different moments, so they add
+// up to more than the total's.
 inline std::string memory_report() {
+  const char* order[] = {"parameters", "gradients", "optimizer state", "activations", "data", "other"};
+  const std::array<memory::Stat, memory::kNumCategories> by = memory::category_stats();
   struct Row {
     int64_t current = 0, peak = 0;
   };
   std::map<std::string, Row> rows;
-  const char* order[] = {"parameters", "gradients", "optimizer state", "activations", "data", "other"};
-  for (const char* c : order) rows[c];
-  for (const auto& t : memory::tag_stats()) {
-    Row& row = rows[memory::category_name(memory::category_of(t.tag, memory::Phase::Other))];
-    row.current += t.allocated.current;
-    row.peak += t.allocated.peak;
-  }
-  std::string out = "memory by category (arena tags)          current            peak\n";
+  for (int c = 0; c < memory::kNumCategories; ++c)
+    rows[memory::category_name(memory::Category(c))] = {by[size_t(c)].current, by[size_t(c)].peak};
+  std::string out = "memory by category (arena, exact)        current            peak\n";
   char line[160];
   for (const char* c : order) {
     std::snprintf(line, sizeof line, "  %-34s %12s %15s\n", c, memory::format_bytes(rows[c].current).c_str(),

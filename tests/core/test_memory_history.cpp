@@ -588,5 +588,43 @@ TEST(MemoryHistoryAllocators, BothKindsRecordExactStatistics) {
   }
 }
 
+// Note [category statistics]: a category's peak is the most it held at one moment. Two tags of the
+// gradients category that peak one after the other add up to twice the bytes; the category held them once.
+// A retag moves the bytes between categories, and the invariant checker recounts them.
+TEST(CategoryStats, APeakIsOneMomentsBytesNotTheSumOfTheTagsPeaks) {
+  memory::Allocator& a = memory::allocator(kCPU);
+  a.reset_tag_peaks();
+  const auto before = memory::category_stats();
+  const auto grads = size_t(Category::Gradients), params = size_t(Category::Parameters);
+  constexpr int64_t kBytes = 1 << 20;
+  {
+    memory::Tag t("gradients");
+    a.deallocate(a.allocate(kBytes).block);
+  }
+  memory::Allocation b;
+  {
+    memory::Tag t("backward/category-stats-test");
+    b = a.allocate(kBytes);
+  }
+  auto now = memory::category_stats();
+  EXPECT_EQ(now[grads].current, before[grads].current + kBytes);
+  EXPECT_EQ(now[grads].peak, std::max(before[grads].peak, before[grads].current + kBytes));
+  int64_t tag_peaks = 0;
+  for (const memory::TagStats& t : memory::tag_stats())
+    if (t.tag == "gradients" || t.tag == "backward/category-stats-test") tag_peaks += t.allocated.peak;
+  EXPECT_GE(tag_peaks, 2 * kBytes) << "the tags' peaks add up to both blocks";
+  a.retag(b.block, memory::intern_tag("parameters"));
+  now = memory::category_stats();
+  EXPECT_EQ(now[grads].current, before[grads].current);
+  EXPECT_EQ(now[params].current, before[params].current + kBytes);
+  a.check_invariants();
+  a.deallocate(b.block);
+  now = memory::category_stats();
+  EXPECT_EQ(now[params].current, before[params].current);
+  a.reset_tag_peaks();
+  now = memory::category_stats();
+  for (const memory::Stat& c : now) EXPECT_EQ(c.peak, c.current);
+}
+
 }  // namespace
 }  // namespace frugal
