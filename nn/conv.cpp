@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "nn/init.h"
+
 namespace frugal::nn {
 
 namespace {
@@ -18,11 +20,11 @@ void check_window(const char* module, Size2 kernel, Size2 stride, Size2 padding,
   FRUGAL_CHECK(dilation.h > 0 && dilation.w > 0, module, ": dilation must be positive, got ", str2(dilation));
 }
 
-// U(-bound, bound) as a fresh leaf, drawn from the default generator. In place, so that the parameter's
-// bytes are all it takes (as one expression, the draw and the product lived beside the result).
+// U(-bound, bound) as a fresh leaf, filled in place by nn::init (no temporary beside it), from the default
+// generator.
 Tensor uniform_init(const Shape& shape, double bound) {
-  Tensor t = rand(shape);
-  ops::sub_(ops::mul_(t, 2.0 * bound), bound);
+  Tensor t = empty(shape);
+  init::uniform_(t, -bound, bound);
   return t;
 }
 
