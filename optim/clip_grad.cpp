@@ -18,33 +18,40 @@ namespace {
 // at most one chunk (or a strided one) is reduced in one piece.
 constexpr int64_t kNormChunk = int64_t(1) << 20;
 
-// sum |g|^p (max |g| for p = inf) of one piece; 16-bit values are summed in f32 so that squares cannot
-// overflow.
-double piece_sum(const Tensor& piece, double p) {
+// sum |g|^p (max |g| for p = inf) of one piece, as a 0-d f64 tensor on the gradient's device; 16-bit values
+// are summed in f32 so that squares cannot overflow.
+Tensor piece_sum(const Tensor& piece, double p) {
   const Tensor g = piece.dtype() == DType::F16 || piece.dtype() == DType::BF16 ? piece.to(DType::F32) : piece;
-  // A dry run makes the same reductions and takes the norm as large, so that the gradients are clipped: the
-  // case that allocates more (Note [data-dependent sizes in a dry run], core/estimate.cpp).
-  auto value = [](const Tensor& t) { return memory::item_or(t, 1e30); };
-  if (std::isinf(p)) return value(ops::max(ops::abs(g)));
-  if (p == 1) return value(ops::sum(ops::abs(g)));
-  if (p == 2) return value(ops::sum(ops::mul(g, g)));
-  return value(ops::sum(ops::pow(ops::abs(g), p)));
+  Tensor s;
+  if (std::isinf(p))
+    s = ops::max(ops::abs(g));
+  else if (p == 1)
+    s = ops::sum(ops::abs(g));
+  else if (p == 2)
+    s = ops::sum(ops::mul(g, g));
+  else
+    s = ops::sum(ops::pow(ops::abs(g), p));
+  return s.to(DType::F64);
 }
 
-// ||g||_p of one gradient.
+// ||g||_p of one gradient. The pieces' results are combined on the device, so that the value is read once
+// a gradient (one synchronisation on a GPU).
 double grad_norm(const Tensor& grad, double p) {
-  double total = 0;
+  Tensor total;
   if (grad.numel() <= kNormChunk || !grad.is_contiguous()) {
     total = piece_sum(grad, p);
   } else {
     const Tensor flat = grad.reshape({-1});
     for (int64_t at = 0; at < flat.numel(); at += kNormChunk) {
-      const double s = piece_sum(flat.narrow(0, at, std::min(kNormChunk, flat.numel() - at)), p);
-      total = std::isinf(p) ? std::max(total, s) : total + s;
+      const Tensor s = piece_sum(flat.narrow(0, at, std::min(kNormChunk, flat.numel() - at)), p);
+      total = !total.defined() ? s : std::isinf(p) ? ops::maximum(total, s) : ops::add(total, s);
     }
   }
-  if (std::isinf(p) || p == 1) return total;
-  return p == 2 ? std::sqrt(total) : std::pow(total, 1 / p);
+  // A dry run makes the same reductions and takes the norm as large, so that the gradients are clipped: the
+  // case that allocates more (Note [data-dependent sizes in a dry run], core/estimate.cpp).
+  const double v = memory::item_or(total, 1e30);
+  if (std::isinf(p) || p == 1) return v;
+  return p == 2 ? std::sqrt(v) : std::pow(v, 1 / p);
 }
 
 }  // namespace
