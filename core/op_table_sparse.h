@@ -35,16 +35,19 @@ struct SparseAdamStepArgs {
 };
 using SparseAdamStepKernel = void(const SparseAdamStepArgs& args);
 extern OpTable<SparseAdamStepKernel> op_sparse_adam_step;
-// A sparse matrix in compressed sparse rows times a dense one (nn::SparseLinear):
-//   out[r, j] = sum over k in [row_offsets[r], row_offsets[r + 1]) of values[k] * x[col_indices[k], j]
-// (x [cols, batch] and out [rows, batch], both contiguous: each nonzero scales one contiguous row of x into
-// one of out). Keyed by the values' dtype.
+// A dense matrix times a sparse one in compressed sparse rows, transposed (nn::SparseLinear's forward):
+//   out[j, r] = bias[r] + sum over k in [row_offsets[r], row_offsets[r + 1]) of values[k] * x[j,
+//   col_indices[k]]
+// (x [batch, cols] and out [batch, rows], both contiguous; bias [rows] or none). Keyed by the values' dtype.
+// The CPU kernel takes working memory from the arena (Note [a sparse layer's product],
+// kernels/cpu/sparse.cpp).
 struct CsrMatmulArgs {
   const void* values = nullptr;
   const int32_t* col_indices = nullptr;
   const int32_t* row_offsets = nullptr;  // [rows + 1]
-  const void* x = nullptr;               // [cols, batch]
-  void* out = nullptr;                   // [rows, batch]
+  const void* x = nullptr;               // [batch, cols]
+  const void* bias = nullptr;            // [rows], or nullptr
+  void* out = nullptr;                   // [batch, rows]
   int64_t rows = 0, cols = 0, nnz = 0, batch = 0;
 };
 using CsrMatmulKernel = void(const CsrMatmulArgs& args);

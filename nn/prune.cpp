@@ -142,24 +142,21 @@ Tensor SparseLinearImpl::forward(const Tensor& x) {
   FRUGAL_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) == in_, "SparseLinear: input shape ", x.shape(),
                      " must end in the ", in_, " input features");
   NoGradGuard no_record;
-  // The kernel wants the batch along rows, x^T [in, batch] in and out^T [out, batch] back (see its comment in
-  // kernels/cpu/sparse.cpp): two transposes of activations, so that each nonzero streams a whole row.
-  const Tensor xt = x.reshape({-1, in_}).t().contiguous();
-  const int64_t batch = xt.size(1);
-  Tensor out_t = empty({out_, batch});
+  const Tensor x2 = x.reshape({-1, in_}).contiguous();
+  const int64_t batch = x2.size(0);
+  Shape shape = x.shape();
+  shape[shape.size() - 1] = out_;
+  Tensor out = empty({batch, out_});
   CsrMatmulArgs a;
   a.values = values.raw_data();
   a.col_indices = col_indices.data<int32_t>();
   a.row_offsets = row_offsets.data<int32_t>();
-  a.x = xt.raw_data();
-  a.out = out_t.raw_data();
+  a.x = x2.raw_data();
+  a.bias = bias.defined() ? bias.raw_data() : nullptr;
+  a.out = out.raw_data();
   a.rows = out_, a.cols = in_, a.nnz = values.numel(), a.batch = batch;
   op_csr_matmul.get(kCPU, DType::F32)(a);
-  Shape shape = x.shape();
-  shape[shape.size() - 1] = out_;
-  Tensor out = out_t.t().contiguous().reshape(shape);
-  if (bias.defined()) out.add_(bias);
-  return out;
+  return out.reshape(shape);
 }
 
 }  // namespace frugal::nn

@@ -41,9 +41,9 @@ class SequentialImpl;
 
 // A Linear whose weight is held in compressed sparse rows (CSR): the nonzero values (f32), their column
 // indices and the rows' start offsets (i32), all arena tensors, nnz * 8 + (out + 1) * 4 bytes (plus the
-// bias) against out * in * 4 dense. y = x W^T + b through Eigen's sparse module (a row-major sparse times
-// a dense matrix, which Eigen runs on OpenMP threads). For inference: its forward records nothing and
-// refuses an input that requires grad.
+// bias) against out * in * 4 dense. y = x W^T + b in one kernel that reads x and writes y as they lie
+// (Note [a sparse layer's product] in kernels/cpu/sparse.cpp), with tiles of working memory from the arena.
+// For inference: its forward records nothing and refuses an input that requires grad.
 class SparseLinearImpl : public Module {
  public:
   // From a Linear (pruned or not: its zeros are left out).
