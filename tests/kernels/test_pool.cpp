@@ -156,7 +156,8 @@ TEST(MaxPool2d, TiesTakeTheFirstAndNanPropagates) {
 // whose last row and column no window reads, and wide planes, in every dtype.
 TEST(MaxPool2d, TwoByTwoStrideTwoMatchesTheReferenceWithTiesAndNans) {
   for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
-    for (const Shape& shape : {Shape{2, 3, 8, 8}, Shape{1, 2, 5, 7}, Shape{1, 1, 2, 2}, Shape{2, 2, 6, 70}}) {
+    for (const Shape& shape : {Shape{2, 3, 8, 8}, Shape{1, 2, 5, 7}, Shape{1, 1, 2, 2}, Shape{2, 2, 6, 70},
+                               Shape{1, 2, 4, 28}, Shape{1, 1, 3, 15}}) {
       Tensor x = uniform(shape, 0, 3, DType::F64, 7);
       double* v = x.data<double>();
       for (int64_t i = 0; i < x.numel(); ++i) v[i] = std::floor(v[i]);
