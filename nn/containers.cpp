@@ -19,11 +19,47 @@ const std::shared_ptr<Module>& checked_at(const std::vector<std::shared_ptr<Modu
   return modules[i];
 }
 
+// Note [a convolution, ReLU and pool in chunks]
+// Without a tape to record, a Conv2d, a ReLU and a MaxPool2d in a Sequential run over chunks of
+// kPoolChunkImages images: each chunk's convolution (with its ReLU) is pooled while it is still in the
+// cache, and only the pooled output exists for the whole batch. W2's first convolution at a batch of 256
+// wrote 25.7 MB that its pool then read back from memory; now 1.6 MB a chunk. Each image's result does not
+// depend on the others' (Note [a large batch's forward in chunks], kernels/cpu/conv.cpp), so the output is
+// bit for bit the three layers' apart. With grad mode on and anything to record, the three run apart, since
+// backward needs the convolution's output.
+constexpr int64_t kPoolChunkImages = 16;
+
+bool records(const Tensor& x, const Conv2dImpl& conv) {
+  return autograd::grad_mode_enabled() && (x.requires_grad() || conv.weight.requires_grad() ||
+                                           (conv.bias.defined() && conv.bias.requires_grad()));
+}
+
+Tensor conv_relu_pool_in_chunks(const Tensor& x, const Conv2dImpl& conv, Module& pool) {
+  const Conv2dOptions& o = conv.options();
+  auto block = [&](const Tensor& images) {
+    return pool.forward(
+        conv2d_relu(images, conv.weight, conv.bias, o.stride(), o.padding(), o.dilation(), o.groups()));
+  };
+  const int64_t n = x.size(0);
+  Tensor first = block(x.narrow(0, 0, kPoolChunkImages));
+  Shape shape = first.shape();
+  shape[0] = n;
+  Tensor out = empty(shape, TensorOptions(first.dtype()).device(first.device()));
+  out.narrow(0, 0, kPoolChunkImages).copy_(first);
+  first = Tensor();
+  for (int64_t b = kPoolChunkImages; b < n; b += kPoolChunkImages) {
+    const int64_t count = std::min(kPoolChunkImages, n - b);
+    out.narrow(0, b, count).copy_(block(x.narrow(0, b, count)));
+  }
+  return out;
+}
+
 // Runs modules [begin, end) in order on h; a Linear directly followed by a ReLU (both exactly those classes,
 // so no override of forward is skipped) runs as one F::linear_relu, a Conv2d followed by a ReLU as one
 // frugal::conv2d_relu, a QuantizedLinear (or a QuantizedConv2d) followed by a ReLU as its forward_relu, and a
 // QuantizedConv2d followed by a ReLU and a MaxPool2d(2) (2 x 2 windows, stride 2, no padding or dilation) as
-// its forward_relu_pool2.
+// its forward_relu_pool2; a Conv2d, a ReLU and a MaxPool2d with nothing to record over chunks of images (Note
+// [a convolution, ReLU and pool in chunks]).
 Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t begin, size_t end, Tensor h) {
   for (size_t i = begin; i < end; ++i) {
     Module& m = *modules[i];
@@ -33,6 +69,15 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
       const auto& linear = static_cast<const LinearImpl&>(m);
       h = functional::linear_relu(h, linear.weight, linear.bias);
       ++i;
+      continue;
+    }
+    const Module* after = i + 2 < end ? modules[i + 2].get() : nullptr;
+    if (next && after && typeid(m) == typeid(Conv2dImpl) && typeid(*next) == typeid(ReLUImpl) &&
+        typeid(*after) == typeid(MaxPool2dImpl) && h.dim() == 4 && h.size(0) > kPoolChunkImages &&
+        !records(h, static_cast<const Conv2dImpl&>(m))) {
+      m.apply_masks();
+      h = conv_relu_pool_in_chunks(h, static_cast<const Conv2dImpl&>(m), *modules[i + 2]);
+      i += 2;
       continue;
     }
     if (next && typeid(m) == typeid(Conv2dImpl) && typeid(*next) == typeid(ReLUImpl)) {
@@ -48,7 +93,6 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
       ++i;
       continue;
     }
-    const Module* after = i + 2 < end ? modules[i + 2].get() : nullptr;
     if (next && after && typeid(m) == typeid(QuantizedConv2dImpl) && typeid(*next) == typeid(ReLUImpl) &&
         typeid(*after) == typeid(MaxPool2dImpl)) {
       const auto& pool = static_cast<const MaxPool2dImpl&>(*after);

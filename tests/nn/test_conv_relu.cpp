@@ -2,9 +2,11 @@
 // relu(conv2d): forward in every floating dtype (oneDNN's post-op in f32 and bf16 where built with it, a pass
 // over y after the other kernels), strides, padding, dilation, groups, no bias, an unbatched input; gradients
 // against the composite and by finite differences in f64; Sequential's fusion, with recompute segments; one
-// tensor fewer in the arena; bad inputs.
+// tensor fewer in the arena; a Conv2d, ReLU and MaxPool2d without a tape over chunks of images (Note [a
+// convolution, ReLU and pool in chunks]); bad inputs.
 #include <sstream>
 
+#include "core/estimate.h"
 #include "nn/containers.h"
 #include "nn/conv.h"
 #include "nn/layers.h"
@@ -160,6 +162,44 @@ TEST(ConvRelu, AllocatesOneTensorFewer) {
   const int64_t fused = allocs([&] { return ops::conv2d_relu(x, w, {}, 1, 1); });
   const int64_t unfused = allocs([&] { return ops::relu(ops::conv2d(x, w, {}, 1, 1)); });
   EXPECT_EQ(fused + 1, unfused);
+}
+
+// Without a tape, a Conv2d, a ReLU and a MaxPool2d run over chunks of images: bit for bit the three layers
+// apart, for a batch that is not a whole number of chunks and pools of either shape; the convolution's
+// whole output never exists; the dry run agrees. With a tape, the three run apart (backward needs them).
+nn::Sequential conv_relu_pool(const nn::MaxPool2d& pool) {
+  return nn::Sequential{nn::Conv2d(nn::Conv2dOptions(3, 8, 3).padding(1)), nn::ReLU(), pool};
+}
+
+TEST(ConvRelu, WithoutATapeSequentialPoolsEachChunkOfImages) {
+  const int64_t batch = 100;
+  const int64_t conv_bytes = batch * 8 * 12 * 12 * 4;
+  const Tensor x = uniform({batch, 3, 12, 12}, -1, 1, DType::F32, 50);
+  for (const nn::MaxPool2d& pool : {nn::MaxPool2d(2), nn::MaxPool2d(Size2(3), Size2(2), Size2(1))}) {
+    manual_seed(51);
+    nn::Sequential net = conv_relu_pool(pool);
+    NoGradGuard no_tape;
+    const Tensor apart = (*net)[2]->forward((*net)[1]->forward((*net)[0]->forward(x)));
+    memory::reset_peak(kCPU);
+    const int64_t before = memory::stats(kCPU).allocated.current;
+    const Tensor y = net->forward(x);
+    const int64_t peak = memory::stats(kCPU).allocated.peak - before;
+    EXPECT_EQ(y.shape(), apart.shape());
+    EXPECT_EQ(y.to_vector<float>(), apart.to_vector<float>());
+    EXPECT_LT(peak, conv_bytes) << "the convolution's output for the whole batch was made";
+    int64_t base = 0;
+    const memory::Estimate e = memory::estimate([&](Device d) {
+      manual_seed(51);
+      nn::Sequential m = conv_relu_pool(pool);
+      const Tensor xm = empty({batch, 3, 12, 12}, TensorOptions().device(d));
+      base = memory::stats(d).allocated.current;
+      memory::reset_peak(d);
+      const Tensor ym = m->forward(xm);
+    });
+    EXPECT_EQ(e.peak_allocated - base, peak) << "the dry run";
+  }
+  nn::Sequential net = conv_relu_pool(nn::MaxPool2d(2));
+  EXPECT_STREQ(net->forward(x).grad_fn_name(), "max_pool2d") << "with a tape the three run apart";
 }
 
 TEST(ConvRelu, BadInputs) {
