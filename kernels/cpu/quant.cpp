@@ -9,6 +9,10 @@
 #include <type_traits>
 #include <vector>
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 #include "core/error.h"
 #include "core/op_table_copy.h"
 #include "core/parallel.h"
@@ -97,9 +101,23 @@ std::vector<int32_t> zero_point_sums(const int8_t* w, int32_t x_zero_point, int6
   if (x_zero_point == 0) return sums;
   parallel_for(0, n, std::max<int64_t>(1, kGrain / k), [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
+      const int8_t* row = w + j * k;
+      int64_t p = 0;
       int32_t s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t p = 0; p < k; ++p) s += int32_t(w[j * k + p]);
+#ifdef __AVX2__
+      // 32 weights a step: their bytes with the sign bit flipped are w + 128 as u8, which VPSADBW sums in
+      // groups of 8 (a sum of absolute differences from zero); 128 a weight is taken off at the end. It
+      // ran in 6% of W1's int8 forward at a batch of 256 one widened weight at a time.
+      __m256i acc = _mm256_setzero_si256();
+      const __m256i flip = _mm256_set1_epi8(char(0x80));
+      for (; p + 32 <= k; p += 32) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p));
+        acc = _mm256_add_epi64(acc, _mm256_sad_epu8(_mm256_xor_si256(v, flip), _mm256_setzero_si256()));
+      }
+      const __m128i half = _mm_add_epi64(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+      s = int32_t(_mm_cvtsi128_si64(half) + _mm_extract_epi64(half, 1) - 128 * p);
+#endif
+      for (; p < k; ++p) s += int32_t(row[p]);
       sums[size_t(j)] = s * x_zero_point;
     }
   });
