@@ -85,8 +85,8 @@ void sparse_adam_step_cpu(const SparseAdamStepArgs& a) {
 // - it transposes the block of x into a tile xt [cols, 32] (8 x 8 blocks transposed in registers), so that
 //   column c is 32 contiguous floats;
 // - each row r of W sums values[k] * xt[col_indices[k]] over its nonzeros into 4 AVX2 vectors, in two sets of
-//   accumulators (even and odd k), which keeps 8 FMA chains in flight instead of 4; the row's 32 sums go to a
-//   tile ot [rows, 32];
+//   accumulators (even and odd k), which keeps 8 FMA chains in flight instead of 4 (fewer vectors, more
+//   sets); the row's 32 sums go to a tile ot [rows, 32];
 // - ot is transposed back into the block's rows of out, with the bias added on the way.
 // The tiles are working memory from the arena, one pair a thread (cpu::workspace, so the bytes show in the
 // statistics); the meta kernel takes the same bytes. With fewer blocks than threads, the rows of W are split
@@ -168,32 +168,35 @@ void csr_rows_portable(const CsrMatmulArgs& a, const T* xt, int64_t stride, int6
 }
 
 #if FRUGAL_TRANSPOSE_AVX && defined(__AVX2__) && defined(__FMA__)
+// U sets of accumulators, nonzero k going to set k mod U, so that about 8 FMA chains are in flight whatever
+// the vectors a nonzero (V): one set of 4 vectors keeps only 4 FMAs of latency 4 going.
 template <int V>
 void csr_rows_avx2(const CsrMatmulArgs& a, const float* xt, int64_t r0, int64_t r1, float* ot) {
   constexpr int64_t kStride = 8 * V;
+  constexpr int U = V == 3 ? 3 : 8 / V;
   const float* values = static_cast<const float*>(a.values);
   const int32_t* cols = a.col_indices;
   for (int64_t r = r0; r < r1; ++r) {
-    __m256 even[V], odd[V];
-    for (int v = 0; v < V; ++v) even[v] = odd[v] = _mm256_setzero_ps();
+    __m256 acc[U][V];
+    for (int u = 0; u < U; ++u)
+      for (int v = 0; v < V; ++v) acc[u][v] = _mm256_setzero_ps();
     int64_t k = a.row_offsets[r];
     const int64_t end = a.row_offsets[r + 1];
-    for (; k + 1 < end; k += 2) {
-      const __m256 w0 = _mm256_broadcast_ss(values + k), w1 = _mm256_broadcast_ss(values + k + 1);
-      const float* c0 = xt + int64_t(cols[k]) * kStride;
-      const float* c1 = xt + int64_t(cols[k + 1]) * kStride;
-      for (int v = 0; v < V; ++v) {
-        even[v] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(c0 + 8 * v), even[v]);
-        odd[v] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(c1 + 8 * v), odd[v]);
+    for (; k + U <= end; k += U)
+      for (int u = 0; u < U; ++u) {
+        const __m256 w = _mm256_broadcast_ss(values + k + u);
+        const float* c = xt + int64_t(cols[k + u]) * kStride;
+        for (int v = 0; v < V; ++v) acc[u][v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(c + 8 * v), acc[u][v]);
       }
+    for (; k < end; ++k) {  // into set 0: an index known only at run time would put the sets in memory
+      const __m256 w = _mm256_broadcast_ss(values + k);
+      const float* c = xt + int64_t(cols[k]) * kStride;
+      for (int v = 0; v < V; ++v) acc[0][v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(c + 8 * v), acc[0][v]);
     }
-    if (k < end) {
-      const __m256 w0 = _mm256_broadcast_ss(values + k);
-      const float* c0 = xt + int64_t(cols[k]) * kStride;
-      for (int v = 0; v < V; ++v) even[v] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(c0 + 8 * v), even[v]);
-    }
+    for (int u = 1; u < U; ++u)
+      for (int v = 0; v < V; ++v) acc[0][v] = _mm256_add_ps(acc[0][v], acc[u][v]);
     float* o = ot + (r - r0) * kStride;
-    for (int v = 0; v < V; ++v) _mm256_storeu_ps(o + 8 * v, _mm256_add_ps(even[v], odd[v]));
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(o + 8 * v, acc[0][v]);
   }
 }
 #endif
