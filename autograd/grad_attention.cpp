@@ -12,6 +12,15 @@
 
 namespace frugal::autograd {
 
+namespace {
+// `products` products of [t, hd] by [hd, t] (or [t, t] by [t, hd]) shapes a head, twice their multiply-adds,
+// half of them under a causal mask (Note [counted work in a dry run], core/estimate.cpp).
+double attention_flops(const SelfAttentionArgs& a, int products) {
+  return 2.0 * products * double(a.batch) * double(a.heads) * double(a.t) * double(a.t) * double(a.head_dim) *
+         (a.causal ? 0.5 : 1.0);
+}
+}  // namespace
+
 Tensor attention_scores_softmax(const Tensor& scores, double scale, bool causal) {
   const char* op = "attention_scores_softmax";
   memory::OpScope op_scope(op, scores);  // Note [op names in the history]
@@ -96,6 +105,8 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, int64_t hd, double sca
     const Tensor workspace =
         empty({f.threads, self_attention_workspace(f, dt, false, stats || low_probs)}, compute);
     f.workspace = workspace.raw_data();
+    // The scores, then P V.
+    frugal::detail::count_flops(x.device(), attention_flops(f, 2));
     if (out.numel() > 0) forward_table.get(x.device(), dt)(f);
     return std::array<Tensor, 2>{out, p};
   });
@@ -118,6 +129,8 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, int64_t hd, double sca
       b.dy = dy.raw_data();
       b.dqkv = dqkv.raw_data();
       b.workspace = workspace.raw_data();
+      // dV, dP, dQ and dK, and the scores again where only their row statistics were kept.
+      frugal::detail::count_flops(x.device(), attention_flops(b, stats ? 5 : 4));
       if (dqkv.numel() > 0) backward->get(x.device(), x.dtype())(b);
       return {dqkv};
     };

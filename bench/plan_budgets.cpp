@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
     RunShape uniform;
     uniform.uniform = w3 ? 1 : 6;
     add(w3 ? "every_block" : "sqrt_n", uniform, 0, 0, "");
-    // W3: accumulation alone, what Note [the planner's cost model] prices at kMicroBatchOverhead a
+    // W3: accumulation alone, what Note [the planner's cost model] prices at PlanCosts::micro_batch a
     // micro-batch.
     if (w3)
       for (int k : {2, 4}) {

@@ -3,6 +3,7 @@
 #include "core/estimate.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 
@@ -45,6 +46,17 @@ class MetaBacking final : public Backing {
 std::mutex g_estimate_mu;
 int64_t g_installed_resident = 0;  // of the meta arena installed now (guarded by g_estimate_mu)
 
+// Note [counted work in a dry run]
+// A dry run runs no arithmetic, but it passes through every op a real step runs, in the same order, so it can
+// count what the step will do: OpTable::get counts each meta kernel fetched (one call of a kernel, with the
+// op layer's overhead around it), the ops that multiply matrices add their FLOPs (2 m n k a GEMM; the three
+// directions of a convolution; attention's products, half of them under a causal mask), and the timeline
+// gives the bytes every allocation asked for, which the memory-bound ops write and read. memory::plan prices
+// these three (Note [the planner's cost model], core/plan.h). The counts are of this process's dry run; one
+// runs at a time (g_estimate_mu), so plain atomics hold them.
+std::atomic<int64_t> g_meta_kernels{0};
+std::atomic<double> g_meta_flops{0};
+
 }  // namespace
 
 std::unique_ptr<Backing> detail::make_meta_backing() { return std::make_unique<MetaBacking>(); }
@@ -80,6 +92,8 @@ Estimate estimate(const std::function<void(Device)>& step, const EstimateOptions
       ~KeepRng() { default_generator().set_state(state); }
     } keep_rng;
     DefaultDeviceGuard on_meta(kMeta);
+    g_meta_kernels = 0;
+    g_meta_flops = 0;
     try {
       step(kMeta);
     } catch (const OutOfMemoryError& oom) {
@@ -87,7 +101,12 @@ Estimate estimate(const std::function<void(Device)>& step, const EstimateOptions
       e.error = oom.what();
     }
     e.timeline = memory::history(kMeta);
+    e.kernel_calls = g_meta_kernels.load();
+    e.flops = g_meta_flops.load();
   }
+  if (!e.timeline.truncated)
+    for (const HistoryEvent& ev : e.timeline.events)
+      if (ev.kind == EventKind::Alloc) e.bytes_allocated += ev.requested;
   e.stats = meta.stats();
   e.peak_allocated = e.stats.allocated.peak;
   e.peak_reserved = e.stats.reserved.peak;
@@ -125,3 +144,8 @@ std::string Estimate::summary(int max_tags) const {
 }
 
 }  // namespace frugal::memory
+
+namespace frugal::detail {
+void note_meta_kernel() { memory::g_meta_kernels.fetch_add(1, std::memory_order_relaxed); }
+void note_meta_flops(double flops) { memory::g_meta_flops.fetch_add(flops, std::memory_order_relaxed); }
+}  // namespace frugal::detail

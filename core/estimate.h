@@ -59,6 +59,12 @@ struct Estimate {
   HistoryRecord timeline;      // every allocation and free (memory::write_trace / write_svg draw it)
   bool out_of_memory = false;  // the step threw OutOfMemoryError under the limit...
   std::string error;           // ...with this message
+  // The work the step stands for (Note [counted work in a dry run], core/estimate.cpp): the FLOPs of its
+  // matrix products (GEMMs, linear layers, convolutions, attention), the kernels its ops called, and the
+  // bytes they allocated (0 when the timeline was truncated). memory::plan's cost model prices them.
+  double flops = 0;
+  int64_t kernel_calls = 0;
+  int64_t bytes_allocated = 0;
   bool fits() const { return !out_of_memory; }
   // The peak, by category, and the tags with the highest peaks (at most max_tags), as a table.
   std::string summary(int max_tags = 8) const;

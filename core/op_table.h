@@ -27,6 +27,17 @@ using ElementwiseKernel = void(const Loop& loop, const OpArgs& args);
 
 [[noreturn]] void throw_missing_kernel(const char* op, Device device, DType dtype, const void* const* row);
 
+namespace detail {
+// The work a dry run stands for (Note [counted work in a dry run], core/estimate.cpp): every meta kernel an
+// op fetches counts as one call, and the ops whose kernels multiply matrices (GEMMs, linear layers,
+// convolutions, attention) add their FLOPs when they run on the meta device.
+void note_meta_kernel();
+void note_meta_flops(double flops);
+inline void count_flops(Device device, double flops) {
+  if (device.type == DeviceType::Meta) note_meta_flops(flops);
+}
+}  // namespace detail
+
 // One device type's kernels of a table, one per dtype, with their type erased (any function pointer converts
 // to void (*)() and back unchanged).
 using ErasedKernelRow = std::array<void (*)(), kNumDTypes>;
@@ -85,6 +96,7 @@ class OpTable {
   bool has(Device device, DType dtype) const { return table_[int(device.type)][int(dtype)] != nullptr; }
   Fn* get(Device device, DType dtype) const {
     Fn* fn = table_[int(device.type)][int(dtype)];
+    if (device.type == DeviceType::Meta) detail::note_meta_kernel();
     if (!fn) [[unlikely]] {
       const void* row[kNumDTypes];
       for (int i = 0; i < kNumDTypes; ++i)

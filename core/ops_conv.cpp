@@ -12,6 +12,13 @@ namespace frugal::ops {
 
 namespace {
 
+// A convolution direction's multiply-adds, twice: each output (or weight) element sums c / groups x kh x kw
+// products a pixel (Note [counted work in a dry run], core/estimate.cpp).
+double conv_flops(const ConvArgs& a) {
+  return 2.0 * double(a.n) * double(a.o) * double(a.oh) * double(a.ow) * double(a.c / a.groups) *
+         double(a.kh) * double(a.kw);
+}
+
 std::string str2(Size2 s) { return detail::str_cat("(", s.h, ", ", s.w, ")"); }
 
 // PyTorch's output size along one dim; 0 or less when the (dilated) kernel does not fit the padded input.
@@ -124,6 +131,7 @@ Tensor conv2d_forward(const char* op, const Tensor& x, const Tensor& weight, con
   a.y = y.raw_data();
   const DeviceType device = x.device().type;
   a.relu = relu && (device == DeviceType::CPU || device == DeviceType::Meta);
+  detail::count_flops(x.device(), conv_flops(a));
   op_conv2d.get(x.device(), x.dtype())(a);
   if (relu && !a.relu) relu_(y);
   return y;
@@ -163,6 +171,7 @@ Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const 
   a.dy = gc.raw_data();
   a.weight = wc.raw_data();
   a.dx = dx.raw_data();
+  detail::count_flops(weight.device(), conv_flops(a));
   op_conv2d_backward_data.get(weight.device(), weight.dtype())(a);
   return dx;
 }
@@ -192,6 +201,7 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& grad_out, const T
   a.x = xc.raw_data();
   a.dweight = dw.raw_data();
   a.dbias = with_bias ? db.raw_data() : nullptr;
+  detail::count_flops(x.device(), conv_flops(a));
   op_conv2d_backward_weight.get(x.device(), x.dtype())(a);
   return {dw, db};
 }
@@ -253,6 +263,7 @@ ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
   a.dx = need_dx ? r.dx.raw_data() : nullptr;
   a.dweight = r.dweight.raw_data();
   a.dbias = need_dbias ? r.dbias.raw_data() : nullptr;
+  detail::count_flops(device, conv_flops(a) * (need_dx ? 2 : 1));
   op_conv2d_backward.get(device, grad_out.dtype())(a);
   return r;
 }

@@ -102,8 +102,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (out.numel() > 0) {
     if (k == 0)
       ops::fill_(out, 0);
-    else
+    else {
+      detail::count_flops(a.device(), 2.0 * double(g.batch) * double(g.m) * double(g.n) * double(g.k));
       op_gemm.get(a.device(), dt)(g);
+    }
   }
   if (a_in.dim() == 1) out = ops::squeeze(out, -2);
   if (b_in.dim() == 1) out = ops::squeeze(out, -1);

@@ -48,6 +48,7 @@ void gemm(const void* a, int64_t a_row, int64_t a_col, const void* b, int64_t b_
     if (!accumulate) ops::fill_(c, 0);
     return;
   }
+  detail::count_flops(c.device(), 2.0 * double(g.m) * double(g.n) * double(k));
   op_gemm.get(c.device(), c.dtype())(g);
 }
 
@@ -68,6 +69,7 @@ Tensor fused_linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias
   a.bias = b.defined() ? b.raw_data() : nullptr;
   a.y = y.raw_data();
   a.relu = relu;
+  detail::count_flops(x.device(), 2.0 * double(a.m) * double(a.n) * double(a.k));
   op_linear.get(x.device(), x.dtype())(a);
   return y;
 }

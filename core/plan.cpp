@@ -2,21 +2,29 @@
 #include "core/plan.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace frugal::memory {
 
+double predicted_seconds(const Estimate& e) {
+  return e.flops / kFlopsPerSecond + double(e.kernel_calls) * kSecondsPerKernel +
+         double(e.bytes_allocated) / kBytesPerSecond;
+}
+
 namespace {
 
-double relative_time(const PlanChoice& c, int blocks) {
+double relative_time(const PlanChoice& c, int blocks, const PlanCosts& k) {
   const double whole = blocks > 0 ? double(c.recompute_blocks) / double(blocks) : 0.0,
                selective = blocks > 0 ? double(c.selective_blocks) / double(blocks) : 0.0;
-  return (1 + kForwardShare * whole + kSelectiveShare * selective) *
-         (1 + kMicroBatchOverhead * double(c.micro_batches - 1)) * (c.low_precision ? kLowPrecision : 1.0);
+  return (1 + k.recompute * whole + k.selective * selective) *
+         (1 + k.micro_batch * double(c.micro_batches - 1)) * (c.low_precision ? kLowPrecision : 1.0);
 }
 
 }  // namespace
 
 std::string Plan::str() const {
+  char time[32];
+  std::snprintf(time, sizeof time, "%.2f", relative_time);
   const std::string selective =
       choice.selective_blocks > 0
           ? frugal::detail::str_cat(" + ", choice.selective_blocks, " selectively (their GEMMs kept)")
@@ -27,7 +35,7 @@ std::string Plan::str() const {
       choice.step_in_backward ? ", the optimizer steps in backward" : "", ", ",
       choice.low_precision ? "bf16 autocast" : "f32", ": estimated peak ", format_bytes(peak_allocated),
       " (reserved ", format_bytes(peak_reserved), ") of ", format_bytes(budget),
-      fits ? "" : " (does not fit)", ", ", relative_time, "x the plain step's time (predicted)");
+      fits ? "" : " (does not fit)", ", ", time, "x the plain step's time (predicted)");
 }
 
 Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t budget,
@@ -48,9 +56,23 @@ Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t bu
     options.from(space.from()).limit(limited ? budget : 0);
     return estimate([&](Device d) { step(d, c); }, options);
   };
+  // The step's own coefficients (Note [the planner's cost model]), from dry runs without the budget.
+  PlanCosts& costs = best.costs;
+  const int n = space.blocks();
+  costs.plain_seconds = predicted_seconds(estimate_of({}, false));
+  auto share = [&](const PlanChoice& c) {
+    if (costs.plain_seconds <= 0) return 0.0;
+    return std::max(0.0, predicted_seconds(estimate_of(c, false)) / costs.plain_seconds - 1);
+  };
+  if (n > 0) costs.recompute = share({1, n, false, 0, false});
+  if (n > 0 && space.selective()) costs.selective = share({1, 0, false, n, false});
+  int least_k = 0;
+  for (int k : space.micro_batches())
+    if (k > 1 && (least_k == 0 || k < least_k)) least_k = k;
+  if (least_k > 0) costs.micro_batch = share({least_k, 0, false, 0, false}) / double(least_k - 1);
   // fits: e's dry run ran under the budget and fitted (else e is a run without the limit, its peaks whole).
   auto consider = [&](const PlanChoice& c, const Estimate& e, bool fits) {
-    const double t = relative_time(c, space.blocks());
+    const double t = relative_time(c, space.blocks(), costs);
     const bool better =
         !have || (fits && !best.fits) ||
         (fits == best.fits && (fits ? t < best.relative_time : e.peak_allocated < best.peak_allocated));
@@ -68,14 +90,13 @@ Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t bu
       // Every (whole, selective) pair in ascending predicted time, one dry run each until one fits (Note [the
       // planner's cost model]); a dry run costs milliseconds.
       std::vector<PlanChoice> candidates;
-      const int n = space.blocks();
       for (int m = 0; m <= n; ++m)
         for (int s = 0; s <= (space.selective() ? n - m : 0); ++s)
           for (bool in_backward : {false, true})
             if (!in_backward || (space.step_in_backward() && k == 1))
               candidates.push_back({k, m, low, s, in_backward});
-      std::stable_sort(candidates.begin(), candidates.end(), [n](const PlanChoice& a, const PlanChoice& b) {
-        return relative_time(a, n) < relative_time(b, n);
+      std::stable_sort(candidates.begin(), candidates.end(), [&](const PlanChoice& a, const PlanChoice& b) {
+        return relative_time(a, n, costs) < relative_time(b, n, costs);
       });
       for (const PlanChoice& c : candidates) {
         const Estimate e = estimate_of(c, true);

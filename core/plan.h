@@ -15,19 +15,27 @@
 //
 // Note [the planner's cost model]
 // A candidate's step time relative to the plain run's (1 micro-batch, no recompute, f32) is predicted as
-//   (1 + kForwardShare * m / n + kSelectiveShare * s / n) * (1 + kMicroBatchOverhead * (k - 1))
-//     * (low precision ? kLowPrecision : 1)
-// for m of n blocks recomputed whole, s recomputed selectively and k micro-batches: recomputing a block runs
-// its forward again (a third of its forward and backward work); a selective block runs again only what is
-// not a GEMM (its norms, activations, residual adds and copies: kSelectiveShare, measured on W3); each extra
-// micro-batch repeats the per-op overheads of a step (about a tenth of W3's step on this project's 2-core
-// machine: 4 micro-batches measured 1.35x). Low precision is taken as no faster, since a CPU without bf16
-// instructions gains nothing from it. Stepping in backward (optim::StepInBackward) does the same updates at
-// another moment, so it costs nothing in the model (W4g measured within noise of W4); it frees each
-// gradient once its update is done, so the gradients never all exist at once, and with recompute it is what
-// lowers a parameter-heavy step's peak most (Note [recompute and stepping in backward]). It needs the whole
-// gradient from one backward, so it goes with one micro-batch only. At an equal predicted time the candidate
-// without it is tried first. The model ranks the candidates; it is not a timer.
+//   (1 + recompute * m / n + selective * s / n) * (1 + micro_batch * (k - 1)) * (bf16 ? kLowPrecision : 1)
+// for m of n blocks recomputed whole, s recomputed selectively and k micro-batches. The three coefficients
+// (PlanCosts) are the step's own, measured before the search by dry runs without the budget: the plain step,
+// every block recomputed whole, every block selective (where allowed) and the least k > 1 allowed. Each dry
+// run is priced from the work it counted (Note [counted work in a dry run], core/estimate.cpp):
+//   seconds = FLOPs / kFlopsPerSecond + kernel calls * kSecondsPerKernel + bytes allocated / kBytesPerSecond
+// so a block's recompute costs what its forward counts (about a third of a GEMM-bound step: W3 0.35, W4
+// 0.29), a selective block what its norms, activations and adds count, and each micro-batch more the kernel
+// calls it repeats: much for a model of small ops (a chain of tiny Linears: 0.4 a micro-batch; W1 0.11),
+// little for one of large GEMMs (W3 and W4: 0.01). The rates are those of this project's 2-core machines (f32
+// GEMMs near 150 GFLOP/s, 2 us a kernel call with the op around it, 10 GB/s of new tensors written and read);
+// only their ratios rank the candidates. The README compares the coefficients with measured steps; what the
+// counts miss is a GEMM that runs slower split into micro-batches (W4 at 4: 0.09 a micro-batch). Until
+// 2026-12-05 the coefficients were constants measured on W3 (1/3, 0.05 and 0.1). Low precision is taken as no
+// faster, since a CPU without bf16 instructions gains nothing from it. Stepping in backward
+// (optim::StepInBackward) does the same updates at another moment, so it costs nothing in the model (W4g
+// measured within noise of W4); it frees each gradient once its update is done, so the gradients never all
+// exist at once, and with recompute it is what lowers a parameter-heavy step's peak most (Note [recompute and
+// stepping in backward]). It needs the whole gradient from one backward, so it goes with one micro-batch
+// only. At an equal predicted time the candidate without it is tried first. The model ranks the candidates;
+// it is not a timer.
 //
 // The search over recompute is exhaustive: each block of the chain runs plain, selectively or wholly
 // recomputed. For a chain of identical blocks (the GPT's) what a candidate saves and costs depends only on
@@ -51,10 +59,22 @@
 
 namespace frugal::memory {
 
-inline constexpr double kForwardShare = 1.0 / 3.0;
-inline constexpr double kSelectiveShare = 0.05;
-inline constexpr double kMicroBatchOverhead = 0.1;
+// The cost model's rates (Note [the planner's cost model]).
+inline constexpr double kFlopsPerSecond = 150e9;
+inline constexpr double kSecondsPerKernel = 2e-6;
+inline constexpr double kBytesPerSecond = 10e9;
 inline constexpr double kLowPrecision = 1.0;
+
+// A dry run's counted work priced in seconds by the rates above.
+double predicted_seconds(const Estimate& e);
+
+// The step's own coefficients of the cost model, each relative to the plain step's predicted time.
+struct PlanCosts {
+  double recompute = 0;      // every block recomputed whole
+  double selective = 0;      // every block recomputed selectively
+  double micro_batch = 0;    // each micro-batch past the first
+  double plain_seconds = 0;  // the plain step's predicted time
+};
 
 // One candidate: what the step function applies.
 struct PlanChoice {
@@ -88,6 +108,7 @@ struct Plan {
   int64_t peak_allocated = 0;  // its dry run's peaks
   int64_t peak_reserved = 0;
   double relative_time = 1;  // its predicted step time over the plain run's (Note [the planner's cost model])
+  PlanCosts costs;           // the coefficients that prediction used
   int64_t budget = 0;
   int blocks = 0;
   int dry_runs = 0;  // how many candidates were estimated

@@ -124,6 +124,10 @@ inline std::vector<int> micro_batch_counts(int64_t batch) {
 // nothing fits, says so (with what else to try) and returns false.
 inline bool report_plan(const memory::Plan& plan, const char* other_options) {
   std::printf("plan: %s (%d dry runs)\n", plan.str().c_str(), plan.dry_runs);
+  std::printf(
+      "plan costs, from the dry runs' counted work (of the plain step's time): recomputing every block "
+      "+%.2f, every block selectively +%.2f, each micro-batch past the first +%.2f\n",
+      plan.costs.recompute, plan.costs.selective, plan.costs.micro_batch);
   if (!plan.fits) {
     std::fprintf(stderr,
                  "error: no plan fits in %s: the one with the lowest peak needs %s; try %s, "

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/nn_ops.h"
 #include "kernels/cpu/reference.h"
 #include "tests/test_util.h"
 
@@ -262,6 +263,51 @@ TEST(Estimate, AGptStepIsExact) {
   expect_dry_run_is_exact([](Device d) { gpt_steps(d, false, true); });
   expect_dry_run_is_exact([](Device d) { gpt_steps(d, false, false, true); });
   expect_dry_run_is_exact([](Device d) { gpt_steps(d, true, false, true); });
+}
+
+// Note [counted work in a dry run]: the FLOPs of the ops that multiply matrices, by their shapes; the
+// kernels fetched; the bytes allocated. A real run between dry runs counts nothing, and each dry run starts
+// from zero.
+TEST(Estimate, CountsTheWorkOfTheStep) {
+  const int64_t m = 24, k = 40, n = 16;
+  const memory::Estimate mm = memory::estimate([&](Device d) {
+    const Tensor a = empty({3, m, k}, TensorOptions().device(d)),
+                 b = empty({k, n}, TensorOptions().device(d));
+    const Tensor c = matmul(a, b);
+  });
+  EXPECT_DOUBLE_EQ(mm.flops, 2.0 * 3 * m * n * k);
+  EXPECT_GE(mm.kernel_calls, 1);
+  EXPECT_EQ(mm.bytes_allocated, (3 * m * k + k * n + 3 * m * n) * 4);
+  // A Linear's forward and its two gradients (the input's and the weight's), the bias's sum beside them.
+  (void)matmul(testing::uniform({m, k}, -1, 1), testing::uniform({k, n}, -1, 1));  // a cpu op: not counted
+  const memory::Estimate lin = memory::estimate([&](Device d) {
+    manual_seed(3);
+    nn::Linear fc(k, n);
+    Tensor x = empty({m, k}, TensorOptions().device(d));
+    x.requires_grad_(true);
+    fc->forward(x).sum().backward();
+  });
+  EXPECT_DOUBLE_EQ(lin.flops, 3 * 2.0 * m * n * k);
+  EXPECT_GT(lin.kernel_calls, mm.kernel_calls);
+  // A convolution's three directions: 2 x n x o x oh x ow x c x kh x kw each.
+  const memory::Estimate conv = memory::estimate([&](Device d) {
+    manual_seed(4);
+    nn::Conv2d c(nn::Conv2dOptions(3, 8, 3).padding(1));
+    Tensor x = empty({2, 3, 10, 10}, TensorOptions().device(d));
+    x.requires_grad_(true);
+    c->forward(x).sum().backward();
+  });
+  EXPECT_DOUBLE_EQ(conv.flops, 3 * 2.0 * 2 * 8 * 10 * 10 * 3 * 3 * 3);
+  // Causal attention: half of the scores and of P V forward, half of four products (five where only the
+  // rows' statistics were kept) backward.
+  const int64_t b = 2, t = 16, heads = 2, hd = 8;
+  const memory::Estimate att = memory::estimate([&](Device d) {
+    Tensor qkv = empty({b, t, 3 * heads * hd}, TensorOptions().device(d));
+    qkv.requires_grad_(true);
+    autograd::self_attention(qkv, heads, hd, 0.25, true).sum().backward();
+  });
+  const double product = 2.0 * b * heads * t * t * hd * 0.5;
+  EXPECT_TRUE(att.flops == product * (2 + 4) || att.flops == product * (2 + 5)) << att.flops / product;
 }
 
 TEST(Estimate, AnEmptyArenaAndWhatAStepLeavesBehind) {

@@ -82,6 +82,37 @@ TEST(Plan, WithRoomToSpareItChangesNothing) {
   EXPECT_NE(p.str().find("recompute 0 of 4 blocks"), std::string::npos) << p.str();
 }
 
+// Note [the planner's cost model]: the coefficients are the step's own. The GPT's forward is about a third
+// of its step and its micro-batches repeat little; a chain of tiny layers is all kernel calls, so each
+// micro-batch repeats most of the step.
+TEST(Plan, ItsCostsAreTheStepsOwn) {
+  const memory::Plan gpt =
+      memory::plan([](Device d, const memory::PlanChoice& c) { gpt_step(d, c); }, int64_t(1) << 40,
+                   memory::PlanSpace().blocks(kBlocks).micro_batches({1, 2}));
+  EXPECT_GT(gpt.costs.recompute, 0.2);
+  EXPECT_LT(gpt.costs.recompute, 0.6);
+  EXPECT_LT(gpt.costs.micro_batch, 0.1);
+  EXPECT_GT(gpt.costs.plain_seconds, 0);
+  auto tiny_step = [](Device d, const memory::PlanChoice& c) {
+    manual_seed(5);
+    nn::Sequential net;
+    for (int i = 0; i < 20; ++i) net->push_back(nn::Linear(8, 8));
+    if (c.recompute_blocks > 0) net->recompute_every(5);
+    optim::SGD opt(net->parameters(), optim::SGDOptions(0.1));
+    const Tensor x = empty({8, 8}, TensorOptions().device(d));
+    for (int k = 0; k < c.micro_batches; ++k)
+      net->forward(x.narrow(0, k * (8 / c.micro_batches), 8 / c.micro_batches)).sum().backward();
+    opt.step();
+  };
+  const memory::Plan tiny =
+      memory::plan(tiny_step, int64_t(1) << 40, memory::PlanSpace().blocks(4).micro_batches({1, 2}));
+  EXPECT_GT(tiny.costs.micro_batch, 0.3);  // the model's building and the optimizer's step are not repeated
+  EXPECT_GT(tiny.costs.micro_batch, 5 * gpt.costs.micro_batch);
+  // Plain, every block and 2 micro-batches without the budget; then, for each micro-batch count, candidates
+  // until one fits (the first does).
+  EXPECT_EQ(tiny.dry_runs, 3 + 2);
+}
+
 TEST(Plan, UnderABudgetTheRealRunFitsAndPeaksWhereTheDryRunSaid) {
   const int64_t plain = plain_peak();
   double without_selective = 0;
@@ -105,7 +136,7 @@ TEST(Plan, UnderABudgetTheRealRunFitsAndPeaksWhereTheDryRunSaid) {
       // Every candidate predicted faster does not fit (the search is exhaustive over the chain).
       for (int m = 0; m <= kBlocks; ++m)
         for (int s = 0; m + s <= kBlocks; ++s) {
-          const double t = 1 + memory::kForwardShare * m / kBlocks + memory::kSelectiveShare * s / kBlocks;
+          const double t = 1 + p.costs.recompute * m / kBlocks + p.costs.selective * s / kBlocks;
           if (t >= p.relative_time) continue;
           const memory::PlanChoice faster{1, m, false, s};
           EXPECT_FALSE(memory::estimate([&](Device d) { gpt_step(d, faster); },
