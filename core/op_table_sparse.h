@@ -36,11 +36,10 @@ struct SparseAdamStepArgs {
 using SparseAdamStepKernel = void(const SparseAdamStepArgs& args);
 extern OpTable<SparseAdamStepKernel> op_sparse_adam_step;
 // A dense matrix times a sparse one in compressed sparse rows, transposed (nn::SparseLinear's forward):
-//   out[j, r] = bias[r] + sum over k in [row_offsets[r], row_offsets[r + 1]) of values[k] * x[j,
-//   col_indices[k]]
-// (x [batch, cols] and out [batch, rows], both contiguous; bias [rows] or none). Keyed by the values' dtype.
-// The CPU kernel takes working memory from the arena (Note [a sparse layer's product],
-// kernels/cpu/sparse.cpp).
+//   out[j, r] = bias[r] + sum over k in [start, end) of values[k] * x[j, col_indices[k]]
+// where start, end = row_offsets[r], row_offsets[r + 1] (x [batch, cols] and out [batch, rows], both
+// contiguous; bias [rows] or none). Keyed by the values' dtype. The CPU kernel takes working memory from the
+// arena (Note [a sparse layer's product], kernels/cpu/sparse.cpp).
 struct CsrMatmulArgs {
   const void* values = nullptr;
   const int32_t* col_indices = nullptr;

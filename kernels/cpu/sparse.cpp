@@ -84,9 +84,9 @@ void sparse_adam_step_cpu(const SparseAdamStepArgs& a) {
 // batch rows:
 // - it transposes the block of x into a tile xt [cols, 32] (8 x 8 blocks transposed in registers), so that
 //   column c is 32 contiguous floats;
-// - each row r of W sums values[k] * xt[col_indices[k]] over its nonzeros into 4 AVX2 vectors, in two sets of
-//   accumulators (even and odd k), which keeps 8 FMA chains in flight instead of 4 (fewer vectors, more
-//   sets); the row's 32 sums go to a tile ot [rows, 32];
+// - each row r of W sums values[k] * xt[col_indices[k]] over its nonzeros into 4 AVX2 vectors, nonzero k
+//   into set k mod 2 of two sets of accumulators, so that 8 FMA chains are in flight, not 4 (a tile of 8
+//   rows: 8 sets of 1 vector); the row's 32 sums go to a tile ot [rows, 32];
 // - ot is transposed back into the block's rows of out, with the bias added on the way.
 // The tiles are working memory from the arena, one pair a thread (cpu::workspace, so the bytes show in the
 // statistics); the meta kernel takes the same bytes. With fewer blocks than threads, the rows of W are split
