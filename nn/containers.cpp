@@ -29,27 +29,20 @@ const std::shared_ptr<Module>& checked_at(const std::vector<std::shared_ptr<Modu
 // backward needs the convolution's output.
 constexpr int64_t kPoolChunkImages = 16;
 
-bool records(const Tensor& x, const Conv2dImpl& conv) {
-  return autograd::grad_mode_enabled() && (x.requires_grad() || conv.weight.requires_grad() ||
-                                           (conv.bias.defined() && conv.bias.requires_grad()));
-}
-
 Tensor conv_relu_pool_in_chunks(const Tensor& x, const Conv2dImpl& conv, Module& pool) {
   const Conv2dOptions& o = conv.options();
-  auto block = [&](const Tensor& images) {
-    return pool.forward(
-        conv2d_relu(images, conv.weight, conv.bias, o.stride(), o.padding(), o.dilation(), o.groups()));
-  };
   const int64_t n = x.size(0);
-  Tensor first = block(x.narrow(0, 0, kPoolChunkImages));
-  Shape shape = first.shape();
-  shape[0] = n;
-  Tensor out = empty(shape, TensorOptions(first.dtype()).device(first.device()));
-  out.narrow(0, 0, kPoolChunkImages).copy_(first);
-  first = Tensor();
-  for (int64_t b = kPoolChunkImages; b < n; b += kPoolChunkImages) {
+  Tensor out;
+  for (int64_t b = 0; b < n; b += kPoolChunkImages) {
     const int64_t count = std::min(kPoolChunkImages, n - b);
-    out.narrow(0, b, count).copy_(block(x.narrow(0, b, count)));
+    const Tensor y = pool.forward(conv2d_relu(x.narrow(0, b, count), conv.weight, conv.bias, o.stride(),
+                                              o.padding(), o.dilation(), o.groups()));
+    if (!out.defined()) {
+      Shape shape = y.shape();
+      shape[0] = n;
+      out = empty(shape, y.options());
+    }
+    out.narrow(0, b, count).copy_(y);
   }
   return out;
 }
@@ -74,7 +67,8 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
     const Module* after = i + 2 < end ? modules[i + 2].get() : nullptr;
     if (next && after && typeid(m) == typeid(Conv2dImpl) && typeid(*next) == typeid(ReLUImpl) &&
         typeid(*after) == typeid(MaxPool2dImpl) && h.dim() == 4 && h.size(0) > kPoolChunkImages &&
-        !records(h, static_cast<const Conv2dImpl&>(m))) {
+        !autograd::needs_grad(
+            {&h, &static_cast<const Conv2dImpl&>(m).weight, &static_cast<const Conv2dImpl&>(m).bias})) {
       m.apply_masks();
       h = conv_relu_pool_in_chunks(h, static_cast<const Conv2dImpl&>(m), *modules[i + 2]);
       i += 2;

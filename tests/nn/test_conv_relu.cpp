@@ -200,6 +200,12 @@ TEST(ConvRelu, WithoutATapeSequentialPoolsEachChunkOfImages) {
   }
   nn::Sequential net = conv_relu_pool(nn::MaxPool2d(2));
   EXPECT_STREQ(net->forward(x).grad_fn_name(), "max_pool2d") << "with a tape the three run apart";
+  // A view that is not contiguous (channels last, seen as NCHW) gives what the layers apart give.
+  const Tensor view = uniform({batch, 12, 12, 3}, -1, 1, DType::F32, 52).permute({0, 3, 1, 2});
+  ASSERT_FALSE(view.is_contiguous());
+  NoGradGuard no_tape;
+  EXPECT_EQ(net->forward(view).to_vector<float>(),
+            (*net)[2]->forward((*net)[1]->forward((*net)[0]->forward(view))).to_vector<float>());
 }
 
 TEST(ConvRelu, BadInputs) {
