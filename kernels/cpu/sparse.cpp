@@ -228,27 +228,25 @@ template <typename T>
 void csr_store_tile(const T* ot, int64_t stride, int64_t nb, const T* bias, int64_t rows, int64_t r0,
                     int64_t r1, T* out) {
   const int64_t n = r1 - r0;
-  int64_t full = 0;  // rows of out written by the vector path
+  int64_t rows_done = 0, cols_done = 0;  // the block [0, rows_done) x [0, cols_done) went by 8 x 8 transposes
 #if FRUGAL_TRANSPOSE_AVX
   if constexpr (std::is_same_v<T, float>) {
-    full = nb / 8 * 8;
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
+    rows_done = nb / 8 * 8;
+    for (; cols_done + 8 <= n; cols_done += 8) {
+      const int64_t j = cols_done;
       const __m256 b = bias ? _mm256_loadu_ps(bias + r0 + j) : _mm256_setzero_ps();
-      for (int64_t g = 0; g < full; g += 8) {
+      for (int64_t g = 0; g < rows_done; g += 8) {
         __m256 r[8];
         cpu::transpose8x8_load(ot + j * stride + g, stride, r);
         for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + (g + i) * rows + r0 + j, _mm256_add_ps(r[i], b));
       }
     }
-    for (; j < n; ++j)
-      for (int64_t i = 0; i < full; ++i)
-        out[i * rows + r0 + j] = ot[j * stride + i] + (bias ? bias[r0 + j] : 0.f);
   }
 #endif
   for (int64_t j = 0; j < n; ++j) {
     const T b = bias ? bias[r0 + j] : T(0);
-    for (int64_t i = full; i < nb; ++i) out[i * rows + r0 + j] = ot[j * stride + i] + b;
+    for (int64_t i = j < cols_done ? rows_done : 0; i < nb; ++i)
+      out[i * rows + r0 + j] = ot[j * stride + i] + b;
   }
 }
 

@@ -243,6 +243,10 @@ TEST(Prune, SparseLinearEqualsTheDenseOneInItsBytes) {
   testing::expect_close(sparse->forward(x), std::vector<double>(dense.begin(), dense.end()), {1e-6, 1e-5},
                         "csr");
   EXPECT_EQ(sparse->forward(x).shape(), (Shape{2, 7, 20}));
+  // An input that is not contiguous (a window of wider rows) gives what its contiguous copy gives.
+  const Tensor view = uniform({9, 40}, -1, 1, DType::F32, 10).narrow(1, 5, 30);
+  ASSERT_FALSE(view.is_contiguous());
+  EXPECT_EQ(sparse->forward(view).to_vector<float>(), sparse->forward(view.contiguous()).to_vector<float>());
 }
 
 TEST(Prune, ToSparseReplacesTheSparseLinearsOnly) {
