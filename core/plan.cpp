@@ -57,18 +57,19 @@ Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t bu
     return estimate([&](Device d) { step(d, c); }, options);
   };
   // The step's own coefficients (Note [the planner's cost model]), from dry runs without the budget.
+  // None are needed (nor the plain step's dry run) where there are no blocks and one micro-batch count.
   PlanCosts& costs = best.costs;
   const int n = space.blocks();
-  costs.plain_seconds = predicted_seconds(estimate_of({}, false));
+  int least_k = 0;
+  for (int k : space.micro_batches())
+    if (k > 1 && (least_k == 0 || k < least_k)) least_k = k;
+  if (n > 0 || least_k > 0) costs.plain_seconds = predicted_seconds(estimate_of({}, false));
   auto share = [&](const PlanChoice& c) {
     if (costs.plain_seconds <= 0) return 0.0;
     return std::max(0.0, predicted_seconds(estimate_of(c, false)) / costs.plain_seconds - 1);
   };
   if (n > 0) costs.recompute = share({1, n, false, 0, false});
   if (n > 0 && space.selective()) costs.selective = share({1, 0, false, n, false});
-  int least_k = 0;
-  for (int k : space.micro_batches())
-    if (k > 1 && (least_k == 0 || k < least_k)) least_k = k;
   if (least_k > 0) costs.micro_batch = share({least_k, 0, false, 0, false}) / double(least_k - 1);
   // fits: e's dry run ran under the budget and fitted (else e is a run without the limit, its peaks whole).
   auto consider = [&](const PlanChoice& c, const Estimate& e, bool fits) {

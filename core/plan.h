@@ -73,7 +73,7 @@ struct PlanCosts {
   double recompute = 0;      // every block recomputed whole
   double selective = 0;      // every block recomputed selectively
   double micro_batch = 0;    // each micro-batch past the first
-  double plain_seconds = 0;  // the plain step's predicted time
+  double plain_seconds = 0;  // the plain step's predicted time (0 where no coefficient was needed)
 };
 
 // One candidate: what the step function applies.
