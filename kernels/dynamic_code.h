@@ -84,9 +84,10 @@ inline Code make_code(bool is_signed) {
   c.count[0] = 256 - c.zero;
   c.count[1] = c.zero + 1;
   for (int side = 0; side < 2; ++side) {
-    auto magnitude = [&](int j) { return double(side ? -c.value[c.zero - j] : c.value[c.zero + j]); };
+    double magnitude[256];  // the side's, ascending from 0
+    for (int j = 0; j < c.count[side]; ++j) magnitude[j] = side ? -c.value[c.zero - j] : c.value[c.zero + j];
     for (int j = 0; j + 1 < c.count[side]; ++j) {
-      const double mid = (magnitude(j) + magnitude(j + 1)) / 2;  // exact in double
+      const double mid = (magnitude[j] + magnitude[j + 1]) / 2;  // exact in double
       float t = float(mid);
       if (double(t) > mid) t = std::nextafter(t, 0.0f);
       c.threshold[side][j] = t;
@@ -113,9 +114,18 @@ namespace frugal::math {
 // moments m and v, the new moments and parameter. The parameter's step uses the new moments before they are
 // rounded to the code. Every multiply-add is an explicit fma, so that a vector loop, a scalar loop and the
 // GPU round alike (a contraction the compiler chose could differ between them).
+//
+// The step is Adam's in bitsandbytes' form (its 8-bit kernels'): lr / (1 - beta1^t) x m / (sqrt(v) /
+// c + eps), c = sqrt(1 - beta2^t), is computed as (lr c / (1 - beta1^t)) x m / (sqrt(v) + eps c), the
+// correction folded into the step size and eps on the host: one division an element instead of two. It
+// equals f32 Adam's (optim/adam.h, PyTorch's order of operations) to a rounding or two, far below the
+// 8-bit moments' own rounding; on the CPU the divider is what an f32 Adam step waits for.
 template <typename C>
 struct Adam8bitHyper {
-  C beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, shrink, step_size, bc2_sqrt;
+  C beta1, beta2, one_minus_beta1, one_minus_beta2;
+  C eps;        // eps x sqrt(1 - beta2^t)
+  C step_size;  // lr x sqrt(1 - beta2^t) / (1 - beta1^t)
+  C weight_decay, shrink;
   bool coupled, decoupled;
 };
 // The hyperparameters of a step from its arguments (Args: Adam8bitStepArgs of core/op_table_optim.h, a
@@ -127,11 +137,10 @@ Adam8bitHyper<C> adam8bit_hyper(const Args& a) {
           C(a.beta2),
           C(1 - a.beta1),
           C(1 - a.beta2),
-          C(a.eps),
+          C(a.eps * a.bias_correction2_sqrt),
+          C(a.step_size * a.bias_correction2_sqrt),
           C(a.weight_decay),
           C(1 - a.lr * a.weight_decay),
-          C(a.step_size),
-          C(a.bias_correction2_sqrt),
           decay && !a.decoupled_weight_decay,
           decay && a.decoupled_weight_decay};
 }
@@ -151,7 +160,7 @@ adam8bit_step(C p, C g, C m, C v, const Adam8bitHyper<C>& h) {
   if (h.decoupled) p = p * h.shrink;
   m = fma_(h.beta1, m, h.one_minus_beta1 * g);
   v = fma_(h.beta2, v, h.one_minus_beta2 * (g * g));
-  const C denom = sqrt_(v) / h.bc2_sqrt + h.eps;
+  const C denom = sqrt_(v) + h.eps;
   return {fma_(-h.step_size, m / denom, p), m, v};
 }
 // |x| when finite, else 0: a block's scale is its largest finite |moment| (Note [non-finite 8-bit moments],

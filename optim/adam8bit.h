@@ -17,11 +17,13 @@
 // scaled so that the block's largest maps to the top code; state tensors exp_avg_e4m3, exp_avg_absmax,
 // exp_avg_sq_root_e4m4, exp_avg_sq_root_absmax (the largest root). A step, one fused kernel per parameter
 // (op_adam8bit_step):
-// dequantise, the Adam/AdamW update in f32 (f64 for f64 parameters) from the new unrounded moments, the new
-// scales, requantise to the nearest codes. Parameters smaller than min_8bit_size (biases, norms) keep f32
-// moments, exp_avg and exp_avg_sq, and are updated by exactly Adam's/AdamW's kernel, as in bitsandbytes.
-// f16/bf16 parameters compute in f32 as Adam's do; master_weights(true) keeps f32 copies (Note [master
-// weights], optim/optimizer.h). amsgrad is not supported (bitsandbytes' 8-bit Adam has none either).
+// dequantise, the Adam/AdamW update in f32 (f64 for f64 parameters) from the new unrounded moments, in
+// bitsandbytes' form, the bias correction folded into the step size and eps (one division an element
+// fewer; math::adam8bit_step, kernels/dynamic_code.h), the new scales, requantise to the nearest codes.
+// Parameters smaller than min_8bit_size (biases, norms) keep f32 moments, exp_avg and exp_avg_sq, and are
+// updated by exactly Adam's/AdamW's kernel, as in bitsandbytes. f16/bf16 parameters compute in f32 as Adam's
+// do; master_weights(true) keeps f32 copies (Note [master weights], optim/optimizer.h). amsgrad is not
+// supported (bitsandbytes' 8-bit Adam has none either).
 //
 // Note [non-finite 8-bit moments]: a NaN or inf gradient element makes its parameter element NaN or inf, as
 // Adam would. A block's scale is its largest finite |moment|, so the element's neighbours keep their

@@ -533,7 +533,7 @@ void adam8bit_blocks(const Adam8bitStepArgs& args, const math::Adam8bitHyper<flo
                one_minus_beta1 = _mm512_set1_ps(h.one_minus_beta1),
                one_minus_beta2 = _mm512_set1_ps(h.one_minus_beta2), eps = _mm512_set1_ps(h.eps),
                weight_decay = _mm512_set1_ps(h.weight_decay), shrink = _mm512_set1_ps(h.shrink),
-               minus_step_size = _mm512_set1_ps(-h.step_size), bc2_sqrt = _mm512_set1_ps(h.bc2_sqrt);
+               minus_step_size = _mm512_set1_ps(-h.step_size);
   float* const param = static_cast<float*>(args.param);
   const float* const grad = static_cast<const float*>(args.grad);
   Pending pending;
@@ -561,7 +561,7 @@ void adam8bit_blocks(const Adam8bitStepArgs& args, const math::Adam8bitHyper<flo
         const __m512 mi = _mm512_fmadd_ps(beta1, m_old[j], _mm512_mul_ps(one_minus_beta1, gi));
         const __m512 vi =
             _mm512_fmadd_ps(beta2, v_old[j], _mm512_mul_ps(one_minus_beta2, _mm512_mul_ps(gi, gi)));
-        const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2_sqrt), eps);
+        const __m512 denom = _mm512_add_ps(_mm512_sqrt_ps(vi), eps);
         _mm512_storeu_ps(p + k, _mm512_fmadd_ps(minus_step_size, _mm512_div_ps(mi, denom), pi));
         _mm512_store_ps(m + k, mi);
         _mm512_store_ps(v + k, vi);

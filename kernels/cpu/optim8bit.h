@@ -99,9 +99,8 @@ struct Hyper8 {
         eps(_mm256_set1_ps(h.eps)),
         weight_decay(_mm256_set1_ps(h.weight_decay)),
         shrink(_mm256_set1_ps(h.shrink)),
-        minus_step_size(_mm256_set1_ps(-h.step_size)),
-        bc2_sqrt(_mm256_set1_ps(h.bc2_sqrt)) {}
-  __m256 beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, shrink, minus_step_size, bc2_sqrt;
+        minus_step_size(_mm256_set1_ps(-h.step_size)) {}
+  __m256 beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, shrink, minus_step_size;
 };
 struct Step8 {
   __m256 p, m, v, root;
@@ -113,7 +112,7 @@ inline Step8 step8(const Hyper8& h, __m256 p, __m256 g, __m256 m_old, __m256 v_o
   const __m256 m = _mm256_fmadd_ps(h.beta1, m_old, _mm256_mul_ps(h.one_minus_beta1, g));
   const __m256 v = _mm256_fmadd_ps(h.beta2, v_old, _mm256_mul_ps(h.one_minus_beta2, _mm256_mul_ps(g, g)));
   const __m256 root = _mm256_sqrt_ps(v);
-  const __m256 denom = _mm256_add_ps(_mm256_div_ps(root, h.bc2_sqrt), h.eps);
+  const __m256 denom = _mm256_add_ps(root, h.eps);
   return {_mm256_fmadd_ps(h.minus_step_size, _mm256_div_ps(m, denom), p), m, v, root};
 }
 
