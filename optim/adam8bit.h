@@ -41,13 +41,15 @@
 //   below 1e-12.
 // The float8 codes are quantised by a dozen vector operations and dequantised by two or three, where the
 // dynamic code needs a table lookup and a comparison per value: on a Zen 3 (AVX2), W3's parameters,
-// bench_optim8bit, 2 threads, the update takes 477 us with the float8 codes and 1032 with the dynamic code,
-// against f32 Adam's 285 (1 thread: 900, 2092 and 443). Training, W3 for 2,000 steps, validation loss
-// (seeds 1 and 2): float8 1.8523 and 1.8491, dynamic 1.8705 and 1.8654, f32 AdamW 1.8777 and 1.8751: the
-// float8 codes end 1.4% below AdamW both times (the dynamic code 0.4-0.5%), for a reason not established
-// (a slightly larger effective step would do it). W1, 5 epochs, test accuracy over seeds 1-3: 0.8874
-// (float8), 0.8873 (dynamic), 0.8876 (Adam). The dynamic code stays the default: it is bitsandbytes', and
-// the state dicts saved so far hold it.
+// bench_optim8bit, medians of 3 rounds, 2 threads, the update takes 459 us with the float8 codes and 1071
+// with the dynamic code, against f32 Adam's 265 (1 thread: 761, 1808 and 437; 2026-12-05, after the update
+// took bitsandbytes' form, one division an element fewer: 837, 1928 and 439 before). Training, W3 for 2,000
+// steps, one thread, validation loss (seeds 1 and 2): float8 1.8584 and 1.8492, dynamic 1.8744 and 1.8650,
+// f32 AdamW 1.8829 and 1.8751: the float8 codes end 1.3-1.4% below AdamW both times (the dynamic code
+// 0.5%), for a reason not established. A larger effective step would do it: this run's default learning
+// rate is below its best, and AdamW at 1.5x it ends 3.4% lower (1.8198 and 1.8101). W1, 5 epochs, test
+// accuracy over seeds 1-3: 0.8869 (float8), 0.8866 (dynamic), 0.8876 (Adam). The dynamic code stays the
+// default: it is bitsandbytes', and the state dicts saved so far hold it.
 #pragma once
 
 #include <utility>
