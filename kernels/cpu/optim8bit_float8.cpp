@@ -64,11 +64,12 @@ namespace {
 //   second operand), an inf gets in, and then the block's finite maximum is taken again from the buffer.
 // The f32 block takes two passes as the dynamic code's (Note [Adam8bit with AVX2]); pass 1 stores the new
 // roots, which the update computes anyway, for pass 2 to encode. On the Zen 3 this was measured on (one
-// thread, W3's parameters), pass 1 takes about 0.45 ns an element and pass 2 0.42; f32 Adam's whole kernel
-// 0.52. Measured and dropped:
+// thread, W3's parameters), pass 1 alone took 0.59 ns an element (before the update took bitsandbytes'
+// form, one division fewer) and pass 2 alone 0.42; f32 Adam's whole kernel 0.53. Measured and dropped:
 // - pass 2 of one block interleaved with pass 1 of the next, 32 elements of each at a time (as the
 //   dynamic code's AVX-512 blocks are), so that the encoding's integer work runs while pass 1 waits for its
-//   divider: 1.12 to 1.15x slower, with the buffers skewed against 4 KiB aliasing and the encoder inlined;
+//   divider: about 1.15x slower (930 against 812 us), with the buffers skewed against 4 KiB aliasing and
+//   the encoder inlined;
 // - an encoder with a tenth fewer instructions, rounding with one float add (a + 2^(max(e, -14) + 23 - M)
 //   has the codes' spacing as its ulp, subnormals included), NaN and inf clamped by max/min, the sign and
 //   the signed code's clamp applied to the packed bytes: the same 0.42 ns an element.
