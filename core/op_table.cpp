@@ -53,6 +53,7 @@ constinit OpTable<ConvKernel> op_conv2d{"conv2d"};
 constinit OpTable<ConvKernel> op_conv2d_backward_data{"conv2d_backward_data"};
 constinit OpTable<ConvKernel> op_conv2d_backward_weight{"conv2d_backward_weight"};
 constinit OpTable<ConvKernel> op_conv2d_backward{"conv2d_backward"};
+constinit OpTable<ConvKernel> op_conv2d_relu_pool2{"conv2d_relu_pool2"};
 constinit OpTable<PoolKernel> op_max_pool2d{"max_pool2d"};
 constinit OpTable<PoolKernel> op_max_pool2d_backward{"max_pool2d_backward"};
 constinit OpTable<PoolKernel> op_avg_pool2d{"avg_pool2d"};

@@ -42,6 +42,10 @@ extern OpTable<ConvKernel> op_conv2d_backward_data;
 extern OpTable<ConvKernel> op_conv2d_backward_weight;
 extern OpTable<ConvKernel> op_conv2d_backward;  // both directions; where a device has no kernel, the ops
                                                 // compose relu_backward and the two above
+// The forward, then max_pool2d over 2 x 2 windows at stride 2 (no padding or dilation; floor): y is the
+// pooled [n, o, oh / 2, ow / 2], and relu is always set (ops::conv2d_relu_pool2). Where a device has no
+// kernel, the op composes conv2d_relu and max_pool2d.
+extern OpTable<ConvKernel> op_conv2d_relu_pool2;
 
 // 2-D pooling over the n * c planes of contiguous NCHW tensors, PyTorch semantics. Window (oh, ow) covers
 // ih = oh * stride_h - pad_h + i * dil_h for i < kh (iw likewise); padding never wins a max and counts in

@@ -100,22 +100,30 @@ Tensor to_dtype(const Tensor& t, DType dt) { return t.defined() ? ops::to(t, dt)
 namespace {
 
 // conv2d, and conv2d_relu when relu: the ReLU goes into the kernel on the CPU (and so into the meta kernel
-// that stands for it); elsewhere it runs in place after.
+// that stands for it); elsewhere it runs in place after. pool2 (with relu): conv2d_relu_pool2, through its
+// fused kernel where the device has one and the output has a window, else conv2d_relu and max_pool2d.
 Tensor conv2d_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride,
-                      Size2 padding, Size2 dilation, int64_t groups, bool relu) {
+                      Size2 padding, Size2 dilation, int64_t groups, bool relu, bool pool2 = false) {
   FRUGAL_CHECK(weight.defined(), op, ": the weight is undefined");
   check_conv_tensor(op, "the input", x, weight);
   check_conv_tensor(op, "the weight", weight, weight);
   // An unbatched input [C, H, W] is a batch of one, as in PyTorch.
   if (x.dim() == 3)
-    return ops::squeeze(
-        conv2d_forward(op, ops::unsqueeze(x, 0), weight, bias, stride, padding, dilation, groups, relu), 0);
+    return ops::squeeze(conv2d_forward(op, ops::unsqueeze(x, 0), weight, bias, stride, padding, dilation,
+                                       groups, relu, pool2),
+                        0);
   Shape y_shape;
   ConvArgs a = conv_geometry(op, x.shape(), weight.shape(), stride, padding, dilation, groups, y_shape);
   if (bias.defined()) {
     check_conv_tensor(op, "the bias", bias, weight);
     FRUGAL_CHECK_SHAPE(bias.dim() == 1 && bias.size(0) == a.o, op, ": expected a bias of shape [", a.o,
                        "] (out_channels of weight ", weight.shape(), "), got ", bias.shape());
+  }
+  if (pool2) {
+    if (!op_conv2d_relu_pool2.has(x.device(), x.dtype()) || a.oh < 2 || a.ow < 2)
+      return max_pool2d(conv2d_forward(op, x, weight, bias, stride, padding, dilation, groups, true), 2);
+    y_shape[2] = a.oh / 2;
+    y_shape[3] = a.ow / 2;
   }
   if (via_f32(op_conv2d, x))
     return ops::to(
@@ -132,6 +140,10 @@ Tensor conv2d_forward(const char* op, const Tensor& x, const Tensor& weight, con
   const DeviceType device = x.device().type;
   a.relu = relu && (device == DeviceType::CPU || device == DeviceType::Meta);
   detail::count_flops(x.device(), conv_flops(a));
+  if (pool2) {
+    op_conv2d_relu_pool2.get(x.device(), x.dtype())(a);
+    return y;
+  }
   op_conv2d.get(x.device(), x.dtype())(a);
   if (relu && !a.relu) relu_(y);
   return y;
@@ -150,6 +162,14 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, Si
   memory::OpScope op_scope("conv2d_relu", x, weight);  // Note [op names in the history]
   return conv2d_forward("conv2d_relu", x, weight, bias, stride, padding, dilation, groups, true);
 }
+
+Tensor conv2d_relu_pool2(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride,
+                         Size2 padding, Size2 dilation, int64_t groups) {
+  memory::OpScope op_scope("conv2d_relu_pool2", x, weight);  // Note [op names in the history]
+  return conv2d_forward("conv2d_relu_pool2", x, weight, bias, stride, padding, dilation, groups, true, true);
+}
+
+bool has_conv2d_relu_pool2(Device device, DType dtype) { return op_conv2d_relu_pool2.has(device, dtype); }
 
 Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const Shape& x_shape, Size2 stride,
                             Size2 padding, Size2 dilation, int64_t groups) {

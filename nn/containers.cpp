@@ -20,9 +20,11 @@ const std::shared_ptr<Module>& checked_at(const std::vector<std::shared_ptr<Modu
 }
 
 // Note [a convolution, ReLU and pool in chunks]
-// Without a tape to record, a Conv2d, a ReLU and a MaxPool2d in a Sequential run over chunks of
-// kPoolChunkImages images: each chunk's convolution (with its ReLU) is pooled while it is still in the
-// cache, and only the pooled output exists for the whole batch. W2's first convolution at a batch of 256
+// Without a tape to record, a Conv2d, a ReLU and a MaxPool2d(2) in a Sequential run as one
+// ops::conv2d_relu_pool2 where the device has its fused kernel (the CPU in f32: Note [a convolution pooled
+// from its blocked output], kernels/cpu/conv.cpp). Otherwise, and for other pools, the three run over
+// chunks of kPoolChunkImages images: each chunk's convolution (with its ReLU) is pooled while it is still in
+// the cache, and only the pooled output exists for the whole batch. W2's first convolution at a batch of 256
 // wrote 25.7 MB that its pool then read back from memory; now 1.6 MB a chunk. Each image's result does not
 // depend on the others' (Note [a large batch's forward in chunks], kernels/cpu/conv.cpp), so the output is
 // bit for bit the three layers' apart. With grad mode on and anything to record, the three run apart, since
@@ -53,6 +55,14 @@ Tensor conv_relu_pool_in_chunks(const Tensor& x, const Conv2dImpl& conv, Module&
 // QuantizedConv2d followed by a ReLU and a MaxPool2d(2) (2 x 2 windows, stride 2, no padding or dilation) as
 // its forward_relu_pool2; a Conv2d, a ReLU and a MaxPool2d with nothing to record over chunks of images (Note
 // [a convolution, ReLU and pool in chunks]).
+// A MaxPool2d over 2 x 2 windows at stride 2, without padding or dilation (MaxPool2d(2)).
+bool is_pool2(const Module* m) {
+  if (!m || typeid(*m) != typeid(MaxPool2dImpl)) return false;
+  const auto& pool = static_cast<const MaxPool2dImpl&>(*m);
+  return pool.kernel_size() == Size2(2) && pool.stride() == Size2(2) && pool.padding() == Size2(0) &&
+         pool.dilation() == Size2(1);
+}
+
 Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t begin, size_t end, Tensor h) {
   for (size_t i = begin; i < end; ++i) {
     Module& m = *modules[i];
@@ -65,12 +75,21 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
       continue;
     }
     const Module* after = i + 2 < end ? modules[i + 2].get() : nullptr;
-    if (next && after && typeid(m) == typeid(Conv2dImpl) && typeid(*next) == typeid(ReLUImpl) &&
-        typeid(*after) == typeid(MaxPool2dImpl) && h.dim() == 4 && h.size(0) > kPoolChunkImages &&
-        !autograd::needs_grad(
-            {&h, &static_cast<const Conv2dImpl&>(m).weight, &static_cast<const Conv2dImpl&>(m).bias})) {
+    const auto* conv = typeid(m) == typeid(Conv2dImpl) ? static_cast<const Conv2dImpl*>(&m) : nullptr;
+    const bool conv_relu_pool = conv && next && after && typeid(*next) == typeid(ReLUImpl) &&
+                                typeid(*after) == typeid(MaxPool2dImpl) &&
+                                !autograd::needs_grad({&h, &conv->weight, &conv->bias});
+    if (conv_relu_pool && is_pool2(after) && ops::has_conv2d_relu_pool2(h.device(), h.dtype())) {
       m.apply_masks();
-      h = conv_relu_pool_in_chunks(h, static_cast<const Conv2dImpl&>(m), *modules[i + 2]);
+      const Conv2dOptions& o = conv->options();
+      h = ops::conv2d_relu_pool2(h, conv->weight, conv->bias, o.stride(), o.padding(), o.dilation(),
+                                 o.groups());
+      i += 2;
+      continue;
+    }
+    if (conv_relu_pool && h.dim() == 4 && h.size(0) > kPoolChunkImages) {
+      m.apply_masks();
+      h = conv_relu_pool_in_chunks(h, *conv, *modules[i + 2]);
       i += 2;
       continue;
     }
@@ -87,15 +106,11 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
       ++i;
       continue;
     }
-    if (next && after && typeid(m) == typeid(QuantizedConv2dImpl) && typeid(*next) == typeid(ReLUImpl) &&
-        typeid(*after) == typeid(MaxPool2dImpl)) {
-      const auto& pool = static_cast<const MaxPool2dImpl&>(*after);
-      if (pool.kernel_size() == Size2(2) && pool.stride() == Size2(2) && pool.padding() == Size2(0) &&
-          pool.dilation() == Size2(1)) {
-        h = static_cast<QuantizedConv2dImpl&>(m).forward_relu_pool2(h);
-        i += 2;
-        continue;
-      }
+    if (next && typeid(m) == typeid(QuantizedConv2dImpl) && typeid(*next) == typeid(ReLUImpl) &&
+        is_pool2(after)) {
+      h = static_cast<QuantizedConv2dImpl&>(m).forward_relu_pool2(h);
+      i += 2;
+      continue;
     }
     if (next && typeid(m) == typeid(QuantizedConv2dImpl) && typeid(*next) == typeid(ReLUImpl)) {
       h = static_cast<QuantizedConv2dImpl&>(m).forward_relu(h);

@@ -26,6 +26,7 @@
 #include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/im2col.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/workspace.h"
 
@@ -307,17 +308,21 @@ using DataType = dnnl::memory::data_type;
 // per-direction op does.
 constexpr int64_t kChunkImages = 64;
 
-// The chunks of images the forward of `a` runs in, as (first image, count); one chunk for the other
-// directions.
-std::vector<std::pair<int64_t, int64_t>> chunks_of(const ConvArgs& a, Direction dir) {
-  const int64_t count = dir == Direction::Forward ? (a.n + kChunkImages - 1) / kChunkImages : 1;
+// n images in `count` chunks whose sizes differ by at most one, as (first image, count).
+std::vector<std::pair<int64_t, int64_t>> balanced_chunks(int64_t n, int64_t count) {
   std::vector<std::pair<int64_t, int64_t>> chunks;
   for (int64_t i = 0, first = 0; i < count; ++i) {
-    const int64_t size = a.n / count + (i < a.n % count ? 1 : 0);
+    const int64_t size = n / count + (i < n % count ? 1 : 0);
     chunks.emplace_back(first, size);
     first += size;
   }
   return chunks;
+}
+
+// The chunks of images the forward of `a` runs in, as (first image, count); one chunk for the other
+// directions.
+std::vector<std::pair<int64_t, int64_t>> chunks_of(const ConvArgs& a, Direction dir) {
+  return balanced_chunks(a.n, dir == Direction::Forward ? (a.n + kChunkImages - 1) / kChunkImages : 1);
 }
 
 // The plans of a's chunks (null where oneDNN declines one: the fallback then runs for the whole call) and
@@ -364,6 +369,89 @@ void conv2d_bf16(const ConvArgs& a) {
   if (!run_onednn(a, dir, DataType::bf16)) conv2d_widened<BFloat16, dir>(a);
 }
 
+// Note [a convolution pooled from its blocked output]
+// ops::conv2d_relu_pool2 (nn::Sequential's inference of a Conv2d, a ReLU and a MaxPool2d(2)) in f32. oneDNN
+// writes a convolution's output in its blocked layout (aBcd8b with AVX2, 16 channels a block with AVX-512),
+// which conv2d_relu reorders into the user's NCHW y for max_pool2d to read. This kernel leaves each chunk's
+// output in the primitive's layout and pools its 2 x 2 windows from there straight into the pooled NCHW y
+// (cpu::max_pool2x2_blocked_to_nchw, under max_pool2d's rule, so bit for bit the two ops'): no reorder, no
+// NCHW output, no second pass over it. The chunks hold at most kPoolChunkBytes of output, which is pooled
+// while it is still in the cache. A layout it cannot read (another block, channels that do not fill their
+// blocks) or a shape oneDNN declines runs conv2d_forward_f32 into a buffer and max_pool2d's kernel instead.
+constexpr int64_t kPoolChunkBytes = int64_t(2) << 20;
+
+// The channels of one block of the forward's output layout d: 8 or 16 for aBcd8b or aBcd16b that c's
+// channels fill, 1 for NCHW, 0 for any other.
+int64_t pool_block(const ConvArgs& c, const dnnl::memory::desc& d) {
+  using tag = dnnl::memory::format_tag;
+  const dnnl::memory::dims dims{c.n, c.o, c.oh, c.ow};
+  if (d == dnnl::memory::desc(dims, DataType::f32, tag::nchw)) return 1;
+  for (const auto& [layout, block] : {std::pair{tag::aBcd8b, 8}, std::pair{tag::aBcd16b, 16}})
+    if (c.o % block == 0 && d == dnnl::memory::desc(dims, DataType::f32, layout)) return block;
+  return 0;
+}
+
+struct PoolChunk {
+  std::shared_ptr<const cpu::ConvPlan> plan;
+  ConvArgs args;  // x and the pooled y at the chunk's first image
+  int64_t block;  // pool_block of its output
+};
+
+// The chunks of conv2d_relu_pool2's `a`; none where one of them cannot be pooled from its layout.
+std::vector<PoolChunk> pool_chunks(const ConvArgs& a) {
+  const int64_t image_bytes = std::max<int64_t>(1, a.o * a.oh * a.ow * int64_t(sizeof(float)));
+  const int64_t most = std::clamp<int64_t>(kPoolChunkBytes / image_bytes, 1, kChunkImages);
+  std::vector<PoolChunk> chunks;
+  for (const auto& [first, size] : balanced_chunks(a.n, (a.n + most - 1) / most)) {
+    ConvArgs c = a;
+    c.n = size;
+    if (first > 0 && a.x) {  // a dry run reads no pointer
+      c.x = static_cast<const float*>(a.x) + first * a.c * a.h * a.w;
+      c.y = static_cast<float*>(a.y) + first * a.o * (a.oh / 2) * (a.ow / 2);
+    }
+    auto plan = cpu::conv_plan(c, Direction::Forward, DataType::f32);
+    const int64_t block = plan ? pool_block(c, cpu::conv_plan_dst_desc(*plan)) : 0;
+    if (block == 0) return {};
+    chunks.push_back({std::move(plan), c, block});
+  }
+  return chunks;
+}
+
+// max_pool2d's kernel over 2 x 2 windows of the NCHW output y_full of a into a.y.
+void max_pool2_nchw(const ConvArgs& a, const float* y_full) {
+  PoolArgs p;
+  p.planes = a.n * a.o;
+  p.h = a.oh;
+  p.w = a.ow;
+  p.oh = a.oh / 2;
+  p.ow = a.ow / 2;
+  p.kh = p.kw = p.stride_h = p.stride_w = 2;
+  p.x = y_full;
+  p.y = a.y;
+  op_max_pool2d.get(kCPU, DType::F32)(p);
+}
+
+void conv2d_relu_pool2_f32(const ConvArgs& a) {
+  const std::vector<PoolChunk> chunks = pool_chunks(a);
+  if (chunks.empty()) {
+    const Tensor full = workspace(a.n * a.o * a.oh * a.ow * int64_t(sizeof(float)));
+    ConvArgs f = a;
+    f.y = full.raw_data();
+    conv2d_forward_f32(f);
+    return max_pool2_nchw(a, static_cast<const float*>(full.raw_data()));
+  }
+  for (const PoolChunk& c : chunks) {
+    const Tensor y = workspace(int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()));
+    cpu::run_conv_plan(*c.plan, c.args, nullptr, y.raw_data());
+    const auto* out = static_cast<const float*>(y.raw_data());
+    if (c.block == 1)
+      max_pool2_nchw(c.args, out);
+    else
+      cpu::max_pool2x2_blocked_to_nchw(out, static_cast<float*>(c.args.y), c.args.n * c.args.o / c.block,
+                                       c.args.oh, c.args.ow, c.block);
+  }
+}
+
 #endif  // FRUGAL_HAVE_ONEDNN
 
 // ---- the meta kernels (core/op_table.h): the working memory each path above takes, on the meta device ----
@@ -386,6 +474,22 @@ void conv2d_f32_meta(const ConvArgs& a) {
 #endif
   const Tensor buf = cpu::meta_workspace(im2col_elements(a, dir) * int64_t(sizeof(float)));
 }
+
+#ifdef FRUGAL_HAVE_ONEDNN
+// conv2d_relu_pool2_f32's buffers: each chunk's output with its plan's, or the fallback's whole output and
+// the forward's.
+void conv2d_relu_pool2_meta(const ConvArgs& a) {
+  const std::vector<PoolChunk> chunks = pool_chunks(a);
+  if (chunks.empty()) {
+    const Tensor full = cpu::meta_workspace(a.n * a.o * a.oh * a.ow * int64_t(sizeof(float)));
+    return conv2d_f32_meta<Direction::Forward>(a);
+  }
+  for (const PoolChunk& c : chunks) {
+    const Tensor y = cpu::meta_workspace(int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()));
+    cpu::conv_plan_meta(*c.plan, false, true);
+  }
+}
+#endif
 
 template <Direction dir>
 void conv2d_widened_meta(const ConvArgs& a) {
@@ -412,6 +516,8 @@ const bool kRegistered = [] {
   op_conv2d_backward_data.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::BackwardData>);
   op_conv2d_backward_weight.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::BackwardWeight>);
 #ifdef FRUGAL_HAVE_ONEDNN
+  op_conv2d_relu_pool2.set(DeviceType::Meta, DType::F32, conv2d_relu_pool2_meta);
+  op_conv2d_relu_pool2.set(DeviceType::CPU, DType::F32, conv2d_relu_pool2_f32);
   op_conv2d.set(DeviceType::CPU, DType::F32, conv2d_forward_f32);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F32, conv2d_backward_data_f32);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::F32, conv2d_backward_weight_f32);

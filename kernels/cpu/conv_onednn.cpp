@@ -191,7 +191,7 @@ const void* user_pointer(const ConvArgs& a, int arg) {
 
 }  // namespace
 
-void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const dnnl::memory* dy) {
+void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const dnnl::memory* dy, void* y) {
   auto& eng = onednn_engine();
   auto& stream = cpu::onednn_stream();
   std::vector<Tensor> buffers;  // alive until the stream is done
@@ -200,6 +200,10 @@ void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const dnnl::memory* 
   for (const Operand& op : plan.operands) {
     if (dy && op.arg == DNNL_ARG_DIFF_DST) {
       args.emplace(op.arg, *dy);
+      continue;
+    }
+    if (y && op.arg == DNNL_ARG_DST) {
+      args.emplace(op.arg, dnnl::memory(op.compute, eng, y));
       continue;
     }
     dnnl::memory user(op.user, eng, const_cast<void*>(user_pointer(a, op.arg)));  // inputs are only read
@@ -221,12 +225,19 @@ void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const dnnl::memory* 
   stream.wait();
 }
 
-void conv_plan_meta(const ConvPlan& plan, bool with_dy) {
+void conv_plan_meta(const ConvPlan& plan, bool with_dy, bool with_y) {
   std::vector<Tensor> buffers;
   for (const Operand& op : plan.operands)
-    if (op.reorder && !(with_dy && op.arg == DNNL_ARG_DIFF_DST))
+    if (op.reorder && !(with_dy && op.arg == DNNL_ARG_DIFF_DST) && !(with_y && op.arg == DNNL_ARG_DST))
       buffers.push_back(cpu::meta_workspace(int64_t(op.compute.get_size())));
   if (const size_t bytes = plan.scratchpad.get_size()) buffers.push_back(cpu::meta_workspace(int64_t(bytes)));
+}
+
+const dnnl::memory::desc& conv_plan_dst_desc(const ConvPlan& plan) {
+  for (const Operand& op : plan.operands)
+    if (op.arg == DNNL_ARG_DST) return op.compute;
+  FRUGAL_ASSERT(false, "conv_plan_dst_desc: not a forward plan");
+  return plan.operands.front().compute;
 }
 
 }  // namespace cpu

@@ -44,11 +44,17 @@ std::shared_ptr<const ConvPlan> conv_plan(const ConvArgs& a, ConvDirection dir, 
 
 // Runs the plan: reorders inputs into the primitive's layouts (arena buffers), executes, reorders outputs
 // back into the user's tensors. `dy`, when given, is d y already in the primitive's layout
-// (conv2d_backward_both's).
-void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const dnnl::memory* dy = nullptr);
+// (conv2d_backward_both's). `y`, when given, receives the forward's output in the primitive's layout
+// (dst_desc's bytes), where it stays: a.y is not written (conv2d_relu_pool2's kernel pools from it).
+void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const dnnl::memory* dy = nullptr,
+                   void* y = nullptr);
 
-// run_conv_plan's buffers on the meta device, held together (with_dy: d y comes prepared, no buffer for it).
-void conv_plan_meta(const ConvPlan& plan, bool with_dy);
+// run_conv_plan's buffers on the meta device, held together (with_dy: d y comes prepared, no buffer for it;
+// with_y: the forward's output has its own place, no buffer for it either).
+void conv_plan_meta(const ConvPlan& plan, bool with_dy, bool with_y = false);
+
+// The layout the primitive writes the forward's output in.
+const dnnl::memory::desc& conv_plan_dst_desc(const ConvPlan& plan);
 #endif
 
 }  // namespace frugal::cpu

@@ -20,6 +20,9 @@ const std::map<std::string, std::string> kAllowedWithoutHalf = {
     {"conv2d_backward",
      "the fused convolution backward (oneDNN's two direction primitives sharing one dy, f32 and bf16); "
      "ops::conv2d_backward composes relu_backward and the per-direction ops for f16"},
+    {"conv2d_relu_pool2",
+     "inference's convolution pooled from oneDNN's blocked f32 output; ops::conv2d_relu_pool2 composes "
+     "conv2d_relu and max_pool2d for the other dtypes"},
 };
 
 TEST(OpTables, EveryF32CpuKernelHasF16AndBf16) {

@@ -31,6 +31,9 @@ const std::map<std::string, std::string> kAllowedWithoutCuda = {
     {"conv2d_backward",
      "the fused convolution backward of oneDNN's CPU primitives; on a GPU ops::conv2d_backward composes "
      "relu_backward and cuDNN's two directions"},
+    {"conv2d_relu_pool2",
+     "inference's convolution pooled from oneDNN's blocked output on the CPU; on a GPU nn::Sequential runs "
+     "cuDNN's convolution and the pool over chunks of images, and ops::conv2d_relu_pool2 composes them"},
     {"self_attention_stats",
      "the fused attention that keeps each row's softmax statistics, not the probabilities (Note [attention "
      "keeps row statistics]); on a GPU self_attention keeps the probabilities (cuBLASLt's batched GEMMs)"},

@@ -1,9 +1,12 @@
 // max_pool2d and avg_pool2d, forward and backward, against loops written from PyTorch's definition (ties,
 // NaN, padding, dilation, count_include_pad), in every dtype; gradcheck in f64 on every layout; bad inputs.
+// The 2 x 2 pool from oneDNN's blocked layout (cpu::max_pool2x2_blocked_to_nchw) against max_pool2d.
+#include <bit>
 #include <cmath>
 #include <limits>
 
 #include "autograd/functions.h"
+#include "kernels/cpu/pool.h"
 #include "tests/autograd/gradcheck_helpers.h"
 #include "tests/test_util.h"
 
@@ -175,6 +178,37 @@ TEST(MaxPool2d, TwoByTwoStrideTwoMatchesTheReferenceWithTiesAndNans) {
         EXPECT_TRUE(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))
             << dtype_name(t) << " " << c.str() << " at " << i << ": " << got[i] << " against " << want[i];
       EXPECT_EQ(idx.to_vector<int64_t>(), want_idx) << dtype_name(t) << " " << c.str();
+    }
+}
+
+// cpu::max_pool2x2_blocked_to_nchw on x laid out in blocks of 8 and 16 channels is max_pool2d of x bit for
+// bit: ties everywhere (values from {0, 1, 2}), +0 and -0 in one window, NaNs with distinct payloads (the
+// later one wins), -inf, odd sizes, and rows of more pooled pixels than the kernel's row buffer holds.
+TEST(MaxPool2d, TwoByTwoFromBlockedChannelsMatchesNchwBitForBit) {
+  for (const int64_t block : {8, 16})
+    for (const Shape& shape : {Shape{2, 16, 8, 8}, Shape{1, 16, 5, 7}, Shape{3, 32, 14, 14},
+                               Shape{1, 16, 2, 2}, Shape{1, 16, 3, 150}}) {
+      const int64_t n = shape[0], o = shape[1], h = shape[2], w = shape[3];
+      Tensor x = uniform(shape, 0, 3, DType::F32, 8);
+      float* v = x.data<float>();
+      for (int64_t i = 0; i < x.numel(); ++i)
+        v[i] = std::floor(v[i]) == 0 && i % 2 ? -0.0f : std::floor(v[i]);
+      for (int64_t i = 0; i < x.numel(); i += 7) v[i] = std::bit_cast<float>(uint32_t(0x7fc00000u + i));
+      for (int64_t i = 3; i < x.numel(); i += 11) v[i] = -INFINITY;
+      // x in blocks: [n][o / block][h][w][block].
+      std::vector<float> blocked(size_t(x.numel()));
+      for (int64_t img = 0; img < n; ++img)
+        for (int64_t c = 0; c < o; ++c)
+          for (int64_t p = 0; p < h * w; ++p)
+            blocked[size_t(((img * (o / block) + c / block) * h * w + p) * block + c % block)] =
+                v[(img * o + c) * h * w + p];
+      Tensor y = empty({n, o, h / 2, w / 2}, DType::F32);
+      cpu::max_pool2x2_blocked_to_nchw(blocked.data(), y.data<float>(), n * o / block, h, w, block);
+      const Tensor want = ops::max_pool2d(x, 2);
+      std::vector<uint32_t> got_bits, want_bits;
+      for (float e : y.to_vector<float>()) got_bits.push_back(std::bit_cast<uint32_t>(e));
+      for (float e : want.to_vector<float>()) want_bits.push_back(std::bit_cast<uint32_t>(e));
+      EXPECT_EQ(got_bits, want_bits) << "blocks of " << block << ", x " << shape;
     }
 }
 

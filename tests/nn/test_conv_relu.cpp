@@ -3,10 +3,15 @@
 // over y after the other kernels), strides, padding, dilation, groups, no bias, an unbatched input; gradients
 // against the composite and by finite differences in f64; Sequential's fusion, with recompute segments; one
 // tensor fewer in the arena; a Conv2d, ReLU and MaxPool2d without a tape over chunks of images (Note [a
-// convolution, ReLU and pool in chunks]); bad inputs.
+// convolution, ReLU and pool in chunks]); ops::conv2d_relu_pool2 against max_pool2d(conv2d_relu) bit for bit,
+// its memory and its dry run (Note [a convolution pooled from its blocked output]); bad inputs.
+#include <bit>
+#include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "core/estimate.h"
+#include "kernels/cpu/reference.h"
 #include "nn/containers.h"
 #include "nn/conv.h"
 #include "nn/layers.h"
@@ -208,6 +213,95 @@ TEST(ConvRelu, WithoutATapeSequentialPoolsEachChunkOfImages) {
             (*net)[2]->forward((*net)[1]->forward((*net)[0]->forward(view))).to_vector<float>());
 }
 
+// conv2d_relu_pool2 is max_pool2d(conv2d_relu(...), 2) bit for bit (NaN and -0 included) in every dtype, with
+// oneDNN's blocked layout and with NCHW, for outputs of odd sizes (the pool floors), channels that do not
+// fill a block (the kernel's fallback), groups, strides, dilation, no bias, an unbatched input, and batches
+// of one chunk and of several.
+struct PoolCase {
+  Shape x, w;
+  Size2 stride = 1, padding = 0, dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+
+const std::vector<PoolCase> kPoolCases = {
+    {{3, 1, 28, 28}, {32, 1, 3, 3}, 1, 1},     // W2's first layer
+    {{70, 32, 14, 14}, {64, 32, 3, 3}, 1, 1},  // W2's second, over two chunks
+    {{5, 3, 15, 13}, {16, 3, 3, 3}, 1, 0},     // 13 x 11 outputs: the last row and column are left out
+    {{4, 3, 12, 12}, {12, 3, 3, 3}, 1, 1},     // 12 channels: 8-channel blocks are not filled
+    {{2, 4, 16, 16}, {16, 2, 3, 3}, 2, 1, 1, 2, false},
+    {{2, 8, 17, 17}, {8, 8, 3, 3}, 1, 2, 2},
+};
+
+// The bits of t's elements as f64 (NaN payloads and the sign of zero kept): what must match.
+std::vector<uint64_t> bits_of(const Tensor& t) {
+  std::vector<uint64_t> out;
+  for (double v : t.to_vector<double>()) out.push_back(std::bit_cast<uint64_t>(v));
+  return out;
+}
+
+TEST(ConvReluPool2, MatchesConvReluThenMaxPoolBitForBit) {
+  for (const bool any : {true, false}) {
+    set_conv_onednn_any_layout(any);
+    for (const PoolCase& c : kPoolCases)
+      for (DType t : {DType::F32, DType::F64, DType::BF16}) {
+        const std::string name = (std::ostringstream() << "x " << c.x << " w " << c.w << " " << dtype_name(t)
+                                                       << (any ? " blocked" : " nchw"))
+                                     .str();
+        Tensor x = uniform(c.x, -1, 1, t, 60);
+        const Tensor w = uniform(c.w, -0.5, 0.5, t, 61);
+        const Tensor b = c.bias ? uniform({c.w[0]}, -0.3, 0.3, t, 62) : Tensor();
+        if (x.numel() > 40) {  // a NaN reaches some windows through the convolution
+          x = x.contiguous();
+          Tensor first = x.reshape({-1}).narrow(0, 37, 1);
+          first.fill_(std::numeric_limits<double>::quiet_NaN());
+        }
+        const Tensor y = ops::conv2d_relu_pool2(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+        const Tensor ref =
+            ops::max_pool2d(ops::conv2d_relu(x, w, b, c.stride, c.padding, c.dilation, c.groups), 2);
+        ASSERT_EQ(y.shape(), ref.shape()) << name;
+        EXPECT_EQ(y.dtype(), t) << name;
+        EXPECT_EQ(bits_of(y), bits_of(ref)) << name;
+      }
+  }
+  set_conv_onednn_any_layout(true);  // the default
+  // An unbatched input [C, H, W] is a batch of one.
+  const Tensor x = uniform({3, 9, 8}, -1, 1, DType::F32, 63),
+               w = uniform({8, 3, 3, 3}, -0.5, 0.5, DType::F32, 64);
+  const Tensor y = ops::conv2d_relu_pool2(x, w, {}, 1, 1);
+  ASSERT_EQ(y.shape(), (Shape{8, 4, 4}));
+  EXPECT_EQ(bits_of(y), bits_of(ops::max_pool2d(ops::conv2d_relu(x, w, {}, 1, 1), 2)));
+}
+
+// The fused kernel never holds the convolution's whole output (only a chunk's), and the dry run predicts its
+// peak exactly, through the blocked path and through the fallback.
+TEST(ConvReluPool2, HoldsAChunkOfTheOutputAndTheDryRunAgrees) {
+  if (!ops::has_conv2d_relu_pool2(kCPU, DType::F32)) GTEST_SKIP() << "built without oneDNN";
+  for (const PoolCase& c : {kPoolCases[0], kPoolCases[1], kPoolCases[3]}) {
+    const Shape big_x{256, c.x[1], c.x[2], c.x[3]};
+    const Tensor x = uniform(big_x, -1, 1, DType::F32, 65), w = uniform(c.w, -0.5, 0.5, DType::F32, 66),
+                 b = uniform({c.w[0]}, -0.3, 0.3, DType::F32, 67);
+    const Tensor warm = ops::conv2d_relu_pool2(x, w, b, c.stride, c.padding);  // oneDNN's plans first
+    memory::reset_peak(kCPU);
+    const int64_t before = memory::stats(kCPU).allocated.current;
+    const Tensor y = ops::conv2d_relu_pool2(x, w, b, c.stride, c.padding);
+    const int64_t peak = memory::stats(kCPU).allocated.peak - before;
+    const int64_t conv_bytes = 256 * c.w[0] * c.x[2] * c.x[3] * 4;  // stride 1, "same" padding
+    if (c.w[0] % 8 == 0) {
+      EXPECT_LT(peak, conv_bytes / 2) << c.w << ": the convolution's output for the whole batch was made";
+    }
+    int64_t base = 0;
+    const memory::Estimate e = memory::estimate([&](Device d) {
+      const auto on = TensorOptions().device(d);
+      const Tensor xm = empty(big_x, on), wm = empty(c.w, on), bm = empty({c.w[0]}, on);
+      base = memory::stats(d).allocated.current;
+      memory::reset_peak(d);
+      const Tensor ym = ops::conv2d_relu_pool2(xm, wm, bm, c.stride, c.padding);
+    });
+    EXPECT_EQ(e.peak_allocated - base, peak) << c.w << ": the dry run";
+  }
+}
+
 TEST(ConvRelu, BadInputs) {
   const Tensor x = uniform({2, 3, 8, 8}, -1, 1), w = uniform({4, 3, 3, 3}, -1, 1);
   expect_error<ShapeError>(
@@ -220,6 +314,20 @@ TEST(ConvRelu, BadInputs) {
   expect_error<DTypeError>([&] { ops::conv2d_relu(x, w.to(DType::F64)); }, {"conv2d_relu", "f32", "f64"});
   expect_error<ShapeError>([&] { conv2d_relu(uniform({3, 8}, -1, 1), w); }, {"conv2d_relu", "4-D"});
   expect_error<Error>([&] { ops::conv2d_relu(x, w, {}, 0); }, {"conv2d_relu", "stride"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::conv2d_relu_pool2(x, uniform({4, 2, 3, 3}, -1, 1));
+      },
+      {"conv2d_relu_pool2", "3 channels", "[4, 2, 3, 3]"});
+  expect_error<DTypeError>([&] { ops::conv2d_relu_pool2(x, w.to(DType::F64)); },
+                           {"conv2d_relu_pool2", "f32", "f64"});
+  expect_error<Error>([&] { ops::conv2d_relu_pool2(x, w, {}, 0); }, {"conv2d_relu_pool2", "stride"});
+  // An output of one row has no 2 x 2 window: max_pool2d's error.
+  expect_error<ShapeError>(
+      [&] {
+        ops::conv2d_relu_pool2(uniform({2, 3, 3, 8}, -1, 1), w);
+      },
+      {"max_pool2d", "too small"});
   // Nothing was written into the inputs.
   expect_close(x, uniform({2, 3, 8, 8}, -1, 1).to_vector<double>(), testing::Tol{0, 0}, "x untouched");
 }

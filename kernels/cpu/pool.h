@@ -1,0 +1,16 @@
+// The pooling kernels' entry points for other CPU kernels (kernels/cpu/pool.cpp). Internal to kernels/cpu.
+#pragma once
+
+#include <cstdint>
+
+namespace frugal::cpu {
+
+// max_pool2d over 2 x 2 windows at stride 2 (no padding or dilation) of a convolution's output left in
+// oneDNN's blocked layout: x is [blocks][oh][ow][block] (aBcd8b or aBcd16b with blocks = n * o / block, so
+// o a multiple of block), y NCHW [n, o, oh / 2, ow / 2]. The taps in the NCHW kernel's order under its rule
+// (strictly greater wins, so ties keep the first; a NaN wins, and a later NaN replaces it): y is
+// max_pool2d's of x reordered to NCHW, bit for bit, without that reorder or its buffer.
+void max_pool2x2_blocked_to_nchw(const float* x, float* y, int64_t blocks, int64_t oh, int64_t ow,
+                                 int64_t block);
+
+}  // namespace frugal::cpu
