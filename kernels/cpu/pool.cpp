@@ -353,59 +353,60 @@ void cpu::max_pool2x2_blocked_to_nchw(const float* x, float* y, int64_t blocks, 
   FRUGAL_ASSERT(block > 0 && block <= 16, "max_pool2x2_blocked_to_nchw: blocks of ", block, " channels");
   const int64_t ph_count = oh / 2, pw_count = ow / 2, pp = ph_count * pw_count;
   if (blocks <= 0 || pp == 0) return;
-  // A task is one pooled row of one block: its windows' maxima, pixel-major, in `row` (on the stack: at most
-  // kRowPixels pixels of 16 channels), then written out channel by channel.
-  constexpr int64_t kRowPixels = 64;
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, 4 * pw_count * block));
-  parallel_for(0, blocks * ph_count, grain, [&](int64_t tb, int64_t te) {
-    alignas(64) float row[kRowPixels * 16];
+  // A task is a run of at most kPixels pooled pixels of one block (in row-major order, across its rows):
+  // their windows' maxima, pixel-major, in `pooled` (on the stack), then written out channel by channel, each
+  // channel's run contiguous in y. Runs across rows rather than single rows: W2's rows of 14 and 7 pooled
+  // pixels left most of each row to the element-by-element remainder of the 8 x 8 transposes.
+  constexpr int64_t kPixels = 256;
+  const int64_t runs = (pp + kPixels - 1) / kPixels;  // tasks a block
+  const int64_t grain =
+      std::max<int64_t>(1, kGrain / std::max<int64_t>(1, 4 * std::min(pp, kPixels) * block));
+  parallel_for(0, blocks * runs, grain, [&](int64_t tb, int64_t te) {
+    alignas(64) float pooled[kPixels * 16];
     for (int64_t t = tb; t < te; ++t) {
-      const int64_t b = t / ph_count, ph = t % ph_count;
-      const float* r0 = x + (b * oh + 2 * ph) * ow * block;
-      const float* r1 = r0 + ow * block;
-      float* out = y + b * block * pp + ph * pw_count;  // channel j of the block at out + j * pp
-      for (int64_t p0 = 0; p0 < pw_count; p0 += kRowPixels) {
-        const int64_t pixels = std::min(kRowPixels, pw_count - p0);
-        for (int64_t q = 0; q < pixels; ++q) {
-          const float* taps[4] = {r0 + 2 * (p0 + q) * block, r0 + (2 * (p0 + q) + 1) * block,
-                                  r1 + 2 * (p0 + q) * block, r1 + (2 * (p0 + q) + 1) * block};
-          float* best = row + q * block;
-          int64_t j = 0;
+      const int64_t b = t / runs, p0 = t % runs * kPixels, pixels = std::min(kPixels, pp - p0);
+      for (int64_t k = 0, ph = p0 / pw_count, pw = p0 % pw_count; k < pixels; ++k) {
+        const float* r0 = x + ((b * oh + 2 * ph) * ow + 2 * pw) * block;
+        const float* r1 = r0 + ow * block;
+        const float* taps[4] = {r0, r0 + block, r1, r1 + block};
+        float* best = pooled + k * block;
+        int64_t j = 0;
 #if defined(__AVX2__)
-          for (; j + 8 <= block; j += 8) {
-            __m256 m = _mm256_loadu_ps(taps[0] + j);
-            for (int i = 1; i < 4; ++i) {
-              const __m256 v = _mm256_loadu_ps(taps[i] + j);
-              m = _mm256_blendv_ps(
-                  m, v, _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-            }
-            _mm256_store_ps(best + j, m);
+        for (; j + 8 <= block; j += 8) {
+          __m256 m = _mm256_loadu_ps(taps[0] + j);
+          for (int i = 1; i < 4; ++i) {
+            const __m256 v = _mm256_loadu_ps(taps[i] + j);
+            m = _mm256_blendv_ps(
+                m, v, _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
           }
-#endif
-          for (; j < block; ++j) {
-            float m = taps[0][j];
-            for (int i = 1; i < 4; ++i) {
-              const float v = taps[i][j];
-              if (v > m || v != v) m = v;
-            }
-            best[j] = m;
-          }
+          _mm256_store_ps(best + j, m);
         }
-        // Pixel-major [pixels][block] to the block's channel rows: 8 x 8 tiles transposed in registers, the
-        // rest element by element.
-        int64_t q = 0;
-#if FRUGAL_TRANSPOSE_AVX
-        if (block % 8 == 0)
-          for (; q + 8 <= pixels; q += 8)
-            for (int64_t j = 0; j < block; j += 8) {
-              __m256 r[8];
-              cpu::transpose8x8_load(row + q * block + j, block, r);
-              for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + (j + i) * pp + p0 + q, r[i]);
-            }
 #endif
-        for (int64_t j = 0; j < block; ++j)
-          for (int64_t k = q; k < pixels; ++k) out[j * pp + p0 + k] = row[k * block + j];
+        for (; j < block; ++j) {
+          float m = taps[0][j];
+          for (int i = 1; i < 4; ++i) {
+            const float v = taps[i][j];
+            if (v > m || v != v) m = v;
+          }
+          best[j] = m;
+        }
+        if (++pw == pw_count) pw = 0, ++ph;
       }
+      // Pixel-major [pixels][block] to the block's channels: 8 x 8 tiles transposed in registers, the rest
+      // element by element.
+      float* out = y + b * block * pp + p0;  // channel j's run at out + j * pp
+      int64_t q = 0;
+#if FRUGAL_TRANSPOSE_AVX
+      if (block % 8 == 0)
+        for (; q + 8 <= pixels; q += 8)
+          for (int64_t j = 0; j < block; j += 8) {
+            __m256 r[8];
+            cpu::transpose8x8_load(pooled + q * block + j, block, r);
+            for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + (j + i) * pp + q, r[i]);
+          }
+#endif
+      for (int64_t j = 0; j < block; ++j)
+        for (int64_t k = q; k < pixels; ++k) out[j * pp + k] = pooled[k * block + j];
     }
   });
 }

@@ -186,9 +186,11 @@ TEST(MaxPool2d, TwoByTwoStrideTwoMatchesTheReferenceWithTiesAndNans) {
 // later one wins), -inf, odd sizes, and rows of more pooled pixels than the kernel's row buffer holds.
 TEST(MaxPool2d, TwoByTwoFromBlockedChannelsMatchesNchwBitForBit) {
   for (const int64_t block : {8, 16})
-    for (const Shape& shape : {Shape{2, 16, 8, 8}, Shape{1, 16, 5, 7}, Shape{3, 32, 14, 14},
-                               Shape{1, 16, 2, 2}, Shape{1, 16, 3, 150}}) {
+    for (const Shape& shape :
+         {Shape{2, 16, 8, 8}, Shape{1, 16, 5, 7}, Shape{3, 32, 14, 14}, Shape{1, 16, 2, 2},
+          Shape{1, 16, 3, 150}, Shape{1, 16, 2, 600}, Shape{1, 16, 41, 30}}) {
       const int64_t n = shape[0], o = shape[1], h = shape[2], w = shape[3];
+      ASSERT_EQ(o % block, 0) << "the test lays out whole blocks";
       Tensor x = uniform(shape, 0, 3, DType::F32, 8);
       float* v = x.data<float>();
       for (int64_t i = 0; i < x.numel(); ++i)
