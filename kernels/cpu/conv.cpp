@@ -346,10 +346,22 @@ std::vector<std::pair<std::shared_ptr<const cpu::ConvPlan>, ConvArgs>> chunk_pla
   return plans;
 }
 
+// The plans of a forward's chunks, for cpu::shared_weights.
+template <typename Chunks, typename PlanOf>
+std::vector<const cpu::ConvPlan*> plans_of(const Chunks& chunks, PlanOf plan_of) {
+  std::vector<const cpu::ConvPlan*> plans;
+  for (const auto& chunk : chunks) plans.push_back(plan_of(chunk).get());
+  return plans;
+}
+
+// Every chunk runs with the weights reordered once (cpu::shared_weights).
 bool run_onednn(const ConvArgs& a, Direction dir, DataType type) {
   const auto plans = chunk_plans(a, dir, type);
   if (plans.empty()) return false;
-  for (const auto& [plan, c] : plans) cpu::run_conv_plan(*plan, c);
+  const Tensor weights =
+      cpu::shared_weights(plans_of(plans, [](const auto& p) { return p.first; }), a, false);
+  for (const auto& [plan, c] : plans)
+    cpu::run_conv_plan(*plan, c, {.weights = weights.defined() ? weights.raw_data() : nullptr});
   return true;
 }
 
@@ -376,16 +388,19 @@ void conv2d_bf16(const ConvArgs& a) {
 // output in the primitive's layout and pools its 2 x 2 windows from there straight into the pooled NCHW y
 // (cpu::max_pool2x2_blocked_to_nchw, under max_pool2d's rule, so bit for bit the two ops'): no reorder, no
 // NCHW output, no second pass over it. The chunks hold at most kPoolChunkBytes of output, which is pooled
-// while it is still in the cache. A layout it cannot read (another block, channels that do not fill their
-// blocks) or a shape oneDNN declines runs conv2d_forward_f32 into a buffer and max_pool2d's kernel instead.
-constexpr int64_t kPoolChunkBytes = int64_t(2) << 20;
+// while it is still in the cache. Those chunks are smaller than conv2d_relu's (Note [a large batch's forward
+// in chunks]), so this path is taken only for oneDNN's direct JIT kernels ("jit:avx2", "jit:avx512_core"),
+// which compute each image alone: with NCHW layouts (set_conv_onednn_any_layout(false)) oneDNN runs an
+// im2col GEMM ("gemm:jit") whose rounding moved with the chunk's batch (a test caught it), and Winograd's
+// schedules may do the same. Those, a layout the pool cannot read (another block, channels that do not fill
+// their blocks) and a shape oneDNN declines run conv2d_forward_f32 into a buffer, then max_pool2d's kernel.
+constexpr int64_t kPoolChunkBytes = int64_t(1) << 20;
 
 // The channels of one block of the forward's output layout d: 8 or 16 for aBcd8b or aBcd16b that c's
-// channels fill, 1 for NCHW, 0 for any other.
+// channels fill, 0 for any other layout.
 int64_t pool_block(const ConvArgs& c, const dnnl::memory::desc& d) {
   using tag = dnnl::memory::format_tag;
   const dnnl::memory::dims dims{c.n, c.o, c.oh, c.ow};
-  if (d == dnnl::memory::desc(dims, DataType::f32, tag::nchw)) return 1;
   for (const auto& [layout, block] : {std::pair{tag::aBcd8b, 8}, std::pair{tag::aBcd16b, 16}})
     if (c.o % block == 0 && d == dnnl::memory::desc(dims, DataType::f32, layout)) return block;
   return 0;
@@ -397,7 +412,8 @@ struct PoolChunk {
   int64_t block;  // pool_block of its output
 };
 
-// The chunks of conv2d_relu_pool2's `a`; none where one of them cannot be pooled from its layout.
+// The chunks of conv2d_relu_pool2's `a`; none where one of them is not run by a direct JIT kernel or leaves a
+// layout the pool cannot read.
 std::vector<PoolChunk> pool_chunks(const ConvArgs& a) {
   const int64_t image_bytes = std::max<int64_t>(1, a.o * a.oh * a.ow * int64_t(sizeof(float)));
   const int64_t most = std::clamp<int64_t>(kPoolChunkBytes / image_bytes, 1, kChunkImages);
@@ -410,14 +426,15 @@ std::vector<PoolChunk> pool_chunks(const ConvArgs& a) {
       c.y = static_cast<float*>(a.y) + first * a.o * (a.oh / 2) * (a.ow / 2);
     }
     auto plan = cpu::conv_plan(c, Direction::Forward, DataType::f32);
-    const int64_t block = plan ? pool_block(c, cpu::conv_plan_dst_desc(*plan)) : 0;
+    const int64_t block =
+        plan && plan->implementation.starts_with("jit:") ? pool_block(c, cpu::conv_plan_dst_desc(*plan)) : 0;
     if (block == 0) return {};
     chunks.push_back({std::move(plan), c, block});
   }
   return chunks;
 }
 
-// max_pool2d's kernel over 2 x 2 windows of the NCHW output y_full of a into a.y.
+// max_pool2d's kernel over 2 x 2 windows of a's NCHW output y_full into a.y (the fallback's).
 void max_pool2_nchw(const ConvArgs& a, const float* y_full) {
   PoolArgs p;
   p.planes = a.n * a.o;
@@ -440,15 +457,14 @@ void conv2d_relu_pool2_f32(const ConvArgs& a) {
     conv2d_forward_f32(f);
     return max_pool2_nchw(a, static_cast<const float*>(full.raw_data()));
   }
+  const Tensor weights =
+      cpu::shared_weights(plans_of(chunks, [](const PoolChunk& c) { return c.plan; }), a, false);
   for (const PoolChunk& c : chunks) {
     const Tensor y = workspace(int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()));
-    cpu::run_conv_plan(*c.plan, c.args, nullptr, y.raw_data());
-    const auto* out = static_cast<const float*>(y.raw_data());
-    if (c.block == 1)
-      max_pool2_nchw(c.args, out);
-    else
-      cpu::max_pool2x2_blocked_to_nchw(out, static_cast<float*>(c.args.y), c.args.n * c.args.o / c.block,
-                                       c.args.oh, c.args.ow, c.block);
+    cpu::run_conv_plan(*c.plan, c.args,
+                       {.y = y.raw_data(), .weights = weights.defined() ? weights.raw_data() : nullptr});
+    cpu::max_pool2x2_blocked_to_nchw(static_cast<const float*>(y.raw_data()), static_cast<float*>(c.args.y),
+                                     c.args.n * c.args.o / c.block, c.args.oh, c.args.ow, c.block);
   }
 }
 
@@ -462,7 +478,9 @@ void conv2d_relu_pool2_f32(const ConvArgs& a) {
 bool onednn_meta(const ConvArgs& a, Direction dir, DataType type) {
   const auto plans = chunk_plans(a, dir, type);
   if (plans.empty()) return false;
-  for (const auto& chunk : plans) cpu::conv_plan_meta(*chunk.first, false);
+  const Tensor weights = cpu::shared_weights(plans_of(plans, [](const auto& p) { return p.first; }), a, true);
+  for (const auto& chunk : plans)
+    cpu::conv_plan_meta(*chunk.first, {.weights = weights.defined() ? weights.raw_data() : nullptr});
   return true;
 }
 #endif
@@ -484,9 +502,12 @@ void conv2d_relu_pool2_meta(const ConvArgs& a) {
     const Tensor full = cpu::meta_workspace(a.n * a.o * a.oh * a.ow * int64_t(sizeof(float)));
     return conv2d_f32_meta<Direction::Forward>(a);
   }
+  const Tensor weights =
+      cpu::shared_weights(plans_of(chunks, [](const PoolChunk& c) { return c.plan; }), a, true);
   for (const PoolChunk& c : chunks) {
     const Tensor y = cpu::meta_workspace(int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()));
-    cpu::conv_plan_meta(*c.plan, false, true);
+    cpu::conv_plan_meta(*c.plan,
+                        {.y = y.raw_data(), .weights = weights.defined() ? weights.raw_data() : nullptr});
   }
 }
 #endif

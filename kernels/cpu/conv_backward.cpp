@@ -179,9 +179,9 @@ void conv2d_backward_both(const ConvArgs& a) {
   };
   auto run = [&](const ConvPlan& plan, const ConvArgs& args, const dnnl::memory& dz) {
     if constexpr (kDry) {
-      conv_plan_meta(plan, true);
+      conv_plan_meta(plan, {.dy = &dz});
     } else {
-      run_conv_plan(plan, args, &dz);
+      run_conv_plan(plan, args, {.dy = &dz});
     }
   };
   dnnl::memory dz;

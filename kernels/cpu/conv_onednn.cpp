@@ -191,19 +191,21 @@ const void* user_pointer(const ConvArgs& a, int arg) {
 
 }  // namespace
 
-void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const dnnl::memory* dy, void* y) {
+void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const Prepared& prepared) {
   auto& eng = onednn_engine();
   auto& stream = cpu::onednn_stream();
   std::vector<Tensor> buffers;  // alive until the stream is done
   std::unordered_map<int, dnnl::memory> args;
   std::vector<std::pair<const Operand*, dnnl::memory>> outputs;  // (operand, user memory) to reorder into
   for (const Operand& op : plan.operands) {
-    if (dy && op.arg == DNNL_ARG_DIFF_DST) {
-      args.emplace(op.arg, *dy);
+    if (prepared.dy && op.arg == DNNL_ARG_DIFF_DST) {
+      args.emplace(op.arg, *prepared.dy);
       continue;
     }
-    if (y && op.arg == DNNL_ARG_DST) {
-      args.emplace(op.arg, dnnl::memory(op.compute, eng, y));
+    if (void* at = op.arg == DNNL_ARG_DST       ? prepared.y
+                   : op.arg == DNNL_ARG_WEIGHTS ? const_cast<void*>(prepared.weights)
+                                                : nullptr) {
+      args.emplace(op.arg, dnnl::memory(op.compute, eng, at));
       continue;
     }
     dnnl::memory user(op.user, eng, const_cast<void*>(user_pointer(a, op.arg)));  // inputs are only read
@@ -225,12 +227,36 @@ void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const dnnl::memory* 
   stream.wait();
 }
 
-void conv_plan_meta(const ConvPlan& plan, bool with_dy, bool with_y) {
+void conv_plan_meta(const ConvPlan& plan, const Prepared& prepared) {
   std::vector<Tensor> buffers;
   for (const Operand& op : plan.operands)
-    if (op.reorder && !(with_dy && op.arg == DNNL_ARG_DIFF_DST) && !(with_y && op.arg == DNNL_ARG_DST))
+    if (op.reorder && !(prepared.dy && op.arg == DNNL_ARG_DIFF_DST) &&
+        !(prepared.y && op.arg == DNNL_ARG_DST) && !(prepared.weights && op.arg == DNNL_ARG_WEIGHTS))
       buffers.push_back(cpu::meta_workspace(int64_t(op.compute.get_size())));
   if (const size_t bytes = plan.scratchpad.get_size()) buffers.push_back(cpu::meta_workspace(int64_t(bytes)));
+}
+
+Tensor shared_weights(const std::vector<const ConvPlan*>& plans, const ConvArgs& a, bool meta) {
+  auto weights_of = [](const ConvPlan& plan) -> const Operand& {
+    for (const Operand& op : plan.operands)
+      if (op.arg == DNNL_ARG_WEIGHTS) return op;
+    FRUGAL_ASSERT(false, "shared_weights: a plan without weights");
+    return plan.operands.front();
+  };
+  if (plans.size() < 2) return {};
+  const Operand& first = weights_of(*plans.front());
+  if (!first.reorder) return {};
+  for (const ConvPlan* p : plans)
+    if (weights_of(*p).compute != first.compute) return {};
+  const int64_t bytes = int64_t(first.compute.get_size());
+  if (meta) return cpu::meta_workspace(bytes);
+  Tensor buffer = workspace(bytes);
+  auto& eng = onednn_engine();
+  dnnl::memory user(first.user, eng, const_cast<void*>(a.weight)),
+      packed(first.compute, eng, buffer.raw_data());
+  first.reorder->execute(cpu::onednn_stream(), user, packed);
+  cpu::onednn_stream().wait();
+  return buffer;
 }
 
 const dnnl::memory::desc& conv_plan_dst_desc(const ConvPlan& plan) {

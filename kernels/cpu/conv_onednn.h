@@ -42,16 +42,26 @@ struct ConvPlan {
 // where oneDNN declines the shape (the caller's fallback then runs).
 std::shared_ptr<const ConvPlan> conv_plan(const ConvArgs& a, ConvDirection dir, dnnl::memory::data_type type);
 
-// Runs the plan: reorders inputs into the primitive's layouts (arena buffers), executes, reorders outputs
-// back into the user's tensors. `dy`, when given, is d y already in the primitive's layout
-// (conv2d_backward_both's). `y`, when given, receives the forward's output in the primitive's layout
-// (dst_desc's bytes), where it stays: a.y is not written (conv2d_relu_pool2's kernel pools from it).
-void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const dnnl::memory* dy = nullptr,
-                   void* y = nullptr);
+// Operands a caller has already in the primitive's layouts, so that run_conv_plan neither reorders nor
+// allocates for them (null: the user's tensor, reordered as needed).
+struct Prepared {
+  const dnnl::memory* dy = nullptr;  // d y (conv2d_backward_both's)
+  void* y = nullptr;  // the forward's output stays here, and a.y is not written (conv2d_relu_pool2's)
+  const void* weights = nullptr;  // the weights, reordered once for all of a forward's chunks
+};
 
-// run_conv_plan's buffers on the meta device, held together (with_dy: d y comes prepared, no buffer for it;
-// with_y: the forward's output has its own place, no buffer for it either).
-void conv_plan_meta(const ConvPlan& plan, bool with_dy, bool with_y = false);
+// Runs the plan: reorders inputs into the primitive's layouts (arena buffers), executes, reorders outputs
+// back into the user's tensors, except the operands that come prepared.
+void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const Prepared& prepared = {});
+
+// run_conv_plan's buffers on the meta device, held together (none for the operands `prepared` names; the
+// pointers are not read).
+void conv_plan_meta(const ConvPlan& plan, const Prepared& prepared = {});
+
+// The weights of a forward's chunks (their plans, each with its arguments) reordered once into the layout the
+// plans share: an arena buffer (on the meta device when meta, for a dry run), or an undefined tensor where
+// there is one chunk, no reorder, or no layout they share. Prepared::weights for each chunk's run.
+Tensor shared_weights(const std::vector<const ConvPlan*>& plans, const ConvArgs& a, bool meta);
 
 // The layout the primitive writes the forward's output in.
 const dnnl::memory::desc& conv_plan_dst_desc(const ConvPlan& plan);
