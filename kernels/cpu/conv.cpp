@@ -12,6 +12,7 @@
 // kernels/cpu/conv_backward.cpp.
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -387,13 +388,16 @@ void conv2d_bf16(const ConvArgs& a) {
 // which conv2d_relu reorders into the user's NCHW y for max_pool2d to read. This kernel leaves each chunk's
 // output in the primitive's layout and pools its 2 x 2 windows from there straight into the pooled NCHW y
 // (cpu::max_pool2x2_blocked_to_nchw, under max_pool2d's rule, so bit for bit the two ops'): no reorder, no
-// NCHW output, no second pass over it. The chunks hold at most kPoolChunkBytes of output, which is pooled
-// while it is still in the cache. Those chunks are smaller than conv2d_relu's (Note [a large batch's forward
-// in chunks]), so this path is taken only for oneDNN's direct JIT kernels ("jit:avx2", "jit:avx512_core"),
-// which compute each image alone: with NCHW layouts (set_conv_onednn_any_layout(false)) oneDNN runs an
-// im2col GEMM ("gemm:jit") whose rounding moved with the chunk's batch (a test caught it), and Winograd's
-// schedules may do the same. Those, a layout the pool cannot read (another block, channels that do not fill
-// their blocks) and a shape oneDNN declines run conv2d_forward_f32 into a buffer, then max_pool2d's kernel.
+// NCHW output, no second pass over it.
+// - The chunks: where oneDNN runs conv2d_relu's chunks (Note [a large batch's forward in chunks]) with a
+//   direct JIT kernel ("jit:avx2", "jit:avx512_core"), which computes each image alone, and runs smaller
+//   chunks with the same kernel, chunks of at most kPoolChunkBytes of output, pooled while they are still in
+//   the cache. Otherwise conv2d_relu's own chunks, so that the rounding is the same: with NCHW layouts
+//   (set_conv_onednn_any_layout(false)) oneDNN runs an im2col GEMM ("gemm:jit") whose rounding moved with
+//   the chunk's batch (a test caught it), and Winograd's schedules may do the same.
+// - A layout the pool cannot read (another block, channels that do not fill their blocks) goes to an NCHW
+//   buffer of the chunk first, and a shape oneDNN declines through the im2col kernel; max_pool2d's kernel
+//   then pools it.
 constexpr int64_t kPoolChunkBytes = int64_t(1) << 20;
 
 // The channels of one block of the forward's output layout d: 8 or 16 for aBcd8b or aBcd16b that c's
@@ -407,64 +411,88 @@ int64_t pool_block(const ConvArgs& c, const dnnl::memory::desc& d) {
 }
 
 struct PoolChunk {
-  std::shared_ptr<const cpu::ConvPlan> plan;
-  ConvArgs args;  // x and the pooled y at the chunk's first image
-  int64_t block;  // pool_block of its output
+  std::shared_ptr<const cpu::ConvPlan> plan;  // null where oneDNN declines the shape (the im2col kernel runs)
+  ConvArgs args;                              // x and the pooled y at the chunk's first image
+  int64_t block;                              // pool_block of the plan's output; 0: pooled from NCHW
 };
 
-// The chunks of conv2d_relu_pool2's `a`; none where one of them is not run by a direct JIT kernel or leaves a
-// layout the pool cannot read.
+// The chunks of conv2d_relu_pool2's `a` (Note [a convolution pooled from its blocked output]).
 std::vector<PoolChunk> pool_chunks(const ConvArgs& a) {
+  auto chunks_over = [&](const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+    std::vector<PoolChunk> chunks;
+    for (const auto& [first, size] : ranges) {
+      ConvArgs c = a;
+      c.n = size;
+      if (first > 0 && a.x) {  // a dry run reads no pointer
+        c.x = static_cast<const float*>(a.x) + first * a.c * a.h * a.w;
+        c.y = static_cast<float*>(a.y) + first * a.o * (a.oh / 2) * (a.ow / 2);
+      }
+      auto plan = cpu::conv_plan(c, Direction::Forward, DataType::f32);
+      const int64_t block = plan ? pool_block(c, cpu::conv_plan_dst_desc(*plan)) : 0;
+      chunks.push_back({std::move(plan), c, block});
+    }
+    return chunks;
+  };
+  std::vector<PoolChunk> chunks = chunks_over(chunks_of(a, Direction::Forward));  // conv2d_relu's
+  if (chunks.empty()) return chunks;
+  const std::string& kernel = chunks.front().plan ? chunks.front().plan->implementation : std::string();
+  auto same_direct_kernel = [&](const std::vector<PoolChunk>& cs) {
+    return kernel.starts_with("jit:") && std::all_of(cs.begin(), cs.end(), [&](const PoolChunk& c) {
+             return c.plan && c.plan->implementation == kernel;
+           });
+  };
+  if (!same_direct_kernel(chunks)) return chunks;
   const int64_t image_bytes = std::max<int64_t>(1, a.o * a.oh * a.ow * int64_t(sizeof(float)));
   const int64_t most = std::clamp<int64_t>(kPoolChunkBytes / image_bytes, 1, kChunkImages);
-  std::vector<PoolChunk> chunks;
-  for (const auto& [first, size] : balanced_chunks(a.n, (a.n + most - 1) / most)) {
-    ConvArgs c = a;
-    c.n = size;
-    if (first > 0 && a.x) {  // a dry run reads no pointer
-      c.x = static_cast<const float*>(a.x) + first * a.c * a.h * a.w;
-      c.y = static_cast<float*>(a.y) + first * a.o * (a.oh / 2) * (a.ow / 2);
-    }
-    auto plan = cpu::conv_plan(c, Direction::Forward, DataType::f32);
-    const int64_t block =
-        plan && plan->implementation.starts_with("jit:") ? pool_block(c, cpu::conv_plan_dst_desc(*plan)) : 0;
-    if (block == 0) return {};
-    chunks.push_back({std::move(plan), c, block});
-  }
-  return chunks;
+  std::vector<PoolChunk> small = chunks_over(balanced_chunks(a.n, (a.n + most - 1) / most));
+  return same_direct_kernel(small) ? small : chunks;
 }
 
-// max_pool2d's kernel over 2 x 2 windows of a's NCHW output y_full into a.y (the fallback's).
-void max_pool2_nchw(const ConvArgs& a, const float* y_full) {
+// max_pool2d's kernel over 2 x 2 windows of c's NCHW output y_full into c.y.
+void max_pool2_nchw(const ConvArgs& c, const float* y_full) {
   PoolArgs p;
-  p.planes = a.n * a.o;
-  p.h = a.oh;
-  p.w = a.ow;
-  p.oh = a.oh / 2;
-  p.ow = a.ow / 2;
+  p.planes = c.n * c.o;
+  p.h = c.oh;
+  p.w = c.ow;
+  p.oh = c.oh / 2;
+  p.ow = c.ow / 2;
   p.kh = p.kw = p.stride_h = p.stride_w = 2;
   p.x = y_full;
-  p.y = a.y;
+  p.y = c.y;
   op_max_pool2d.get(kCPU, DType::F32)(p);
+}
+
+// The weights of every chunk reordered once (cpu::shared_weights), where every chunk has a plan.
+Tensor pool_chunks_weights(const std::vector<PoolChunk>& chunks, const ConvArgs& a, bool meta) {
+  std::vector<const cpu::ConvPlan*> plans;
+  for (const PoolChunk& c : chunks) {
+    if (!c.plan) return {};
+    plans.push_back(c.plan.get());
+  }
+  return cpu::shared_weights(plans, a, meta);
 }
 
 void conv2d_relu_pool2_f32(const ConvArgs& a) {
   const std::vector<PoolChunk> chunks = pool_chunks(a);
-  if (chunks.empty()) {
-    const Tensor full = workspace(a.n * a.o * a.oh * a.ow * int64_t(sizeof(float)));
-    ConvArgs f = a;
-    f.y = full.raw_data();
-    conv2d_forward_f32(f);
-    return max_pool2_nchw(a, static_cast<const float*>(full.raw_data()));
-  }
-  const Tensor weights =
-      cpu::shared_weights(plans_of(chunks, [](const PoolChunk& c) { return c.plan; }), a, false);
+  const Tensor weights = pool_chunks_weights(chunks, a, false);
+  const void* packed = weights.defined() ? weights.raw_data() : nullptr;
   for (const PoolChunk& c : chunks) {
-    const Tensor y = workspace(int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()));
-    cpu::run_conv_plan(*c.plan, c.args,
-                       {.y = y.raw_data(), .weights = weights.defined() ? weights.raw_data() : nullptr});
-    cpu::max_pool2x2_blocked_to_nchw(static_cast<const float*>(y.raw_data()), static_cast<float*>(c.args.y),
-                                     c.args.n * c.args.o / c.block, c.args.oh, c.args.ow, c.block);
+    const int64_t nchw_bytes = c.args.n * c.args.o * c.args.oh * c.args.ow * int64_t(sizeof(float));
+    if (c.block > 0) {
+      const Tensor y = workspace(int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()));
+      cpu::run_conv_plan(*c.plan, c.args, {.y = y.raw_data(), .weights = packed});
+      cpu::max_pool2x2_blocked_to_nchw(static_cast<const float*>(y.raw_data()), static_cast<float*>(c.args.y),
+                                       c.args.n * c.args.o / c.block, c.args.oh, c.args.ow, c.block);
+      continue;
+    }
+    const Tensor y = workspace(nchw_bytes);
+    ConvArgs f = c.args;
+    f.y = y.raw_data();
+    if (c.plan)
+      cpu::run_conv_plan(*c.plan, f, {.weights = packed});
+    else
+      forward_then_relu<float, conv2d_forward_im2col<float>>(f);
+    max_pool2_nchw(c.args, static_cast<const float*>(y.raw_data()));
   }
 }
 
@@ -494,20 +522,19 @@ void conv2d_f32_meta(const ConvArgs& a) {
 }
 
 #ifdef FRUGAL_HAVE_ONEDNN
-// conv2d_relu_pool2_f32's buffers: each chunk's output with its plan's, or the fallback's whole output and
-// the forward's.
+// conv2d_relu_pool2_f32's buffers, chunk by chunk.
 void conv2d_relu_pool2_meta(const ConvArgs& a) {
   const std::vector<PoolChunk> chunks = pool_chunks(a);
-  if (chunks.empty()) {
-    const Tensor full = cpu::meta_workspace(a.n * a.o * a.oh * a.ow * int64_t(sizeof(float)));
-    return conv2d_f32_meta<Direction::Forward>(a);
-  }
-  const Tensor weights =
-      cpu::shared_weights(plans_of(chunks, [](const PoolChunk& c) { return c.plan; }), a, true);
+  const Tensor weights = pool_chunks_weights(chunks, a, true);
+  const void* packed = weights.defined() ? weights.raw_data() : nullptr;
   for (const PoolChunk& c : chunks) {
-    const Tensor y = cpu::meta_workspace(int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()));
-    cpu::conv_plan_meta(*c.plan,
-                        {.y = y.raw_data(), .weights = weights.defined() ? weights.raw_data() : nullptr});
+    const int64_t nchw_bytes = c.args.n * c.args.o * c.args.oh * c.args.ow * int64_t(sizeof(float));
+    const Tensor y =
+        cpu::meta_workspace(c.block > 0 ? int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()) : nchw_bytes);
+    if (c.plan)
+      cpu::conv_plan_meta(*c.plan, {.y = c.block > 0 ? y.raw_data() : nullptr, .weights = packed});
+    else
+      cpu::meta_workspace(im2col_elements(c.args, Direction::Forward) * int64_t(sizeof(float)));
   }
 }
 #endif
