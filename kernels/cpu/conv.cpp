@@ -472,27 +472,42 @@ Tensor pool_chunks_weights(const std::vector<PoolChunk>& chunks, const ConvArgs&
   return cpu::shared_weights(plans, a, meta);
 }
 
+// conv2d_relu_pool2 on the CPU in f32; kDry: its meta kernel, which takes the same buffers in the same order.
+template <bool kDry>
 void conv2d_relu_pool2_f32(const ConvArgs& a) {
+  auto ws = [](int64_t bytes) { return kDry ? cpu::meta_workspace(bytes) : workspace(bytes); };
   const std::vector<PoolChunk> chunks = pool_chunks(a);
-  const Tensor weights = pool_chunks_weights(chunks, a, false);
+  const Tensor weights = pool_chunks_weights(chunks, a, kDry);
   const void* packed = weights.defined() ? weights.raw_data() : nullptr;
   for (const PoolChunk& c : chunks) {
-    const int64_t nchw_bytes = c.args.n * c.args.o * c.args.oh * c.args.ow * int64_t(sizeof(float));
-    if (c.block > 0) {
-      const Tensor y = workspace(int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()));
-      cpu::run_conv_plan(*c.plan, c.args, {.y = y.raw_data(), .weights = packed});
-      cpu::max_pool2x2_blocked_to_nchw(static_cast<const float*>(y.raw_data()), static_cast<float*>(c.args.y),
-                                       c.args.n * c.args.o / c.block, c.args.oh, c.args.ow, c.block);
+    if (c.block > 0) {  // pooled from the primitive's own layout
+      const Tensor y = ws(int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()));
+      if constexpr (kDry) {
+        cpu::conv_plan_meta(*c.plan, {.y = y.raw_data(), .weights = packed});
+      } else {
+        cpu::run_conv_plan(*c.plan, c.args, {.y = y.raw_data(), .weights = packed});
+        cpu::max_pool2x2_blocked_to_nchw(static_cast<const float*>(y.raw_data()),
+                                         static_cast<float*>(c.args.y), c.args.n * c.args.o / c.block,
+                                         c.args.oh, c.args.ow, c.block);
+      }
       continue;
     }
-    const Tensor y = workspace(nchw_bytes);
+    const Tensor y = ws(c.args.n * c.args.o * c.args.oh * c.args.ow * int64_t(sizeof(float)));  // NCHW
     ConvArgs f = c.args;
     f.y = y.raw_data();
-    if (c.plan)
-      cpu::run_conv_plan(*c.plan, f, {.weights = packed});
-    else
-      forward_then_relu<float, conv2d_forward_im2col<float>>(f);
-    max_pool2_nchw(c.args, static_cast<const float*>(y.raw_data()));
+    if constexpr (kDry) {
+      if (c.plan)
+        cpu::conv_plan_meta(*c.plan, {.weights = packed});
+      else
+        const Tensor col =
+            cpu::meta_workspace(im2col_elements(f, Direction::Forward) * int64_t(sizeof(float)));
+    } else {
+      if (c.plan)
+        cpu::run_conv_plan(*c.plan, f, {.weights = packed});
+      else
+        forward_then_relu<float, conv2d_forward_im2col<float>>(f);
+      max_pool2_nchw(c.args, static_cast<const float*>(y.raw_data()));
+    }
   }
 }
 
@@ -521,24 +536,6 @@ void conv2d_f32_meta(const ConvArgs& a) {
   const Tensor buf = cpu::meta_workspace(im2col_elements(a, dir) * int64_t(sizeof(float)));
 }
 
-#ifdef FRUGAL_HAVE_ONEDNN
-// conv2d_relu_pool2_f32's buffers, chunk by chunk.
-void conv2d_relu_pool2_meta(const ConvArgs& a) {
-  const std::vector<PoolChunk> chunks = pool_chunks(a);
-  const Tensor weights = pool_chunks_weights(chunks, a, true);
-  const void* packed = weights.defined() ? weights.raw_data() : nullptr;
-  for (const PoolChunk& c : chunks) {
-    const int64_t nchw_bytes = c.args.n * c.args.o * c.args.oh * c.args.ow * int64_t(sizeof(float));
-    const Tensor y =
-        cpu::meta_workspace(c.block > 0 ? int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()) : nchw_bytes);
-    if (c.plan)
-      cpu::conv_plan_meta(*c.plan, {.y = c.block > 0 ? y.raw_data() : nullptr, .weights = packed});
-    else
-      cpu::meta_workspace(im2col_elements(c.args, Direction::Forward) * int64_t(sizeof(float)));
-  }
-}
-#endif
-
 template <Direction dir>
 void conv2d_widened_meta(const ConvArgs& a) {
   const Tensor buf = cpu::meta_workspace(widened_floats(a, dir) * int64_t(sizeof(float)));
@@ -564,8 +561,8 @@ const bool kRegistered = [] {
   op_conv2d_backward_data.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::BackwardData>);
   op_conv2d_backward_weight.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::BackwardWeight>);
 #ifdef FRUGAL_HAVE_ONEDNN
-  op_conv2d_relu_pool2.set(DeviceType::Meta, DType::F32, conv2d_relu_pool2_meta);
-  op_conv2d_relu_pool2.set(DeviceType::CPU, DType::F32, conv2d_relu_pool2_f32);
+  op_conv2d_relu_pool2.set(DeviceType::Meta, DType::F32, conv2d_relu_pool2_f32<true>);
+  op_conv2d_relu_pool2.set(DeviceType::CPU, DType::F32, conv2d_relu_pool2_f32<false>);
   op_conv2d.set(DeviceType::CPU, DType::F32, conv2d_forward_f32);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F32, conv2d_backward_data_f32);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::F32, conv2d_backward_weight_f32);

@@ -217,14 +217,7 @@ TEST(ConvRelu, WithoutATapeSequentialPoolsEachChunkOfImages) {
 // oneDNN's blocked layout and with NCHW, for outputs of odd sizes (the pool floors), channels that do not
 // fill a block (the kernel's fallback), groups, strides, dilation, no bias, an unbatched input, and batches
 // of one chunk and of several.
-struct PoolCase {
-  Shape x, w;
-  Size2 stride = 1, padding = 0, dilation = 1;
-  int64_t groups = 1;
-  bool bias = true;
-};
-
-const std::vector<PoolCase> kPoolCases = {
+const std::vector<ConvCase> kPoolCases = {
     {{3, 1, 28, 28}, {32, 1, 3, 3}, 1, 1},     // W2's first layer
     {{70, 32, 14, 14}, {64, 32, 3, 3}, 1, 1},  // W2's second, over two chunks
     {{5, 3, 15, 13}, {16, 3, 3, 3}, 1, 0},     // 13 x 11 outputs: the last row and column are left out
@@ -243,7 +236,7 @@ std::vector<uint64_t> bits_of(const Tensor& t) {
 TEST(ConvReluPool2, MatchesConvReluThenMaxPoolBitForBit) {
   for (const bool any : {true, false}) {
     set_conv_onednn_any_layout(any);
-    for (const PoolCase& c : kPoolCases)
+    for (const ConvCase& c : kPoolCases)
       for (DType t : {DType::F32, DType::F64, DType::BF16}) {
         const std::string name = (std::ostringstream() << "x " << c.x << " w " << c.w << " " << dtype_name(t)
                                                        << (any ? " blocked" : " nchw"))
@@ -277,7 +270,7 @@ TEST(ConvReluPool2, MatchesConvReluThenMaxPoolBitForBit) {
 // peak exactly, through the blocked path and through the fallback.
 TEST(ConvReluPool2, HoldsAChunkOfTheOutputAndTheDryRunAgrees) {
   if (!ops::has_conv2d_relu_pool2(kCPU, DType::F32)) GTEST_SKIP() << "built without oneDNN";
-  for (const PoolCase& c : {kPoolCases[0], kPoolCases[1], kPoolCases[3]}) {
+  for (const ConvCase& c : {kPoolCases[0], kPoolCases[1], kPoolCases[3]}) {
     const Shape big_x{256, c.x[1], c.x[2], c.x[3]};
     const Tensor x = uniform(big_x, -1, 1, DType::F32, 65), w = uniform(c.w, -0.5, 0.5, DType::F32, 66),
                  b = uniform({c.w[0]}, -0.3, 0.3, DType::F32, 67);
