@@ -2,7 +2,9 @@
 // backward data, backward weight+bias, and a training step's worth (conv1 needs no input gradient), through
 // the registered kernel with oneDNN computing on NCHW or in its own blocked layout (Arg 0 / 1), and through
 // the im2col fallback. Each benchmark first checks its results against the naive f64 reference. The peer is
-// bench/peers/torch_conv.py.
+// bench/peers/torch_conv.py. And the inference of a convolution, ReLU and 2 x 2 max pool at an evaluation
+// batch of 256: ops::conv2d_relu_pool2 (Arg 1) against conv2d_relu then max_pool2d (Arg 0), checked bit for
+// bit against each other first.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -89,6 +91,25 @@ void BM_Conv(benchmark::State& state, int layer, Part part) {
   set_conv_onednn_any_layout(true);  // the default
 }
 
+// Inference's Conv2d, ReLU and MaxPool2d(2) at a batch of 256: the fused op (Arg 1; Note [a convolution
+// pooled from its blocked output]) or the two ops (Arg 0), which it must equal bit for bit.
+void BM_ConvReluPool(benchmark::State& state, int layer) {
+  const Layer& l = kLayers[layer];
+  Generator g(6);
+  const Tensor x = randn({256, l.c, l.hw, l.hw}, {}, &g), w = randn({l.o, l.c, 3, 3}, {}, &g),
+               b = randn({l.o}, {}, &g);
+  auto run = [&](bool fused) {
+    return fused ? ops::conv2d_relu_pool2(x, w, b, 1, 1)
+                 : ops::max_pool2d(ops::conv2d_relu(x, w, b, 1, 1), 2);
+  };
+  if (run(true).to_vector<float>() != run(false).to_vector<float>())
+    return state.SkipWithError("the fused op differs from conv2d_relu and max_pool2d");
+  for (auto _ : state) {
+    const Tensor y = run(state.range(0) == 1);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+}
+
 // The im2col + GEMM fallback (what an Eigen-only build runs), for comparison.
 void BM_ConvIm2col(benchmark::State& state, int layer) {
   const Problem p(kLayers[layer]);
@@ -118,6 +139,16 @@ FRUGAL_CONV_BENCH(conv2_forward, 1, kForward);
 FRUGAL_CONV_BENCH(conv2_backward_data, 1, kBackwardData);
 FRUGAL_CONV_BENCH(conv2_backward_weight, 1, kBackwardWeight);
 FRUGAL_CONV_BENCH(conv2_train_step, 1, kTrainStep);
+BENCHMARK_CAPTURE(BM_ConvReluPool, conv1_inference_256, 0)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_ConvReluPool, conv2_inference_256, 1)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_ConvIm2col, conv1_train_step, 0)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_ConvIm2col, conv2_train_step, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
