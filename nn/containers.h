@@ -58,9 +58,10 @@ class SequentialImpl : public Module {
   // rounding (exactly, where no fused GEMM is registered), one pass over memory fewer each way. A Conv2d
   // followed by a ReLU likewise runs as one frugal::conv2d_relu, with no tensor for the value before the
   // ReLU; a QuantizedConv2d, a ReLU and a MaxPool2d(2) as one QuantizedConv2d::forward_relu_pool2, which
-  // writes only the pooled output. Without a tape to record, a Conv2d, a ReLU and a MaxPool2d run over chunks
-  // of images, so that only the pooled output exists for the whole batch (Note [a convolution, ReLU and pool
-  // in chunks] in nn/containers.cpp).
+  // writes only the pooled output. Without a tape to record, a Conv2d, a ReLU and a MaxPool2d(2) run as one
+  // ops::conv2d_relu_pool2 where the device has its fused kernel (the CPU in f32), and otherwise (and with
+  // other pools) over chunks of images; either way only the pooled output exists for the whole batch (Note
+  // [a convolution, ReLU and pool in chunks] in nn/containers.cpp).
   Tensor forward(const Tensor& x) override;
   SequentialImpl& recompute_every(int k);
   int recompute_every() const { return recompute_every_; }
