@@ -435,7 +435,7 @@ std::vector<PoolChunk> pool_chunks(const ConvArgs& a) {
   };
   std::vector<PoolChunk> chunks = chunks_over(chunks_of(a, Direction::Forward));  // conv2d_relu's
   if (chunks.empty()) return chunks;
-  const std::string& kernel = chunks.front().plan ? chunks.front().plan->implementation : std::string();
+  const std::string kernel = chunks.front().plan ? chunks.front().plan->implementation : std::string();
   auto same_direct_kernel = [&](const std::vector<PoolChunk>& cs) {
     return kernel.starts_with("jit:") && std::all_of(cs.begin(), cs.end(), [&](const PoolChunk& c) {
              return c.plan && c.plan->implementation == kernel;
