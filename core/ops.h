@@ -130,10 +130,10 @@ ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
 Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Size2 stride = 1,
                    Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
 // max_pool2d(conv2d_relu(...), 2): the same checks and values, bit for bit, for inference (nothing is
-// recorded for backward). Where the device has the fused kernel (op_conv2d_relu_pool2; on the CPU in f32,
-// oneDNN's convolution pooled from its own blocked layout, a chunk of images at a time: Note [a convolution
-// pooled from its blocked output], kernels/cpu/conv.cpp), neither the full output nor its NCHW reorder is
-// ever made; elsewhere the two ops run in turn.
+// recorded for backward). Where the device has the fused kernel (op_conv2d_relu_pool2; on the CPU in f32:
+// Note [a convolution pooled from its blocked output], kernels/cpu/conv.cpp) the convolution's output exists
+// a chunk of images at a time, pooled from oneDNN's blocked layout without a reorder to NCHW where the pool
+// can read that layout; elsewhere the two ops run in turn.
 Tensor conv2d_relu_pool2(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Size2 stride = 1,
                          Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
 // Whether conv2d_relu_pool2 has its fused kernel for x's device and dtype.

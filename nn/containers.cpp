@@ -49,12 +49,6 @@ Tensor conv_relu_pool_in_chunks(const Tensor& x, const Conv2dImpl& conv, Module&
   return out;
 }
 
-// Runs modules [begin, end) in order on h; a Linear directly followed by a ReLU (both exactly those classes,
-// so no override of forward is skipped) runs as one F::linear_relu, a Conv2d followed by a ReLU as one
-// frugal::conv2d_relu, a QuantizedLinear (or a QuantizedConv2d) followed by a ReLU as its forward_relu, and a
-// QuantizedConv2d followed by a ReLU and a MaxPool2d(2) (2 x 2 windows, stride 2, no padding or dilation) as
-// its forward_relu_pool2; a Conv2d, a ReLU and a MaxPool2d with nothing to record over chunks of images (Note
-// [a convolution, ReLU and pool in chunks]).
 // A MaxPool2d over 2 x 2 windows at stride 2, without padding or dilation (MaxPool2d(2)).
 bool is_pool2(const Module* m) {
   if (!m || typeid(*m) != typeid(MaxPool2dImpl)) return false;
@@ -62,6 +56,13 @@ bool is_pool2(const Module* m) {
   return pool.kernel_size() == Size2(2) && pool.stride() == Size2(2) && pool.padding() == Size2(0) &&
          pool.dilation() == Size2(1);
 }
+
+// Runs modules [begin, end) in order on h; a Linear directly followed by a ReLU (both exactly those classes,
+// so no override of forward is skipped) runs as one F::linear_relu, a Conv2d followed by a ReLU as one
+// frugal::conv2d_relu, a QuantizedLinear (or a QuantizedConv2d) followed by a ReLU as its forward_relu, and a
+// QuantizedConv2d followed by a ReLU and a MaxPool2d(2) as its forward_relu_pool2; a Conv2d, a ReLU and a
+// MaxPool2d with nothing to record as one ops::conv2d_relu_pool2 (a MaxPool2d(2), where the device has the
+// fused kernel) or over chunks of images (Note [a convolution, ReLU and pool in chunks]).
 
 Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t begin, size_t end, Tensor h) {
   for (size_t i = begin; i < end; ++i) {

@@ -347,20 +347,24 @@ std::vector<std::pair<std::shared_ptr<const cpu::ConvPlan>, ConvArgs>> chunk_pla
   return plans;
 }
 
-// The plans of a forward's chunks, for cpu::shared_weights.
+// The weights of a forward's chunks reordered once (cpu::shared_weights; plan_of(chunk): its plan), or an
+// undefined tensor where a chunk has no plan or the plans share no reorder; meta: the buffer of a dry run.
 template <typename Chunks, typename PlanOf>
-std::vector<const cpu::ConvPlan*> plans_of(const Chunks& chunks, PlanOf plan_of) {
+Tensor chunks_weights(const Chunks& chunks, PlanOf plan_of, const ConvArgs& a, bool meta) {
   std::vector<const cpu::ConvPlan*> plans;
-  for (const auto& chunk : chunks) plans.push_back(plan_of(chunk).get());
-  return plans;
+  for (const auto& chunk : chunks) {
+    if (!plan_of(chunk)) return {};
+    plans.push_back(plan_of(chunk).get());
+  }
+  return cpu::shared_weights(plans, a, meta);
 }
 
 // Every chunk runs with the weights reordered once (cpu::shared_weights).
 bool run_onednn(const ConvArgs& a, Direction dir, DataType type) {
   const auto plans = chunk_plans(a, dir, type);
   if (plans.empty()) return false;
-  const Tensor weights =
-      cpu::shared_weights(plans_of(plans, [](const auto& p) { return p.first; }), a, false);
+  const Tensor weights = chunks_weights(
+      plans, [](const auto& p) { return p.first; }, a, false);
   for (const auto& [plan, c] : plans)
     cpu::run_conv_plan(*plan, c, {.weights = weights.defined() ? weights.raw_data() : nullptr});
   return true;
@@ -462,22 +466,13 @@ void max_pool2_nchw(const ConvArgs& c, const float* y_full) {
   op_max_pool2d.get(kCPU, DType::F32)(p);
 }
 
-// The weights of every chunk reordered once (cpu::shared_weights), where every chunk has a plan.
-Tensor pool_chunks_weights(const std::vector<PoolChunk>& chunks, const ConvArgs& a, bool meta) {
-  std::vector<const cpu::ConvPlan*> plans;
-  for (const PoolChunk& c : chunks) {
-    if (!c.plan) return {};
-    plans.push_back(c.plan.get());
-  }
-  return cpu::shared_weights(plans, a, meta);
-}
-
 // conv2d_relu_pool2 on the CPU in f32; kDry: its meta kernel, which takes the same buffers in the same order.
 template <bool kDry>
 void conv2d_relu_pool2_f32(const ConvArgs& a) {
   auto ws = [](int64_t bytes) { return kDry ? cpu::meta_workspace(bytes) : workspace(bytes); };
   const std::vector<PoolChunk> chunks = pool_chunks(a);
-  const Tensor weights = pool_chunks_weights(chunks, a, kDry);
+  const Tensor weights = chunks_weights(
+      chunks, [](const PoolChunk& c) { return c.plan; }, a, kDry);
   const void* packed = weights.defined() ? weights.raw_data() : nullptr;
   for (const PoolChunk& c : chunks) {
     if (c.block > 0) {  // pooled from the primitive's own layout
@@ -521,7 +516,8 @@ void conv2d_relu_pool2_f32(const ConvArgs& a) {
 bool onednn_meta(const ConvArgs& a, Direction dir, DataType type) {
   const auto plans = chunk_plans(a, dir, type);
   if (plans.empty()) return false;
-  const Tensor weights = cpu::shared_weights(plans_of(plans, [](const auto& p) { return p.first; }), a, true);
+  const Tensor weights = chunks_weights(
+      plans, [](const auto& p) { return p.first; }, a, true);
   for (const auto& chunk : plans)
     cpu::conv_plan_meta(*chunk.first, {.weights = weights.defined() ? weights.raw_data() : nullptr});
   return true;
