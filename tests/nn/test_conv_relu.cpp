@@ -215,8 +215,8 @@ TEST(ConvRelu, WithoutATapeSequentialPoolsEachChunkOfImages) {
 
 // conv2d_relu_pool2 is max_pool2d(conv2d_relu(...), 2) bit for bit (NaN and -0 included) in f32, f64 and
 // bf16, with oneDNN's blocked layout and with NCHW, for outputs of odd sizes (the pool floors), channels that
-// do not fill a block (the kernel's fallback), groups, strides, dilation, no bias, an unbatched input, and
-// batches of one chunk and of several.
+// do not fill a block (the kernel's fallback), groups, strides, dilation, no bias, an unbatched input,
+// views that are not contiguous, and batches of one chunk and of several.
 const std::vector<ConvCase> kPoolCases = {
     {{3, 1, 28, 28}, {32, 1, 3, 3}, 1, 1},     // W2's first layer
     {{70, 32, 14, 14}, {64, 32, 3, 3}, 1, 1},  // W2's second: 4 chunks, conv2d_relu 2
@@ -267,6 +267,13 @@ TEST(ConvReluPool2, MatchesConvReluThenMaxPoolBitForBit) {
   const Tensor y = ops::conv2d_relu_pool2(x, w, {}, 1, 1);
   ASSERT_EQ(y.shape(), (Shape{8, 4, 4}));
   EXPECT_EQ(bits_of(y), bits_of(ops::max_pool2d(ops::conv2d_relu(x, w, {}, 1, 1), 2)));
+  // Views that are not contiguous: an input in channels last seen as NCHW, and a transposed weight.
+  const Tensor view = uniform({40, 14, 14, 8}, -1, 1, DType::F32, 68).permute({0, 3, 1, 2});
+  const Tensor wt = uniform({8, 16, 3, 3}, -0.5, 0.5, DType::F32, 69).transpose(0, 1);
+  ASSERT_FALSE(view.is_contiguous());
+  ASSERT_FALSE(wt.is_contiguous());
+  EXPECT_EQ(bits_of(ops::conv2d_relu_pool2(view, wt, {}, 1, 1)),
+            bits_of(ops::max_pool2d(ops::conv2d_relu(view.contiguous(), wt.contiguous(), {}, 1, 1), 2)));
 }
 
 // The fused kernel never holds the convolution's whole output (only a chunk's), and the dry run predicts its
