@@ -351,6 +351,7 @@ std::vector<std::pair<std::shared_ptr<const cpu::ConvPlan>, ConvArgs>> chunk_pla
 // undefined tensor where a chunk has no plan or the plans share no reorder; meta: the buffer of a dry run.
 template <typename Chunks, typename PlanOf>
 Tensor chunks_weights(const Chunks& chunks, PlanOf plan_of, const ConvArgs& a, bool meta) {
+  if (chunks.size() < 2) return {};  // one chunk reorders its own: no vector on a training step's path
   std::vector<const cpu::ConvPlan*> plans;
   for (const auto& chunk : chunks) {
     if (!plan_of(chunk)) return {};
