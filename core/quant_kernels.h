@@ -20,16 +20,22 @@ void int8_linear(const uint8_t* x, int32_t x_zero_point, const int8_t* w, const 
 // patches laid out one row per (channel, kernel offset), each contiguous over the output pixels.
 void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, const float* scale,
                     const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu = false);
-// int8 convolution, groups 1, over a's geometry: a.x the u8 codes of x [n, c, h, w] (zero point
-// x_zero_point), a.weight s8 [o, c, kh, kw], a.bias f32 [o] or null, a.y f32 [n, o, oh, ow]:
-// y[n, o, p] = float(sum over the patch of (x - x_zero_point) * w) * scale[o] (+ bias[o]), then the ReLU
-// when relu; the padding counts as the zero point's code (the value 0.0). With pool2, a.y is instead
+// The u8 codes of f32 activations: out[i] = clamp(round(x[i] * inv_scale) + zero_point, 0, qmax), rounding
+// half to even (as PyTorch); inv_scale is 1 / the scale, computed by the caller. A NaN gets code 0, the
+// bottom of the range. nn::quant's input quantisation (quant::quantize_input) and the convolution below both
+// take it.
+void quantize_u8(const float* x, int64_t n, float inv_scale, int32_t zero_point, int32_t qmax, uint8_t* out);
+// int8 convolution, groups 1, over a's geometry: a.x f32 [n, c, h, w], quantised as quantize_u8 does
+// (inv_scale, x_zero_point, qmax) a chunk of images at a time, never as a whole; a.weight s8 [o, c, kh, kw],
+// a.bias f32 [o] or null, a.y f32 [n, o, oh, ow]:
+// y[n, o, p] = float(sum over the patch of (code(x) - x_zero_point) * w) * scale[o] (+ bias[o]), then the
+// ReLU when relu; the padding counts as the zero point's code (the value 0.0). With pool2, a.y is instead
 // [n, o, oh / 2, ow / 2]: that y max-pooled over 2 x 2 windows at stride 2, as max_pool2d(y, 2) gives it
 // (only the pooled values are written). A chunk of images at a time, with working memory from the arena:
 // oneDNN's int8 convolution over channels-last codes where it has a kernel for the shape, else im2col into
 // int8_linear_xt.
-void int8_conv2d(const ConvArgs& a, int32_t x_zero_point, const float* scale, bool relu = false,
-                 bool pool2 = false);
+void int8_conv2d(const ConvArgs& a, float inv_scale, int32_t x_zero_point, int32_t qmax, const float* scale,
+                 bool relu = false, bool pool2 = false);
 // Whether int8_conv2d may take oneDNN's int8 convolution (the default); false runs the im2col path, for the
 // tests that check both. A no-op without oneDNN.
 void set_int8_conv_onednn(bool use);

@@ -80,14 +80,18 @@ void check_inference_input(const char* who, const Tensor& x, bool meta_ok = fals
                "nn::quant::prepare_qat for quantisation-aware training)");
 }
 
-// x's u8 codes (into xq, x's numel) with the layer's fixed input quantisation, or one chosen for x (dynamic);
-// returns the quantisation used.
+// The layer's fixed input quantisation (static), or one chosen for x (dynamic).
+quant::InputQuant layer_input_qparams(const Tensor& xc, const Tensor& input_scale,
+                                      const Tensor& input_zero_point) {
+  return input_scale.defined()
+             ? quant::InputQuant{input_scale.data<float>()[0], input_zero_point.data<int32_t>()[0]}
+             : quant::choose_input_qparams(xc.data<float>(), xc.numel());
+}
+
+// x's u8 codes (into xq, x's numel) under layer_input_qparams; returns the quantisation used.
 quant::InputQuant quantize_layer_input(const Tensor& xc, const Tensor& input_scale,
                                        const Tensor& input_zero_point, Tensor& xq) {
-  const quant::InputQuant qp =
-      input_scale.defined()
-          ? quant::InputQuant{input_scale.data<float>()[0], input_zero_point.data<int32_t>()[0]}
-          : quant::choose_input_qparams(xc.data<float>(), xc.numel());
+  const quant::InputQuant qp = layer_input_qparams(xc, input_scale, input_zero_point);
   quant::quantize_input(xc.data<float>(), xc.numel(), qp, xq.data<uint8_t>());
   return qp;
 }
@@ -423,8 +427,8 @@ Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu, bool pool2) {
   // An output too small for a 2 x 2 window: max_pool2d's own refusal.
   if (pool2 && (OH < 2 || OW < 2)) return max_pool2d(run(x, relu), 2);
   const Tensor xc = contiguous(x);
-  Tensor xq = empty({N, C, H, W}, kU8);
-  const quant::InputQuant qp = quantize_layer_input(xc, input_scale, input_zero_point, xq);
+  // int8_conv2d makes the codes a chunk of images at a time (no copy of the whole input in u8).
+  const quant::InputQuant qp = layer_input_qparams(xc, input_scale, input_zero_point);
   const Tensor scale = output_scales(qp, weight_scale);
   Tensor y = pool2 ? empty({N, O, OH / 2, OW / 2}, kF32) : empty({N, O, OH, OW}, kF32);
   ConvArgs args;
@@ -432,9 +436,9 @@ Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu, bool pool2) {
   args.ow = OW;
   args.stride_h = st.h, args.stride_w = st.w, args.pad_h = pd.h, args.pad_w = pd.w, args.dil_h = dl.h,
   args.dil_w = dl.w;
-  args.x = xq.raw_data(), args.weight = weight.raw_data(), args.y = y.raw_data();
+  args.x = xc.raw_data(), args.weight = weight.raw_data(), args.y = y.raw_data();
   args.bias = bias.defined() ? bias.raw_data() : nullptr;
-  cpu::int8_conv2d(args, qp.zero_point, scale.data<float>(), relu, pool2);
+  cpu::int8_conv2d(args, 1.0f / qp.scale, qp.zero_point, quant::kInputQMax, scale.data<float>(), relu, pool2);
   return y;
 }
 
@@ -485,18 +489,11 @@ Tensor QuantizedEmbeddingImpl::forward(const Tensor& indices) {
 
 namespace quant {
 
-// Rounds half to even (as std::nearbyint in the default rounding mode) by adding and removing 1.5 * 2^23,
-// exact for |v| < 2^22 (callers clamp first); unlike std::nearbyint, a library call, it vectorises.
-inline float round_even(float v) {
-  constexpr float kMagic = 12582912.0f;
-  return (v + kMagic) - kMagic;
-}
-
 namespace {
 
-// The chunks of the two loops below, as functions of values and restrict pointers: in a lambda over captured
-// references, every u8 store may alias the captures (a char type aliases anything), so GCC reloads them and
-// runs the loop scalar (65536 inputs, W1's second layer: 199 us, against 32 us vectorised).
+// The chunk of choose_input_qparams's loop, as a function of values and a restrict pointer rather than a
+// lambda over captured references, which GCC reloads and may not vectorise (as cpu::quantize_u8's loop,
+// kernels/cpu/quant.cpp).
 void range_chunk(const float* __restrict x, int64_t n, float& lo, float& hi) {
   float l = 0, h = 0;
 #pragma omp simd reduction(min : l) reduction(max : h)
@@ -505,20 +502,6 @@ void range_chunk(const float* __restrict x, int64_t n, float& lo, float& hi) {
     h = x[i] > h ? x[i] : h;
   }
   lo = l, hi = h;
-}
-
-// Clamped to [-zp, kInputQMax - zp] before rounding: the bounds are integers and rounding is monotonic, so
-// this is clamp(round(x / scale) + zp, 0, kInputQMax) with the clamp done once, in floats, and round_even
-// exact. (Clamping after the rounding instead made GCC select bytewise: 2.6x slower.)
-void quantize_chunk(const float* __restrict x, int64_t n, float inv, int32_t zp, uint8_t* __restrict out) {
-  const float lo = float(-zp), hi = float(kInputQMax - zp);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i] * inv;
-    v = v < lo ? lo : v;  // ternaries rather than std::clamp's references, so that this is minps/maxps
-    v = v > hi ? hi : v;
-    out[i] = uint8_t(int32_t(round_even(v)) + zp);
-  }
 }
 
 }  // namespace
@@ -538,9 +521,7 @@ InputQuant choose_input_qparams(const float* x, int64_t n) {
 }
 
 void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out) {
-  const float inv = 1.0f / q.scale;
-  parallel_for(0, n, kGrain,
-               [&](int64_t b, int64_t e) { quantize_chunk(x + b, e - b, inv, q.zero_point, out + b); });
+  cpu::quantize_u8(x, n, 1.0f / q.scale, q.zero_point, kInputQMax, out);
 }
 
 int quantize_dynamic(Module& model) {

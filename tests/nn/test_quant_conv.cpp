@@ -112,6 +112,42 @@ TEST(QuantizedConv2d, MatchesQuantiseThenConvolveAndIsCloseToF32) {
   cpu::set_int8_conv_onednn(true);  // the default
 }
 
+// The codes are made a chunk of images at a time: channels last, transposed in 8 x 8 blocks, on oneDNN's
+// path; NCHW on the im2col path. Both give every value the code quantize_input gives it: the two paths'
+// outputs are equal bit for bit, including where the input holds NaN and infinities (a NaN takes code 0, the
+// bottom of the range, an infinity the end it points to), and equal the layer run on those values.
+TEST(QuantizedConv2d, BothPathsQuantiseTheInputAlikeNaNAndInfinitiesIncluded) {
+  manual_seed(12);
+  const nn::quant::InputQuant fixed{0.02f, 40};
+  for (const Case& c : {Case{nn::Conv2dOptions(16, 8, 3).padding(1), Shape({3, 16, 6, 7})},
+                        Case{nn::Conv2dOptions(3, 8, 3), Shape({2, 3, 9, 9})}}) {
+    nn::Conv2d conv(c.options);
+    NoGradGuard ng;
+    nn::QuantizedConv2d q(conv->options(), conv->weight, conv->bias, &fixed);
+    Tensor x = uniform(c.input, -1, 2);
+    Tensor same = x.clone();  // x with each special value replaced by one of the same code
+    const int64_t n = x.numel();
+    const float lo = -40 * 0.02f, hi = 87 * 0.02f;
+    for (auto [i, v, code_value] : {std::tuple{int64_t(0), NAN, lo},
+                                    {n / 3, INFINITY, hi},
+                                    {n / 2, -INFINITY, lo},
+                                    {n - 1, NAN, lo},
+                                    {n / 5 + 3, 1e30f, hi},
+                                    {n / 7 + 1, -1e30f, lo}}) {
+      x.data<float>()[i] = v;
+      same.data<float>()[i] = code_value;
+    }
+    std::vector<std::vector<float>> got;
+    for (bool onednn : {true, false}) {
+      cpu::set_int8_conv_onednn(onednn);
+      got.push_back(q->forward(x).to_vector<float>());
+      EXPECT_EQ(got.back(), q->forward(same).to_vector<float>()) << (onednn ? "oneDNN" : "im2col");
+    }
+    cpu::set_int8_conv_onednn(true);  // the default
+    EXPECT_EQ(got[0], got[1]) << c.input;
+  }
+}
+
 TEST(QuantizedConv2d, ReluRunsInTheSamePassAndSequentialUsesIt) {
   // 12 channels of 36 pixels: 8 x 8 blocks and edges.
   nn::Conv2d conv(nn::Conv2dOptions(2, 12, 3).padding(1));
