@@ -25,17 +25,30 @@ void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, co
 // bottom of the range. nn::quant's input quantisation (quant::quantize_input) and the convolution below both
 // take it.
 void quantize_u8(const float* x, int64_t n, float inv_scale, int32_t zero_point, int32_t qmax, uint8_t* out);
-// int8 convolution, groups 1, over a's geometry: a.x f32 [n, c, h, w], quantised as quantize_u8 does
-// (inv_scale, x_zero_point, qmax) a chunk of images at a time, never as a whole; a.weight s8 [o, c, kh, kw],
-// a.bias f32 [o] or null, a.y f32 [n, o, oh, ow]:
-// y[n, o, p] = float(sum over the patch of (code(x) - x_zero_point) * w) * scale[o] (+ bias[o]), then the
-// ReLU when relu; the padding counts as the zero point's code (the value 0.0). With pool2, a.y is instead
+// The input of int8_conv2d: a.x is f32 values [n, c, h, w], quantised as quantize_u8 does (inv_scale,
+// zero_point, qmax) a chunk of images at a time, never as a whole; or, with nhwc_codes, a.x is those codes
+// already made, u8 [n, h, w, c] (channels last, as conv2d_relu_pool2_codes writes them).
+struct Int8ConvInput {
+  float inv_scale;
+  int32_t zero_point, qmax;
+  bool nhwc_codes = false;
+};
+// int8 convolution, groups 1, over a's geometry: a.x as `in` says, a.weight s8 [o, c, kh, kw], a.bias f32 [o]
+// or null, a.y f32 [n, o, oh, ow]:
+// y[n, o, p] = float(sum over the patch of (code(x) - zero_point) * w) * scale[o] (+ bias[o]), then the ReLU
+// when relu; the padding counts as the zero point's code (the value 0.0). With pool2, a.y is instead
 // [n, o, oh / 2, ow / 2]: that y max-pooled over 2 x 2 windows at stride 2, as max_pool2d(y, 2) gives it
 // (only the pooled values are written). A chunk of images at a time, with working memory from the arena:
 // oneDNN's int8 convolution over channels-last codes where it has a kernel for the shape, else im2col into
 // int8_linear_xt.
-void int8_conv2d(const ConvArgs& a, float inv_scale, int32_t x_zero_point, int32_t qmax, const float* scale,
-                 bool relu = false, bool pool2 = false);
+void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu = false,
+                 bool pool2 = false);
+// ops::conv2d_relu_pool2 of a's f32 geometry (a.y unused), its pooled output written as the codes of the
+// int8 layer after it instead: codes u8 [n, oh / 2, ow / 2, o] = quantize_u8 of the pooled values (inv_scale,
+// zero_point, qmax), channels last, bit for bit, and no f32 pooled output is made. False, with nothing
+// written, where the build has no oneDNN (the fused kernel's). In kernels/cpu/conv.cpp.
+bool conv2d_relu_pool2_codes(const ConvArgs& a, uint8_t* codes, float inv_scale, int32_t zero_point,
+                             int32_t qmax);
 // Whether int8_conv2d may take oneDNN's int8 convolution (the default); false runs the im2col path, for the
 // tests that check both. A no-op without oneDNN.
 void set_int8_conv_onednn(bool use);

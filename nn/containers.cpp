@@ -82,6 +82,18 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
                                 !autograd::needs_grad({&h, &conv->weight, &conv->bias});
     if (conv_relu_pool && is_pool2(after) && ops::has_conv2d_relu_pool2(h.device(), h.dtype())) {
       m.apply_masks();
+      // A static QuantizedConv2d next takes the pooled output as its codes (Note [an int8 convolution's input
+      // as codes], nn/quant.cpp), with its own ReLU and MaxPool2d(2) if they follow.
+      if (i + 3 < end && typeid(*modules[i + 3]) == typeid(QuantizedConv2dImpl)) {
+        auto& next_conv = static_cast<QuantizedConv2dImpl&>(*modules[i + 3]);
+        if (const Tensor codes = quant::conv2d_relu_pool2_codes(h, *conv, next_conv); codes.defined()) {
+          const bool relu = i + 4 < end && typeid(*modules[i + 4]) == typeid(ReLUImpl);
+          const bool pool2 = relu && i + 5 < end && is_pool2(modules[i + 5].get());
+          h = next_conv.forward_codes(codes, relu, pool2);
+          i += 3 + int(relu) + int(pool2);
+          continue;
+        }
+      }
       const Conv2dOptions& o = conv->options();
       h = ops::conv2d_relu_pool2(h, conv->weight, conv->bias, o.stride(), o.padding(), o.dilation(),
                                  o.groups());

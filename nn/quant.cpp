@@ -13,6 +13,7 @@
 #include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "core/error.h"
+#include "core/memory_history.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "core/quant_kernels.h"
@@ -414,21 +415,41 @@ Tensor QuantizedConv2dImpl::forward_relu_pool2(const Tensor& x) { return run(x, 
 
 Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu, bool pool2) {
   check_inference_input("QuantizedConv2d", x);
-  const Conv2dOptions& o = options_;
-  const int64_t C = o.in_channels(), O = o.out_channels();
+  const int64_t C = options_.in_channels();
   FRUGAL_CHECK_SHAPE(x.dim() == 4 && x.size(1) == C, "QuantizedConv2d: expected an input of shape [N, ", C,
                      ", H, W], got ", x.shape());
-  const Size2 k = o.kernel_size(), st = o.stride(), pd = o.padding(), dl = o.dilation();
-  const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
-  const int64_t OH = (H + 2 * pd.h - dl.h * (k.h - 1) - 1) / st.h + 1;
-  const int64_t OW = (W + 2 * pd.w - dl.w * (k.w - 1) - 1) / st.w + 1;
-  FRUGAL_CHECK_SHAPE(H + 2 * pd.h >= dl.h * (k.h - 1) + 1 && W + 2 * pd.w >= dl.w * (k.w - 1) + 1,
-                     "QuantizedConv2d: the input ", x.shape(), " is smaller than the dilated kernel");
-  // An output too small for a 2 x 2 window: max_pool2d's own refusal.
-  if (pool2 && (OH < 2 || OW < 2)) return max_pool2d(run(x, relu), 2);
   const Tensor xc = contiguous(x);
   // int8_conv2d makes the codes a chunk of images at a time (no copy of the whole input in u8).
-  const quant::InputQuant qp = layer_input_qparams(xc, input_scale, input_zero_point);
+  return convolve(xc, x.size(2), x.size(3), layer_input_qparams(xc, input_scale, input_zero_point), false,
+                  relu, pool2);
+}
+
+Tensor QuantizedConv2dImpl::forward_codes(const Tensor& codes, bool relu, bool pool2) {
+  const int64_t C = options_.in_channels();
+  FRUGAL_CHECK(input_scale.defined(),
+               "QuantizedConv2d::forward_codes: the layer's input quantisation is "
+               "dynamic (chosen for each input), so it takes f32 values, not codes");
+  FRUGAL_CHECK_DTYPE(codes.dtype() == kU8 && codes.device() == kCPU,
+                     "QuantizedConv2d::forward_codes: expected u8 codes on the cpu, got ", codes.dtype(),
+                     " on ", codes.device());
+  FRUGAL_CHECK_SHAPE(codes.dim() == 4 && codes.size(3) == C,
+                     "QuantizedConv2d::forward_codes: expected codes of shape [N, H, W, ", C, "], got ",
+                     codes.shape());
+  const quant::InputQuant qp{input_scale.data<float>()[0], input_zero_point.data<int32_t>()[0]};
+  return convolve(contiguous(codes), codes.size(1), codes.size(2), qp, true, relu, pool2);
+}
+
+Tensor QuantizedConv2dImpl::convolve(const Tensor& input, int64_t H, int64_t W, quant::InputQuant qp,
+                                     bool codes, bool relu, bool pool2) {
+  const Conv2dOptions& o = options_;
+  const int64_t N = input.size(0), C = o.in_channels(), O = o.out_channels();
+  const Size2 k = o.kernel_size(), st = o.stride(), pd = o.padding(), dl = o.dilation();
+  FRUGAL_CHECK_SHAPE(H + 2 * pd.h >= dl.h * (k.h - 1) + 1 && W + 2 * pd.w >= dl.w * (k.w - 1) + 1,
+                     "QuantizedConv2d: the input ", input.shape(), " is smaller than the dilated kernel");
+  const int64_t OH = (H + 2 * pd.h - dl.h * (k.h - 1) - 1) / st.h + 1;
+  const int64_t OW = (W + 2 * pd.w - dl.w * (k.w - 1) - 1) / st.w + 1;
+  // An output too small for a 2 x 2 window: max_pool2d's own refusal.
+  if (pool2 && (OH < 2 || OW < 2)) return max_pool2d(convolve(input, H, W, qp, codes, relu, false), 2);
   const Tensor scale = output_scales(qp, weight_scale);
   Tensor y = pool2 ? empty({N, O, OH / 2, OW / 2}, kF32) : empty({N, O, OH, OW}, kF32);
   ConvArgs args;
@@ -436,9 +457,10 @@ Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu, bool pool2) {
   args.ow = OW;
   args.stride_h = st.h, args.stride_w = st.w, args.pad_h = pd.h, args.pad_w = pd.w, args.dil_h = dl.h,
   args.dil_w = dl.w;
-  args.x = xc.raw_data(), args.weight = weight.raw_data(), args.y = y.raw_data();
+  args.x = input.raw_data(), args.weight = weight.raw_data(), args.y = y.raw_data();
   args.bias = bias.defined() ? bias.raw_data() : nullptr;
-  cpu::int8_conv2d(args, 1.0f / qp.scale, qp.zero_point, quant::kInputQMax, scale.data<float>(), relu, pool2);
+  cpu::int8_conv2d(args, {1.0f / qp.scale, qp.zero_point, quant::kInputQMax, codes}, scale.data<float>(),
+                   relu, pool2);
   return y;
 }
 
@@ -522,6 +544,44 @@ InputQuant choose_input_qparams(const float* x, int64_t n) {
 
 void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out) {
   cpu::quantize_u8(x, n, 1.0f / q.scale, q.zero_point, kInputQMax, out);
+}
+
+// Note [an int8 convolution's input as codes]
+// In a statically quantised CNN (W2's: a Conv2d kept in f32, a ReLU, a MaxPool2d(2), then a QuantizedConv2d),
+// the f32 block's pooled output exists only to be quantised by the next layer, which then transposes the
+// codes channels last for oneDNN's int8 convolution. Sequential's inference makes the codes instead: the f32
+// block pools its convolution's output straight from oneDNN's blocked layout into the next layer's codes,
+// channels last (cpu::conv2d_relu_pool2_codes), and the int8 layer reads them as they are (forward_codes). No
+// f32 pooled output, no quantisation pass, no transposes; the result is the modules' one by one, bit for bit,
+// because each code is quantize_u8's of the same pooled value. Only a static layer can take codes: a dynamic
+// one chooses its scale from the whole f32 input.
+Tensor conv2d_relu_pool2_codes(const Tensor& x, const Conv2dImpl& conv, const QuantizedConv2dImpl& next) {
+  const Conv2dOptions& o = conv.options();
+  const Tensor& w = conv.weight;
+  const Tensor& b = conv.bias;
+  auto f32_cpu = [](const Tensor& t) { return t.dtype() == kF32 && t.device() == kCPU; };
+  if (!next.input_scale.defined() || x.dim() != 4 || !f32_cpu(x) || !f32_cpu(w) ||
+      (b.defined() && !f32_cpu(b)) || w.dim() != 4 || x.size(1) != w.size(1) * o.groups() ||
+      w.size(0) != next.options().in_channels() || (b.defined() && b.shape() != Shape({w.size(0)})))
+    return {};  // the modules then run one by one, and say what is wrong with the shapes if anything is
+  const Size2 k{w.size(2), w.size(3)}, st = o.stride(), pd = o.padding(), dl = o.dilation();
+  ConvArgs a;
+  a.n = x.size(0), a.c = x.size(1), a.h = x.size(2), a.w = x.size(3), a.o = w.size(0), a.kh = k.h, a.kw = k.w;
+  a.stride_h = st.h, a.stride_w = st.w, a.pad_h = pd.h, a.pad_w = pd.w, a.dil_h = dl.h, a.dil_w = dl.w;
+  a.groups = o.groups();
+  if (a.h + 2 * pd.h < dl.h * (k.h - 1) + 1 || a.w + 2 * pd.w < dl.w * (k.w - 1) + 1) return {};
+  a.oh = (a.h + 2 * pd.h - dl.h * (k.h - 1) - 1) / st.h + 1;
+  a.ow = (a.w + 2 * pd.w - dl.w * (k.w - 1) - 1) / st.w + 1;
+  if (a.oh < 2 || a.ow < 2) return {};
+  memory::OpScope op_scope("conv2d_relu_pool2_codes", x, w);  // Note [op names in the history]
+  const Tensor xc = contiguous(x), wc = contiguous(w), bc = b.defined() ? contiguous(b) : b;
+  a.x = xc.raw_data(), a.weight = wc.raw_data(), a.bias = bc.defined() ? bc.raw_data() : nullptr;
+  Tensor codes = empty({a.n, a.oh / 2, a.ow / 2, a.o}, kU8);
+  const float scale = next.input_scale.data<float>()[0];
+  if (!cpu::conv2d_relu_pool2_codes(a, codes.data<uint8_t>(), 1.0f / scale,
+                                    next.input_zero_point.data<int32_t>()[0], kInputQMax))
+    return {};
+  return codes;
 }
 
 int quantize_dynamic(Module& model) {

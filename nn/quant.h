@@ -81,6 +81,10 @@ class QuantizedConv2dImpl : public Module {
   // max_pool2d(relu(forward(x)), 2) bit for bit, in the same pass: only the pooled quarter of the output is
   // ever written (Sequential uses it for a QuantizedConv2d, a ReLU and a MaxPool2d(2)).
   Tensor forward_relu_pool2(const Tensor& x);
+  // Any of the three from the input's codes, u8 [N, H, W, in] (channels last), made with this layer's static
+  // input quantisation (quant::conv2d_relu_pool2_codes; Note [an int8 convolution's input as codes]): the
+  // result of the f32 input they stand for, bit for bit. Throws Error for a dynamic layer.
+  Tensor forward_codes(const Tensor& codes, bool relu, bool pool2);
   Tensor dequantized_weight() const;  // weight * weight_scale per output channel, f32 [out, in, kH, kW]
   const Conv2dOptions& options() const { return options_; }
   Tensor weight, weight_scale, bias;     // U8 (int8 bytes), f32 [out], f32 [out] or undefined
@@ -88,6 +92,9 @@ class QuantizedConv2dImpl : public Module {
 
  private:
   Tensor run(const Tensor& x, bool relu, bool pool2 = false);
+  // input: f32 values [N, in, H, W], or codes [N, H, W, in].
+  Tensor convolve(const Tensor& input, int64_t H, int64_t W, quant::InputQuant qp, bool codes, bool relu,
+                  bool pool2);
   Conv2dOptions options_;
 };
 FRUGAL_MODULE(QuantizedConv2d);
@@ -203,6 +210,13 @@ struct InputQuant {
 };
 InputQuant choose_input_qparams(const float* x, int64_t n);
 void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out);
+// max_pool2d(relu(conv(x)), 2) of an f32 Conv2d, made straight into the input codes of `next` (a
+// QuantizedConv2d with static input quantisation), u8 [N, OH / 2, OW / 2, out] channels last, for
+// next->forward_codes (Note [an int8 convolution's input as codes], nn/quant.cpp). Undefined where that path
+// is not there: a dynamic `next`, tensors not f32 on the cpu, shapes that do not fit together (the modules
+// one by one then say how), an output without a 2 x 2 window, a build without oneDNN. Inference only: it
+// records nothing.
+Tensor conv2d_relu_pool2_codes(const Tensor& x, const Conv2dImpl& conv, const QuantizedConv2dImpl& next);
 
 // Replaces every Linear below `model` (recursively) by a QuantizedLinear of its weights, and every Embedding
 // by a QuantizedEmbedding; the modules (and their f32 weights, unless the caller holds them) are released.

@@ -21,8 +21,10 @@
 
 #include "core/error.h"
 #include "core/op_table_conv.h"
+#include "core/op_table_copy.h"
 #include "core/op_table_linalg.h"
 #include "core/parallel.h"
+#include "core/quant_kernels.h"
 #include "core/tensor.h"
 #include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/convert.h"
@@ -417,7 +419,8 @@ int64_t pool_block(const ConvArgs& c, const dnnl::memory::desc& d) {
 
 struct PoolChunk {
   std::shared_ptr<const cpu::ConvPlan> plan;  // null where oneDNN declines the shape (the im2col kernel runs)
-  ConvArgs args;                              // x and the pooled y at the chunk's first image
+  ConvArgs args;                              // x and the pooled y (if any) at the chunk's first image
+  int64_t first;                              // that image
   int64_t block;                              // pool_block of the plan's output; 0: pooled from NCHW
 };
 
@@ -430,11 +433,11 @@ std::vector<PoolChunk> pool_chunks(const ConvArgs& a) {
       c.n = size;
       if (first > 0 && a.x) {  // a dry run reads no pointer
         c.x = static_cast<const float*>(a.x) + first * a.c * a.h * a.w;
-        c.y = static_cast<float*>(a.y) + first * a.o * (a.oh / 2) * (a.ow / 2);
+        if (a.y) c.y = static_cast<float*>(a.y) + first * a.o * (a.oh / 2) * (a.ow / 2);  // none for codes
       }
       auto plan = cpu::conv_plan(c, Direction::Forward, DataType::f32);
       const int64_t block = plan ? pool_block(c, cpu::conv_plan_dst_desc(*plan)) : 0;
-      chunks.push_back({std::move(plan), c, block});
+      chunks.push_back({std::move(plan), c, first, block});
     }
     return chunks;
   };
@@ -467,28 +470,43 @@ void max_pool2_nchw(const ConvArgs& c, const float* y_full) {
   op_max_pool2d.get(kCPU, DType::F32)(p);
 }
 
-// conv2d_relu_pool2 on the CPU in f32; kDry: its meta kernel, which takes the same buffers in the same order.
+// Where conv2d_relu_pool2_codes puts the pooled values: as u8 codes, channels last.
+struct PooledCodes {
+  uint8_t* y;  // [n, oh / 2, ow / 2, o]
+  float inv_scale;
+  int32_t zero_point, qmax;
+};
+
+// conv2d_relu_pool2 on the CPU in f32, into a.y, or into `codes` where given; kDry: its meta kernel, which
+// takes the same buffers in the same order (never with codes).
 template <bool kDry>
-void conv2d_relu_pool2_f32(const ConvArgs& a) {
+void conv2d_relu_pool2_f32(const ConvArgs& a, const PooledCodes* codes) {
   auto ws = [](int64_t bytes) { return kDry ? cpu::meta_workspace(bytes) : workspace(bytes); };
   const std::vector<PoolChunk> chunks = pool_chunks(a);
   const Tensor weights = chunks_weights(
       chunks, [](const PoolChunk& c) { return c.plan; }, a, kDry);
   const void* packed = weights.defined() ? weights.raw_data() : nullptr;
+  const int64_t pooled_pixels = (a.oh / 2) * (a.ow / 2);
   for (const PoolChunk& c : chunks) {
+    const int64_t n = c.args.n, o = c.args.o;
     if (c.block > 0) {  // pooled from the primitive's own layout
       const Tensor y = ws(int64_t(cpu::conv_plan_dst_desc(*c.plan).get_size()));
       if constexpr (kDry) {
         cpu::conv_plan_meta(*c.plan, {.y = y.raw_data(), .weights = packed});
       } else {
         cpu::run_conv_plan(*c.plan, c.args, {.y = y.raw_data(), .weights = packed});
-        cpu::max_pool2x2_blocked_to_nchw(static_cast<const float*>(y.raw_data()),
-                                         static_cast<float*>(c.args.y), c.args.n * c.args.o / c.block,
-                                         c.args.oh, c.args.ow, c.block);
+        const auto* blocked = static_cast<const float*>(y.raw_data());
+        if (codes)
+          cpu::max_pool2x2_blocked_to_nhwc_u8(blocked, codes->y + c.first * pooled_pixels * o, n, o,
+                                              c.args.oh, c.args.ow, c.block, codes->inv_scale,
+                                              codes->zero_point, codes->qmax);
+        else
+          cpu::max_pool2x2_blocked_to_nchw(blocked, static_cast<float*>(c.args.y), n * o / c.block, c.args.oh,
+                                           c.args.ow, c.block);
       }
       continue;
     }
-    const Tensor y = ws(c.args.n * c.args.o * c.args.oh * c.args.ow * int64_t(sizeof(float)));  // NCHW
+    const Tensor y = ws(n * o * c.args.oh * c.args.ow * int64_t(sizeof(float)));  // NCHW
     ConvArgs f = c.args;
     f.y = y.raw_data();
     if constexpr (kDry) {
@@ -502,9 +520,34 @@ void conv2d_relu_pool2_f32(const ConvArgs& a) {
         cpu::run_conv_plan(*c.plan, f, {.weights = packed});
       else
         forward_then_relu<float, conv2d_forward_im2col<float>>(f);
-      max_pool2_nchw(c.args, static_cast<const float*>(y.raw_data()));
+      if (!codes) {
+        max_pool2_nchw(c.args, static_cast<const float*>(y.raw_data()));
+        continue;
+      }
+      // Codes from an NCHW pool: pooled, quantised, and each image's [o, pixels] transposed.
+      const Tensor pooled = workspace(n * o * pooled_pixels * int64_t(sizeof(float)));
+      const Tensor nchw = workspace(n * o * pooled_pixels);
+      ConvArgs p = c.args;
+      p.y = pooled.raw_data();
+      max_pool2_nchw(p, static_cast<const float*>(y.raw_data()));
+      cpu::quantize_u8(static_cast<const float*>(pooled.raw_data()), n * o * pooled_pixels, codes->inv_scale,
+                       codes->zero_point, codes->qmax, static_cast<uint8_t*>(nchw.raw_data()));
+      for (int64_t img = 0; img < n; ++img) {
+        TransposeArgs t;
+        t.in = static_cast<const uint8_t*>(nchw.raw_data()) + img * o * pooled_pixels;
+        t.out = codes->y + (c.first + img) * pooled_pixels * o;
+        t.rows = o;
+        t.cols = pooled_pixels;
+        t.in_stride = pooled_pixels;
+        op_transpose2d.get(kCPU, DType::U8)(t);
+      }
     }
   }
+}
+
+template <bool kDry>
+void conv2d_relu_pool2_op(const ConvArgs& a) {
+  conv2d_relu_pool2_f32<kDry>(a, nullptr);
 }
 
 #endif  // FRUGAL_HAVE_ONEDNN
@@ -558,8 +601,8 @@ const bool kRegistered = [] {
   op_conv2d_backward_data.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::BackwardData>);
   op_conv2d_backward_weight.set(DeviceType::Meta, DType::F16, conv2d_widened_meta<Direction::BackwardWeight>);
 #ifdef FRUGAL_HAVE_ONEDNN
-  op_conv2d_relu_pool2.set(DeviceType::Meta, DType::F32, conv2d_relu_pool2_f32<true>);
-  op_conv2d_relu_pool2.set(DeviceType::CPU, DType::F32, conv2d_relu_pool2_f32<false>);
+  op_conv2d_relu_pool2.set(DeviceType::Meta, DType::F32, conv2d_relu_pool2_op<true>);
+  op_conv2d_relu_pool2.set(DeviceType::CPU, DType::F32, conv2d_relu_pool2_op<false>);
   op_conv2d.set(DeviceType::CPU, DType::F32, conv2d_forward_f32);
   op_conv2d_backward_data.set(DeviceType::CPU, DType::F32, conv2d_backward_data_f32);
   op_conv2d_backward_weight.set(DeviceType::CPU, DType::F32, conv2d_backward_weight_f32);
@@ -590,5 +633,20 @@ const bool kRegistered = [] {
 void conv2d_forward_im2col_cpu(const ConvArgs& a) { conv2d_forward_im2col<float>(a); }
 void conv2d_backward_data_im2col_cpu(const ConvArgs& a) { conv2d_backward_data_im2col<float>(a); }
 void conv2d_backward_weight_im2col_cpu(const ConvArgs& a) { conv2d_backward_weight_im2col<float>(a); }
+
+bool cpu::conv2d_relu_pool2_codes([[maybe_unused]] const ConvArgs& a, [[maybe_unused]] uint8_t* codes,
+                                  [[maybe_unused]] float inv_scale, [[maybe_unused]] int32_t zero_point,
+                                  [[maybe_unused]] int32_t qmax) {
+#ifdef FRUGAL_HAVE_ONEDNN
+  ConvArgs c = a;
+  c.relu = true;
+  c.y = nullptr;
+  const PooledCodes out{codes, inv_scale, zero_point, qmax};
+  conv2d_relu_pool2_f32<false>(c, &out);
+  return true;
+#else
+  return false;
+#endif
+}
 
 }  // namespace frugal

@@ -17,6 +17,7 @@
 #include "core/parallel.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/register.h"
 #include "kernels/cpu/transpose_block.h"
 #include "kernels/cpu/workspace.h"
@@ -348,6 +349,33 @@ void pool2d_backward_cpu(const PoolArgs& a) {
 
 }  // namespace
 
+namespace {
+
+// The largest of channel j's four taps of a 2 x 2 window, under max_pool2d's rule in the NCHW kernel's order:
+// strictly greater wins (ties keep the first), a NaN wins and a later NaN replaces it.
+inline float window_max(const float* const taps[4], int64_t j) {
+  float m = taps[0][j];
+  for (int i = 1; i < 4; ++i) {
+    const float v = taps[i][j];
+    if (v > m || v != v) m = v;
+  }
+  return m;
+}
+#if defined(__AVX2__)
+// window_max of channels j..j+7.
+inline __m256 window_max8(const float* const taps[4], int64_t j) {
+  __m256 m = _mm256_loadu_ps(taps[0] + j);
+  for (int i = 1; i < 4; ++i) {
+    const __m256 v = _mm256_loadu_ps(taps[i] + j);
+    m = _mm256_blendv_ps(m, v,
+                         _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  }
+  return m;
+}
+#endif
+
+}  // namespace
+
 void cpu::max_pool2x2_blocked_to_nchw(const float* x, float* y, int64_t blocks, int64_t oh, int64_t ow,
                                       int64_t block) {
   FRUGAL_ASSERT(block > 0 && block <= 16, "max_pool2x2_blocked_to_nchw: blocks of ", block, " channels");
@@ -372,24 +400,9 @@ void cpu::max_pool2x2_blocked_to_nchw(const float* x, float* y, int64_t blocks, 
         float* best = pooled + k * block;
         int64_t j = 0;
 #if defined(__AVX2__)
-        for (; j + 8 <= block; j += 8) {
-          __m256 m = _mm256_loadu_ps(taps[0] + j);
-          for (int i = 1; i < 4; ++i) {
-            const __m256 v = _mm256_loadu_ps(taps[i] + j);
-            m = _mm256_blendv_ps(
-                m, v, _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-          }
-          _mm256_store_ps(best + j, m);
-        }
+        for (; j + 8 <= block; j += 8) _mm256_store_ps(best + j, window_max8(taps, j));
 #endif
-        for (; j < block; ++j) {
-          float m = taps[0][j];
-          for (int i = 1; i < 4; ++i) {
-            const float v = taps[i][j];
-            if (v > m || v != v) m = v;
-          }
-          best[j] = m;
-        }
+        for (; j < block; ++j) best[j] = window_max(taps, j);
         if (++pw == pw_count) pw = 0, ++ph;
       }
       // Pixel-major [pixels][block] to the block's channels: 8 x 8 tiles transposed in registers, the rest
@@ -407,6 +420,43 @@ void cpu::max_pool2x2_blocked_to_nchw(const float* x, float* y, int64_t blocks, 
 #endif
       for (int64_t j = 0; j < block; ++j)
         for (int64_t k = q; k < pixels; ++k) out[j * pp + k] = pooled[k * block + j];
+    }
+  });
+}
+
+void cpu::max_pool2x2_blocked_to_nhwc_u8(const float* x, uint8_t* y, int64_t images, int64_t channels,
+                                         int64_t oh, int64_t ow, int64_t block, float inv_scale,
+                                         int32_t zero_point, int32_t qmax) {
+  FRUGAL_ASSERT(block > 0 && block <= 16 && channels % block == 0,
+                "max_pool2x2_blocked_to_nhwc_u8: ", channels, " channels in blocks of ", block);
+  const int64_t ph_count = oh / 2, pw_count = ow / 2, blocks = channels / block;
+  if (images <= 0 || ph_count * pw_count == 0) return;
+  const float lo = float(-zero_point), hi = float(qmax - zero_point);
+  // A task is one pooled row of one image: every block's windows along it, each pixel's codes together.
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, 4 * pw_count * channels));
+  parallel_for(0, images * ph_count, grain, [&](int64_t tb, int64_t te) {
+#if defined(__AVX2__)
+    const Quantize8 quantize8(inv_scale, zero_point, qmax);
+#endif
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t img = t / ph_count, ph = t % ph_count;
+      uint8_t* row = y + t * pw_count * channels;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* r0 = x + (((img * blocks + b) * oh + 2 * ph) * ow) * block;
+        const float* r1 = r0 + ow * block;
+        for (int64_t pw = 0; pw < pw_count; ++pw) {
+          const float* taps[4] = {r0 + 2 * pw * block, r0 + (2 * pw + 1) * block, r1 + 2 * pw * block,
+                                  r1 + (2 * pw + 1) * block};
+          uint8_t* out = row + pw * channels + b * block;
+          int64_t j = 0;
+#if defined(__AVX2__)
+          for (; j + 8 <= block; j += 8)
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), quantize8(window_max8(taps, j)));
+#endif
+          for (; j < block; ++j)
+            out[j] = cpu::quantize_one(window_max(taps, j), inv_scale, lo, hi, zero_point);
+        }
+      }
     }
   });
 }

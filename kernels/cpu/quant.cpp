@@ -18,6 +18,7 @@
 #include "core/parallel.h"
 #include "core/quant_kernels.h"
 #include "kernels/cpu/im2col.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/transpose_block.h"
 #include "kernels/cpu/workspace.h"
 
@@ -50,25 +51,6 @@ void int8_linear_reference(const uint8_t* x, int32_t x_zero_point, const int8_t*
 }
 
 namespace {
-
-// Rounds half to even (as std::nearbyint in the default rounding mode) by adding and removing 1.5 * 2^23,
-// exact for |v| < 2^22 (callers clamp first); unlike std::nearbyint, a library call, it vectorises.
-inline float round_even(float v) {
-  constexpr float kMagic = 12582912.0f;
-  return (v + kMagic) - kMagic;
-}
-
-// One code of quantize_u8, clamped to [lo, hi] = [-zp, qmax - zp] before rounding: the bounds are integers
-// and rounding is monotonic, so this is clamp(round(x * inv) + zp, 0, qmax) with the clamp done once, in
-// floats, and round_even exact. (Clamping after the rounding instead made GCC select bytewise: 2.6x slower.)
-// The comparisons are maxps's and minps's, so a loop of this vectorises; a NaN takes the lower bound (code
-// 0).
-inline uint8_t quantize_one(float x, float inv, float lo, float hi, int32_t zp) {
-  float v = x * inv;
-  v = v > lo ? v : lo;
-  v = v < hi ? v : hi;
-  return uint8_t(int32_t(round_even(v)) + zp);
-}
 
 // A range of quantize_u8, as a function of values and restrict pointers: in a lambda over captured
 // references, every u8 store may alias the captures (a char type aliases anything), so GCC reloads them and
@@ -415,19 +397,20 @@ void pool2_to_nchw(const S* src_all, float* y, int64_t images, int64_t OH, int64
 
 #ifdef FRUGAL_HAVE_ONEDNN
 // int8_conv2d through oneDNN's int8 convolution; false where it has no kernel for the shape.
-bool conv2d_onednn(const ConvArgs& a, float inv_scale, int32_t x_zero_point, int32_t qmax, const float* scale,
-                   bool relu, bool pool2, int64_t chunk) {
+bool conv2d_onednn(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu, bool pool2,
+                   int64_t chunk) {
   if (a.groups != 1 || !g_int8_conv_onednn.load(std::memory_order_relaxed) || !int8_conv_plan(a, chunk))
     return false;
   const int64_t C = a.c, HW = a.h * a.w, P = a.oh * a.ow, O = a.o, YP = (a.oh / 2) * (a.ow / 2);
-  const auto* xs = static_cast<const float*>(a.x);
   auto* ys = static_cast<float*>(a.y);
   dnnl::engine& eng = onednn_engine();
   std::shared_ptr<const Int8ConvPlan> plan;
-  Tensor weights, codes = workspace(chunk * C * HW), nhwc = workspace(chunk * C * HW),
+  // Codes given channels last are the primitive's input as they are; values are quantised a chunk at a time.
+  Tensor weights, codes = in.nhwc_codes ? Tensor() : workspace(chunk * C * HW),
+                  nhwc = in.nhwc_codes ? Tensor() : workspace(chunk * C * HW),
                   out = workspace(chunk * P * O * int64_t(sizeof(int32_t)));
   Tensor zp = workspace(int64_t(sizeof(int32_t)));
-  *static_cast<int32_t*>(zp.raw_data()) = x_zero_point;
+  *static_cast<int32_t*>(zp.raw_data()) = in.zero_point;
   for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
     const int64_t images = std::min(chunk, a.n - n0);
     const auto chunk_plan = int8_conv_plan(a, images);
@@ -442,20 +425,25 @@ bool conv2d_onednn(const ConvArgs& a, float inv_scale, int32_t x_zero_point, int
     // NCHW values to NHWC codes, the images split across threads: each image quantised (NCHW) and then
     // transposed while its codes are in cache. (Quantising in registers after an f32 8 x 8 transpose, with no
     // NCHW codes at all, was slower: the f32 transpose's shuffles cost more than the byte transpose's.)
-    uint8_t* xq = codes.data<uint8_t>();
-    uint8_t* xt = nhwc.data<uint8_t>();
-    parallel_for(0, images, 1, [&](int64_t b, int64_t e) {
-      for (int64_t img = b; img < e; ++img) {
-        quantize_range(xs + (n0 + img) * C * HW, C * HW, inv_scale, x_zero_point, qmax, xq + img * C * HW);
-        TransposeArgs t;
-        t.in = xq + img * C * HW;
-        t.out = xt + img * C * HW;
-        t.rows = C;
-        t.cols = HW;
-        t.in_stride = HW;
-        op_transpose2d.get(kCPU, DType::U8)(t);
-      }
-    });
+    void* xt = in.nhwc_codes ? const_cast<uint8_t*>(static_cast<const uint8_t*>(a.x) + n0 * C * HW)
+                             : nhwc.raw_data();
+    if (!in.nhwc_codes) {
+      const auto* xs = static_cast<const float*>(a.x);
+      uint8_t* xq = codes.data<uint8_t>();
+      parallel_for(0, images, 1, [&](int64_t b, int64_t e) {
+        for (int64_t img = b; img < e; ++img) {
+          quantize_range(xs + (n0 + img) * C * HW, C * HW, in.inv_scale, in.zero_point, in.qmax,
+                         xq + img * C * HW);
+          TransposeArgs t;
+          t.in = xq + img * C * HW;
+          t.out = static_cast<uint8_t*>(xt) + img * C * HW;
+          t.rows = C;
+          t.cols = HW;
+          t.in_stride = HW;
+          op_transpose2d.get(kCPU, DType::U8)(t);
+        }
+      });
+    }
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, dnnl::memory(plan->x, eng, xt)},
         {DNNL_ARG_WEIGHTS, dnnl::memory(plan->w, eng, weights.raw_data())},
@@ -478,20 +466,17 @@ bool conv2d_onednn(const ConvArgs& a, float inv_scale, int32_t x_zero_point, int
 
 }  // namespace
 
-void int8_conv2d(const ConvArgs& a, float inv_scale, int32_t x_zero_point, int32_t qmax, const float* scale,
-                 bool relu, bool pool2) {
+void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu, bool pool2) {
   const int64_t P = a.oh * a.ow, K = a.c * a.kh * a.kw, O = a.o;
   // Images go through in chunks of about 4096 output pixels, so that the patches (u8, K a pixel) and the
   // GEMM's pixel-major output stay small beside x and y.
   const int64_t chunk = std::clamp<int64_t>(4096 / P, 1, std::max<int64_t>(a.n, 1));
 #ifdef FRUGAL_HAVE_ONEDNN
-  if (a.n > 0 && P > 0 && O > 0 && conv2d_onednn(a, inv_scale, x_zero_point, qmax, scale, relu, pool2, chunk))
-    return;
+  if (a.n > 0 && P > 0 && O > 0 && conv2d_onednn(a, in, scale, relu, pool2, chunk)) return;
 #endif
   const int64_t CHW = a.c * a.h * a.w;
   Tensor codes = workspace(chunk * CHW), col = workspace(K * chunk * P),
          out = workspace(chunk * P * O * int64_t(sizeof(float)));
-  const auto* xs = static_cast<const float*>(a.x);
   auto* xq = codes.data<uint8_t>();
   const auto* w = static_cast<const int8_t*>(a.weight);
   auto* cs = col.data<uint8_t>();
@@ -499,7 +484,7 @@ void int8_conv2d(const ConvArgs& a, float inv_scale, int32_t x_zero_point, int32
   auto* ys = static_cast<float*>(a.y);
   const std::vector<int32_t> sums =
 #ifdef FRUGAL_HAVE_ONEDNN
-      zero_point_sums(w, x_zero_point, K, O);
+      zero_point_sums(w, in.zero_point, K, O);
 #else
       {};
 #endif
@@ -507,12 +492,27 @@ void int8_conv2d(const ConvArgs& a, float inv_scale, int32_t x_zero_point, int32
     const int64_t images = std::min(chunk, a.n - n0), pixels = images * P;
     // The chunk's codes, then its patches side by side in each row (c, i, j) of im2col, the padding at the
     // zero point's code (the value 0.0); the GEMM takes them as x^T.
-    quantize_u8(xs + n0 * CHW, images * CHW, inv_scale, x_zero_point, qmax, xq);
+    if (in.nhwc_codes) {  // each image's [HW, C] transposed to [C, HW]
+      parallel_for(0, images, 1, [&](int64_t b, int64_t e) {
+        for (int64_t img = b; img < e; ++img) {
+          TransposeArgs t;
+          t.in = static_cast<const uint8_t*>(a.x) + (n0 + img) * CHW;
+          t.out = xq + img * CHW;
+          t.rows = a.h * a.w;
+          t.cols = a.c;
+          t.in_stride = a.c;
+          op_transpose2d.get(kCPU, DType::U8)(t);
+        }
+      });
+    } else {
+      quantize_u8(static_cast<const float*>(a.x) + n0 * CHW, images * CHW, in.inv_scale, in.zero_point,
+                  in.qmax, xq);
+    }
     parallel_for(0, images, 1, [&](int64_t b, int64_t e) {
       for (int64_t img = b; img < e; ++img)
-        im2col(a, xq + img * CHW, cs + img * P, pixels, uint8_t(x_zero_point));
+        im2col(a, xq + img * CHW, cs + img * P, pixels, uint8_t(in.zero_point));
     });
-    linear(cs, true, x_zero_point, w, scale, static_cast<const float*>(a.bias), os, pixels, K, O, relu,
+    linear(cs, true, in.zero_point, w, scale, static_cast<const float*>(a.bias), os, pixels, K, O, relu,
            &sums);
     if (pool2)
       pool2_to_nchw(os, ys + n0 * O * (a.oh / 2) * (a.ow / 2), images, a.oh, a.ow, O, nullptr, nullptr,

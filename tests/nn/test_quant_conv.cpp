@@ -10,6 +10,7 @@
 #include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "core/memory.h"
+#include "core/memory_history.h"
 #include "core/ops.h"
 #include "core/quant_kernels.h"
 #include "io/safetensors.h"
@@ -221,6 +222,80 @@ nn::Sequential small_cnn() {
                         nn::ReLU(),
                         nn::Flatten(),
                         nn::Linear(8 * 7 * 7, 10)};
+}
+
+// Note [an int8 convolution's input as codes]: a Conv2d, a ReLU and a MaxPool2d(2) in f32, then a static
+// QuantizedConv2d, in a Sequential: the f32 block writes the int8 layer's codes and no f32 output. The result
+// is the modules' run one by one, bit for bit: on both int8 paths, with the int8 layer alone, with its ReLU,
+// and with its ReLU and pool; 16 channels (pooled from oneDNN's blocked layout) and 12 (oneDNN's layout does
+// not fill its blocks: pooled in NCHW, then quantised and transposed); odd sizes; a NaN and an infinity in
+// the input. A dynamic layer takes its f32 input as before (no codes), and so do mismatched channels (whose
+// error is the one the layer gives).
+TEST(QuantizedConv2d, AfterAnF32ConvolutionBlockItTakesCodesAndMatchesTheModulesOneByOne) {
+  manual_seed(13);
+  NoGradGuard ng;
+  const nn::quant::InputQuant fixed{0.02f, 35};
+  for (const int64_t mid : {16, 12})
+    for (bool onednn : {true, false})
+      for (int tail : {0, 1, 2}) {  // what follows the int8 layer: nothing, a ReLU, a ReLU and a MaxPool2d(2)
+        cpu::set_int8_conv_onednn(onednn);
+        nn::Conv2d conv(nn::Conv2dOptions(3, mid, 3).padding(1));
+        nn::Conv2d conv2(nn::Conv2dOptions(mid, 8, 3).padding(1));
+        nn::QuantizedConv2d q(conv2->options(), conv2->weight, conv2->bias, &fixed);
+        nn::Sequential seq{conv, nn::ReLU(), nn::MaxPool2d(2), q};
+        if (tail >= 1) seq->push_back(nn::ReLU());
+        if (tail >= 2) seq->push_back(nn::MaxPool2d(2));
+        seq->push_back(nn::Flatten());
+        Tensor x = uniform({5, 3, 13, 11}, -1, 1);
+        x.data<float>()[7] = -INFINITY;
+        x.data<float>()[40] = INFINITY;
+        Tensor h = x;
+        for (size_t i = 0; i < seq->size(); ++i) h = (*seq)[i]->forward(h);
+        const std::string where = std::to_string(mid) + " channels, " + (onednn ? "oneDNN" : "im2col") +
+                                  ", tail " + std::to_string(tail);
+        const std::vector<float> want = h.to_vector<float>();
+        std::set<std::string> ops;  // what allocated, by the memory history's op names
+        {
+          memory::History history(kCPU);
+          EXPECT_EQ(seq->forward(x).to_vector<float>(), want) << where;
+          for (const memory::HistoryEvent& e : memory::history(kCPU).events) ops.insert(e.op);
+        }
+        EXPECT_TRUE(ops.count("conv2d_relu_pool2_codes")) << where;
+        EXPECT_FALSE(ops.count("conv2d_relu_pool2")) << where;  // no f32 block output
+        EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](float v) { return v > 0; })) << where;
+        EXPECT_TRUE(std::none_of(want.begin(), want.end(), [](float v) { return std::isnan(v); })) << where;
+        const Tensor codes = nn::quant::conv2d_relu_pool2_codes(x, *conv, *q);
+        ASSERT_TRUE(codes.defined()) << where;
+        EXPECT_EQ(codes.shape(), Shape({5, 6, 5, mid}));
+        EXPECT_EQ(codes.dtype(), DType::U8);
+      }
+  cpu::set_int8_conv_onednn(true);  // the default
+  nn::Conv2d conv(nn::Conv2dOptions(3, 16, 3).padding(1));
+  nn::Conv2d conv2(nn::Conv2dOptions(16, 8, 3));
+  const Tensor x = uniform({2, 3, 10, 10}, -1, 1);
+  nn::QuantizedConv2d dynamic(conv2->options(), conv2->weight, conv2->bias);
+  EXPECT_FALSE(nn::quant::conv2d_relu_pool2_codes(x, *conv, *dynamic).defined());
+  nn::Sequential seq{conv, nn::ReLU(), nn::MaxPool2d(2), dynamic};
+  EXPECT_EQ(seq->forward(x).to_vector<float>(),
+            dynamic->forward(max_pool2d(relu(conv->forward(x)), 2)).to_vector<float>());
+  nn::Conv2d other(nn::Conv2dOptions(8, 8, 3));
+  nn::QuantizedConv2d mismatched(other->options(), other->weight, other->bias, &fixed);
+  EXPECT_FALSE(nn::quant::conv2d_relu_pool2_codes(x, *conv, *mismatched).defined());
+  nn::Sequential bad{conv, nn::ReLU(), nn::MaxPool2d(2), mismatched};
+  expect_error<ShapeError>([&] { bad->forward(x); },
+                           {"QuantizedConv2d: expected an input of shape [N, 8, H, W]"});
+  nn::QuantizedConv2d q(conv2->options(), conv2->weight, conv2->bias, &fixed);
+  expect_error<Error>(
+      [&] {
+        dynamic->forward_codes(zeros({1, 4, 4, 16}, DType::U8), false, false);
+      },
+      {"dynamic"});
+  expect_error<ShapeError>(
+      [&] {
+        q->forward_codes(zeros({1, 16, 4, 4}, DType::U8), false, false);
+      },
+      {"codes of shape [N, H, W, 16]"});
+  expect_error<DTypeError>([&] { q->forward_codes(zeros({1, 4, 4, 16}), false, false); }, {"u8 codes"});
 }
 
 // prepare wraps both Conv2ds and the Linear; convert gives QuantizedConv2d / QuantizedLinear with the
