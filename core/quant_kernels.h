@@ -41,8 +41,15 @@ struct Int8ConvInput {
 // (only the pooled values are written). A chunk of images at a time, with working memory from the arena:
 // oneDNN's int8 convolution over channels-last codes where it has a kernel for the shape, else im2col into
 // int8_linear_xt.
+// With `codes` (pool2 only), the pooled output goes there as the next layer's input codes instead of a.y:
+// codes->y u8 [n, o * (oh / 2) * (ow / 2)] in y's NCHW order, each value quantised as quantize_u8 does.
+struct Int8ConvCodes {
+  uint8_t* y;
+  float inv_scale;
+  int32_t zero_point, qmax;
+};
 void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu = false,
-                 bool pool2 = false);
+                 bool pool2 = false, const Int8ConvCodes* codes = nullptr);
 // ops::conv2d_relu_pool2 of a's f32 geometry (a.y unused), its pooled output written as the codes of the
 // int8 layer after it instead: codes u8 [n, oh / 2, ow / 2, o] = quantize_u8 of the pooled values (inv_scale,
 // zero_point, qmax), channels last, bit for bit, and no f32 pooled output is made. False, with nothing

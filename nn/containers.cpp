@@ -2,6 +2,7 @@
 // and indexing.
 #include "nn/containers.h"
 
+#include <optional>
 #include <typeinfo>
 
 #include "autograd/recompute.h"
@@ -57,6 +58,33 @@ bool is_pool2(const Module* m) {
          pool.dilation() == Size2(1);
 }
 
+// Runs the QuantizedConv2d at modules[j] on h (its input codes when codes_in) with what follows it: a ReLU,
+// and a MaxPool2d(2) after that, as its forward_staged; and after those, a Flatten (of all but the batch) and
+// a static QuantizedLinear (with the ReLU after it, if any) whose input codes it makes (Note [an int8
+// convolution's input as codes], nn/quant.cpp). Sets j to the last module run.
+Tensor run_quantized_conv(const std::vector<std::shared_ptr<Module>>& modules, size_t& j, size_t end,
+                          const Tensor& h, bool codes_in) {
+  auto& conv = static_cast<QuantizedConv2dImpl&>(*modules[j]);
+  auto is = [&](size_t k, const std::type_info& type) { return k < end && typeid(*modules[k]) == type; };
+  const bool relu = is(j + 1, typeid(ReLUImpl));
+  const bool pool2 = relu && j + 2 < end && is_pool2(modules[j + 2].get());
+  if (pool2 && h.dim() == 4 && is(j + 3, typeid(FlattenImpl)) && is(j + 4, typeid(QuantizedLinearImpl))) {
+    const FlattenOptions& flatten = static_cast<const FlattenImpl&>(*modules[j + 3]).options;
+    auto& linear = static_cast<QuantizedLinearImpl&>(*modules[j + 4]);
+    const std::optional<quant::InputQuant> out = linear.static_input();
+    const int64_t features = conv.pooled_features(h.size(codes_in ? 1 : 2), h.size(codes_in ? 2 : 3));
+    if (out && flatten.start_dim() == 1 && (flatten.end_dim() == -1 || flatten.end_dim() == 3) &&
+        features > 0 && features == linear.in_features) {
+      const Tensor codes = conv.forward_staged(h, codes_in, true, true, &*out);
+      const bool linear_relu = is(j + 5, typeid(ReLUImpl));
+      j += 4 + size_t(linear_relu);
+      return linear.forward_codes(codes, linear_relu);
+    }
+  }
+  j += size_t(relu) + size_t(pool2);
+  return conv.forward_staged(h, codes_in, relu, pool2);
+}
+
 // Runs modules [begin, end) in order on h; a Linear directly followed by a ReLU (both exactly those classes,
 // so no override of forward is skipped) runs as one F::linear_relu, a Conv2d followed by a ReLU as one
 // frugal::conv2d_relu, a QuantizedLinear (or a QuantizedConv2d) followed by a ReLU as its forward_relu, and a
@@ -87,10 +115,8 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
       if (i + 3 < end && typeid(*modules[i + 3]) == typeid(QuantizedConv2dImpl)) {
         auto& next_conv = static_cast<QuantizedConv2dImpl&>(*modules[i + 3]);
         if (const Tensor codes = quant::conv2d_relu_pool2_codes(h, *conv, next_conv); codes.defined()) {
-          const bool relu = i + 4 < end && typeid(*modules[i + 4]) == typeid(ReLUImpl);
-          const bool pool2 = relu && i + 5 < end && is_pool2(modules[i + 5].get());
-          h = next_conv.forward_codes(codes, relu, pool2);
-          i += 3 + int(relu) + int(pool2);
+          i += 3;
+          h = run_quantized_conv(modules, i, end, codes, true);
           continue;
         }
       }
@@ -119,15 +145,8 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
       ++i;
       continue;
     }
-    if (next && typeid(m) == typeid(QuantizedConv2dImpl) && typeid(*next) == typeid(ReLUImpl) &&
-        is_pool2(after)) {
-      h = static_cast<QuantizedConv2dImpl&>(m).forward_relu_pool2(h);
-      i += 2;
-      continue;
-    }
-    if (next && typeid(m) == typeid(QuantizedConv2dImpl) && typeid(*next) == typeid(ReLUImpl)) {
-      h = static_cast<QuantizedConv2dImpl&>(m).forward_relu(h);
-      ++i;
+    if (typeid(m) == typeid(QuantizedConv2dImpl)) {
+      h = run_quantized_conv(modules, i, end, h, false);
       continue;
     }
     h = m.forward(h);

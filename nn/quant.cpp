@@ -81,12 +81,17 @@ void check_inference_input(const char* who, const Tensor& x, bool meta_ok = fals
                "nn::quant::prepare_qat for quantisation-aware training)");
 }
 
+// A layer's static input quantisation from its buffers, or none (dynamic).
+std::optional<quant::InputQuant> static_input_of(const Tensor& input_scale, const Tensor& input_zero_point) {
+  if (!input_scale.defined()) return std::nullopt;
+  return quant::InputQuant{input_scale.data<float>()[0], input_zero_point.data<int32_t>()[0]};
+}
+
 // The layer's fixed input quantisation (static), or one chosen for x (dynamic).
 quant::InputQuant layer_input_qparams(const Tensor& xc, const Tensor& input_scale,
                                       const Tensor& input_zero_point) {
-  return input_scale.defined()
-             ? quant::InputQuant{input_scale.data<float>()[0], input_zero_point.data<int32_t>()[0]}
-             : quant::choose_input_qparams(xc.data<float>(), xc.numel());
+  if (const auto qp = static_input_of(input_scale, input_zero_point)) return *qp;
+  return quant::choose_input_qparams(xc.data<float>(), xc.numel());
 }
 
 // x's u8 codes (into xq, x's numel) under layer_input_qparams; returns the quantisation used.
@@ -168,6 +173,31 @@ Tensor QuantizedLinearImpl::run(const Tensor& x, bool relu) {
   const quant::InputQuant qp = quantize_layer_input(xc, input_scale, input_zero_point, xq);
   const Tensor scale = output_scales(qp, weight_scale);
   cpu::int8_linear(xq.data<uint8_t>(), qp.zero_point, static_cast<const int8_t*>(weight.raw_data()),
+                   scale.data<float>(), bias.defined() ? bias.data<float>() : nullptr, y.data<float>(), m,
+                   in_features, out_features, relu);
+  return y;
+}
+
+std::optional<quant::InputQuant> QuantizedLinearImpl::static_input() const {
+  return static_input_of(input_scale, input_zero_point);
+}
+
+Tensor QuantizedLinearImpl::forward_codes(const Tensor& codes, bool relu) {
+  const std::optional<quant::InputQuant> qp = static_input();
+  FRUGAL_CHECK(qp.has_value(),
+               "QuantizedLinear::forward_codes: the layer's input quantisation is dynamic "
+               "(chosen for each input), so it takes f32 values, not codes");
+  FRUGAL_CHECK_DTYPE(codes.dtype() == kU8 && codes.device() == kCPU,
+                     "QuantizedLinear::forward_codes: expected u8 codes on the cpu, got ", codes.dtype(),
+                     " on ", codes.device());
+  FRUGAL_CHECK_SHAPE(codes.dim() == 2 && codes.size(1) == in_features,
+                     "QuantizedLinear::forward_codes: expected codes of shape [N, ", in_features, "], got ",
+                     codes.shape());
+  const Tensor cc = contiguous(codes);
+  const int64_t m = codes.size(0);
+  Tensor y = empty({m, out_features}, kF32);
+  const Tensor scale = output_scales(*qp, weight_scale);
+  cpu::int8_linear(cc.data<uint8_t>(), qp->zero_point, static_cast<const int8_t*>(weight.raw_data()),
                    scale.data<float>(), bias.defined() ? bias.data<float>() : nullptr, y.data<float>(), m,
                    in_features, out_features, relu);
   return y;
@@ -414,33 +444,52 @@ Tensor QuantizedConv2dImpl::forward_relu(const Tensor& x) { return run(x, true);
 Tensor QuantizedConv2dImpl::forward_relu_pool2(const Tensor& x) { return run(x, true, true); }
 
 Tensor QuantizedConv2dImpl::run(const Tensor& x, bool relu, bool pool2) {
-  check_inference_input("QuantizedConv2d", x);
-  const int64_t C = options_.in_channels();
-  FRUGAL_CHECK_SHAPE(x.dim() == 4 && x.size(1) == C, "QuantizedConv2d: expected an input of shape [N, ", C,
-                     ", H, W], got ", x.shape());
-  const Tensor xc = contiguous(x);
-  // int8_conv2d makes the codes a chunk of images at a time (no copy of the whole input in u8).
-  return convolve(xc, x.size(2), x.size(3), layer_input_qparams(xc, input_scale, input_zero_point), false,
-                  relu, pool2);
+  return forward_staged(x, false, relu, pool2);
 }
 
-Tensor QuantizedConv2dImpl::forward_codes(const Tensor& codes, bool relu, bool pool2) {
+std::optional<quant::InputQuant> QuantizedConv2dImpl::static_input() const {
+  return static_input_of(input_scale, input_zero_point);
+}
+
+int64_t QuantizedConv2dImpl::pooled_features(int64_t H, int64_t W) const {
+  const Conv2dOptions& o = options_;
+  const Size2 k = o.kernel_size(), st = o.stride(), pd = o.padding(), dl = o.dilation();
+  if (H + 2 * pd.h < dl.h * (k.h - 1) + 1 || W + 2 * pd.w < dl.w * (k.w - 1) + 1) return 0;
+  const int64_t OH = (H + 2 * pd.h - dl.h * (k.h - 1) - 1) / st.h + 1;
+  const int64_t OW = (W + 2 * pd.w - dl.w * (k.w - 1) - 1) / st.w + 1;
+  return o.out_channels() * (OH / 2) * (OW / 2);
+}
+
+Tensor QuantizedConv2dImpl::forward_staged(const Tensor& input, bool codes_in, bool relu, bool pool2,
+                                           const quant::InputQuant* codes_out) {
   const int64_t C = options_.in_channels();
-  FRUGAL_CHECK(input_scale.defined(),
-               "QuantizedConv2d::forward_codes: the layer's input quantisation is "
-               "dynamic (chosen for each input), so it takes f32 values, not codes");
-  FRUGAL_CHECK_DTYPE(codes.dtype() == kU8 && codes.device() == kCPU,
-                     "QuantizedConv2d::forward_codes: expected u8 codes on the cpu, got ", codes.dtype(),
-                     " on ", codes.device());
-  FRUGAL_CHECK_SHAPE(codes.dim() == 4 && codes.size(3) == C,
-                     "QuantizedConv2d::forward_codes: expected codes of shape [N, H, W, ", C, "], got ",
-                     codes.shape());
-  const quant::InputQuant qp{input_scale.data<float>()[0], input_zero_point.data<int32_t>()[0]};
-  return convolve(contiguous(codes), codes.size(1), codes.size(2), qp, true, relu, pool2);
+  FRUGAL_CHECK(!codes_out || pool2,
+               "QuantizedConv2d::forward_staged: codes out are made from a pooled output");
+  if (codes_out) check_input_quant("QuantizedConv2d::forward_staged's codes_out", *codes_out);
+  if (!codes_in) {
+    check_inference_input("QuantizedConv2d", input);
+    FRUGAL_CHECK_SHAPE(input.dim() == 4 && input.size(1) == C,
+                       "QuantizedConv2d: expected an input of shape [N, ", C, ", H, W], got ", input.shape());
+    const Tensor xc = contiguous(input);
+    // int8_conv2d makes the codes a chunk of images at a time (no copy of the whole input in u8).
+    return convolve(xc, input.size(2), input.size(3), layer_input_qparams(xc, input_scale, input_zero_point),
+                    false, relu, pool2, codes_out);
+  }
+  const std::optional<quant::InputQuant> qp = static_input();
+  FRUGAL_CHECK(qp.has_value(),
+               "QuantizedConv2d::forward_staged: the layer's input quantisation is dynamic "
+               "(chosen for each input), so it takes f32 values, not codes");
+  FRUGAL_CHECK_DTYPE(input.dtype() == kU8 && input.device() == kCPU,
+                     "QuantizedConv2d::forward_staged: expected u8 codes on the cpu, got ", input.dtype(),
+                     " on ", input.device());
+  FRUGAL_CHECK_SHAPE(input.dim() == 4 && input.size(3) == C,
+                     "QuantizedConv2d::forward_staged: expected codes of shape [N, H, W, ", C, "], got ",
+                     input.shape());
+  return convolve(contiguous(input), input.size(1), input.size(2), *qp, true, relu, pool2, codes_out);
 }
 
 Tensor QuantizedConv2dImpl::convolve(const Tensor& input, int64_t H, int64_t W, quant::InputQuant qp,
-                                     bool codes, bool relu, bool pool2) {
+                                     bool codes, bool relu, bool pool2, const quant::InputQuant* codes_out) {
   const Conv2dOptions& o = options_;
   const int64_t N = input.size(0), C = o.in_channels(), O = o.out_channels();
   const Size2 k = o.kernel_size(), st = o.stride(), pd = o.padding(), dl = o.dilation();
@@ -449,18 +498,26 @@ Tensor QuantizedConv2dImpl::convolve(const Tensor& input, int64_t H, int64_t W, 
   const int64_t OH = (H + 2 * pd.h - dl.h * (k.h - 1) - 1) / st.h + 1;
   const int64_t OW = (W + 2 * pd.w - dl.w * (k.w - 1) - 1) / st.w + 1;
   // An output too small for a 2 x 2 window: max_pool2d's own refusal.
-  if (pool2 && (OH < 2 || OW < 2)) return max_pool2d(convolve(input, H, W, qp, codes, relu, false), 2);
+  if (pool2 && (OH < 2 || OW < 2)) {
+    FRUGAL_CHECK(!codes_out, "QuantizedConv2d: no codes out of an output too small to pool");
+    return max_pool2d(convolve(input, H, W, qp, codes, relu, false, nullptr), 2);
+  }
   const Tensor scale = output_scales(qp, weight_scale);
-  Tensor y = pool2 ? empty({N, O, OH / 2, OW / 2}, kF32) : empty({N, O, OH, OW}, kF32);
+  Tensor y = codes_out ? empty({N, O * (OH / 2) * (OW / 2)}, kU8)
+             : pool2   ? empty({N, O, OH / 2, OW / 2}, kF32)
+                       : empty({N, O, OH, OW}, kF32);
   ConvArgs args;
   args.n = N, args.c = C, args.h = H, args.w = W, args.o = O, args.kh = k.h, args.kw = k.w, args.oh = OH,
   args.ow = OW;
   args.stride_h = st.h, args.stride_w = st.w, args.pad_h = pd.h, args.pad_w = pd.w, args.dil_h = dl.h,
   args.dil_w = dl.w;
-  args.x = input.raw_data(), args.weight = weight.raw_data(), args.y = y.raw_data();
+  args.x = input.raw_data(), args.weight = weight.raw_data(), args.y = codes_out ? nullptr : y.raw_data();
   args.bias = bias.defined() ? bias.raw_data() : nullptr;
+  const cpu::Int8ConvCodes out = codes_out ? cpu::Int8ConvCodes{y.data<uint8_t>(), 1.0f / codes_out->scale,
+                                                                codes_out->zero_point, quant::kInputQMax}
+                                           : cpu::Int8ConvCodes{};
   cpu::int8_conv2d(args, {1.0f / qp.scale, qp.zero_point, quant::kInputQMax, codes}, scale.data<float>(),
-                   relu, pool2);
+                   relu, pool2, codes_out ? &out : nullptr);
   return y;
 }
 
@@ -560,9 +617,9 @@ Tensor conv2d_relu_pool2_codes(const Tensor& x, const Conv2dImpl& conv, const Qu
   const Tensor& w = conv.weight;
   const Tensor& b = conv.bias;
   auto f32_cpu = [](const Tensor& t) { return t.dtype() == kF32 && t.device() == kCPU; };
-  if (!next.input_scale.defined() || x.dim() != 4 || !f32_cpu(x) || !f32_cpu(w) ||
-      (b.defined() && !f32_cpu(b)) || w.dim() != 4 || x.size(1) != w.size(1) * o.groups() ||
-      w.size(0) != next.options().in_channels() || (b.defined() && b.shape() != Shape({w.size(0)})))
+  if (!next.static_input() || x.dim() != 4 || !f32_cpu(x) || !f32_cpu(w) || (b.defined() && !f32_cpu(b)) ||
+      w.dim() != 4 || x.size(1) != w.size(1) * o.groups() || w.size(0) != next.options().in_channels() ||
+      (b.defined() && b.shape() != Shape({w.size(0)})))
     return {};  // the modules then run one by one, and say what is wrong with the shapes if anything is
   const Size2 k{w.size(2), w.size(3)}, st = o.stride(), pd = o.padding(), dl = o.dilation();
   ConvArgs a;

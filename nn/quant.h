@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -34,8 +35,12 @@ namespace frugal::nn {
 
 class LinearImpl;
 namespace quant {
-struct InputQuant;
-}
+// A per-tensor u8 activation quantisation: code = clamp(round(x / scale) + zero_point, 0, kInputQMax).
+struct InputQuant {
+  float scale;
+  int32_t zero_point;
+};
+}  // namespace quant
 
 class QuantizedLinearImpl : public Module {
  public:
@@ -51,6 +56,12 @@ class QuantizedLinearImpl : public Module {
   // relu(forward(x)) in one pass over the output (Sequential runs a QuantizedLinear directly followed by a
   // ReLU this way, as it runs Linear + ReLU as one F::linear_relu).
   Tensor forward_relu(const Tensor& x);
+  // forward (relu: forward_relu) of the input's codes, u8 [N, in], made with this layer's static input
+  // quantisation (QuantizedConv2d::forward_staged's codes_out): the result of the f32 input they stand for,
+  // bit for bit. Throws Error for a dynamic layer.
+  Tensor forward_codes(const Tensor& codes, bool relu);
+  // The static input quantisation (input_scale, input_zero_point), or none for a dynamic layer.
+  std::optional<quant::InputQuant> static_input() const;
   // The weight this layer multiplies by, dequantised: weight[o, i] * weight_scale[o] (f32 [out, in]).
   Tensor dequantized_weight() const;
   int64_t in_features, out_features;
@@ -81,10 +92,19 @@ class QuantizedConv2dImpl : public Module {
   // max_pool2d(relu(forward(x)), 2) bit for bit, in the same pass: only the pooled quarter of the output is
   // ever written (Sequential uses it for a QuantizedConv2d, a ReLU and a MaxPool2d(2)).
   Tensor forward_relu_pool2(const Tensor& x);
-  // Any of the three from the input's codes, u8 [N, H, W, in] (channels last), made with this layer's static
-  // input quantisation (quant::conv2d_relu_pool2_codes; Note [an int8 convolution's input as codes]): the
-  // result of the f32 input they stand for, bit for bit. Throws Error for a dynamic layer.
-  Tensor forward_codes(const Tensor& codes, bool relu, bool pool2);
+  // Sequential's inference of this layer and what follows it (Note [an int8 convolution's input as codes],
+  // nn/quant.cpp): the input as f32 values [N, in, H, W], or with codes_in as this layer's input codes
+  // [N, H, W, in] (channels last, made with its static input quantisation by quant::conv2d_relu_pool2_codes);
+  // relu and pool2 as in forward_relu and forward_relu_pool2; with codes_out (pool2 only), the pooled output
+  // as the codes of that quantisation, u8 [N, out * OH/2 * OW/2] in the flattened output's order, for a
+  // static QuantizedLinear after a Flatten. Each is bit for bit the modules one by one. Throws Error for
+  // codes_in on a dynamic layer.
+  Tensor forward_staged(const Tensor& input, bool codes_in, bool relu, bool pool2,
+                        const quant::InputQuant* codes_out = nullptr);
+  std::optional<quant::InputQuant> static_input() const;  // as QuantizedLinear's
+  // The features of forward_relu_pool2's output for an input of H x W pixels, out * (OH / 2) * (OW / 2); 0
+  // where the kernel does not fit or the output has no 2 x 2 window.
+  int64_t pooled_features(int64_t H, int64_t W) const;
   Tensor dequantized_weight() const;  // weight * weight_scale per output channel, f32 [out, in, kH, kW]
   const Conv2dOptions& options() const { return options_; }
   Tensor weight, weight_scale, bias;     // U8 (int8 bytes), f32 [out], f32 [out] or undefined
@@ -94,7 +114,7 @@ class QuantizedConv2dImpl : public Module {
   Tensor run(const Tensor& x, bool relu, bool pool2 = false);
   // input: f32 values [N, in, H, W], or codes [N, H, W, in].
   Tensor convolve(const Tensor& input, int64_t H, int64_t W, quant::InputQuant qp, bool codes, bool relu,
-                  bool pool2);
+                  bool pool2, const quant::InputQuant* codes_out);
   Conv2dOptions options_;
 };
 FRUGAL_MODULE(QuantizedConv2d);
@@ -204,10 +224,6 @@ namespace quant {
 // VNNI oneDNN's u8 x s8 kernel multiplies with vpmaddubsw, which sums pairs of products in saturating s16:
 // 255 * 127 * 2 overflows it, 127 * 127 * 2 does not (the exactness test finds the full range wrong on AVX2).
 inline constexpr int32_t kInputQMax = 127;
-struct InputQuant {
-  float scale;
-  int32_t zero_point;
-};
 InputQuant choose_input_qparams(const float* x, int64_t n);
 void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out);
 // max_pool2d(relu(conv(x)), 2) of an f32 Conv2d, made straight into the input codes of `next` (a

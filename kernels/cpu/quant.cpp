@@ -334,7 +334,8 @@ void to_nchw(const S* src_all, float* y, int64_t images, int64_t P, int64_t O, c
 // pooled quarter is written out, and no ReLU or pooling pass reads the full output again.
 template <typename S>
 void pool2_to_nchw(const S* src_all, float* y, int64_t images, int64_t OH, int64_t OW, int64_t O,
-                   const float* scale, const float* bias, bool relu) {
+                   const float* scale, const float* bias, bool relu, const Int8ConvCodes* codes,
+                   int64_t first) {
   const int64_t PH = OH / 2, PW = OW / 2, PP = PH * PW;
   Tensor buffer = workspace(images * PP * O * int64_t(sizeof(float)));
   float* pooled = reinterpret_cast<float*>(buffer.data<uint8_t>());
@@ -392,13 +393,32 @@ void pool2_to_nchw(const S* src_all, float* y, int64_t images, int64_t OH, int64
     relu ? pool.template operator()<true, true>() : pool.template operator()<true, false>();
   else
     relu ? pool.template operator()<false, true>() : pool.template operator()<false, false>();
-  to_nchw(pooled, y, images, PP, O, nullptr, nullptr, false);
+  if (!codes) {
+    to_nchw(pooled, y, images, PP, O, nullptr, nullptr, false);
+    return;
+  }
+  // The next layer's codes instead of y: the pixel-major values quantised, then each image's [PP, O] codes
+  // transposed to its NCHW order, [O, PP] (a byte transpose rather than to_nchw's f32 one).
+  Tensor pixel_major = workspace(images * PP * O);
+  uint8_t* q = pixel_major.data<uint8_t>();
+  quantize_u8(pooled, images * PP * O, codes->inv_scale, codes->zero_point, codes->qmax, q);
+  parallel_for(0, images, 1, [&](int64_t b, int64_t e) {
+    for (int64_t img = b; img < e; ++img) {
+      TransposeArgs t;
+      t.in = q + img * PP * O;
+      t.out = codes->y + (first + img) * O * PP;
+      t.rows = PP;
+      t.cols = O;
+      t.in_stride = O;
+      op_transpose2d.get(kCPU, DType::U8)(t);
+    }
+  });
 }
 
 #ifdef FRUGAL_HAVE_ONEDNN
 // int8_conv2d through oneDNN's int8 convolution; false where it has no kernel for the shape.
 bool conv2d_onednn(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu, bool pool2,
-                   int64_t chunk) {
+                   const Int8ConvCodes* out_codes, int64_t chunk) {
   if (a.groups != 1 || !g_int8_conv_onednn.load(std::memory_order_relaxed) || !int8_conv_plan(a, chunk))
     return false;
   const int64_t C = a.c, HW = a.h * a.w, P = a.oh * a.ow, O = a.o, YP = (a.oh / 2) * (a.ow / 2);
@@ -455,8 +475,8 @@ bool conv2d_onednn(const ConvArgs& a, const Int8ConvInput& in, const float* scal
     onednn_stream().wait();
     const auto* sums = static_cast<const int32_t*>(out.raw_data());
     if (pool2)
-      pool2_to_nchw(sums, ys + n0 * O * YP, images, a.oh, a.ow, O, scale, static_cast<const float*>(a.bias),
-                    relu);
+      pool2_to_nchw(sums, out_codes ? nullptr : ys + n0 * O * YP, images, a.oh, a.ow, O, scale,
+                    static_cast<const float*>(a.bias), relu, out_codes, n0);
     else
       to_nchw(sums, ys + n0 * O * P, images, P, O, scale, static_cast<const float*>(a.bias), relu);
   }
@@ -466,13 +486,15 @@ bool conv2d_onednn(const ConvArgs& a, const Int8ConvInput& in, const float* scal
 
 }  // namespace
 
-void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu, bool pool2) {
+void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu, bool pool2,
+                 const Int8ConvCodes* out_codes) {
+  FRUGAL_ASSERT(!out_codes || pool2, "int8_conv2d: codes out are made from a pooled output only");
   const int64_t P = a.oh * a.ow, K = a.c * a.kh * a.kw, O = a.o;
   // Images go through in chunks of about 4096 output pixels, so that the patches (u8, K a pixel) and the
   // GEMM's pixel-major output stay small beside x and y.
   const int64_t chunk = std::clamp<int64_t>(4096 / P, 1, std::max<int64_t>(a.n, 1));
 #ifdef FRUGAL_HAVE_ONEDNN
-  if (a.n > 0 && P > 0 && O > 0 && conv2d_onednn(a, in, scale, relu, pool2, chunk)) return;
+  if (a.n > 0 && P > 0 && O > 0 && conv2d_onednn(a, in, scale, relu, pool2, out_codes, chunk)) return;
 #endif
   const int64_t CHW = a.c * a.h * a.w;
   Tensor codes = workspace(chunk * CHW), col = workspace(K * chunk * P),
@@ -515,8 +537,8 @@ void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale,
     linear(cs, true, in.zero_point, w, scale, static_cast<const float*>(a.bias), os, pixels, K, O, relu,
            &sums);
     if (pool2)
-      pool2_to_nchw(os, ys + n0 * O * (a.oh / 2) * (a.ow / 2), images, a.oh, a.ow, O, nullptr, nullptr,
-                    false);
+      pool2_to_nchw(os, out_codes ? nullptr : ys + n0 * O * (a.oh / 2) * (a.ow / 2), images, a.oh, a.ow, O,
+                    nullptr, nullptr, false, out_codes, n0);
     else
       to_nchw(os, ys + n0 * O * P, images, P, O, nullptr, nullptr, false);
   }

@@ -230,14 +230,17 @@ nn::Sequential small_cnn() {
 // and with its ReLU and pool; 16 channels (pooled from oneDNN's blocked layout) and 12 (oneDNN's layout does
 // not fill its blocks: pooled in NCHW, then quantised and transposed); odd sizes; a NaN and an infinity in
 // the input. A dynamic layer takes its f32 input as before (no codes), and so do mismatched channels (whose
-// error is the one the layer gives).
+// error is the one the layer gives). After the int8 layer's ReLU and MaxPool2d(2), a Flatten and a static
+// QuantizedLinear take its pooled output as their codes too (forward_staged's codes_out).
 TEST(QuantizedConv2d, AfterAnF32ConvolutionBlockItTakesCodesAndMatchesTheModulesOneByOne) {
   manual_seed(13);
   NoGradGuard ng;
   const nn::quant::InputQuant fixed{0.02f, 35};
   for (const int64_t mid : {16, 12})
     for (bool onednn : {true, false})
-      for (int tail : {0, 1, 2}) {  // what follows the int8 layer: nothing, a ReLU, a ReLU and a MaxPool2d(2)
+      for (int tail :
+           {0, 1, 2, 3, 4}) {  // after the int8 layer: nothing, a ReLU, a ReLU and a MaxPool2d(2),
+                               // and then a Flatten and a static (3) or dynamic (4) QuantizedLinear
         cpu::set_int8_conv_onednn(onednn);
         nn::Conv2d conv(nn::Conv2dOptions(3, mid, 3).padding(1));
         nn::Conv2d conv2(nn::Conv2dOptions(mid, 8, 3).padding(1));
@@ -246,6 +249,14 @@ TEST(QuantizedConv2d, AfterAnF32ConvolutionBlockItTakesCodesAndMatchesTheModules
         if (tail >= 1) seq->push_back(nn::ReLU());
         if (tail >= 2) seq->push_back(nn::MaxPool2d(2));
         seq->push_back(nn::Flatten());
+        if (tail >= 3) {  // 8 channels of 3 x 2 pooled pixels
+          nn::Linear fc(48, 10);
+          if (tail == 3)
+            seq->push_back(nn::QuantizedLinear(fc->weight, fc->bias, 0.015f, 20));
+          else
+            seq->push_back(nn::QuantizedLinear(fc->weight, fc->bias));
+          seq->push_back(nn::ReLU());
+        }
         Tensor x = uniform({5, 3, 13, 11}, -1, 1);
         x.data<float>()[7] = -INFINITY;
         x.data<float>()[40] = INFINITY;
@@ -287,15 +298,19 @@ TEST(QuantizedConv2d, AfterAnF32ConvolutionBlockItTakesCodesAndMatchesTheModules
   nn::QuantizedConv2d q(conv2->options(), conv2->weight, conv2->bias, &fixed);
   expect_error<Error>(
       [&] {
-        dynamic->forward_codes(zeros({1, 4, 4, 16}, DType::U8), false, false);
+        dynamic->forward_staged(zeros({1, 4, 4, 16}, DType::U8), true, false, false);
       },
       {"dynamic"});
   expect_error<ShapeError>(
       [&] {
-        q->forward_codes(zeros({1, 16, 4, 4}, DType::U8), false, false);
+        q->forward_staged(zeros({1, 16, 4, 4}, DType::U8), true, false, false);
       },
       {"codes of shape [N, H, W, 16]"});
-  expect_error<DTypeError>([&] { q->forward_codes(zeros({1, 4, 4, 16}), false, false); }, {"u8 codes"});
+  expect_error<DTypeError>(
+      [&] {
+        q->forward_staged(zeros({1, 4, 4, 16}), true, false, false);
+      },
+      {"u8 codes"});
 }
 
 // prepare wraps both Conv2ds and the Linear; convert gives QuantizedConv2d / QuantizedLinear with the
