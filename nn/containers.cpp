@@ -87,10 +87,11 @@ Tensor run_quantized_conv(const std::vector<std::shared_ptr<Module>>& modules, s
 
 // Runs modules [begin, end) in order on h; a Linear directly followed by a ReLU (both exactly those classes,
 // so no override of forward is skipped) runs as one F::linear_relu, a Conv2d followed by a ReLU as one
-// frugal::conv2d_relu, a QuantizedLinear (or a QuantizedConv2d) followed by a ReLU as its forward_relu, and a
-// QuantizedConv2d followed by a ReLU and a MaxPool2d(2) as its forward_relu_pool2; a Conv2d, a ReLU and a
-// MaxPool2d with nothing to record as one ops::conv2d_relu_pool2 (a MaxPool2d(2), where the device has the
-// fused kernel) or over chunks of images (Note [a convolution, ReLU and pool in chunks]).
+// frugal::conv2d_relu, a QuantizedLinear followed by a ReLU as its forward_relu, a QuantizedConv2d with the
+// layers after it through run_quantized_conv; a Conv2d, a ReLU and a MaxPool2d with nothing to record as one
+// ops::conv2d_relu_pool2 (a MaxPool2d(2), where the device has the fused kernel; into the codes of a static
+// QuantizedConv2d after them, Note [an int8 convolution's input as codes]) or over chunks of images (Note [a
+// convolution, ReLU and pool in chunks]).
 
 Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t begin, size_t end, Tensor h) {
   for (size_t i = begin; i < end; ++i) {

@@ -61,7 +61,11 @@ class SequentialImpl : public Module {
   // writes only the pooled output. Without a tape to record, a Conv2d, a ReLU and a MaxPool2d(2) run as one
   // ops::conv2d_relu_pool2 where the device has its fused kernel (the CPU in f32), and otherwise (and with
   // other pools) over chunks of images; either way only the pooled output exists for the whole batch (Note
-  // [a convolution, ReLU and pool in chunks] in nn/containers.cpp).
+  // [a convolution, ReLU and pool in chunks] in nn/containers.cpp). Where such a block's pooled output goes
+  // to a statically quantised layer (a QuantizedConv2d; a Flatten and a QuantizedLinear after an int8 block),
+  // it is made as that layer's u8 codes, with no f32 tensor for it (Note [an int8 convolution's input as
+  // codes] in nn/quant.cpp); the results are bit for bit those of the modules one by one (NaN aside, as
+  // for conv2d_relu).
   Tensor forward(const Tensor& x) override;
   SequentialImpl& recompute_every(int k);
   int recompute_every() const { return recompute_every_; }

@@ -87,6 +87,18 @@ std::optional<quant::InputQuant> static_input_of(const Tensor& input_scale, cons
   return quant::InputQuant{input_scale.data<float>()[0], input_zero_point.data<int32_t>()[0]};
 }
 
+// The static input quantisation a layer's codes were made with (forward_codes, forward_staged), after
+// checking that it has one and that the codes are u8 on the cpu.
+quant::InputQuant codes_quant(const char* who, const std::optional<quant::InputQuant>& qp,
+                              const Tensor& codes) {
+  FRUGAL_CHECK(qp.has_value(), who,
+               ": the layer's input quantisation is dynamic (chosen for each input), so it takes f32 values, "
+               "not codes");
+  FRUGAL_CHECK_DTYPE(codes.dtype() == kU8 && codes.device() == kCPU, who,
+                     ": expected u8 codes on the cpu, got ", codes.dtype(), " on ", codes.device());
+  return *qp;
+}
+
 // The layer's fixed input quantisation (static), or one chosen for x (dynamic).
 quant::InputQuant layer_input_qparams(const Tensor& xc, const Tensor& input_scale,
                                       const Tensor& input_zero_point) {
@@ -183,21 +195,15 @@ std::optional<quant::InputQuant> QuantizedLinearImpl::static_input() const {
 }
 
 Tensor QuantizedLinearImpl::forward_codes(const Tensor& codes, bool relu) {
-  const std::optional<quant::InputQuant> qp = static_input();
-  FRUGAL_CHECK(qp.has_value(),
-               "QuantizedLinear::forward_codes: the layer's input quantisation is dynamic "
-               "(chosen for each input), so it takes f32 values, not codes");
-  FRUGAL_CHECK_DTYPE(codes.dtype() == kU8 && codes.device() == kCPU,
-                     "QuantizedLinear::forward_codes: expected u8 codes on the cpu, got ", codes.dtype(),
-                     " on ", codes.device());
+  const quant::InputQuant qp = codes_quant("QuantizedLinear::forward_codes", static_input(), codes);
   FRUGAL_CHECK_SHAPE(codes.dim() == 2 && codes.size(1) == in_features,
                      "QuantizedLinear::forward_codes: expected codes of shape [N, ", in_features, "], got ",
                      codes.shape());
   const Tensor cc = contiguous(codes);
   const int64_t m = codes.size(0);
   Tensor y = empty({m, out_features}, kF32);
-  const Tensor scale = output_scales(*qp, weight_scale);
-  cpu::int8_linear(cc.data<uint8_t>(), qp->zero_point, static_cast<const int8_t*>(weight.raw_data()),
+  const Tensor scale = output_scales(qp, weight_scale);
+  cpu::int8_linear(cc.data<uint8_t>(), qp.zero_point, static_cast<const int8_t*>(weight.raw_data()),
                    scale.data<float>(), bias.defined() ? bias.data<float>() : nullptr, y.data<float>(), m,
                    in_features, out_features, relu);
   return y;
@@ -475,17 +481,11 @@ Tensor QuantizedConv2dImpl::forward_staged(const Tensor& input, bool codes_in, b
     return convolve(xc, input.size(2), input.size(3), layer_input_qparams(xc, input_scale, input_zero_point),
                     false, relu, pool2, codes_out);
   }
-  const std::optional<quant::InputQuant> qp = static_input();
-  FRUGAL_CHECK(qp.has_value(),
-               "QuantizedConv2d::forward_staged: the layer's input quantisation is dynamic "
-               "(chosen for each input), so it takes f32 values, not codes");
-  FRUGAL_CHECK_DTYPE(input.dtype() == kU8 && input.device() == kCPU,
-                     "QuantizedConv2d::forward_staged: expected u8 codes on the cpu, got ", input.dtype(),
-                     " on ", input.device());
+  const quant::InputQuant qp = codes_quant("QuantizedConv2d::forward_staged", static_input(), input);
   FRUGAL_CHECK_SHAPE(input.dim() == 4 && input.size(3) == C,
                      "QuantizedConv2d::forward_staged: expected codes of shape [N, H, W, ", C, "], got ",
                      input.shape());
-  return convolve(contiguous(input), input.size(1), input.size(2), *qp, true, relu, pool2, codes_out);
+  return convolve(contiguous(input), input.size(1), input.size(2), qp, true, relu, pool2, codes_out);
 }
 
 Tensor QuantizedConv2dImpl::convolve(const Tensor& input, int64_t H, int64_t W, quant::InputQuant qp,
@@ -604,14 +604,22 @@ void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out) {
 }
 
 // Note [an int8 convolution's input as codes]
-// In a statically quantised CNN (W2's: a Conv2d kept in f32, a ReLU, a MaxPool2d(2), then a QuantizedConv2d),
-// the f32 block's pooled output exists only to be quantised by the next layer, which then transposes the
-// codes channels last for oneDNN's int8 convolution. Sequential's inference makes the codes instead: the f32
-// block pools its convolution's output straight from oneDNN's blocked layout into the next layer's codes,
-// channels last (cpu::conv2d_relu_pool2_codes), and the int8 layer reads them as they are (forward_codes). No
-// f32 pooled output, no quantisation pass, no transposes; the result is the modules' one by one, bit for bit,
-// because each code is quantize_u8's of the same pooled value. Only a static layer can take codes: a dynamic
-// one chooses its scale from the whole f32 input.
+// In a statically quantised CNN (W2's: a Conv2d kept in f32, a ReLU, a MaxPool2d(2), then a QuantizedConv2d,
+// a ReLU, a MaxPool2d(2), a Flatten and a QuantizedLinear), each block's pooled output exists only to be
+// quantised by the next layer, which for a convolution then transposes the codes channels last for oneDNN's
+// int8 convolution. Sequential's inference makes the codes instead:
+// - the f32 block pools its convolution's output straight from oneDNN's blocked layout into the next layer's
+//   codes, channels last (cpu::conv2d_relu_pool2_codes), which the int8 convolution reads as they are
+//   (QuantizedConv2d::forward_staged with codes_in): no f32 pooled output, no quantisation pass, no
+//   transposes;
+// - the int8 block quantises its pooled values (pixel-major, in the cache) into the codes of the
+//   QuantizedLinear after the Flatten, in the flattened order (codes_out, QuantizedLinear::forward_codes): a
+//   byte transpose instead of an f32 one, and no f32 output.
+// Each code is quantize_u8's of the same pooled value, so the result is the modules' one by one, bit for bit
+// (for an input without NaN: the f32 block's fused ReLU, oneDNN's post-op, maps a NaN to 0 as conv2d_relu
+// and conv2d_relu_pool2 do, where the ReLU module keeps it). Only a static layer can take codes: a dynamic
+// one chooses its scale from the whole f32 input. W2's int8 forward of 256 images held 12.05 MiB at its peak
+// before, and 3.57 MiB with both.
 Tensor conv2d_relu_pool2_codes(const Tensor& x, const Conv2dImpl& conv, const QuantizedConv2dImpl& next) {
   const Conv2dOptions& o = conv.options();
   const Tensor& w = conv.weight;

@@ -347,10 +347,6 @@ void pool2d_backward_cpu(const PoolArgs& a) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The largest of channel j's four taps of a 2 x 2 window, under max_pool2d's rule in the NCHW kernel's order:
 // strictly greater wins (ties keep the first), a NaN wins and a later NaN replaces it.
 inline float window_max(const float* const taps[4], int64_t j) {

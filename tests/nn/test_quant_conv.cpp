@@ -311,6 +311,18 @@ TEST(QuantizedConv2d, AfterAnF32ConvolutionBlockItTakesCodesAndMatchesTheModules
         q->forward_staged(zeros({1, 4, 4, 16}), true, false, false);
       },
       {"u8 codes"});
+  nn::Linear fc(48, 10);
+  nn::QuantizedLinear static_linear(fc->weight, fc->bias, 0.015f, 20), dynamic_linear(fc->weight, fc->bias);
+  expect_error<Error>(
+      [&] {
+        dynamic_linear->forward_codes(zeros({2, 48}, DType::U8), false);
+      },
+      {"QuantizedLinear::forward_codes", "dynamic"});
+  expect_error<ShapeError>(
+      [&] {
+        static_linear->forward_codes(zeros({2, 47}, DType::U8), false);
+      },
+      {"codes of shape [N, 48]"});
 }
 
 // prepare wraps both Conv2ds and the Linear; convert gives QuantizedConv2d / QuantizedLinear with the
