@@ -228,7 +228,8 @@ InputQuant choose_input_qparams(const float* x, int64_t n);
 void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out);
 // max_pool2d(relu(conv(x)), 2) of an f32 Conv2d, made straight into the input codes of `next` (a
 // QuantizedConv2d with static input quantisation), u8 [N, OH / 2, OW / 2, out] channels last, for
-// next->forward_codes (Note [an int8 convolution's input as codes], nn/quant.cpp). Undefined where that path
+// next->forward_staged with codes_in (Note [an int8 convolution's input as codes], nn/quant.cpp); a NaN as
+// conv2d_relu_pool2 takes it (its fused ReLU maps a NaN to 0). Undefined where that path
 // is not there: a dynamic `next`, tensors not f32 on the cpu, shapes that do not fit together (the modules
 // one by one then say how), an output without a 2 x 2 window, a build without oneDNN. Inference only: it
 // records nothing.
