@@ -81,6 +81,13 @@ void check_inference_input(const char* who, const Tensor& x, bool meta_ok = fals
                "nn::quant::prepare_qat for quantisation-aware training)");
 }
 
+// A convolution's output size along one axis for an input of `in`: 0 where the dilated kernel does not fit
+// in the padded input.
+int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
+  const int64_t span = dilation * (kernel - 1) + 1;
+  return in + 2 * pad < span ? 0 : (in + 2 * pad - span) / stride + 1;
+}
+
 // A layer's static input quantisation from its buffers, or none (dynamic).
 std::optional<quant::InputQuant> static_input_of(const Tensor& input_scale, const Tensor& input_zero_point) {
   if (!input_scale.defined()) return std::nullopt;
@@ -460,10 +467,8 @@ std::optional<quant::InputQuant> QuantizedConv2dImpl::static_input() const {
 int64_t QuantizedConv2dImpl::pooled_features(int64_t H, int64_t W) const {
   const Conv2dOptions& o = options_;
   const Size2 k = o.kernel_size(), st = o.stride(), pd = o.padding(), dl = o.dilation();
-  if (H + 2 * pd.h < dl.h * (k.h - 1) + 1 || W + 2 * pd.w < dl.w * (k.w - 1) + 1) return 0;
-  const int64_t OH = (H + 2 * pd.h - dl.h * (k.h - 1) - 1) / st.h + 1;
-  const int64_t OW = (W + 2 * pd.w - dl.w * (k.w - 1) - 1) / st.w + 1;
-  return o.out_channels() * (OH / 2) * (OW / 2);
+  return o.out_channels() * (conv_out_size(H, k.h, st.h, pd.h, dl.h) / 2) *
+         (conv_out_size(W, k.w, st.w, pd.w, dl.w) / 2);
 }
 
 Tensor QuantizedConv2dImpl::forward_staged(const Tensor& input, bool codes_in, bool relu, bool pool2,
@@ -493,10 +498,9 @@ Tensor QuantizedConv2dImpl::convolve(const Tensor& input, int64_t H, int64_t W, 
   const Conv2dOptions& o = options_;
   const int64_t N = input.size(0), C = o.in_channels(), O = o.out_channels();
   const Size2 k = o.kernel_size(), st = o.stride(), pd = o.padding(), dl = o.dilation();
-  FRUGAL_CHECK_SHAPE(H + 2 * pd.h >= dl.h * (k.h - 1) + 1 && W + 2 * pd.w >= dl.w * (k.w - 1) + 1,
-                     "QuantizedConv2d: the input ", input.shape(), " is smaller than the dilated kernel");
-  const int64_t OH = (H + 2 * pd.h - dl.h * (k.h - 1) - 1) / st.h + 1;
-  const int64_t OW = (W + 2 * pd.w - dl.w * (k.w - 1) - 1) / st.w + 1;
+  const int64_t OH = conv_out_size(H, k.h, st.h, pd.h, dl.h), OW = conv_out_size(W, k.w, st.w, pd.w, dl.w);
+  FRUGAL_CHECK_SHAPE(OH > 0 && OW > 0, "QuantizedConv2d: the input ", input.shape(),
+                     " is smaller than the dilated kernel");
   // An output too small for a 2 x 2 window: max_pool2d's own refusal.
   if (pool2 && (OH < 2 || OW < 2)) {
     FRUGAL_CHECK(!codes_out, "QuantizedConv2d: no codes out of an output too small to pool");
@@ -634,10 +638,9 @@ Tensor conv2d_relu_pool2_codes(const Tensor& x, const Conv2dImpl& conv, const Qu
   a.n = x.size(0), a.c = x.size(1), a.h = x.size(2), a.w = x.size(3), a.o = w.size(0), a.kh = k.h, a.kw = k.w;
   a.stride_h = st.h, a.stride_w = st.w, a.pad_h = pd.h, a.pad_w = pd.w, a.dil_h = dl.h, a.dil_w = dl.w;
   a.groups = o.groups();
-  if (a.h + 2 * pd.h < dl.h * (k.h - 1) + 1 || a.w + 2 * pd.w < dl.w * (k.w - 1) + 1) return {};
-  a.oh = (a.h + 2 * pd.h - dl.h * (k.h - 1) - 1) / st.h + 1;
-  a.ow = (a.w + 2 * pd.w - dl.w * (k.w - 1) - 1) / st.w + 1;
-  if (a.oh < 2 || a.ow < 2) return {};
+  a.oh = conv_out_size(a.h, k.h, st.h, pd.h, dl.h);
+  a.ow = conv_out_size(a.w, k.w, st.w, pd.w, dl.w);
+  if (a.oh < 2 || a.ow < 2) return {};  // no 2 x 2 window, or a kernel that does not fit
   memory::OpScope op_scope("conv2d_relu_pool2_codes", x, w);  // Note [op names in the history]
   const Tensor xc = contiguous(x), wc = contiguous(w), bc = b.defined() ? contiguous(b) : b;
   a.x = xc.raw_data(), a.weight = wc.raw_data(), a.bias = bc.defined() ? bc.raw_data() : nullptr;

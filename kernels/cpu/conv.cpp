@@ -21,7 +21,6 @@
 
 #include "core/error.h"
 #include "core/op_table_conv.h"
-#include "core/op_table_copy.h"
 #include "core/op_table_linalg.h"
 #include "core/parallel.h"
 #include "core/quant_kernels.h"
@@ -30,6 +29,7 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/im2col.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/workspace.h"
 
@@ -533,13 +533,8 @@ void conv2d_relu_pool2_f32(const ConvArgs& a, const PooledCodes* codes) {
       cpu::quantize_u8(static_cast<const float*>(pooled.raw_data()), n * o * pooled_pixels, codes->inv_scale,
                        codes->zero_point, codes->qmax, static_cast<uint8_t*>(nchw.raw_data()));
       for (int64_t img = 0; img < n; ++img) {
-        TransposeArgs t;
-        t.in = static_cast<const uint8_t*>(nchw.raw_data()) + img * o * pooled_pixels;
-        t.out = codes->y + (c.first + img) * pooled_pixels * o;
-        t.rows = o;
-        t.cols = pooled_pixels;
-        t.in_stride = pooled_pixels;
-        op_transpose2d.get(kCPU, DType::U8)(t);
+        cpu::transpose_codes(static_cast<const uint8_t*>(nchw.raw_data()) + img * o * pooled_pixels,
+                             codes->y + (c.first + img) * pooled_pixels * o, o, pooled_pixels);
       }
     }
   }

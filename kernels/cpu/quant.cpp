@@ -404,13 +404,7 @@ void pool2_to_nchw(const S* src_all, float* y, int64_t images, int64_t OH, int64
   quantize_u8(pooled, images * PP * O, codes->inv_scale, codes->zero_point, codes->qmax, q);
   parallel_for(0, images, 1, [&](int64_t b, int64_t e) {
     for (int64_t img = b; img < e; ++img) {
-      TransposeArgs t;
-      t.in = q + img * PP * O;
-      t.out = codes->y + (first + img) * O * PP;
-      t.rows = PP;
-      t.cols = O;
-      t.in_stride = O;
-      op_transpose2d.get(kCPU, DType::U8)(t);
+      transpose_codes(q + img * PP * O, codes->y + (first + img) * O * PP, PP, O);
     }
   });
 }
@@ -454,13 +448,7 @@ bool conv2d_onednn(const ConvArgs& a, const Int8ConvInput& in, const float* scal
         for (int64_t img = b; img < e; ++img) {
           quantize_range(xs + (n0 + img) * C * HW, C * HW, in.inv_scale, in.zero_point, in.qmax,
                          xq + img * C * HW);
-          TransposeArgs t;
-          t.in = xq + img * C * HW;
-          t.out = static_cast<uint8_t*>(xt) + img * C * HW;
-          t.rows = C;
-          t.cols = HW;
-          t.in_stride = HW;
-          op_transpose2d.get(kCPU, DType::U8)(t);
+          transpose_codes(xq + img * C * HW, static_cast<uint8_t*>(xt) + img * C * HW, C, HW);
         }
       });
     }
@@ -517,13 +505,8 @@ void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale,
     if (in.nhwc_codes) {  // each image's [HW, C] transposed to [C, HW]
       parallel_for(0, images, 1, [&](int64_t b, int64_t e) {
         for (int64_t img = b; img < e; ++img) {
-          TransposeArgs t;
-          t.in = static_cast<const uint8_t*>(a.x) + (n0 + img) * CHW;
-          t.out = xq + img * CHW;
-          t.rows = a.h * a.w;
-          t.cols = a.c;
-          t.in_stride = a.c;
-          op_transpose2d.get(kCPU, DType::U8)(t);
+          transpose_codes(static_cast<const uint8_t*>(a.x) + (n0 + img) * CHW, xq + img * CHW, a.h * a.w,
+                          a.c);
         }
       });
     } else {

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "core/op_table_copy.h"
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -51,5 +53,16 @@ struct Quantize8 {
   __m256i zp;
 };
 #endif
+
+// One image's u8 codes [rows, cols] (dense) to out [cols, rows], by op_transpose2d's CPU kernel.
+inline void transpose_codes(const uint8_t* in, uint8_t* out, int64_t rows, int64_t cols) {
+  TransposeArgs t;
+  t.in = in;
+  t.out = out;
+  t.rows = rows;
+  t.cols = cols;
+  t.in_stride = cols;
+  op_transpose2d.get(kCPU, DType::U8)(t);
+}
 
 }  // namespace frugal::cpu

@@ -294,6 +294,13 @@ TEST(QuantizedConv2d, AfterAnF32ConvolutionBlockItTakesCodesAndMatchesTheModules
   nn::Sequential seq{conv, nn::ReLU(), nn::MaxPool2d(2), dynamic};
   EXPECT_EQ(seq->forward(x).to_vector<float>(),
             dynamic->forward(max_pool2d(relu(conv->forward(x)), 2)).to_vector<float>());
+  // A non-contiguous input (a channels-last view) takes the codes path and gives its copy's result.
+  nn::QuantizedConv2d static_conv(conv2->options(), conv2->weight, conv2->bias, &fixed);
+  nn::Sequential chain{conv, nn::ReLU(), nn::MaxPool2d(2), static_conv};
+  const Tensor view = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+  ASSERT_FALSE(view.is_contiguous());
+  EXPECT_TRUE(nn::quant::conv2d_relu_pool2_codes(view, *conv, *static_conv).defined());
+  EXPECT_EQ(chain->forward(view).to_vector<float>(), chain->forward(x).to_vector<float>());
   nn::Conv2d other(nn::Conv2dOptions(8, 8, 3));
   nn::QuantizedConv2d mismatched(other->options(), other->weight, other->bias, &fixed);
   EXPECT_FALSE(nn::quant::conv2d_relu_pool2_codes(x, *conv, *mismatched).defined());
