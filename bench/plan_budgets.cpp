@@ -227,14 +227,13 @@ int main(int argc, char** argv) {
     RunShape uniform;
     uniform.uniform = w3 ? 1 : 6;
     add(w3 ? "every_block" : "sqrt_n", uniform, 0, 0, "");
-    // W3: accumulation alone, what Note [the planner's cost model] prices at PlanCosts::micro_batch a
+    // Accumulation alone, what Note [the planner's cost model] prices at PlanCosts::micro_batch a
     // micro-batch.
-    if (w3)
-      for (int k : {2, 4}) {
-        RunShape micro;
-        micro.plan.micro_batches = k;
-        add("micro_batches_" + std::to_string(k), micro, 0, 0, "");
-      }
+    for (int k : {2, 4}) {
+      RunShape micro;
+      micro.plan.micro_batches = k;
+      add("micro_batches_" + std::to_string(k), micro, 0, 0, "");
+    }
     auto plan_for = [&](int64_t budget) {
       memory::PlanSpace space = memory::PlanSpace().step_in_backward(true).from(kCPU);
       if (w3)

@@ -306,20 +306,22 @@ void gemm(bool bf16) {
 
 // gemms: each GEMM of W1's, W3's and W4's training steps on its own, in the three layouts a Linear runs
 // (forward x·Wᵀ + b, dX = g·W, dW = gᵀ·x), through the ops the autograd calls (ops::linear,
-// ops::linear_backward): one line each, named "W1.fc1.forward" and so on, with the GEMM's m, k, n (C[m,n] =
-// A[m,k]·B[k,n]), its GFLOP/s (and fraction of the f32 ceiling, given one). gemms-bf16: the same in bf16 (as
-// under autocast: W4b, W6), against the bf16 ceiling. Not a workload of the peers (bench/compare.sh); W1's
-// first layer's dX is listed though its step skips it.
+// ops::linear_backward), and W4's layer on a quarter of its batch (W4.micro4: the step in 4 micro-batches, as
+// the planner may choose it): one line each, named "W1.fc1.forward" and so on, with the GEMM's m, k, n
+// (C[m,n] = A[m,k]·B[k,n]), its GFLOP/s (and fraction of the f32 ceiling, given one). gemms-bf16: the same in
+// bf16 (as under autocast: W4b, W6), against the bf16 ceiling. Not a workload of the peers
+// (bench/compare.sh); W1's first layer's dX is listed though its step skips it.
 void gemm_shapes(DType dtype) {
   struct Layer {
     const char* name;
     int64_t m, in, out;
   };
   const int64_t vocab = fortunes()->vocab_size(), tokens = 32 * 64, d = 128;
-  const Layer layers[] = {
-      {"W1.fc1", 128, 784, 256},        {"W1.fc2", 128, 256, 256},     {"W1.fc3", 128, 256, 10},
-      {"W3.qkv", tokens, d, 3 * d},     {"W3.proj", tokens, d, d},     {"W3.fc", tokens, d, 4 * d},
-      {"W3.fc_proj", tokens, 4 * d, d}, {"W3.head", tokens, d, vocab}, {"W4.linear", 1024, 1024, 1024}};
+  const Layer layers[] = {{"W1.fc1", 128, 784, 256},        {"W1.fc2", 128, 256, 256},
+                          {"W1.fc3", 128, 256, 10},         {"W3.qkv", tokens, d, 3 * d},
+                          {"W3.proj", tokens, d, d},        {"W3.fc", tokens, d, 4 * d},
+                          {"W3.fc_proj", tokens, 4 * d, d}, {"W3.head", tokens, d, vocab},
+                          {"W4.linear", 1024, 1024, 1024},  {"W4.micro4", 256, 1024, 1024}};
   for (const Layer& l : layers) {
     const Tensor x = randn({l.m, l.in}).to(dtype), w = randn({l.out, l.in}).to(dtype),
                  b = randn({l.out}).to(dtype), g = randn({l.m, l.out}).to(dtype);

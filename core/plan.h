@@ -26,14 +26,16 @@
 // calls it repeats: much for a model of small ops (a chain of tiny Linears: 0.4 a micro-batch; W1 0.11),
 // little for one of large GEMMs (W3 and W4: 0.01). The rates are those of this project's 2-core machines (f32
 // GEMMs near 150 GFLOP/s, 2 us a kernel call with the op around it, 10 GB/s of new tensors written and read);
-// only their ratios rank the candidates. The README compares the coefficients with measured steps; what the
-// counts miss is a GEMM that runs slower split into micro-batches (W4 at 4: 0.09 a micro-batch). Until
-// 2026-12-05 the coefficients were constants measured on W3 (1/3, 0.05 and 0.1). Low precision is taken as no
-// faster, since a CPU without bf16 instructions gains nothing from it. Stepping in backward
-// (optim::StepInBackward) does the same updates at another moment, so it costs nothing in the model (W4g
-// measured within noise of W4); it frees each gradient once its update is done, so the gradients never all
-// exist at once, and with recompute it is what lowers a parameter-heavy step's peak most (Note [recompute and
-// stepping in backward]). It needs the whole gradient from one backward, so it goes with one micro-batch
+// only their ratios rank the candidates. The README compares the coefficients with measured steps. W4 at 4
+// micro-batches measured 0.09-0.13 a micro-batch more against 0.01 counted, until its d x GEMMs of 256 rows
+// stopped running at half speed (Note [B's rows 2 KiB apart], kernels/cpu/gemm.cpp): 0.06-0.07 since. Its
+// forward GEMMs of 256 rows, about 15% slower than of 1024, account for about 0.02 of that; the rest is not
+// explained. Until 2026-12-05 the coefficients were constants measured on W3 (1/3, 0.05 and 0.1). Low
+// precision is taken as no faster, since a CPU without bf16 instructions gains nothing from it. Stepping in
+// backward (optim::StepInBackward) does the same updates at another moment, so it costs nothing in the model
+// (W4g measured within noise of W4); it frees each gradient once its update is done, so the gradients never
+// all exist at once, and with recompute it is what lowers a parameter-heavy step's peak most (Note [recompute
+// and stepping in backward]). It needs the whole gradient from one backward, so it goes with one micro-batch
 // only. At an equal predicted time the candidate without it is tried first. The model ranks the candidates;
 // it is not a timer.
 //

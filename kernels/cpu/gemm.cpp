@@ -1,9 +1,9 @@
-// CPU GEMM. f32: oneDNN's dnnl_sgemm when built with it (DESIGN.md says why), Eigen's GEMM otherwise; f64:
-// Eigen. bf16: oneDNN's matmul primitive (AVX-512 BF16 dot products accumulated in f32, rounded once on
-// store). f16, and bf16 without oneDNN or in a layout oneDNN declines: tiles of A and B widened to f32 and
-// multiplied by the registered f32 GEMM, C rounded once; a few rows of A as dot products with B's columns, or
-// as sums of B's rows, widened in registers (Note [few rows of 16-bit floats]). The naive reference the
-// tests and benchmarks check against is kernels/cpu/reference.h.
+// CPU GEMM. f32: oneDNN's dnnl_sgemm when built with it (DESIGN.md says why; some B in panels, Note [B's
+// rows 2 KiB apart]), Eigen's GEMM otherwise; f64: Eigen. bf16: oneDNN's matmul primitive (AVX-512 BF16 dot
+// products accumulated in f32, rounded once on store). f16, and bf16 without oneDNN or in a layout oneDNN
+// declines: tiles of A and B widened to f32 and multiplied by the registered f32 GEMM, C rounded once; a few
+// rows of A as dot products with B's columns, or as sums of B's rows, widened in registers (Note [few rows of
+// 16-bit floats]). The naive reference the tests and benchmarks check against is kernels/cpu/reference.h.
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -54,10 +54,10 @@ void gemm_eigen(const GemmArgs& g) {
 }
 
 #ifdef FRUGAL_HAVE_ONEDNN
-void gemm_f32_onednn(const GemmArgs& args) {
-  // A matrix of one row or one column has a stride that is never used, which dnnl_sgemm still checks (its
-  // leading dimension must cover a row): give such a stride the value a contiguous matrix would have (the
-  // weight gradient of Linear(in, 1) is a 1 x batch matrix with both strides 1).
+// A matrix of one row or one column has a stride that is never used, which dnnl_sgemm still checks (its
+// leading dimension must cover a row): such a stride gets the value a contiguous matrix would have (the
+// weight gradient of Linear(in, 1) is a 1 x batch matrix with both strides 1).
+GemmArgs tidied(const GemmArgs& args) {
   GemmArgs g = args;
   auto tidy = [](int64_t rows, int64_t cols, int64_t& row_stride, int64_t& col_stride) {
     if (cols == 1) col_stride = 1;
@@ -66,17 +66,92 @@ void gemm_f32_onednn(const GemmArgs& args) {
   tidy(g.m, g.k, g.a_row, g.a_col);
   tidy(g.k, g.n, g.b_row, g.b_col);
   if (g.m == 1) g.c_row = std::max<int64_t>(g.n, 1);
+  return g;
+}
+
+// Note [B's rows 2 KiB apart]
+// oneDNN 2.6's f32 GEMM, on a CPU without AVX-512, multiplies the operands as they lie, without packing them
+// first ("no copy"), whenever one side of C is short: 1/m + 1/n >= 0.0038 (its nocopy_checker_avx2), which
+// holds for every m <= 263. With B not transposed and its rows a multiple of 2 KiB apart, that kernel runs at
+// half speed: d x = d y W of a Linear(1024, 1024) on 256 rows (W4's backward in 4 micro-batches) took 75-88
+// GFLOP/s, against 150-165 for 512 rows, or for the same B with its rows 1040 floats apart (AMD EPYC Zen 3,
+// 2 threads; the same ratio on 1 thread). The same held for B of 512, 2048 and 4096 columns and k from 64 to
+// 4096, and not for 256 or 768 columns. Such a product runs here in panels of up to 256 of B's rows: each is
+// copied to a workspace whose rows are 64 bytes longer, and its product added into C (beta 1 after the first
+// panel). That took 126-160 GFLOP/s with the copies (the panel sizes measured: 64, 128, 256, all of B; 256
+// was best), about 1 MiB of workspace (fewer rows for a wider B) from the arena, which the dry run takes too
+// (gemm_f32_onednn_meta). Below 64 rows of C the copies cost about what they save (32 x 4096 x 4096: 81
+// against 76), so those stay as they are. On an AVX-512 CPU oneDNN takes another checker, and nothing was
+// measured there: those stay as they are too. So does a GEMM inside a parallel region (the im2col
+// convolutions' per image, the widened tiles'): its caller sized the working memory, for the dry run as well.
+// The panels change the order of the sums over k, so the result may differ from the unpadded product in the
+// last bits; for given shapes it is the same every run. The decision is made on tidied arguments, by the CPU
+// kernel and its meta twin alike.
+constexpr int64_t kPanelPad = 16;  // floats: a panel's rows are 64 bytes longer than B's
+
+bool pads_b(const GemmArgs& g) {
+  static const bool avx2_checker =
+      (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core;
+  return avx2_checker && g.b_col == 1 && g.n > 1 && g.b_row % 512 == 0 && g.k > 0 && g.m >= 64 &&
+         1.0 / double(g.m) + 1.0 / double(g.n) >= 0.0038 && omp_get_level() == 0;
+}
+
+// Rows of B a panel holds: 256, halved while a panel would take more than 2 MiB (to no fewer than 64).
+int64_t panel_rows(const GemmArgs& g) {
+  int64_t rows = 256;
+  while (rows > 64 && rows * (g.n + kPanelPad) * int64_t(sizeof(float)) > (int64_t(2) << 20)) rows /= 2;
+  return std::min(rows, g.k);
+}
+
+int64_t panel_bytes(const GemmArgs& g) { return panel_rows(g) * (g.n + kPanelPad) * int64_t(sizeof(float)); }
+
+void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const dnnl_status_t st = dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  FRUGAL_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status ", int(st), " for m=", m, " n=", n,
+                " k=", k);
+}
+
+// C = alpha A B + beta C through panels of B (Note [B's rows 2 KiB apart]); A not transposed or transposed
+// as `ta` says.
+void gemm_f32_padded(const GemmArgs& g, char ta, int64_t lda) {
+  const int64_t rows = panel_rows(g), ld = g.n + kPanelPad;
+  const Tensor buf = cpu::workspace(panel_bytes(g));
+  float* panel = static_cast<float*>(buf.raw_data());
+  for (int64_t b = 0; b < g.batch; ++b) {
+    const float* a = static_cast<const float*>(g.a) + b * g.a_batch;
+    const float* bm = static_cast<const float*>(g.b) + b * g.b_batch;
+    float* c = static_cast<float*>(g.c) + b * g.c_batch;
+    for (int64_t k0 = 0; k0 < g.k; k0 += rows) {
+      const int64_t kk = std::min(rows, g.k - k0);
+      parallel_for(0, kk, std::max<int64_t>(1, kGrain / g.n), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          std::memcpy(panel + r * ld, bm + (k0 + r) * g.b_row, size_t(g.n) * sizeof(float));
+      });
+      // A's columns k0.. (rows of A^T when transposed).
+      const float* ak = a + k0 * (ta == 'N' ? 1 : lda);
+      sgemm(ta, 'N', g.m, g.n, kk, g.alpha, ak, lda, panel, ld, k0 == 0 ? g.beta : 1.0f, c, g.c_row);
+    }
+  }
+}
+
+void gemm_f32_onednn(const GemmArgs& args) {
+  const GemmArgs g = tidied(args);
   // dnnl_sgemm is row-major: 'N' reads A as m x k with rows lda apart, 'T' reads it as its k x m transpose.
   const char ta = g.a_col == 1 ? 'N' : 'T', tb = g.b_col == 1 ? 'N' : 'T';
   const int64_t lda = ta == 'N' ? g.a_row : g.a_col, ldb = tb == 'N' ? g.b_row : g.b_col;
-  for (int64_t b = 0; b < g.batch; ++b) {
-    const dnnl_status_t st =
-        dnnl_sgemm(ta, tb, g.m, g.n, g.k, g.alpha, static_cast<const float*>(g.a) + b * g.a_batch, lda,
-                   static_cast<const float*>(g.b) + b * g.b_batch, ldb, g.beta,
-                   static_cast<float*>(g.c) + b * g.c_batch, g.c_row);
-    FRUGAL_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status ", int(st), " for m=", g.m, " n=", g.n,
-                  " k=", g.k);
-  }
+  if (pads_b(g)) return gemm_f32_padded(g, ta, lda);
+  for (int64_t b = 0; b < g.batch; ++b)
+    sgemm(ta, tb, g.m, g.n, g.k, g.alpha, static_cast<const float*>(g.a) + b * g.a_batch, lda,
+          static_cast<const float*>(g.b) + b * g.b_batch, ldb, g.beta,
+          static_cast<float*>(g.c) + b * g.c_batch, g.c_row);
+}
+
+// The meta kernel (core/op_table.h): the panel workspace of Note [B's rows 2 KiB apart].
+void gemm_f32_onednn_meta(const GemmArgs& args) {
+  const GemmArgs g = tidied(args);
+  if (g.m == 0 || g.n == 0 || !pads_b(g)) return;
+  const Tensor buf = cpu::meta_workspace(panel_bytes(g));
 }
 #endif
 
@@ -504,6 +579,7 @@ void gemm_bf16_onednn_meta(const GemmArgs& g) {
 
 const bool kRegistered = [] {
 #ifdef FRUGAL_HAVE_ONEDNN
+  op_gemm.set(DeviceType::Meta, DType::F32, gemm_f32_onednn_meta);
   op_gemm.set(DeviceType::Meta, DType::BF16, gemm_bf16_onednn_meta);
 #else
   op_gemm.set(DeviceType::Meta, DType::BF16, gemm_widened_meta);
@@ -528,5 +604,15 @@ void gemm_f32_eigen_cpu(const GemmArgs& g) { gemm_eigen<float>(g); }
 // The widened 16-bit paths, callable beside the registered kernels (bf16's is the fallback without oneDNN).
 void gemm_bf16_widened_cpu(const GemmArgs& g) { gemm_widened<BFloat16>(g); }
 void gemm_f16_widened_cpu(const GemmArgs& g) { gemm_widened<Half>(g); }
+
+int64_t gemm_f32_panel_bytes(const GemmArgs& args) {
+#ifdef FRUGAL_HAVE_ONEDNN
+  const GemmArgs g = tidied(args);
+  if (g.m > 0 && g.n > 0 && pads_b(g)) return panel_bytes(g);
+#else
+  (void)args;
+#endif
+  return 0;
+}
 
 }  // namespace frugal

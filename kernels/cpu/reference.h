@@ -145,6 +145,9 @@ void gemm_f32_eigen_cpu(const GemmArgs& g);
 // without oneDNN or for a layout oneDNN declines), callable beside the registered kernels.
 void gemm_bf16_widened_cpu(const GemmArgs& g);
 void gemm_f16_widened_cpu(const GemmArgs& g);
+// The workspace the registered f32 GEMM takes for g: B's panels (Note [B's rows 2 KiB apart],
+// kernels/cpu/gemm.cpp), 0 when it multiplies B as it lies.
+int64_t gemm_f32_panel_bytes(const GemmArgs& g);
 }  // namespace frugal
 
 namespace frugal {

@@ -120,6 +120,81 @@ TEST(Matmul, LargeSquare) {
   expect_close(matmul(a, b), reference_matmul(a, b), gemm_tol(DType::F32, 256), "256^3");
 }
 
+// Note [B's rows 2 KiB apart] (kernels/cpu/gemm.cpp): a B not transposed whose rows are a multiple of 2 KiB
+// apart, under a short C, is multiplied in panels of its rows copied to a workspace. Each form such a product
+// takes (a last panel shorter than the others, A transposed, alpha and beta, a batch, panels of fewer rows
+// for a wide B) against the naive GEMM, with the workspace gemm_f32_panel_bytes names and no other; then
+// linear_backward's d x on W4's micro-batch of 256 rows, measured and dry-run alike.
+TEST(Matmul, PanelsOfBAgreeWithReference) {
+  struct Case {
+    int64_t batch, m, n, k;
+    bool a_transposed;
+    float alpha, beta;
+  };
+  bool any_panels = false;
+  uint64_t seed = 70;
+  for (const Case c : {Case{1, 64, 512, 300, false, 1, 0}, Case{1, 100, 1024, 600, true, 0.5f, 2},
+                       Case{2, 80, 512, 257, false, 1, 1}, Case{1, 64, 4096, 130, false, -1, 0}}) {
+    const std::string label = detail::str_cat("batch ", c.batch, ", m ", c.m, ", n ", c.n, ", k ", c.k);
+    const Tensor a = c.a_transposed ? uniform({c.batch, c.k, c.m}, -1, 1, DType::F32, ++seed)
+                                    : uniform({c.batch, c.m, c.k}, -1, 1, DType::F32, ++seed);
+    const Tensor b = uniform({c.batch, c.k, c.n}, -1, 1, DType::F32, ++seed);
+    const Tensor out = uniform({c.batch, c.m, c.n}, -1, 1, DType::F32, ++seed), expected = out.clone();
+    GemmArgs g{.batch = c.batch,
+               .m = c.m,
+               .n = c.n,
+               .k = c.k,
+               .a = a.raw_data(),
+               .b = b.raw_data(),
+               .c = out.raw_data(),
+               .a_batch = c.m * c.k,
+               .a_row = c.a_transposed ? 1 : c.k,
+               .a_col = c.a_transposed ? c.m : 1,
+               .b_batch = c.k * c.n,
+               .b_row = c.n,
+               .c_batch = c.m * c.n,
+               .c_row = c.n,
+               .alpha = c.alpha,
+               .beta = c.beta};
+    const int64_t panels = gemm_f32_panel_bytes(g);
+    any_panels = any_panels || panels > 0;
+    memory::reset_peak(kCPU);
+    const int64_t before = memory::stats(kCPU).allocated.current;
+    op_gemm.get(kCPU, DType::F32)(g);
+    EXPECT_EQ(memory::stats(kCPU).allocated.peak - before, (panels + 511) / 512 * 512) << label;
+    g.c = expected.raw_data();
+    reference::gemm<float>(g);
+    expect_close(out, expected.to_vector<double>(), gemm_tol(DType::F32, c.k), label);
+  }
+  const int64_t m = 256, d = 1024;
+  const Tensor dy = uniform({m, d}, -1, 1, DType::F32, ++seed),
+               w = uniform({d, d}, -1, 1, DType::F32, ++seed);
+  const GemmArgs dx_gemm{.m = m, .n = d, .k = d, .a_row = d, .b_row = d, .c_row = d};
+  const int64_t panels = (gemm_f32_panel_bytes(dx_gemm) + 511) / 512 * 512, dx_bytes = m * d * 4;
+  memory::reset_peak(kCPU);
+  const int64_t before = memory::stats(kCPU).allocated.current;
+  const Tensor dx = ops::linear_backward(dy, Tensor(), w, true, false, false).dx;
+  EXPECT_EQ(memory::stats(kCPU).allocated.peak - before, dx_bytes + panels) << "d x of 256 rows";
+  Tensor oracle = zeros({m, d});
+  GemmArgs eigen = dx_gemm;
+  eigen.a = dy.raw_data();
+  eigen.b = w.raw_data();
+  eigen.c = oracle.raw_data();
+  gemm_f32_eigen_cpu(eigen);
+  expect_close(dx, oracle.to_vector<double>(), gemm_tol(DType::F32, d), "d x of 256 rows, against Eigen");
+  int64_t base = 0;
+  const memory::Estimate e = memory::estimate([&](Device dev) {
+    const Tensor dym = empty({m, d}, TensorOptions().device(dev)),
+                 wm = empty({d, d}, TensorOptions().device(dev));
+    base = memory::stats(dev).allocated.current;
+    memory::reset_peak(dev);
+    const Tensor dxm = ops::linear_backward(dym, Tensor(), wm, true, false, false).dx;
+  });
+  EXPECT_EQ(e.peak_allocated - base, dx_bytes + panels) << "the dry run of d x";
+  if (!any_panels || panels == 0)
+    GTEST_SKIP() << "no product took B's panels here (oneDNN's AVX-512 checker): only the plain path ran";
+}
+
 TEST(Matmul, BadInputs) {
   expect_error<ShapeError>(
       [] {
