@@ -11,13 +11,22 @@ double predicted_seconds(const Estimate& e) {
          double(e.bytes_allocated) / kBytesPerSecond;
 }
 
+double low_precision_time(Device device) {
+  if (device.type != DeviceType::CPU) return 1.0;
+#if defined(__AVX512BF16__)
+  return 0.6;
+#else
+  return 1.1;
+#endif
+}
+
 namespace {
 
 double relative_time(const PlanChoice& c, int blocks, const PlanCosts& k) {
   const double whole = blocks > 0 ? double(c.recompute_blocks) / double(blocks) : 0.0,
                selective = blocks > 0 ? double(c.selective_blocks) / double(blocks) : 0.0;
   return (1 + k.recompute * whole + k.selective * selective) *
-         (1 + k.micro_batch * double(c.micro_batches - 1)) * (c.low_precision ? kLowPrecision : 1.0);
+         (1 + k.micro_batch * double(c.micro_batches - 1)) * (c.low_precision ? k.low_precision : 1.0);
 }
 
 }  // namespace
@@ -59,6 +68,7 @@ Plan plan(const std::function<void(Device, const PlanChoice&)>& step, int64_t bu
   // The step's own coefficients (Note [the planner's cost model]), from dry runs without the budget.
   // None are needed (nor the plain step's dry run) where there are no blocks and one micro-batch count.
   PlanCosts& costs = best.costs;
+  costs.low_precision = low_precision_time(space.from().value_or(kCPU));
   const int n = space.blocks();
   int least_k = 0;
   for (int k : space.micro_batches())

@@ -15,7 +15,7 @@
 //
 // Note [the planner's cost model]
 // A candidate's step time relative to the plain run's (1 micro-batch, no recompute, f32) is predicted as
-//   (1 + recompute * m / n + selective * s / n) * (1 + micro_batch * (k - 1)) * (bf16 ? kLowPrecision : 1)
+//   (1 + recompute * m / n + selective * s / n) * (1 + micro_batch * (k - 1)) * (bf16 ? low_precision : 1)
 // for m of n blocks recomputed whole, s recomputed selectively and k micro-batches. The three coefficients
 // (PlanCosts) are the step's own, measured before the search by dry runs without the budget: the plain step,
 // every block recomputed whole, every block selective (where allowed) and the least k > 1 allowed. Each dry
@@ -30,14 +30,16 @@
 // micro-batches measured 0.09-0.13 a micro-batch more against 0.01 counted, until its d x GEMMs of 256 rows
 // stopped running at half speed (Note [B's rows 2 KiB apart], kernels/cpu/gemm.cpp): 0.06-0.07 since. Its
 // forward GEMMs of 256 rows, about 15% slower than of 1024, account for about 0.02 of that; the rest is not
-// explained. Until 2026-12-05 the coefficients were constants measured on W3 (1/3, 0.05 and 0.1). Low
-// precision is taken as no faster, since a CPU without bf16 instructions gains nothing from it. Stepping in
-// backward (optim::StepInBackward) does the same updates at another moment, so it costs nothing in the model
-// (W4g measured within noise of W4); it frees each gradient once its update is done, so the gradients never
-// all exist at once, and with recompute it is what lowers a parameter-heavy step's peak most (Note [recompute
-// and stepping in backward]). It needs the whole gradient from one backward, so it goes with one micro-batch
-// only. At an equal predicted time the candidate without it is tried first. The model ranks the candidates;
-// it is not a timer.
+// explained. Until 2026-12-05 the coefficients were constants measured on W3 (1/3, 0.05 and 0.1). bf16
+// autocast's factor is the device's (low_precision_time): a build for a CPU with bf16 dot products runs its
+// GEMMs and attention on them, and W6 (W3 under bf16) took 0.59-0.65 of W3's step there, W4b 0.54 of W4's (a
+// Zen 4); without them bf16 only saves memory, and W6 took 1.08-1.13 of W3's step (a Zen 3). Until
+// 2026-12-06 bf16 was priced as no faster everywhere. Stepping in backward (optim::StepInBackward) does the
+// same updates at another moment, so it costs nothing in the model (W4g measured within noise of W4); it
+// frees each gradient once its update is done, so the gradients never all exist at once, and with recompute
+// it is what lowers a parameter-heavy step's peak most (Note [recompute and stepping in backward]). It needs
+// the whole gradient from one backward, so it goes with one micro-batch only. At an equal predicted time the
+// candidate without it is tried first. The model ranks the candidates; it is not a timer.
 //
 // The search over recompute is exhaustive: each block of the chain runs plain, selectively or wholly
 // recomputed. For a chain of identical blocks (the GPT's) what a candidate saves and costs depends only on
@@ -65,16 +67,21 @@ namespace frugal::memory {
 inline constexpr double kFlopsPerSecond = 150e9;
 inline constexpr double kSecondsPerKernel = 2e-6;
 inline constexpr double kBytesPerSecond = 10e9;
-inline constexpr double kLowPrecision = 1.0;
 
 // A dry run's counted work priced in seconds by the rates above.
 double predicted_seconds(const Estimate& e);
+
+// A step under bf16 autocast over the same step in f32 on `device` (Note [the planner's cost model]): on the
+// CPU 0.6 where the build uses bf16 dot products (AVX512_BF16), else 1.1; 1.0 on other devices, where it
+// was never measured.
+double low_precision_time(Device device);
 
 // The step's own coefficients of the cost model, each relative to the plain step's predicted time.
 struct PlanCosts {
   double recompute = 0;      // every block recomputed whole
   double selective = 0;      // every block recomputed selectively
   double micro_batch = 0;    // each micro-batch past the first
+  double low_precision = 1;  // the factor of bf16 autocast: low_precision_time of the device planned for
   double plain_seconds = 0;  // the plain step's predicted time (0 where no coefficient was needed)
 };
 

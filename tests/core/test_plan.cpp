@@ -82,6 +82,41 @@ TEST(Plan, WithRoomToSpareItChangesNothing) {
   EXPECT_NE(p.str().find("recompute 0 of 4 blocks"), std::string::npos) << p.str();
 }
 
+// With low precision allowed, bf16 autocast is priced at the device's factor (memory::low_precision_time:
+// 0.6 for a CPU build with bf16 dot products, 1.1 for one without). Under a budget that the plain f32 step
+// misses but the plain bf16 step and f32 in micro-batches both meet, bf16 is chosen exactly where its factor
+// beats the best f32 plan's time; with room to spare, exactly where it is below 1.
+TEST(Plan, LowPrecisionIsPricedAtTheDevicesFactor) {
+  const double factor = memory::low_precision_time(kCPU);
+  EXPECT_TRUE(factor == 0.6 || factor == 1.1) << factor;
+  EXPECT_EQ(memory::low_precision_time(cuda(0)), 1.0);
+  auto step = [](Device d, const memory::PlanChoice& c) { gpt_step(d, c); };
+  // The least whole MiB under which both fit (as the arena's limit, as the planner tries them).
+  auto fits = [&](memory::PlanChoice c, int64_t limit) {
+    return memory::estimate([&](Device d) { step(d, c); }, memory::EstimateOptions().limit(limit)).fits();
+  };
+  auto allocated = [&](memory::PlanChoice c) {
+    return memory::estimate([&](Device d) { step(d, c); }).peak_allocated;
+  };
+  const memory::PlanChoice bf16{.low_precision = true}, halves{.micro_batches = 2};
+  int64_t budget = (std::max(allocated(bf16), allocated(halves)) >> 20) << 20;
+  while (!(fits(bf16, budget) && fits(halves, budget))) budget += int64_t(1) << 20;
+  ASSERT_FALSE(fits({}, budget)) << "the plain f32 step must miss the budget of " << budget << " bytes";
+  const memory::PlanSpace space = memory::PlanSpace().blocks(kBlocks).micro_batches({1, 2});
+  const memory::Plan in_f32 = memory::plan(step, budget, space);
+  const memory::Plan any = memory::plan(step, budget, memory::PlanSpace(space).low_precision(true));
+  ASSERT_TRUE(in_f32.fits && any.fits) << in_f32.str() << "; " << any.str();
+  EXPECT_FALSE(in_f32.choice.low_precision);
+  EXPECT_GT(in_f32.relative_time, 1.0) << in_f32.str();
+  EXPECT_EQ(any.costs.low_precision, factor);
+  EXPECT_EQ(any.choice.low_precision, factor < in_f32.relative_time) << any.str();
+  EXPECT_DOUBLE_EQ(any.relative_time, std::min(factor, in_f32.relative_time)) << any.str();
+  const memory::Plan roomy =
+      memory::plan(step, 4 * allocated({}), memory::PlanSpace(space).low_precision(true));
+  EXPECT_EQ(roomy.choice.low_precision, factor < 1) << roomy.str();
+  EXPECT_DOUBLE_EQ(roomy.relative_time, std::min(factor, 1.0)) << roomy.str();
+}
+
 // Note [the planner's cost model]: the coefficients are the step's own. The GPT's forward is about a third
 // of its step and its micro-batches repeat little; a chain of tiny layers is all kernel calls, so each
 // micro-batch repeats most of the step.
