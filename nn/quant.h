@@ -225,6 +225,11 @@ namespace quant {
 // 255 * 127 * 2 overflows it, 127 * 127 * 2 does not (the exactness test finds the full range wrong on AVX2).
 inline constexpr int32_t kInputQMax = 127;
 InputQuant choose_input_qparams(const float* x, int64_t n);
+// The input quantisation of an observed range [lo, hi] (widened to hold 0), as choose_input_qparams makes it
+// for a batch: what convert fixes from an observer's or a QAT layer's range.
+InputQuant input_qparams_of_range(float lo, float hi);
+// The symmetric int8 scale of one weight row: max|row| / 127, 1 for an all-zero row.
+float weight_row_scale(const float* row, int64_t cols);
 void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out);
 // max_pool2d(relu(conv(x)), 2) of an f32 Conv2d, made straight into the input codes of `next` (a
 // QuantizedConv2d with static input quantisation), u8 [N, OH / 2, OW / 2, out] channels last, for
