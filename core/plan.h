@@ -28,18 +28,20 @@
 // GEMMs near 150 GFLOP/s, 2 us a kernel call with the op around it, 10 GB/s of new tensors written and read);
 // only their ratios rank the candidates. The README compares the coefficients with measured steps. W4 at 4
 // micro-batches measured 0.09-0.13 a micro-batch more against 0.01 counted, until its d x GEMMs of 256 rows
-// stopped running at half speed (Note [B's rows 2 KiB apart], kernels/cpu/gemm.cpp): 0.06-0.07 since. Its
-// forward GEMMs of 256 rows, about 15% slower than of 1024, account for about 0.02 of that; the rest is not
-// explained. Until 2026-12-05 the coefficients were constants measured on W3 (1/3, 0.05 and 0.1). bf16
-// autocast's factor is the device's (low_precision_time): a build for a CPU with bf16 dot products runs its
-// GEMMs and attention on them, and W6 (W3 under bf16) took 0.59-0.65 of W3's step there, W4b 0.54 of W4's (a
-// Zen 4); without them bf16 only saves memory, and W6 took 1.08-1.13 of W3's step (a Zen 3). Until
-// 2026-12-06 bf16 was priced as no faster everywhere. Stepping in backward (optim::StepInBackward) does the
-// same updates at another moment, so it costs nothing in the model (W4g measured within noise of W4); it
-// frees each gradient once its update is done, so the gradients never all exist at once, and with recompute
-// it is what lowers a parameter-heavy step's peak most (Note [recompute and stepping in backward]). It needs
-// the whole gradient from one backward, so it goes with one micro-batch only. At an equal predicted time the
-// candidate without it is tried first. The model ranks the candidates; it is not a timer.
+// stopped running at half speed (Note [B's rows 2 KiB apart], kernels/cpu/gemm.cpp): 0.06-0.07 since.
+// frugal's profiler over W4's steps in 1 and in 4 micro-batches puts most of that in the forward's
+// linear_relu on 256 rows (20-22% slower in the step, though not in a loop over one layer whose weights stay
+// in cache), then the backward (3-8%) and the gradients' accumulation (1.5% of the step). Until 2026-12-05
+// the coefficients were constants measured on W3 (1/3, 0.05 and 0.1). bf16 autocast's factor is the device's
+// (low_precision_time): a build for a CPU with bf16 dot products runs its GEMMs and attention on them, and W6
+// (W3 under bf16) took 0.59-0.65 of W3's step there, W4b 0.54 of W4's (a Zen 4); without them bf16 only saves
+// memory, and W6 took 1.08-1.13 of W3's step (a Zen 3). Until 2026-12-06 bf16 was priced as no faster
+// everywhere. Stepping in backward (optim::StepInBackward) does the same updates at another moment, so it
+// costs nothing in the model (W4g measured within noise of W4); it frees each gradient once its update is
+// done, so the gradients never all exist at once, and with recompute it is what lowers a parameter-heavy
+// step's peak most (Note [recompute and stepping in backward]). It needs the whole gradient from one
+// backward, so it goes with one micro-batch only. At an equal predicted time the candidate without it is
+// tried first. The model ranks the candidates; it is not a timer.
 //
 // The search over recompute is exhaustive: each block of the chain runs plain, selectively or wholly
 // recomputed. For a chain of identical blocks (the GPT's) what a candidate saves and costs depends only on
