@@ -150,7 +150,7 @@ void gemm_f32_onednn(const GemmArgs& args) {
 // The meta kernel (core/op_table.h): the panel workspace of Note [B's rows 2 KiB apart].
 void gemm_f32_onednn_meta(const GemmArgs& args) {
   const GemmArgs g = tidied(args);
-  if (g.m == 0 || g.n == 0 || !pads_b(g)) return;
+  if (!pads_b(g)) return;  // pads_b holds only for m >= 64 and n > 1
   const Tensor buf = cpu::meta_workspace(panel_bytes(g));
 }
 #endif
@@ -608,7 +608,7 @@ void gemm_f16_widened_cpu(const GemmArgs& g) { gemm_widened<Half>(g); }
 int64_t gemm_f32_panel_bytes(const GemmArgs& args) {
 #ifdef FRUGAL_HAVE_ONEDNN
   const GemmArgs g = tidied(args);
-  if (g.m > 0 && g.n > 0 && pads_b(g)) return panel_bytes(g);
+  if (pads_b(g)) return panel_bytes(g);
 #else
   (void)args;
 #endif

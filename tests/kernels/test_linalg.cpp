@@ -123,22 +123,26 @@ TEST(Matmul, LargeSquare) {
 // Note [B's rows 2 KiB apart] (kernels/cpu/gemm.cpp): a B not transposed whose rows are a multiple of 2 KiB
 // apart, under a short C, is multiplied in panels of its rows copied to a workspace. Each form such a product
 // takes (a last panel shorter than the others, A transposed, alpha and beta, a batch, panels of fewer rows
-// for a wide B) against the naive GEMM, with the workspace gemm_f32_panel_bytes names and no other; then
-// linear_backward's d x on W4's micro-batch of 256 rows, measured and dry-run alike.
+// for a wide B, B a view of the first columns of a wider matrix) against the naive GEMM, with the workspace
+// gemm_f32_panel_bytes names and no other; then linear_backward's d x on W4's micro-batch of 256 rows,
+// measured and dry-run alike.
 TEST(Matmul, PanelsOfBAgreeWithReference) {
   struct Case {
     int64_t batch, m, n, k;
     bool a_transposed;
     float alpha, beta;
+    int64_t b_row = 0;  // B's row stride: n when 0, else B is the first n columns of a [k, b_row] matrix
   };
   bool any_panels = false;
   uint64_t seed = 70;
   for (const Case c : {Case{1, 64, 512, 300, false, 1, 0}, Case{1, 100, 1024, 600, true, 0.5f, 2},
-                       Case{2, 80, 512, 257, false, 1, 1}, Case{1, 64, 4096, 130, false, -1, 0}}) {
+                       Case{2, 80, 512, 257, false, 1, 1}, Case{1, 64, 4096, 130, false, -1, 0},
+                       Case{1, 96, 512, 300, false, 1, 0, 1024}}) {
     const std::string label = detail::str_cat("batch ", c.batch, ", m ", c.m, ", n ", c.n, ", k ", c.k);
     const Tensor a = c.a_transposed ? uniform({c.batch, c.k, c.m}, -1, 1, DType::F32, ++seed)
                                     : uniform({c.batch, c.m, c.k}, -1, 1, DType::F32, ++seed);
-    const Tensor b = uniform({c.batch, c.k, c.n}, -1, 1, DType::F32, ++seed);
+    const int64_t b_row = c.b_row > 0 ? c.b_row : c.n;
+    const Tensor b = uniform({c.batch, c.k, b_row}, -1, 1, DType::F32, ++seed);
     const Tensor out = uniform({c.batch, c.m, c.n}, -1, 1, DType::F32, ++seed), expected = out.clone();
     GemmArgs g{.batch = c.batch,
                .m = c.m,
@@ -150,8 +154,8 @@ TEST(Matmul, PanelsOfBAgreeWithReference) {
                .a_batch = c.m * c.k,
                .a_row = c.a_transposed ? 1 : c.k,
                .a_col = c.a_transposed ? c.m : 1,
-               .b_batch = c.k * c.n,
-               .b_row = c.n,
+               .b_batch = c.k * b_row,
+               .b_row = b_row,
                .c_batch = c.m * c.n,
                .c_row = c.n,
                .alpha = c.alpha,
