@@ -366,7 +366,13 @@ double measure_f32_ceiling() {
   constexpr int kLanes = 16;
   auto fma = [](Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); };
   auto splat = [](float x) { return _mm512_set1_ps(x); };
-  auto sum = [](Vec v) { return _mm512_reduce_add_ps(v); };
+  auto sum = [](Vec v) {  // not _mm512_reduce_add_ps, whose header GCC 12 warns about (-Wuninitialized)
+    alignas(64) float f[16];
+    _mm512_store_ps(f, v);
+    float r = 0;
+    for (float x : f) r += x;
+    return r;
+  };
 #elif defined(__AVX2__) && defined(__FMA__)
   using Vec = __m256;
   constexpr int kLanes = 8;
