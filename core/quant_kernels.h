@@ -50,12 +50,18 @@ struct Int8ConvCodes {
 };
 void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu = false,
                  bool pool2 = false, const Int8ConvCodes* codes = nullptr);
+// int8_conv2d's twin on the meta device (Note [the meta device]): the working memory it takes from the arena
+// for this geometry (codes, oneDNN's reordered weights and scratchpad or im2col's patches, the chunk's sums
+// and pooled values), as meta blocks in its order, with nothing computed; codes_out stands for `codes`.
+void int8_conv2d_meta(const ConvArgs& a, const Int8ConvInput& in, bool pool2, bool codes_out);
 // ops::conv2d_relu_pool2 of a's f32 geometry (a.y unused), its pooled output written as the codes of the
 // int8 layer after it instead: codes u8 [n, oh / 2, ow / 2, o] = quantize_u8 of the pooled values (inv_scale,
 // zero_point, qmax), channels last, bit for bit, and no f32 pooled output is made. False, with nothing
 // written, where the build has no oneDNN (the fused kernel's). In kernels/cpu/conv.cpp.
 bool conv2d_relu_pool2_codes(const ConvArgs& a, uint8_t* codes, float inv_scale, int32_t zero_point,
                              int32_t qmax);
+// Its twin on the meta device: the working memory it takes, as meta blocks in its order; false as it.
+bool conv2d_relu_pool2_codes_meta(const ConvArgs& a);
 // Whether int8_conv2d may take oneDNN's int8 convolution (the default); false runs the im2col path, for the
 // tests that check both. A no-op without oneDNN.
 void set_int8_conv_onednn(bool use);

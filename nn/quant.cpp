@@ -66,20 +66,22 @@ int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, i
   return in + 2 * pad < span ? 0 : (in + 2 * pad - span) / stride + 1;
 }
 
-// A layer's static input quantisation from its buffers, or none (dynamic).
+// A layer's static input quantisation from its buffers, or none (dynamic). Buffers on the meta device hold
+// no values: a dry run takes scale 1 and zero point 0, which change no block it takes.
 std::optional<quant::InputQuant> static_input_of(const Tensor& input_scale, const Tensor& input_zero_point) {
   if (!input_scale.defined()) return std::nullopt;
+  if (input_scale.device().is_meta()) return quant::InputQuant{1.0f, 0};
   return quant::InputQuant{input_scale.data<float>()[0], input_zero_point.data<int32_t>()[0]};
 }
 
 // The static input quantisation a layer's codes were made with (forward_codes, forward_staged), after
-// checking that it has one and that the codes are u8 on the cpu.
+// checking that it has one and that the codes are u8 on the cpu (or the meta device, in a dry run).
 quant::InputQuant codes_quant(const char* who, const std::optional<quant::InputQuant>& qp,
                               const Tensor& codes) {
   FRUGAL_CHECK(qp.has_value(), who,
                ": the layer's input quantisation is dynamic (chosen for each input), so it takes f32 values, "
                "not codes");
-  FRUGAL_CHECK_DTYPE(codes.dtype() == kU8 && codes.device() == kCPU, who,
+  FRUGAL_CHECK_DTYPE(codes.dtype() == kU8 && (codes.device() == kCPU || codes.device().is_meta()), who,
                      ": expected u8 codes on the cpu, got ", codes.dtype(), " on ", codes.device());
   return *qp;
 }
@@ -88,6 +90,7 @@ quant::InputQuant codes_quant(const char* who, const std::optional<quant::InputQ
 quant::InputQuant layer_input_qparams(const Tensor& xc, const Tensor& input_scale,
                                       const Tensor& input_zero_point) {
   if (const auto qp = static_input_of(input_scale, input_zero_point)) return *qp;
+  if (xc.device().is_meta()) return {1.0f, 0};  // a dry run: no values to choose from, and no block either
   return quant::choose_input_qparams(xc.data<float>(), xc.numel());
 }
 
@@ -99,9 +102,11 @@ quant::InputQuant quantize_layer_input(const Tensor& xc, const Tensor& input_sca
   return qp;
 }
 
-// The GEMM's scale of each output column: the input's times the weight row's.
-Tensor output_scales(quant::InputQuant qp, const Tensor& weight_scale) {
-  Tensor scale = empty(weight_scale.shape(), kF32);
+// The GEMM's scale of each output column: the input's times the weight row's; on `device` (the layer's
+// input's: a dry run's block is on the meta device, and computes nothing).
+Tensor output_scales(quant::InputQuant qp, const Tensor& weight_scale, Device device) {
+  Tensor scale = empty(weight_scale.shape(), TensorOptions(kF32).device(device));
+  if (device.is_meta()) return scale;
   for (int64_t o = 0; o < weight_scale.numel(); ++o)
     scale.data<float>()[o] = qp.scale * weight_scale.data<float>()[o];
   return scale;
@@ -116,13 +121,17 @@ void check_input_quant(const char* who, quant::InputQuant q) {
 
 }  // namespace
 
-QuantizedLinearImpl::QuantizedLinearImpl(int64_t in, int64_t out, bool has_bias)
+QuantizedLinearImpl::QuantizedLinearImpl(int64_t in, int64_t out, bool has_bias, bool static_input)
     : Module("QuantizedLinear"), in_features(in), out_features(out) {
   FRUGAL_CHECK(in > 0 && out > 0, "QuantizedLinear: in_features and out_features must be positive, got ", in,
                " and ", out);
   weight = register_buffer("weight", zeros({out, in}, kU8));
   weight_scale = register_buffer("weight_scale", ones({out}, kF32));  // ones(): also on the meta device
   if (has_bias) bias = register_buffer("bias", zeros({out}, kF32));
+  if (static_input) {
+    input_scale = register_buffer("input_scale", tensor<float>({1.0f}, Shape({1})));
+    input_zero_point = register_buffer("input_zero_point", tensor<int32_t>({0}, Shape({1})));
+  }
 }
 
 QuantizedLinearImpl::QuantizedLinearImpl(const Tensor& w, const Tensor& b)
@@ -163,12 +172,12 @@ Tensor QuantizedLinearImpl::run(const Tensor& x, bool relu) {
   Tensor y = empty(Shape(dims), TensorOptions(kF32).device(x.device()));
   Tensor xq = empty({m, in_features}, TensorOptions(kU8).device(x.device()));
   if (x.device().is_meta()) {  // a dry run: the blocks below, in their order, without the values
-    const Tensor scale = empty(weight_scale.shape(), TensorOptions(kF32).device(x.device()));
+    const Tensor scale = output_scales({1.0f, 0}, weight_scale, x.device());
     cpu::int8_linear_meta(m, in_features, out_features);
     return y;
   }
   const quant::InputQuant qp = quantize_layer_input(xc, input_scale, input_zero_point, xq);
-  const Tensor scale = output_scales(qp, weight_scale);
+  const Tensor scale = output_scales(qp, weight_scale, x.device());
   cpu::int8_linear(xq.data<uint8_t>(), qp.zero_point, static_cast<const int8_t*>(weight.raw_data()),
                    scale.data<float>(), bias.defined() ? bias.data<float>() : nullptr, y.data<float>(), m,
                    in_features, out_features, relu);
@@ -186,8 +195,12 @@ Tensor QuantizedLinearImpl::forward_codes(const Tensor& codes, bool relu) {
                      codes.shape());
   const Tensor cc = contiguous(codes);
   const int64_t m = codes.size(0);
-  Tensor y = empty({m, out_features}, kF32);
-  const Tensor scale = output_scales(qp, weight_scale);
+  Tensor y = empty({m, out_features}, TensorOptions(kF32).device(codes.device()));
+  const Tensor scale = output_scales(qp, weight_scale, codes.device());
+  if (codes.device().is_meta()) {  // a dry run
+    cpu::int8_linear_meta(m, in_features, out_features);
+    return y;
+  }
   cpu::int8_linear(cc.data<uint8_t>(), qp.zero_point, static_cast<const int8_t*>(weight.raw_data()),
                    scale.data<float>(), bias.defined() ? bias.data<float>() : nullptr, y.data<float>(), m,
                    in_features, out_features, relu);
@@ -256,7 +269,7 @@ Tensor QuantizedConv2dImpl::forward_staged(const Tensor& input, bool codes_in, b
                "QuantizedConv2d::forward_staged: codes out are made from a pooled output");
   if (codes_out) check_input_quant("QuantizedConv2d::forward_staged's codes_out", *codes_out);
   if (!codes_in) {
-    check_inference_input("QuantizedConv2d", input);
+    check_inference_input("QuantizedConv2d", input, /*meta_ok=*/true);
     FRUGAL_CHECK_SHAPE(input.dim() == 4 && input.size(1) == C,
                        "QuantizedConv2d: expected an input of shape [N, ", C, ", H, W], got ", input.shape());
     const Tensor xc = contiguous(input);
@@ -284,10 +297,11 @@ Tensor QuantizedConv2dImpl::convolve(const Tensor& input, int64_t H, int64_t W, 
     FRUGAL_CHECK(!codes_out, "QuantizedConv2d: no codes out of an output too small to pool");
     return max_pool2d(convolve(input, H, W, qp, codes, relu, false, nullptr), 2);
   }
-  const Tensor scale = output_scales(qp, weight_scale);
-  Tensor y = codes_out ? empty({N, O * (OH / 2) * (OW / 2)}, kU8)
-             : pool2   ? empty({N, O, OH / 2, OW / 2}, kF32)
-                       : empty({N, O, OH, OW}, kF32);
+  const Device device = input.device();
+  const Tensor scale = output_scales(qp, weight_scale, device);
+  Tensor y = codes_out ? empty({N, O * (OH / 2) * (OW / 2)}, TensorOptions(kU8).device(device))
+             : pool2   ? empty({N, O, OH / 2, OW / 2}, TensorOptions(kF32).device(device))
+                       : empty({N, O, OH, OW}, TensorOptions(kF32).device(device));
   ConvArgs args;
   args.n = N, args.c = C, args.h = H, args.w = W, args.o = O, args.kh = k.h, args.kw = k.w, args.oh = OH,
   args.ow = OW;
@@ -295,11 +309,15 @@ Tensor QuantizedConv2dImpl::convolve(const Tensor& input, int64_t H, int64_t W, 
   args.dil_w = dl.w;
   args.x = input.raw_data(), args.weight = weight.raw_data(), args.y = codes_out ? nullptr : y.raw_data();
   args.bias = bias.defined() ? bias.raw_data() : nullptr;
+  const cpu::Int8ConvInput in{1.0f / qp.scale, qp.zero_point, quant::kInputQMax, codes};
+  if (device.is_meta()) {  // a dry run: the kernel's blocks, in their order, without the values
+    cpu::int8_conv2d_meta(args, in, pool2, codes_out != nullptr);
+    return y;
+  }
   const cpu::Int8ConvCodes out = codes_out ? cpu::Int8ConvCodes{y.data<uint8_t>(), 1.0f / codes_out->scale,
                                                                 codes_out->zero_point, quant::kInputQMax}
                                            : cpu::Int8ConvCodes{};
-  cpu::int8_conv2d(args, {1.0f / qp.scale, qp.zero_point, quant::kInputQMax, codes}, scale.data<float>(),
-                   relu, pool2, codes_out ? &out : nullptr);
+  cpu::int8_conv2d(args, in, scale.data<float>(), relu, pool2, codes_out ? &out : nullptr);
   return y;
 }
 
@@ -322,18 +340,22 @@ QuantizedEmbeddingImpl::QuantizedEmbeddingImpl(const Tensor& w)
 Tensor QuantizedEmbeddingImpl::dequantized_weight() const { return dequantize_rows(weight, weight_scale); }
 
 Tensor QuantizedEmbeddingImpl::forward(const Tensor& indices) {
-  FRUGAL_CHECK_DTYPE((indices.dtype() == kI64 || indices.dtype() == kI32) && indices.device() == kCPU,
-                     "QuantizedEmbedding: the indices must be i64 or i32 on the cpu, got ", indices.dtype(),
-                     " on ", indices.device());
+  const bool meta = indices.device().is_meta();
+  FRUGAL_CHECK_DTYPE(
+      (indices.dtype() == kI64 || indices.dtype() == kI32) && (indices.device() == kCPU || meta),
+      "QuantizedEmbedding: the indices must be i64 or i32 on the cpu, got ", indices.dtype(), " on ",
+      indices.device());
   const Tensor flat = contiguous(indices.reshape({-1})).to(kI64);
   const int64_t n = flat.numel(), dim = embedding_dim;
+  Shape out_shape = indices.shape();
+  out_shape.push_back(dim);
+  // A dry run takes the same blocks; the indices' range is checked where they have values.
+  if (meta) return empty(out_shape, TensorOptions(kF32).device(kMeta));
   const int64_t* idx = flat.data<int64_t>();
   for (int64_t i = 0; i < n; ++i)
     FRUGAL_CHECK_INDEX(idx[i] >= 0 && idx[i] < num_embeddings, "QuantizedEmbedding: index ", idx[i],
                        " is out of range for ", num_embeddings, " embeddings; valid indices are [0, ",
                        num_embeddings - 1, "]");
-  Shape out_shape = indices.shape();
-  out_shape.push_back(dim);
   Tensor y = empty(out_shape, kF32);
   const auto* q = static_cast<const int8_t*>(weight.raw_data());
   const float* scale = weight_scale.data<float>();
@@ -419,9 +441,12 @@ Tensor conv2d_relu_pool2_codes(const Tensor& x, const Conv2dImpl& conv, const Qu
   const Conv2dOptions& o = conv.options();
   const Tensor& w = conv.weight;
   const Tensor& b = conv.bias;
-  auto f32_cpu = [](const Tensor& t) { return t.dtype() == kF32 && t.device() == kCPU; };
-  if (!next.static_input() || x.dim() != 4 || !f32_cpu(x) || !f32_cpu(w) || (b.defined() && !f32_cpu(b)) ||
-      w.dim() != 4 || x.size(1) != w.size(1) * o.groups() || w.size(0) != next.options().in_channels() ||
+  // On the cpu, or all on the meta device in a dry run.
+  const bool meta = x.device().is_meta();
+  auto f32_cpu = [&](const Tensor& t) { return t.dtype() == kF32 && t.device() == (meta ? kMeta : kCPU); };
+  const std::optional<InputQuant> q = next.static_input();
+  if (!q || x.dim() != 4 || !f32_cpu(x) || !f32_cpu(w) || (b.defined() && !f32_cpu(b)) || w.dim() != 4 ||
+      x.size(1) != w.size(1) * o.groups() || w.size(0) != next.options().in_channels() ||
       (b.defined() && b.shape() != Shape({w.size(0)})))
     return {};  // the modules then run one by one, and say what is wrong with the shapes if anything is
   const Size2 k{w.size(2), w.size(3)}, st = o.stride(), pd = o.padding(), dl = o.dilation();
@@ -434,11 +459,11 @@ Tensor conv2d_relu_pool2_codes(const Tensor& x, const Conv2dImpl& conv, const Qu
   if (a.oh < 2 || a.ow < 2) return {};  // no 2 x 2 window, or a kernel that does not fit
   memory::OpScope op_scope("conv2d_relu_pool2_codes", x, w);  // Note [op names in the history]
   const Tensor xc = contiguous(x), wc = contiguous(w), bc = b.defined() ? contiguous(b) : b;
+  // The pointers also on the meta device, where they point nowhere: a kernel's plan depends on which are set.
   a.x = xc.raw_data(), a.weight = wc.raw_data(), a.bias = bc.defined() ? bc.raw_data() : nullptr;
-  Tensor codes = empty({a.n, a.oh / 2, a.ow / 2, a.o}, kU8);
-  const float scale = next.input_scale.data<float>()[0];
-  if (!cpu::conv2d_relu_pool2_codes(a, codes.data<uint8_t>(), 1.0f / scale,
-                                    next.input_zero_point.data<int32_t>()[0], kInputQMax))
+  Tensor codes = empty({a.n, a.oh / 2, a.ow / 2, a.o}, TensorOptions(kU8).device(x.device()));
+  if (meta) return cpu::conv2d_relu_pool2_codes_meta(a) ? codes : Tensor();
+  if (!cpu::conv2d_relu_pool2_codes(a, codes.data<uint8_t>(), 1.0f / q->scale, q->zero_point, kInputQMax))
     return {};
   return codes;
 }

@@ -49,8 +49,9 @@ class QuantizedLinearImpl : public Module {
   // Static activation quantisation: the input's scale and zero point fixed (from QAT or calibration), held
   // as buffers "input_scale" (f32 [1]) and "input_zero_point" (i32 [1]).
   QuantizedLinearImpl(const Tensor& weight, const Tensor& bias, float input_scale, int32_t input_zero_point);
-  // An empty one of this size (weights zero, scales one) for load_state_dict.
-  QuantizedLinearImpl(int64_t in_features, int64_t out_features, bool bias = true);
+  // An empty one of this size (weights zero, scales one) for load_state_dict; `static_input` adds the input
+  // buffers (scale 1, zero point 0 until loaded), as QuantizedConv2d's.
+  QuantizedLinearImpl(int64_t in_features, int64_t out_features, bool bias = true, bool static_input = false);
   // x [..., in] f32, not requiring grad (inference only) -> [..., out] f32.
   Tensor forward(const Tensor& x) override;
   // relu(forward(x)) in one pass over the output (Sequential runs a QuantizedLinear directly followed by a
@@ -77,7 +78,8 @@ FRUGAL_MODULE(QuantizedLinear);
 // channel, held as QuantizedLinear's (Note [quantised state_dict]); the input quantised to 7-bit u8 as
 // QuantizedLinear's, with its scale fixed (quant::convert) or chosen per batch (dynamic). forward lays each
 // chunk of images out as u8 patches (im2col, the padding at the zero point, which is the value 0), multiplies
-// them by the weights with QuantizedLinear's int8 GEMM (cpu::int8_linear) and writes NCHW f32.
+// them by the weights with QuantizedLinear's int8 GEMM (cpu::int8_linear) and writes NCHW f32. On the meta
+// device (a dry run, memory::estimate) every form takes the blocks the cpu's takes, in the same order.
 class QuantizedConv2dImpl : public Module {
  public:
   // Quantises the weight (f32 [out, in, kH, kW]) and copies the bias (f32 [out] or undefined) of a Conv2d
@@ -126,7 +128,8 @@ class QuantizedEmbeddingImpl : public Module {
  public:
   explicit QuantizedEmbeddingImpl(const Tensor& weight);                  // f32 [num, dim]
   QuantizedEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim);  // empty, for load_state_dict
-  // indices (i64 or i32, any shape, each in [0, num)) -> f32 [..., dim].
+  // indices (i64 or i32, any shape, each in [0, num)) -> f32 [..., dim]. On the meta device the same blocks,
+  // and no range check (the indices have no values there).
   Tensor forward(const Tensor& indices) override;
   Tensor dequantized_weight() const;
   int64_t num_embeddings, embedding_dim;

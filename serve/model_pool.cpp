@@ -39,11 +39,11 @@ namespace frugal::serve {
 // they hold at once, past the structure and the input, is the request's figure, with one margin: each block
 // above kSmallRequest counts kLargeSplitRemainder more (core/allocator_base.h), because the real arena may
 // hand such a request a cached block up to that much larger where the dry run's fresh arena splits one to
-// size. It is computed once per variant and input signature. A structure whose forward cannot run on the
-// meta device (one that reads a value; nn::QuantizedConv2d and QuantizedEmbedding, which have no meta path
-// yet, where QuantizedLinear has one) is measured instead: its first request of a signature runs alone, with
-// every idle variant evicted and the whole free budget reserved, under a memory::AllocationProbe, and what
-// the probe saw sizes the later ones.
+// size. It is computed once per variant and input signature. The int8 layers (QuantizedLinear,
+// QuantizedConv2d with the codes between blocks, QuantizedEmbedding) have meta paths, so int8 variants are
+// sized so too. A structure whose forward cannot run on the meta device (one that reads a value) is measured
+// instead: its first request of a signature runs alone, with every idle variant evicted and the whole free
+// budget reserved, under a memory::AllocationProbe, and what the probe saw sizes the later ones.
 
 // Note [choosing a variant]
 // A request goes to the model's first variant (the one to serve first) when that variant is loaded or can

@@ -478,7 +478,7 @@ struct PooledCodes {
 };
 
 // conv2d_relu_pool2 on the CPU in f32, into a.y, or into `codes` where given; kDry: its meta kernel, which
-// takes the same buffers in the same order (never with codes).
+// takes the same buffers in the same order (with `codes` standing for the codes: none is written).
 template <bool kDry>
 void conv2d_relu_pool2_f32(const ConvArgs& a, const PooledCodes* codes) {
   auto ws = [](int64_t bytes) { return kDry ? cpu::meta_workspace(bytes) : workspace(bytes); };
@@ -515,6 +515,10 @@ void conv2d_relu_pool2_f32(const ConvArgs& a, const PooledCodes* codes) {
       else
         const Tensor col =
             cpu::meta_workspace(im2col_elements(f, Direction::Forward) * int64_t(sizeof(float)));
+      if (codes) {  // the pooled values and their codes below
+        const Tensor pooled = cpu::meta_workspace(n * o * pooled_pixels * int64_t(sizeof(float)));
+        const Tensor nchw = cpu::meta_workspace(n * o * pooled_pixels);
+      }
     } else {
       if (c.plan)
         cpu::run_conv_plan(*c.plan, f, {.weights = packed});
@@ -638,6 +642,19 @@ bool cpu::conv2d_relu_pool2_codes([[maybe_unused]] const ConvArgs& a, [[maybe_un
   c.y = nullptr;
   const PooledCodes out{codes, inv_scale, zero_point, qmax};
   conv2d_relu_pool2_f32<false>(c, &out);
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cpu::conv2d_relu_pool2_codes_meta([[maybe_unused]] const ConvArgs& a) {
+#ifdef FRUGAL_HAVE_ONEDNN
+  ConvArgs c = a;
+  c.relu = true;
+  c.y = nullptr;
+  const PooledCodes out{};  // stands for the codes: the dry run writes none
+  conv2d_relu_pool2_f32<true>(c, &out);
   return true;
 #else
   return false;

@@ -245,16 +245,22 @@ void int8_linear(const uint8_t* x, int32_t x_zero_point, const int8_t* w, const 
   linear(x, false, x_zero_point, w, scale, bias, out, m, k, n, relu);
 }
 
-void int8_linear_meta(int64_t m, int64_t k, int64_t n) {
+namespace {
+
+// linear's working memory on the meta device: run_onednn's one arena block (its scratchpad), taken and given
+// back; the zero point's sums and the reference path use the heap.
+void linear_meta([[maybe_unused]] int64_t m, [[maybe_unused]] int64_t k, [[maybe_unused]] int64_t n,
+                 [[maybe_unused]] bool x_transposed) {
 #ifdef FRUGAL_HAVE_ONEDNN
-  // run_onednn's one arena block; the zero point's sums and the reference path use the heap.
   if (m <= 0 || k <= 0 || n <= 0) return;
-  const auto plan = int8_plan(m, k, n, false);
+  const auto plan = int8_plan(m, k, n, x_transposed);
   if (plan && plan->scratchpad.get_size() > 0) meta_workspace(int64_t(plan->scratchpad.get_size()));
-#else
-  (void)m, (void)k, (void)n;
 #endif
 }
+
+}  // namespace
+
+void int8_linear_meta(int64_t m, int64_t k, int64_t n) { linear_meta(m, k, n, false); }
 
 void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, const float* scale,
                     const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu) {
@@ -409,33 +415,51 @@ void pool2_to_nchw(const S* src_all, float* y, int64_t images, int64_t OH, int64
   });
 }
 
+// pool2_to_nchw's working memory on the meta device, in its order: the pooled values, and with codes their
+// pixel-major codes, both given back when it returns.
+void pool2_to_nchw_meta(int64_t images, int64_t PP, int64_t O, bool codes) {
+  const Tensor buffer = meta_workspace(images * PP * O * int64_t(sizeof(float)));
+  const Tensor pixel_major = codes ? meta_workspace(images * PP * O) : Tensor();
+}
+
 #ifdef FRUGAL_HAVE_ONEDNN
-// int8_conv2d through oneDNN's int8 convolution; false where it has no kernel for the shape.
+// int8_conv2d through oneDNN's int8 convolution; false where it has no kernel for the shape. kDry: its meta
+// twin, which takes the same blocks in the same order and computes nothing (no pointer of `a` is read).
+template <bool kDry>
 bool conv2d_onednn(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu, bool pool2,
                    const Int8ConvCodes* out_codes, int64_t chunk) {
   if (a.groups != 1 || !g_int8_conv_onednn.load(std::memory_order_relaxed) || !int8_conv_plan(a, chunk))
     return false;
+  auto ws = [](int64_t bytes) { return kDry ? meta_workspace(bytes) : workspace(bytes); };
   const int64_t C = a.c, HW = a.h * a.w, P = a.oh * a.ow, O = a.o, YP = (a.oh / 2) * (a.ow / 2);
   auto* ys = static_cast<float*>(a.y);
   dnnl::engine& eng = onednn_engine();
   std::shared_ptr<const Int8ConvPlan> plan;
   // Codes given channels last are the primitive's input as they are; values are quantised a chunk at a time.
-  Tensor weights, codes = in.nhwc_codes ? Tensor() : workspace(chunk * C * HW),
-                  nhwc = in.nhwc_codes ? Tensor() : workspace(chunk * C * HW),
-                  out = workspace(chunk * P * O * int64_t(sizeof(int32_t)));
-  Tensor zp = workspace(int64_t(sizeof(int32_t)));
-  *static_cast<int32_t*>(zp.raw_data()) = in.zero_point;
+  Tensor weights, codes = in.nhwc_codes ? Tensor() : ws(chunk * C * HW),
+                  nhwc = in.nhwc_codes ? Tensor() : ws(chunk * C * HW),
+                  out = ws(chunk * P * O * int64_t(sizeof(int32_t)));
+  Tensor zp = ws(int64_t(sizeof(int32_t)));
+  if constexpr (!kDry) *static_cast<int32_t*>(zp.raw_data()) = in.zero_point;
   for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
     const int64_t images = std::min(chunk, a.n - n0);
     const auto chunk_plan = int8_conv_plan(a, images);
     if (!chunk_plan) return false;  // the caller then computes the whole of y the other way
     if (!weights.defined() || chunk_plan->w != plan->w) {
-      weights = workspace(int64_t(chunk_plan->w.get_size()));
-      dnnl::memory user(chunk_plan->w_user, eng, const_cast<void*>(a.weight));
-      dnnl::memory packed(chunk_plan->w, eng, weights.raw_data());
-      chunk_plan->weight_reorder.execute(onednn_stream(), user, packed);
+      weights = ws(int64_t(chunk_plan->w.get_size()));
+      if constexpr (!kDry) {
+        dnnl::memory user(chunk_plan->w_user, eng, const_cast<void*>(a.weight));
+        dnnl::memory packed(chunk_plan->w, eng, weights.raw_data());
+        chunk_plan->weight_reorder.execute(onednn_stream(), user, packed);
+      }
     }
     plan = chunk_plan;
+    if constexpr (kDry) {  // the scratchpad, held while the chunk is pooled
+      const size_t scratch = plan->scratchpad.get_size();
+      const Tensor scratchpad = scratch > 0 ? meta_workspace(int64_t(scratch)) : Tensor();
+      if (pool2) pool2_to_nchw_meta(images, YP, O, out_codes != nullptr);
+      continue;
+    }
     // NCHW values to NHWC codes, the images split across threads: each image quantised (NCHW) and then
     // transposed while its codes are in cache. (Quantising in registers after an f32 8 x 8 transpose, with no
     // NCHW codes at all, was slower: the f32 transpose's shuffles cost more than the byte transpose's.)
@@ -474,17 +498,31 @@ bool conv2d_onednn(const ConvArgs& a, const Int8ConvInput& in, const float* scal
 
 }  // namespace
 
-void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu, bool pool2,
-                 const Int8ConvCodes* out_codes) {
+namespace {
+
+// int8_conv2d; kDry: int8_conv2d_meta.
+template <bool kDry>
+void int8_conv2d_impl(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu, bool pool2,
+                      const Int8ConvCodes* out_codes) {
   FRUGAL_ASSERT(!out_codes || pool2, "int8_conv2d: codes out are made from a pooled output only");
   const int64_t P = a.oh * a.ow, K = a.c * a.kh * a.kw, O = a.o;
   // Images go through in chunks of about 4096 output pixels, so that the patches (u8, K a pixel) and the
   // GEMM's pixel-major output stay small beside x and y.
   const int64_t chunk = std::clamp<int64_t>(4096 / P, 1, std::max<int64_t>(a.n, 1));
 #ifdef FRUGAL_HAVE_ONEDNN
-  if (a.n > 0 && P > 0 && O > 0 && conv2d_onednn(a, in, scale, relu, pool2, out_codes, chunk)) return;
+  if (a.n > 0 && P > 0 && O > 0 && conv2d_onednn<kDry>(a, in, scale, relu, pool2, out_codes, chunk)) return;
 #endif
   const int64_t CHW = a.c * a.h * a.w;
+  if constexpr (kDry) {  // the blocks below, in their order
+    const Tensor codes = meta_workspace(chunk * CHW), col = meta_workspace(K * chunk * P),
+                 out = meta_workspace(chunk * P * O * int64_t(sizeof(float)));
+    for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
+      const int64_t images = std::min(chunk, a.n - n0);
+      linear_meta(images * P, K, O, true);
+      if (pool2) pool2_to_nchw_meta(images, (a.oh / 2) * (a.ow / 2), O, out_codes != nullptr);
+    }
+    return;
+  }
   Tensor codes = workspace(chunk * CHW), col = workspace(K * chunk * P),
          out = workspace(chunk * P * O * int64_t(sizeof(float)));
   auto* xq = codes.data<uint8_t>();
@@ -525,6 +563,18 @@ void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale,
     else
       to_nchw(os, ys + n0 * O * P, images, P, O, nullptr, nullptr, false);
   }
+}
+
+}  // namespace
+
+void int8_conv2d(const ConvArgs& a, const Int8ConvInput& in, const float* scale, bool relu, bool pool2,
+                 const Int8ConvCodes* out_codes) {
+  int8_conv2d_impl<false>(a, in, scale, relu, pool2, out_codes);
+}
+
+void int8_conv2d_meta(const ConvArgs& a, const Int8ConvInput& in, bool pool2, bool codes_out) {
+  const Int8ConvCodes out{};  // stands for the codes: the dry run writes none
+  int8_conv2d_impl<true>(a, in, nullptr, false, pool2, codes_out ? &out : nullptr);
 }
 
 void set_int8_conv_onednn([[maybe_unused]] bool use) {

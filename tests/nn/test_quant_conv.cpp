@@ -2,13 +2,14 @@
 // f64, through ops::conv2d), for strides, paddings, dilations, non-square kernels, no bias and batches that
 // span several of its chunks; close to the f32 Conv2d; the fused ReLU, and ReLU + MaxPool2d(2); static
 // quantisation of a CNN (prepare, calibrate, convert) with its bytes and a safetensors round trip; QAT of
-// convolutions; bad inputs.
+// convolutions; dry runs of int8 CNNs; bad inputs.
 #include <algorithm>
 #include <cmath>
 #include <set>
 
 #include "autograd/functions.h"
 #include "autograd/graph.h"
+#include "core/estimate.h"
 #include "core/memory.h"
 #include "core/memory_history.h"
 #include "core/ops.h"
@@ -335,6 +336,96 @@ TEST(QuantizedConv2d, AfterAnF32ConvolutionBlockItTakesCodesAndMatchesTheModules
         static_linear->forward_codes(zeros({2, 47}, DType::U8), false);
       },
       {"codes of shape [N, 48]"});
+}
+
+// The blocks a forward takes and gives back, in order: "+" or "-", bytes requested, the op that took them.
+// Events [first, last) of the record.
+std::vector<std::string> block_events(const memory::HistoryRecord& record, size_t first, size_t last) {
+  std::vector<std::string> out;
+  for (size_t i = first; i < last; ++i) {
+    const memory::HistoryEvent& e = record.events[i];
+    if (e.kind == memory::EventKind::Alloc || e.kind == memory::EventKind::Free)
+      out.push_back((e.kind == memory::EventKind::Alloc ? "+" : "-") + std::to_string(e.requested) + " " +
+                    e.op);
+  }
+  return out;
+}
+
+// A dry run (memory::estimate) of an int8 CNN's forward takes the blocks the real forward takes, in the same
+// order: W2's shape with its static QuantizedConv2d taking the f32 block's codes and making the
+// QuantizedLinear's (Note [an int8 convolution's input as codes]); a dynamic one (values in, values out);
+// one without a pool; through oneDNN's int8 convolution and through im2col; batches of one chunk and of
+// several. A QuantizedEmbedding's lookup likewise. ModelPool sizes int8 requests from such dry runs.
+TEST(QuantizedConv2d, ADryRunOfAnInt8CnnTakesTheSameBlocks) {
+  // form 0: static, codes between the three blocks; 1: dynamic; 2: no pool after the int8 layer; 3: as 0 with
+  // 12 channels in the f32 block, which fill no blocked layout's blocks (its codes come from an NCHW pool).
+  auto make = [](int form) {
+    const int64_t mid = form == 3 ? 12 : 16;
+    nn::Sequential m{
+        nn::Conv2d(nn::Conv2dOptions(1, mid, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
+        nn::QuantizedConv2d(nn::Conv2dOptions(mid, 32, 3).padding(1), /*static_input=*/form != 1),
+        nn::ReLU()};
+    if (form == 2) return m;
+    m->push_back(nn::MaxPool2d(2));
+    m->push_back(nn::Flatten());
+    m->push_back(nn::QuantizedLinear(32 * 7 * 7, 64, true, /*static_input=*/form != 1));
+    m->push_back(nn::ReLU());
+    m->push_back(nn::QuantizedLinear(64, 10));
+    return m;
+  };
+  for (bool onednn : {true, false})
+    for (int form : {0, 1, 2, 3})
+      for (int64_t batch : {1, 9, 70}) {
+        const std::string where = std::string(onednn ? "oneDNN" : "im2col") + ", form " +
+                                  std::to_string(form) + ", batch " + std::to_string(batch);
+        cpu::set_int8_conv_onednn(onednn);
+        size_t first = 0, last = 0;  // the forward's events in the dry run's timeline
+        const memory::Estimate e = memory::estimate([&](Device d) {
+          nn::Sequential m = make(form);
+          const Tensor x = empty({batch, 1, 28, 28}, TensorOptions(kF32).device(d));
+          first = memory::history(d).events.size();
+          InferenceMode im;
+          const Tensor y = m->forward(x);
+          last = memory::history(d).events.size();
+          EXPECT_EQ(y.size(0), batch) << where;
+        });
+        nn::Sequential m = make(form);
+        const Tensor x = uniform({batch, 1, 28, 28}, -1, 1);
+        std::vector<std::string> real;
+        {
+          memory::History history(kCPU);
+          InferenceMode im;
+          const Tensor y = m->forward(x);
+          const memory::HistoryRecord record = memory::history(kCPU);
+          real = block_events(record, 0, record.events.size());
+        }
+        ASSERT_FALSE(real.empty()) << where;
+        EXPECT_EQ(block_events(e.timeline, first, last), real) << where;
+        if (form == 0 || form == 3) {  // the codes path ran
+          const std::string codes = "+" + std::to_string(batch * 14 * 14 * (form == 3 ? 12 : 16));
+          EXPECT_TRUE(std::find(real.begin(), real.end(), codes + " conv2d_relu_pool2_codes") != real.end())
+              << where;
+        }
+      }
+  cpu::set_int8_conv_onednn(true);  // the default
+  // A QuantizedEmbedding's lookup, of i32 indices (cast to i64 first).
+  int64_t peak = 0;
+  const memory::Estimate e = memory::estimate([&](Device d) {
+    nn::QuantizedEmbedding table(300, 24);
+    const Tensor idx = empty({5, 7}, TensorOptions(DType::I32).device(d));
+    const int64_t base = memory::stats(d).requested.current;
+    memory::reset_peak(d);
+    const Tensor y = table->forward(idx);
+    EXPECT_EQ(y.shape(), Shape({5, 7, 24}));
+    peak = memory::stats(d).requested.peak - base;
+  });
+  nn::QuantizedEmbedding table(300, 24);
+  const Tensor idx = randint(0, 300, {5, 7}, DType::I32);
+  const int64_t base = memory::stats(kCPU).requested.current;
+  memory::reset_peak(kCPU);
+  const Tensor y = table->forward(idx);
+  EXPECT_EQ(memory::stats(kCPU).requested.peak - base, peak);
+  EXPECT_EQ(peak, 5 * 7 * 8 + 5 * 7 * 24 * 4);  // the indices as i64, and the rows
 }
 
 // prepare wraps both Conv2ds and the Linear; convert gives QuantizedConv2d / QuantizedLinear with the

@@ -370,6 +370,44 @@ TEST_F(ModelPoolTest, VariantsServeSmallerUnderPressureAndRequestsNoDryRunSizesA
     EXPECT_EQ(memory::stats(kCPU).allocated.peak - before, sized);
   }
   {
+    // An int8 CNN (its QuantizedConv2d's meta path, the codes between the blocks included) is sized so too.
+    manual_seed(5);
+    const nn::quant::InputQuant fixed{0.03f, 4};
+    nn::Conv2d c1(nn::Conv2dOptions(1, 8, 3).padding(1)), c2(nn::Conv2dOptions(8, 16, 3).padding(1));
+    nn::Linear fc(16 * 7 * 7, 10);
+    nn::Sequential cnn{c1,
+                       nn::ReLU(),
+                       nn::MaxPool2d(2),
+                       nn::QuantizedConv2d(c2->options(), c2->weight, c2->bias, &fixed),
+                       nn::ReLU(),
+                       nn::MaxPool2d(2),
+                       nn::Flatten(),
+                       nn::QuantizedLinear(fc->weight, fc->bias, 0.02f, 3)};
+    io::save_safetensors(path("cnn8.safetensors"), cnn->state_dict(), {}, nn::quant::int8_names(*cnn));
+    auto cnn_factory = [] {
+      return nn::Sequential{nn::Conv2d(nn::Conv2dOptions(1, 8, 3).padding(1)),
+                            nn::ReLU(),
+                            nn::MaxPool2d(2),
+                            nn::QuantizedConv2d(nn::Conv2dOptions(8, 16, 3).padding(1), true),
+                            nn::ReLU(),
+                            nn::MaxPool2d(2),
+                            nn::Flatten(),
+                            nn::QuantizedLinear(16 * 7 * 7, 10, true, true)}
+          .ptr();
+    };
+    const Tensor images = testing::uniform({6, 1, 28, 28}, -1, 1);
+    ModelPool pool(kCPU, 8 << 20);
+    pool.add("cnn8", {{Precision::Int8, cnn_factory, path("cnn8.safetensors")}});
+    InferenceMode im;
+    const int64_t sized = pool.request_bytes("cnn8", images);
+    EXPECT_GT(sized, 0);
+    const std::string reference = bytes_of(cnn->forward(images));
+    memory::reset_peak(kCPU);
+    const int64_t before = memory::stats(kCPU).allocated.current;
+    EXPECT_EQ(bytes_of(pool.run("cnn8", images)), reference);
+    EXPECT_EQ(memory::stats(kCPU).allocated.peak - before, sized);
+  }
+  {
     // A forward that reads a value cannot run on the meta device: its first request is measured, alone.
     manual_seed(4);
     DataDependent d;
