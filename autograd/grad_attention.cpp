@@ -106,7 +106,7 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, int64_t hd, double sca
         empty({f.threads, self_attention_workspace(f, dt, false, stats || low_probs)}, compute);
     f.workspace = workspace.raw_data();
     // The scores, then P V.
-    frugal::detail::count_flops(x.device(), attention_flops(f, 2));
+    frugal::detail::count_flops(x.device(), attention_flops(f, 2), double(x.nbytes()));
     if (out.numel() > 0) forward_table.get(x.device(), dt)(f);
     return std::array<Tensor, 2>{out, p};
   });
@@ -130,7 +130,8 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, int64_t hd, double sca
       b.dqkv = dqkv.raw_data();
       b.workspace = workspace.raw_data();
       // dV, dP, dQ and dK, and the scores again where only their row statistics were kept.
-      frugal::detail::count_flops(x.device(), attention_flops(b, stats ? 5 : 4));
+      frugal::detail::count_flops(x.device(), attention_flops(b, stats ? 5 : 4),
+                                  double(x.nbytes() + dy.nbytes()));
       if (dqkv.numel() > 0) backward->get(x.device(), x.dtype())(b);
       return {dqkv};
     };

@@ -247,8 +247,11 @@ int main(int argc, char** argv) {
     auto add_plan = [&](const memory::Plan& p, double f, const char* format) {
       char name[32];
       std::snprintf(name, sizeof name, format, f);
-      std::fprintf(stderr, "plan_budgets: %s under %s (%lld bytes): %s\n", workload.c_str(), name,
-                   static_cast<long long>(p.budget), p.str().c_str());
+      std::fprintf(stderr,
+                   "plan_budgets: %s under %s (%lld bytes): %s; counted costs: every block recomputed "
+                   "+%.3f, selectively +%.3f, a micro-batch more +%.3f\n",
+                   workload.c_str(), name, static_cast<long long>(p.budget), p.str().c_str(),
+                   p.costs.recompute, p.costs.selective, p.costs.micro_batch);
       if (p.fits) add(name, RunShape{p.choice}, p.budget, p.peak_allocated, p.str());
       return p;
     };

@@ -50,12 +50,15 @@ int64_t g_installed_resident = 0;  // of the meta arena installed now (guarded b
 // A dry run runs no arithmetic, but it passes through every op a real step runs, in the same order, so it can
 // count what the step will do: OpTable::get counts each meta kernel fetched (one call of a kernel, with the
 // op layer's overhead around it), the ops that multiply matrices add their FLOPs (2 m n k a GEMM; the three
-// directions of a convolution; attention's products, half of them under a causal mask), and the timeline
-// gives the bytes every allocation asked for, which the memory-bound ops write and read. memory::plan prices
-// these three (Note [the planner's cost model], core/plan.h). The counts are of this process's dry run; one
+// directions of a convolution; attention's products, half of them under a causal mask) and the bytes of the
+// operands they read (A and B of a GEMM, and C where it accumulates: a layer's weight once for every product
+// that reads it, which a step in k micro-batches does k times), and the timeline gives the bytes every
+// allocation asked for, which the memory-bound ops write and read. memory::plan prices these four (Note [the
+// planner's cost model], core/plan.h). The counts are of this process's dry run; one
 // runs at a time (g_estimate_mu), so plain atomics hold them.
 std::atomic<int64_t> g_meta_kernels{0};
 std::atomic<double> g_meta_flops{0};
+std::atomic<double> g_meta_operand_bytes{0};
 
 }  // namespace
 
@@ -94,6 +97,7 @@ Estimate estimate(const std::function<void(Device)>& step, const EstimateOptions
     DefaultDeviceGuard on_meta(kMeta);
     g_meta_kernels = 0;
     g_meta_flops = 0;
+    g_meta_operand_bytes = 0;
     try {
       step(kMeta);
     } catch (const OutOfMemoryError& oom) {
@@ -103,6 +107,7 @@ Estimate estimate(const std::function<void(Device)>& step, const EstimateOptions
     e.timeline = memory::history(kMeta);
     e.kernel_calls = g_meta_kernels.load();
     e.flops = g_meta_flops.load();
+    e.operand_bytes = g_meta_operand_bytes.load();
   }
   if (!e.timeline.truncated)
     for (const HistoryEvent& ev : e.timeline.events)
@@ -147,5 +152,8 @@ std::string Estimate::summary(int max_tags) const {
 
 namespace frugal::detail {
 void note_meta_kernel() { memory::g_meta_kernels.fetch_add(1, std::memory_order_relaxed); }
-void note_meta_flops(double flops) { memory::g_meta_flops.fetch_add(flops, std::memory_order_relaxed); }
+void note_meta_product(double flops, double operand_bytes) {
+  memory::g_meta_flops.fetch_add(flops, std::memory_order_relaxed);
+  memory::g_meta_operand_bytes.fetch_add(operand_bytes, std::memory_order_relaxed);
+}
 }  // namespace frugal::detail

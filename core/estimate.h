@@ -63,6 +63,7 @@ struct Estimate {
   // matrix products (GEMMs, linear layers, convolutions, attention), the kernels its ops called, and the
   // bytes they allocated (0 when the timeline was truncated). memory::plan's cost model prices them.
   double flops = 0;
+  double operand_bytes = 0;  // what those products read: their operands' bytes, once a product
   int64_t kernel_calls = 0;
   int64_t bytes_allocated = 0;
   bool fits() const { return !out_of_memory; }

@@ -30,11 +30,12 @@ using ElementwiseKernel = void(const Loop& loop, const OpArgs& args);
 namespace detail {
 // The work a dry run stands for (Note [counted work in a dry run], core/estimate.cpp): every meta kernel an
 // op fetches counts as one call, and the ops whose kernels multiply matrices (GEMMs, linear layers,
-// convolutions, attention) add their FLOPs when they run on the meta device.
+// convolutions, attention) add their FLOPs and the bytes of the operands they read when they run on the meta
+// device.
 void note_meta_kernel();
-void note_meta_flops(double flops);
-inline void count_flops(Device device, double flops) {
-  if (device.type == DeviceType::Meta) note_meta_flops(flops);
+void note_meta_product(double flops, double operand_bytes);
+inline void count_flops(Device device, double flops, double operand_bytes) {
+  if (device.type == DeviceType::Meta) note_meta_product(flops, operand_bytes);
 }
 }  // namespace detail
 

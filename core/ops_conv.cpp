@@ -19,6 +19,17 @@ double conv_flops(const ConvArgs& a) {
          double(a.kh) * double(a.kw);
 }
 
+// The bytes of a's input, weight and output (or their gradients) of `elem` bytes an element: what its
+// directions read (Note [counted work in a dry run]).
+struct ConvBytes {
+  double x, w, y;
+};
+ConvBytes conv_bytes(const ConvArgs& a, int64_t elem) {
+  const double e = double(elem);
+  return {double(a.n * a.c * a.h * a.w) * e, double(a.o * (a.c / a.groups) * a.kh * a.kw) * e,
+          double(a.n * a.o * a.oh * a.ow) * e};
+}
+
 std::string str2(Size2 s) { return detail::str_cat("(", s.h, ", ", s.w, ")"); }
 
 // PyTorch's output size along one dim; 0 or less when the (dilated) kernel does not fit the padded input.
@@ -139,7 +150,8 @@ Tensor conv2d_forward(const char* op, const Tensor& x, const Tensor& weight, con
   a.y = y.raw_data();
   const DeviceType device = x.device().type;
   a.relu = relu && (device == DeviceType::CPU || device == DeviceType::Meta);
-  detail::count_flops(x.device(), conv_flops(a));
+  const ConvBytes bytes = conv_bytes(a, x.element_size());
+  detail::count_flops(x.device(), conv_flops(a), bytes.x + bytes.w);
   if (pool2) {
     op_conv2d_relu_pool2.get(x.device(), x.dtype())(a);
     return y;
@@ -191,7 +203,8 @@ Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const 
   a.dy = gc.raw_data();
   a.weight = wc.raw_data();
   a.dx = dx.raw_data();
-  detail::count_flops(weight.device(), conv_flops(a));
+  const ConvBytes bytes = conv_bytes(a, weight.element_size());
+  detail::count_flops(weight.device(), conv_flops(a), bytes.y + bytes.w);
   op_conv2d_backward_data.get(weight.device(), weight.dtype())(a);
   return dx;
 }
@@ -221,7 +234,8 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& grad_out, const T
   a.x = xc.raw_data();
   a.dweight = dw.raw_data();
   a.dbias = with_bias ? db.raw_data() : nullptr;
-  detail::count_flops(x.device(), conv_flops(a));
+  const ConvBytes bytes = conv_bytes(a, x.element_size());
+  detail::count_flops(x.device(), conv_flops(a), bytes.y + bytes.x);
   op_conv2d_backward_weight.get(x.device(), x.dtype())(a);
   return {dw, db};
 }
@@ -283,7 +297,9 @@ ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
   a.dx = need_dx ? r.dx.raw_data() : nullptr;
   a.dweight = r.dweight.raw_data();
   a.dbias = need_dbias ? r.dbias.raw_data() : nullptr;
-  detail::count_flops(device, conv_flops(a) * (need_dx ? 2 : 1));
+  const ConvBytes bytes = conv_bytes(a, x.element_size());  // d weight reads dy and x; d x, dy and w
+  detail::count_flops(device, conv_flops(a) * (need_dx ? 2 : 1),
+                      bytes.y + bytes.x + (need_dx ? bytes.y + bytes.w : 0.0));
   op_conv2d_backward.get(device, grad_out.dtype())(a);
   return r;
 }

@@ -103,7 +103,11 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     if (k == 0)
       ops::fill_(out, 0);
     else {
-      detail::count_flops(a.device(), 2.0 * double(g.batch) * double(g.m) * double(g.n) * double(g.k));
+      // Each operand's elements once, a broadcast one (batch stride 0) once for the whole batch.
+      const double a_elems = double(g.a_batch == 0 ? 1 : g.batch) * double(g.m * g.k),
+                   b_elems = double(g.b_batch == 0 ? 1 : g.batch) * double(g.k * g.n);
+      detail::count_flops(a.device(), 2.0 * double(g.batch) * double(g.m) * double(g.n) * double(g.k),
+                          (a_elems + b_elems) * double(out.element_size()));
       op_gemm.get(a.device(), dt)(g);
     }
   }

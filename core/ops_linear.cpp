@@ -48,7 +48,8 @@ void gemm(const void* a, int64_t a_row, int64_t a_col, const void* b, int64_t b_
     if (!accumulate) ops::fill_(c, 0);
     return;
   }
-  detail::count_flops(c.device(), 2.0 * double(g.m) * double(g.n) * double(k));
+  const double operands = double(g.m * k + k * g.n + (accumulate ? g.m * g.n : 0)) * double(c.element_size());
+  detail::count_flops(c.device(), 2.0 * double(g.m) * double(g.n) * double(k), operands);
   op_gemm.get(c.device(), c.dtype())(g);
 }
 
@@ -69,7 +70,8 @@ Tensor fused_linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias
   a.bias = b.defined() ? b.raw_data() : nullptr;
   a.y = y.raw_data();
   a.relu = relu;
-  detail::count_flops(x.device(), 2.0 * double(a.m) * double(a.n) * double(a.k));
+  detail::count_flops(x.device(), 2.0 * double(a.m) * double(a.n) * double(a.k),
+                      double(x.nbytes() + w.nbytes()));
   op_linear.get(x.device(), x.dtype())(a);
   return y;
 }

@@ -8,7 +8,7 @@ namespace frugal::memory {
 
 double predicted_seconds(const Estimate& e) {
   return e.flops / kFlopsPerSecond + double(e.kernel_calls) * kSecondsPerKernel +
-         double(e.bytes_allocated) / kBytesPerSecond;
+         (double(e.bytes_allocated) + e.operand_bytes) / kBytesPerSecond;
 }
 
 double low_precision_time(Device device) {

@@ -20,18 +20,21 @@
 // (PlanCosts) are the step's own, measured before the search by dry runs without the budget: the plain step,
 // every block recomputed whole, every block selective (where allowed) and the least k > 1 allowed. Each dry
 // run is priced from the work it counted (Note [counted work in a dry run], core/estimate.cpp):
-//   seconds = FLOPs / kFlopsPerSecond + kernel calls * kSecondsPerKernel + bytes allocated / kBytesPerSecond
-// so a block's recompute costs what its forward counts (about a third of a GEMM-bound step: W3 0.35, W4
-// 0.29), a selective block what its norms, activations and adds count, and each micro-batch more the kernel
-// calls it repeats: much for a model of small ops (a chain of tiny Linears: 0.4 a micro-batch; W1 0.11),
-// little for one of large GEMMs (W3 and W4: 0.01). The rates are those of this project's 2-core machines (f32
-// GEMMs near 150 GFLOP/s, 2 us a kernel call with the op around it, 10 GB/s of new tensors written and read);
-// only their ratios rank the candidates. The README compares the coefficients with measured steps. W4 at 4
-// micro-batches measured 0.09-0.13 a micro-batch more against 0.01 counted, until its d x GEMMs of 256 rows
-// stopped running at half speed (Note [B's rows 2 KiB apart], kernels/cpu/gemm.cpp): 0.06-0.07 since.
-// frugal's profiler over W4's steps in 1 and in 4 micro-batches puts most of that in the forward's
-// linear_relu on 256 rows (20-22% slower in the step, though not in a loop over one layer whose weights stay
-// in cache), then the backward (3-8%) and the gradients' accumulation (1.5% of the step). Until 2026-12-05
+//   seconds = FLOPs / kFlopsPerSecond + kernel calls * kSecondsPerKernel
+//             + (bytes allocated + bytes the products read) / kBytesPerSecond
+// so a block's recompute costs what its forward counts (about a third of a GEMM-bound step: W3 0.34, W4
+// 0.33), a selective block what its norms, activations and adds count, and each micro-batch more the kernel
+// calls it repeats and the weights its products read again: much for a model of small ops (a chain of tiny
+// Linears: 0.4 a micro-batch), little for one of large GEMMs (W3 0.017, W4 0.027). The rates are those of
+// this project's 2-core machines (f32 GEMMs near 150 GFLOP/s, 2 us a kernel call with the op around it,
+// 10 GB/s of tensors written and read); only their ratios rank the candidates. The README compares the
+// coefficients with measured steps. W4 at 4 micro-batches measured 0.09-0.13 a micro-batch more (a Zen 3)
+// against 0.01 counted, until its d x GEMMs of 256 rows stopped running at half speed (Note [B's rows 2 KiB
+// apart], kernels/cpu/gemm.cpp): 0.06-0.07 since there, 0.01-0.04 on a Zen 4. frugal's profiler over W4's
+// steps in 1 and in 4 micro-batches on the Zen 3 puts most of that in the forward's linear_relu on 256 rows
+// (20-22% slower in the step, though not in a loop over one layer whose weights stay in cache), then the
+// backward (3-8%) and the gradients' accumulation (1.5% of the step): the weights read from memory again.
+// Until 2026-12-06 the products' operands were not counted, so that cost nothing (W4 0.01). Until 2026-12-05
 // the coefficients were constants measured on W3 (1/3, 0.05 and 0.1). bf16 autocast's factor is the device's
 // (low_precision_time): a build for a CPU with bf16 dot products runs its GEMMs and attention on them, and W6
 // (W3 under bf16) took 0.59-0.65 of W3's step there, W4b 0.54 of W4's (a Zen 4); without them bf16 only saves

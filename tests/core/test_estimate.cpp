@@ -265,9 +265,9 @@ TEST(Estimate, AGptStepIsExact) {
   expect_dry_run_is_exact([](Device d) { gpt_steps(d, true, false, true); });
 }
 
-// Note [counted work in a dry run]: the FLOPs of the ops that multiply matrices, by their shapes; the
-// kernels fetched; the bytes allocated. A real run between dry runs counts nothing, and each dry run starts
-// from zero.
+// Note [counted work in a dry run]: the FLOPs of the ops that multiply matrices and the bytes of the operands
+// they read, by their shapes; the kernels fetched; the bytes allocated. A real run between dry runs counts
+// nothing, and each dry run starts from zero.
 TEST(Estimate, CountsTheWorkOfTheStep) {
   const int64_t m = 24, k = 40, n = 16;
   const memory::Estimate mm = memory::estimate([&](Device d) {
@@ -278,6 +278,7 @@ TEST(Estimate, CountsTheWorkOfTheStep) {
   EXPECT_DOUBLE_EQ(mm.flops, 2.0 * 3 * m * n * k);
   EXPECT_GE(mm.kernel_calls, 1);
   EXPECT_EQ(mm.bytes_allocated, (3 * m * k + k * n + 3 * m * n) * 4);
+  EXPECT_DOUBLE_EQ(mm.operand_bytes, (3 * m * k + k * n) * 4);  // b is broadcast: read once
   // A Linear's forward and its two gradients (the input's and the weight's), the bias's sum beside them.
   (void)matmul(testing::uniform({m, k}, -1, 1), testing::uniform({k, n}, -1, 1));  // a cpu op: not counted
   const memory::Estimate lin = memory::estimate([&](Device d) {
@@ -288,6 +289,21 @@ TEST(Estimate, CountsTheWorkOfTheStep) {
     fc->forward(x).sum().backward();
   });
   EXPECT_DOUBLE_EQ(lin.flops, 3 * 2.0 * m * n * k);
+  // x and w forward; dy and w for d x; dy and x for d w.
+  EXPECT_DOUBLE_EQ(lin.operand_bytes, (2 * m * k + 2 * n * k + 2 * m * n) * 4);
+  // The weight is read once a product: a forward over two halves of the batch reads it twice.
+  auto forward_bytes = [&](int parts) {
+    return memory::estimate([&](Device d) {
+             manual_seed(3);
+             nn::Linear fc(k, n);
+             const Tensor x = empty({m, k}, TensorOptions().device(d));
+             NoGradGuard no_grad;
+             for (int i = 0; i < parts; ++i) fc->forward(x.narrow(0, i * m / parts, m / parts));
+           })
+        .operand_bytes;
+  };
+  EXPECT_DOUBLE_EQ(forward_bytes(1), (m * k + n * k) * 4);
+  EXPECT_DOUBLE_EQ(forward_bytes(2) - forward_bytes(1), n * k * 4);
   EXPECT_GT(lin.kernel_calls, mm.kernel_calls);
   // A convolution's three directions: 2 x n x o x oh x ow x c x kh x kw each.
   const memory::Estimate conv = memory::estimate([&](Device d) {
@@ -298,6 +314,8 @@ TEST(Estimate, CountsTheWorkOfTheStep) {
     c->forward(x).sum().backward();
   });
   EXPECT_DOUBLE_EQ(conv.flops, 3 * 2.0 * 2 * 8 * 10 * 10 * 3 * 3 * 3);
+  const double cx = 2 * 3 * 10 * 10 * 4, cw = 8 * 3 * 3 * 3 * 4, cy = 2 * 8 * 10 * 10 * 4;
+  EXPECT_DOUBLE_EQ(conv.operand_bytes, 2 * (cx + cw + cy));  // x and w; dy and x; dy and w
   // Causal attention: half of the scores and of P V forward, half of four products (five where only the
   // rows' statistics were kept) backward.
   const int64_t b = 2, t = 16, heads = 2, hd = 8;
@@ -308,6 +326,8 @@ TEST(Estimate, CountsTheWorkOfTheStep) {
   });
   const double product = 2.0 * b * heads * t * t * hd * 0.5;
   EXPECT_TRUE(att.flops == product * (2 + 4) || att.flops == product * (2 + 5)) << att.flops / product;
+  EXPECT_DOUBLE_EQ(att.operand_bytes,
+                   (2 * b * t * 3 * heads * hd + b * t * heads * hd) * 4.0);  // qkv twice, dy
 }
 
 TEST(Estimate, AnEmptyArenaAndWhatAStepLeavesBehind) {

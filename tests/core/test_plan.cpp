@@ -119,7 +119,8 @@ TEST(Plan, LowPrecisionIsPricedAtTheDevicesFactor) {
 
 // Note [the planner's cost model]: the coefficients are the step's own. The GPT's forward is about a third
 // of its step and its micro-batches repeat little; a chain of tiny layers is all kernel calls, so each
-// micro-batch repeats most of the step.
+// micro-batch repeats most of the step; wide layers on a short batch are mostly their weights' bytes, which
+// each micro-batch's products read again.
 TEST(Plan, ItsCostsAreTheStepsOwn) {
   const memory::Plan gpt =
       memory::plan([](Device d, const memory::PlanChoice& c) { gpt_step(d, c); }, int64_t(1) << 40,
@@ -146,6 +147,15 @@ TEST(Plan, ItsCostsAreTheStepsOwn) {
   // Plain, every block and 2 micro-batches without the budget; then, for each micro-batch count, candidates
   // until one fits (the first does).
   EXPECT_EQ(tiny.dry_runs, 3 + 2);
+  // Each of the four counts at its rate.
+  memory::Estimate e;
+  e.flops = 3e9;
+  e.kernel_calls = 1000;
+  e.bytes_allocated = 2'000'000'000;
+  e.operand_bytes = 5e8;
+  EXPECT_DOUBLE_EQ(
+      memory::predicted_seconds(e),
+      3e9 / memory::kFlopsPerSecond + 1000 * memory::kSecondsPerKernel + 2.5e9 / memory::kBytesPerSecond);
 }
 
 TEST(Plan, UnderABudgetTheRealRunFitsAndPeaksWhereTheDryRunSaid) {
