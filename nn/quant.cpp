@@ -50,10 +50,17 @@ Tensor dequantize_rows(const Tensor& weight, const Tensor& weight_scale) {
   return w;
 }
 
-// meta_ok: the layer has a dry-run path (Note [the meta device]).
-void check_inference_input(const char* who, const Tensor& x, bool meta_ok = false) {
-  FRUGAL_CHECK_DTYPE(x.dtype() == kF32 && (x.device() == kCPU || (meta_ok && x.device().is_meta())), who,
+// The layer's input (or its codes) on the layer's device: the cpu, or the meta device in a dry run (Note [the
+// meta device]), where nothing is read.
+void check_same_device(const char* who, const Tensor& x, const Tensor& weight) {
+  FRUGAL_CHECK_T(DeviceError, x.device() == weight.device(), who, ": the input is on ", x.device(),
+                 " but the layer's weights on ", weight.device());
+}
+
+void check_inference_input(const char* who, const Tensor& x, const Tensor& weight) {
+  FRUGAL_CHECK_DTYPE(x.dtype() == kF32 && (x.device() == kCPU || x.device().is_meta()), who,
                      ": expected an f32 cpu input, got ", x.dtype(), " on ", x.device());
+  check_same_device(who, x, weight);
   FRUGAL_CHECK(!(autograd::grad_mode_enabled() && x.requires_grad()), who,
                ": inference only, but the input requires grad (run it under NoGradGuard, or use "
                "nn::quant::prepare_qat for quantisation-aware training)");
@@ -158,7 +165,7 @@ Tensor QuantizedLinearImpl::forward(const Tensor& x) { return run(x, false); }
 Tensor QuantizedLinearImpl::forward_relu(const Tensor& x) { return run(x, true); }
 
 Tensor QuantizedLinearImpl::run(const Tensor& x, bool relu) {
-  check_inference_input("QuantizedLinear", x, /*meta_ok=*/true);
+  check_inference_input("QuantizedLinear", x, weight);
   FRUGAL_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) == in_features,
                      "QuantizedLinear: expected an input of shape [...,", in_features, "], got ", x.shape());
   FRUGAL_CHECK_DTYPE(
@@ -190,6 +197,7 @@ std::optional<quant::InputQuant> QuantizedLinearImpl::static_input() const {
 
 Tensor QuantizedLinearImpl::forward_codes(const Tensor& codes, bool relu) {
   const quant::InputQuant qp = codes_quant("QuantizedLinear::forward_codes", static_input(), codes);
+  check_same_device("QuantizedLinear::forward_codes", codes, weight);
   FRUGAL_CHECK_SHAPE(codes.dim() == 2 && codes.size(1) == in_features,
                      "QuantizedLinear::forward_codes: expected codes of shape [N, ", in_features, "], got ",
                      codes.shape());
@@ -269,7 +277,7 @@ Tensor QuantizedConv2dImpl::forward_staged(const Tensor& input, bool codes_in, b
                "QuantizedConv2d::forward_staged: codes out are made from a pooled output");
   if (codes_out) check_input_quant("QuantizedConv2d::forward_staged's codes_out", *codes_out);
   if (!codes_in) {
-    check_inference_input("QuantizedConv2d", input, /*meta_ok=*/true);
+    check_inference_input("QuantizedConv2d", input, weight);
     FRUGAL_CHECK_SHAPE(input.dim() == 4 && input.size(1) == C,
                        "QuantizedConv2d: expected an input of shape [N, ", C, ", H, W], got ", input.shape());
     const Tensor xc = contiguous(input);
@@ -278,6 +286,7 @@ Tensor QuantizedConv2dImpl::forward_staged(const Tensor& input, bool codes_in, b
                     false, relu, pool2, codes_out);
   }
   const quant::InputQuant qp = codes_quant("QuantizedConv2d::forward_staged", static_input(), input);
+  check_same_device("QuantizedConv2d::forward_staged", input, weight);
   FRUGAL_CHECK_SHAPE(input.dim() == 4 && input.size(3) == C,
                      "QuantizedConv2d::forward_staged: expected codes of shape [N, H, W, ", C, "], got ",
                      input.shape());
@@ -345,6 +354,7 @@ Tensor QuantizedEmbeddingImpl::forward(const Tensor& indices) {
       (indices.dtype() == kI64 || indices.dtype() == kI32) && (indices.device() == kCPU || meta),
       "QuantizedEmbedding: the indices must be i64 or i32 on the cpu, got ", indices.dtype(), " on ",
       indices.device());
+  check_same_device("QuantizedEmbedding", indices, weight);
   const Tensor flat = contiguous(indices.reshape({-1})).to(kI64);
   const int64_t n = flat.numel(), dim = embedding_dim;
   Shape out_shape = indices.shape();

@@ -426,6 +426,28 @@ TEST(QuantizedConv2d, ADryRunOfAnInt8CnnTakesTheSameBlocks) {
   const Tensor y = table->forward(idx);
   EXPECT_EQ(memory::stats(kCPU).requested.peak - base, peak);
   EXPECT_EQ(peak, 5 * 7 * 8 + 5 * 7 * 24 * 4);  // the indices as i64, and the rows
+  // Layers on the cpu given a dry run's input, and layers on the meta device given a cpu input, say so and
+  // read nothing.
+  nn::QuantizedConv2d cpu_conv(nn::Conv2dOptions(2, 4, 3), true);
+  nn::QuantizedLinear cpu_linear(8, 4);
+  const Tensor cpu_x = uniform({3, 8}, -1, 1);
+  memory::estimate([&](Device d) {
+    InferenceMode im;
+    nn::QuantizedLinear meta_linear(8, 4);
+    expect_error<DeviceError>([&] { meta_linear->forward(cpu_x); }, {"QuantizedLinear", "cpu", "meta"});
+    expect_error<DeviceError>(
+        [&] {
+          cpu_conv->forward(empty({1, 2, 5, 5}, TensorOptions(kF32).device(d)));
+        },
+        {"QuantizedConv2d", "meta", "cpu"});
+    expect_error<DeviceError>(
+        [&] {
+          cpu_linear->forward(empty({3, 8}, TensorOptions(kF32).device(d)));
+        },
+        {"QuantizedLinear", "meta", "cpu"});
+    expect_error<DeviceError>([&] { table->forward(empty({3}, TensorOptions(DType::I64).device(d))); },
+                              {"QuantizedEmbedding", "meta", "cpu"});
+  });
 }
 
 // prepare wraps both Conv2ds and the Linear; convert gives QuantizedConv2d / QuantizedLinear with the
