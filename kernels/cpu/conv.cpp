@@ -515,22 +515,18 @@ void conv2d_relu_pool2_f32(const ConvArgs& a, const PooledCodes* codes) {
       else
         const Tensor col =
             cpu::meta_workspace(im2col_elements(f, Direction::Forward) * int64_t(sizeof(float)));
-      if (codes) {  // the pooled values and their codes below
-        const Tensor pooled = cpu::meta_workspace(n * o * pooled_pixels * int64_t(sizeof(float)));
-        const Tensor nchw = cpu::meta_workspace(n * o * pooled_pixels);
-      }
     } else {
       if (c.plan)
         cpu::run_conv_plan(*c.plan, f, {.weights = packed});
       else
         forward_then_relu<float, conv2d_forward_im2col<float>>(f);
-      if (!codes) {
-        max_pool2_nchw(c.args, static_cast<const float*>(y.raw_data()));
-        continue;
-      }
-      // Codes from an NCHW pool: pooled, quantised, and each image's [o, pixels] transposed.
-      const Tensor pooled = workspace(n * o * pooled_pixels * int64_t(sizeof(float)));
-      const Tensor nchw = workspace(n * o * pooled_pixels);
+      if (!codes) max_pool2_nchw(c.args, static_cast<const float*>(y.raw_data()));
+    }
+    if (!codes) continue;
+    // Codes from an NCHW pool: pooled, quantised, and each image's [o, pixels] transposed.
+    const Tensor pooled = ws(n * o * pooled_pixels * int64_t(sizeof(float)));
+    const Tensor nchw = ws(n * o * pooled_pixels);
+    if constexpr (!kDry) {
       ConvArgs p = c.args;
       p.y = pooled.raw_data();
       max_pool2_nchw(p, static_cast<const float*>(y.raw_data()));

@@ -513,9 +513,9 @@ void int8_conv2d_impl(const ConvArgs& a, const Int8ConvInput& in, const float* s
   if (a.n > 0 && P > 0 && O > 0 && conv2d_onednn<kDry>(a, in, scale, relu, pool2, out_codes, chunk)) return;
 #endif
   const int64_t CHW = a.c * a.h * a.w;
-  if constexpr (kDry) {  // the blocks below, in their order
-    const Tensor codes = meta_workspace(chunk * CHW), col = meta_workspace(K * chunk * P),
-                 out = meta_workspace(chunk * P * O * int64_t(sizeof(float)));
+  auto ws = [](int64_t bytes) { return kDry ? meta_workspace(bytes) : workspace(bytes); };
+  Tensor codes = ws(chunk * CHW), col = ws(K * chunk * P), out = ws(chunk * P * O * int64_t(sizeof(float)));
+  if constexpr (kDry) {  // the chunks' blocks, in the order the loop below takes them
     for (int64_t n0 = 0; n0 < a.n; n0 += chunk) {
       const int64_t images = std::min(chunk, a.n - n0);
       linear_meta(images * P, K, O, true);
@@ -523,8 +523,6 @@ void int8_conv2d_impl(const ConvArgs& a, const Int8ConvInput& in, const float* s
     }
     return;
   }
-  Tensor codes = workspace(chunk * CHW), col = workspace(K * chunk * P),
-         out = workspace(chunk * P * O * int64_t(sizeof(float)));
   auto* xq = codes.data<uint8_t>();
   const auto* w = static_cast<const int8_t*>(a.weight);
   auto* cs = col.data<uint8_t>();

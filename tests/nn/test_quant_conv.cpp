@@ -355,7 +355,8 @@ std::vector<std::string> block_events(const memory::HistoryRecord& record, size_
 // order: W2's shape with its static QuantizedConv2d taking the f32 block's codes and making the
 // QuantizedLinear's (Note [an int8 convolution's input as codes]); a dynamic one (values in, values out);
 // one without a pool; through oneDNN's int8 convolution and through im2col; batches of one chunk and of
-// several. A QuantizedEmbedding's lookup likewise. ModelPool sizes int8 requests from such dry runs.
+// several; an input that is a view. A QuantizedEmbedding's lookup likewise. ModelPool sizes int8 requests
+// from such dry runs.
 TEST(QuantizedConv2d, ADryRunOfAnInt8CnnTakesTheSameBlocks) {
   // form 0: static, codes between the three blocks; 1: dynamic; 2: no pool after the int8 layer; 3: as 0 with
   // 12 channels in the f32 block, which fill no blocked layout's blocks (its codes come from an NCHW pool).
@@ -376,13 +377,15 @@ TEST(QuantizedConv2d, ADryRunOfAnInt8CnnTakesTheSameBlocks) {
   for (bool onednn : {true, false})
     for (int form : {0, 1, 2, 3})
       for (int64_t batch : {1, 9, 70}) {
+        const bool view = batch == 9;  // the input a transposed view: the copy that makes it contiguous too
         const std::string where = std::string(onednn ? "oneDNN" : "im2col") + ", form " +
                                   std::to_string(form) + ", batch " + std::to_string(batch);
         cpu::set_int8_conv_onednn(onednn);
         size_t first = 0, last = 0;  // the forward's events in the dry run's timeline
         const memory::Estimate e = memory::estimate([&](Device d) {
           nn::Sequential m = make(form);
-          const Tensor x = empty({batch, 1, 28, 28}, TensorOptions(kF32).device(d));
+          Tensor x = empty({batch, 1, 28, 28}, TensorOptions(kF32).device(d));
+          if (view) x = x.transpose(2, 3);
           first = memory::history(d).events.size();
           InferenceMode im;
           const Tensor y = m->forward(x);
@@ -390,7 +393,9 @@ TEST(QuantizedConv2d, ADryRunOfAnInt8CnnTakesTheSameBlocks) {
           EXPECT_EQ(y.size(0), batch) << where;
         });
         nn::Sequential m = make(form);
-        const Tensor x = uniform({batch, 1, 28, 28}, -1, 1);
+        Tensor x = uniform({batch, 1, 28, 28}, -1, 1);
+        if (view) x = x.transpose(2, 3);
+        ASSERT_EQ(x.is_contiguous(), !view);
         std::vector<std::string> real;
         {
           memory::History history(kCPU);
