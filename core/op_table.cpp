@@ -17,6 +17,7 @@
 #include "core/op_table_reduce.h"
 #include "core/op_table_softmax.h"
 #include "core/op_table_sparse.h"
+#include "core/quant_kernels.h"
 
 namespace frugal {
 
@@ -44,6 +45,9 @@ constinit OpTable<Adam8bitStepKernel> op_adam8bit_step{"adam8bit_step"};
 constinit OpTable<SegmentSumKernel> op_segment_sum_rows{"segment_sum_rows"};
 constinit OpTable<SparseAdamStepKernel> op_sparse_adam_step{"sparse_adam_step"};
 constinit OpTable<CsrMatmulKernel> op_csr_matmul{"csr_matmul"};
+constinit OpTable<ValueRangeKernel> op_value_range{"value_range"};
+constinit OpTable<QuantizeU8Kernel> op_quantize_u8{"quantize_u8"};
+constinit OpTable<Int8LinearKernel> op_int8_linear{"int8_linear"};
 constinit OpTable<IndexKernel> op_index_select{"index_select"};
 constinit OpTable<IndexKernel> op_gather{"gather"};
 constinit OpTable<IndexKernel> op_scatter_add{"scatter_add"};

@@ -1,11 +1,54 @@
 // The int8 GEMM behind nn::quant's QuantizedLinear and QuantizedConv2d (kernels/cpu/quant.cpp): u8
-// activations with a zero point times s8 weights, accumulated in s32. Plain declarations rather than an
-// op-table entry: only the CPU has an int8 kernel, and nn/quant.cpp is its one caller.
+// activations with a zero point times s8 weights, accumulated in s32. The CPU's kernels are plain
+// declarations (nn/quant.cpp calls them directly, its one caller); QuantizedLinear on another device (a GPU)
+// runs through the three op tables first below, whose CPU kernels are these same functions.
 #pragma once
 
 #include <cstdint>
 
 #include "core/op_table_conv.h"
+
+namespace frugal {
+
+// nn::quant's input quantisation and int8 GEMM as op tables, for QuantizedLinear on a GPU
+// (kernels/cuda/quant.cu; the CPU kernels in kernels/cpu/quant.cpp are cpu::quantize_u8 and cpu::int8_linear
+// below, and stand in for the GPU's on the tests' stand-in GPU). Pointers are in the device's memory.
+//
+// The range a dynamic quantisation is chosen from: lo_hi[0] = min(0, every x[i]), lo_hi[1] = max(0, every
+// x[i]), a NaN passed over (quant::choose_input_qparams's rule: an order-independent result). Keyed by F32.
+struct ValueRangeArgs {
+  const float* x = nullptr;
+  int64_t n = 0;
+  float* lo_hi = nullptr;  // 2 floats
+};
+using ValueRangeKernel = void(const ValueRangeArgs& args);
+extern OpTable<ValueRangeKernel> op_value_range;
+// out[i] = cpu::quantize_u8's code of x[i] (below), bit for bit. Keyed by F32.
+struct QuantizeU8Args {
+  const float* x = nullptr;
+  int64_t n = 0;
+  float inv_scale = 1;
+  int32_t zero_point = 0, qmax = 127;
+  uint8_t* out = nullptr;
+};
+using QuantizeU8Kernel = void(const QuantizeU8Args& args);
+extern OpTable<QuantizeU8Kernel> op_quantize_u8;
+// out = cpu::int8_linear's (below) of codes x (m, k) at most 127 (nn::quant's 7-bit codes, which a GPU reads
+// as s8), bit for bit. Keyed by U8.
+struct Int8LinearArgs {
+  const uint8_t* x = nullptr;
+  int32_t x_zero_point = 0;
+  const int8_t* w = nullptr;     // (n, k)
+  const float* scale = nullptr;  // (n)
+  const float* bias = nullptr;   // (n) or null
+  float* out = nullptr;          // (m, n)
+  int64_t m = 0, k = 0, n = 0;
+  bool relu = false;
+};
+using Int8LinearKernel = void(const Int8LinearArgs& args);
+extern OpTable<Int8LinearKernel> op_int8_linear;
+
+}  // namespace frugal
 
 namespace frugal::cpu {
 
@@ -25,6 +68,9 @@ void int8_linear_xt(const uint8_t* xt, int32_t x_zero_point, const int8_t* w, co
 // bottom of the range. nn::quant's input quantisation (quant::quantize_input) and the convolution below both
 // take it.
 void quantize_u8(const float* x, int64_t n, float inv_scale, int32_t zero_point, int32_t qmax, uint8_t* out);
+// lo = min(0, every x[i]), hi = max(0, every x[i]), a NaN passed over: the range quant::choose_input_qparams
+// chooses from.
+void value_range(const float* x, int64_t n, float& lo, float& hi);
 // The input of int8_conv2d: a.x is f32 values [n, c, h, w], quantised as quantize_u8 does (inv_scale,
 // zero_point, qmax) a chunk of images at a time, never as a whole; or, with nhwc_codes, a.x is those codes
 // already made, u8 [n, h, w, c] (channels last, as conv2d_relu_pool2_codes writes them).

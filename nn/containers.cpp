@@ -65,7 +65,12 @@ bool is_pool2(const Module* m) {
 Tensor run_quantized_conv(const std::vector<std::shared_ptr<Module>>& modules, size_t& j, size_t end,
                           const Tensor& h, bool codes_in) {
   auto& conv = static_cast<QuantizedConv2dImpl&>(*modules[j]);
-  auto is = [&](size_t k, const std::type_info& type) { return k < end && typeid(*modules[k]) == type; };
+  // typeid of a reference, not of *shared_ptr: clang warns that the call in the operand is evaluated.
+  auto is = [&](size_t k, const std::type_info& type) {
+    if (k >= end) return false;
+    const Module& m = *modules[k];
+    return typeid(m) == type;
+  };
   const bool relu = is(j + 1, typeid(ReLUImpl));
   const bool pool2 = relu && j + 2 < end && is_pool2(modules[j + 2].get());
   if (pool2 && h.dim() == 4 && is(j + 3, typeid(FlattenImpl)) && is(j + 4, typeid(QuantizedLinearImpl))) {
@@ -113,7 +118,8 @@ Tensor run_modules(const std::vector<std::shared_ptr<Module>>& modules, size_t b
       m.apply_masks();
       // A static QuantizedConv2d next takes the pooled output as its codes (Note [an int8 convolution's input
       // as codes], nn/quant.cpp), with its own ReLU and MaxPool2d(2) if they follow.
-      if (i + 3 < end && typeid(*modules[i + 3]) == typeid(QuantizedConv2dImpl)) {
+      const Module* third = i + 3 < end ? modules[i + 3].get() : nullptr;
+      if (third && typeid(*third) == typeid(QuantizedConv2dImpl)) {
         auto& next_conv = static_cast<QuantizedConv2dImpl&>(*modules[i + 3]);
         if (const Tensor codes = quant::conv2d_relu_pool2_codes(h, *conv, next_conv); codes.defined()) {
           i += 3;

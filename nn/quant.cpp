@@ -50,17 +50,26 @@ Tensor dequantize_rows(const Tensor& weight, const Tensor& weight_scale) {
   return w;
 }
 
-// The layer's input (or its codes) on the layer's device: the cpu, or the meta device in a dry run (Note [the
-// meta device]), where nothing is read.
+// The layer's input (or its codes) on the layer's device: the cpu, the meta device in a dry run (Note [the
+// meta device]), where nothing is read, or (QuantizedLinear only) a GPU.
 void check_same_device(const char* who, const Tensor& x, const Tensor& weight) {
   FRUGAL_CHECK_T(DeviceError, x.device() == weight.device(), who, ": the input is on ", x.device(),
                  " but the layer's weights on ", weight.device());
 }
 
-void check_inference_input(const char* who, const Tensor& x, const Tensor& weight) {
-  FRUGAL_CHECK_DTYPE(x.dtype() == kF32 && (x.device() == kCPU || x.device().is_meta()), who,
-                     ": expected an f32 cpu input, got ", x.dtype(), " on ", x.device());
+// Where the int8 layers run: every one on the cpu and the meta device; QuantizedLinear on a GPU too, through
+// the op tables of core/quant_kernels.h (Note [an int8 layer on a GPU]).
+void check_layer_device(const char* who, Device device, bool gpu_too) {
+  FRUGAL_CHECK_T(DeviceError,
+                 device == kCPU || device.is_meta() || (gpu_too && device.type == DeviceType::CUDA), who,
+                 " runs on the cpu", gpu_too ? " or a GPU" : " only (QuantizedLinear runs on a GPU too)",
+                 ", not on ", device);
+}
+
+void check_inference_input(const char* who, const Tensor& x, const Tensor& weight, bool gpu_too = false) {
+  FRUGAL_CHECK_DTYPE(x.dtype() == kF32, who, ": expected an f32 input, got ", x.dtype(), " on ", x.device());
   check_same_device(who, x, weight);
+  check_layer_device(who, x.device(), gpu_too);
   FRUGAL_CHECK(!(autograd::grad_mode_enabled() && x.requires_grad()), who,
                ": inference only, but the input requires grad (run it under NoGradGuard, or use "
                "nn::quant::prepare_qat for quantisation-aware training)");
@@ -78,18 +87,20 @@ int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, i
 std::optional<quant::InputQuant> static_input_of(const Tensor& input_scale, const Tensor& input_zero_point) {
   if (!input_scale.defined()) return std::nullopt;
   if (input_scale.device().is_meta()) return quant::InputQuant{1.0f, 0};
-  return quant::InputQuant{input_scale.data<float>()[0], input_zero_point.data<int32_t>()[0]};
+  // A GPU layer's buffers are read on the host (to(kCPU) is the tensor itself on the cpu).
+  return quant::InputQuant{input_scale.to(kCPU).data<float>()[0],
+                           input_zero_point.to(kCPU).data<int32_t>()[0]};
 }
 
 // The static input quantisation a layer's codes were made with (forward_codes, forward_staged), after
-// checking that it has one and that the codes are u8 on the cpu (or the meta device, in a dry run).
+// checking that it has one and that the codes are u8.
 quant::InputQuant codes_quant(const char* who, const std::optional<quant::InputQuant>& qp,
                               const Tensor& codes) {
   FRUGAL_CHECK(qp.has_value(), who,
                ": the layer's input quantisation is dynamic (chosen for each input), so it takes f32 values, "
                "not codes");
-  FRUGAL_CHECK_DTYPE(codes.dtype() == kU8 && (codes.device() == kCPU || codes.device().is_meta()), who,
-                     ": expected u8 codes on the cpu, got ", codes.dtype(), " on ", codes.device());
+  FRUGAL_CHECK_DTYPE(codes.dtype() == kU8, who, ": expected u8 codes, got ", codes.dtype(), " on ",
+                     codes.device());
   return *qp;
 }
 
@@ -110,13 +121,37 @@ quant::InputQuant quantize_layer_input(const Tensor& xc, const Tensor& input_sca
 }
 
 // The GEMM's scale of each output column: the input's times the weight row's; on `device` (the layer's
-// input's: a dry run's block is on the meta device, and computes nothing).
+// input's: a dry run's block is on the meta device, and computes nothing; a GPU's are computed on the host).
 Tensor output_scales(quant::InputQuant qp, const Tensor& weight_scale, Device device) {
+  if (device != kCPU && !device.is_meta()) return output_scales(qp, weight_scale.to(kCPU), kCPU).to(device);
   Tensor scale = empty(weight_scale.shape(), TensorOptions(kF32).device(device));
   if (device.is_meta()) return scale;
   for (int64_t o = 0; o < weight_scale.numel(); ++o)
     scale.data<float>()[o] = qp.scale * weight_scale.data<float>()[o];
   return scale;
+}
+
+// Note [an int8 layer on a GPU]
+// QuantizedLinear runs on a GPU (model->to(cuda(0)) moves its buffers) with the cpu's arithmetic, so that its
+// output is the cpu's bit for bit: the same codes (op_quantize_u8: one f32 product, the clamps, rounding half
+// to even), the same s32 sums (an s8 x s8 GEMM through cuBLASLt, where codes of at most 127 read as s8 are
+// the same numbers, less the zero point's term), the same scales (qp.scale x weight_scale[o], on the host)
+// and the same float operations after (kernels/cuda/quant.cu). A dynamic layer chooses its quantisation on
+// the host from the input's range (op_value_range, 8 bytes read back: a wait for the stream), so it gets the
+// cpu's scale and zero point; a static one reads its two buffers back once a call. QuantizedConv2d and
+// QuantizedEmbedding run on the cpu only (a DeviceError elsewhere).
+quant::InputQuant quantize_on_device(const Tensor& xc, const Tensor& input_scale,
+                                     const Tensor& input_zero_point, Tensor& xq) {
+  std::optional<quant::InputQuant> qp = static_input_of(input_scale, input_zero_point);
+  if (!qp) {
+    const Tensor range = empty({2}, TensorOptions(kF32).device(xc.device()));
+    op_value_range.get(xc.device(), kF32)({xc.data<float>(), xc.numel(), range.data<float>()});
+    const Tensor lo_hi = range.to(kCPU);
+    qp = quant::input_qparams_of_range(lo_hi.data<float>()[0], lo_hi.data<float>()[1]);
+  }
+  op_quantize_u8.get(xc.device(), kF32)({xc.data<float>(), xc.numel(), 1.0f / qp->scale, qp->zero_point,
+                                         quant::kInputQMax, xq.data<uint8_t>()});
+  return *qp;
 }
 
 void check_input_quant(const char* who, quant::InputQuant q) {
@@ -165,7 +200,7 @@ Tensor QuantizedLinearImpl::forward(const Tensor& x) { return run(x, false); }
 Tensor QuantizedLinearImpl::forward_relu(const Tensor& x) { return run(x, true); }
 
 Tensor QuantizedLinearImpl::run(const Tensor& x, bool relu) {
-  check_inference_input("QuantizedLinear", x, weight);
+  check_inference_input("QuantizedLinear", x, weight, true);
   FRUGAL_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) == in_features,
                      "QuantizedLinear: expected an input of shape [...,", in_features, "], got ", x.shape());
   FRUGAL_CHECK_DTYPE(
@@ -183,12 +218,25 @@ Tensor QuantizedLinearImpl::run(const Tensor& x, bool relu) {
     cpu::int8_linear_meta(m, in_features, out_features);
     return y;
   }
-  const quant::InputQuant qp = quantize_layer_input(xc, input_scale, input_zero_point, xq);
-  const Tensor scale = output_scales(qp, weight_scale, x.device());
-  cpu::int8_linear(xq.data<uint8_t>(), qp.zero_point, static_cast<const int8_t*>(weight.raw_data()),
-                   scale.data<float>(), bias.defined() ? bias.data<float>() : nullptr, y.data<float>(), m,
-                   in_features, out_features, relu);
+  const quant::InputQuant qp = x.device() == kCPU
+                                   ? quantize_layer_input(xc, input_scale, input_zero_point, xq)
+                                   : quantize_on_device(xc, input_scale, input_zero_point, xq);
+  multiply(xq, qp, relu, y);
   return y;
+}
+
+void QuantizedLinearImpl::multiply(const Tensor& codes, quant::InputQuant qp, bool relu, Tensor& y) const {
+  const Tensor scale = output_scales(qp, weight_scale, codes.device());
+  Int8LinearArgs a;
+  a.x = codes.data<uint8_t>();
+  a.x_zero_point = qp.zero_point;
+  a.w = static_cast<const int8_t*>(weight.raw_data());
+  a.scale = scale.data<float>();
+  a.bias = bias.defined() ? bias.data<float>() : nullptr;
+  a.out = y.data<float>();
+  a.m = codes.size(0), a.k = in_features, a.n = out_features;
+  a.relu = relu;
+  op_int8_linear.get(codes.device(), kU8)(a);  // the cpu's: cpu::int8_linear
 }
 
 std::optional<quant::InputQuant> QuantizedLinearImpl::static_input() const {
@@ -198,20 +246,19 @@ std::optional<quant::InputQuant> QuantizedLinearImpl::static_input() const {
 Tensor QuantizedLinearImpl::forward_codes(const Tensor& codes, bool relu) {
   const quant::InputQuant qp = codes_quant("QuantizedLinear::forward_codes", static_input(), codes);
   check_same_device("QuantizedLinear::forward_codes", codes, weight);
+  check_layer_device("QuantizedLinear::forward_codes", codes.device(), true);
   FRUGAL_CHECK_SHAPE(codes.dim() == 2 && codes.size(1) == in_features,
                      "QuantizedLinear::forward_codes: expected codes of shape [N, ", in_features, "], got ",
                      codes.shape());
   const Tensor cc = contiguous(codes);
   const int64_t m = codes.size(0);
   Tensor y = empty({m, out_features}, TensorOptions(kF32).device(codes.device()));
-  const Tensor scale = output_scales(qp, weight_scale, codes.device());
   if (codes.device().is_meta()) {  // a dry run
+    const Tensor scale = output_scales(qp, weight_scale, codes.device());
     cpu::int8_linear_meta(m, in_features, out_features);
     return y;
   }
-  cpu::int8_linear(cc.data<uint8_t>(), qp.zero_point, static_cast<const int8_t*>(weight.raw_data()),
-                   scale.data<float>(), bias.defined() ? bias.data<float>() : nullptr, y.data<float>(), m,
-                   in_features, out_features, relu);
+  multiply(cc, qp, relu, y);
   return y;
 }
 
@@ -287,6 +334,7 @@ Tensor QuantizedConv2dImpl::forward_staged(const Tensor& input, bool codes_in, b
   }
   const quant::InputQuant qp = codes_quant("QuantizedConv2d::forward_staged", static_input(), input);
   check_same_device("QuantizedConv2d::forward_staged", input, weight);
+  check_layer_device("QuantizedConv2d::forward_staged", input.device(), false);
   FRUGAL_CHECK_SHAPE(input.dim() == 4 && input.size(3) == C,
                      "QuantizedConv2d::forward_staged: expected codes of shape [N, H, W, ", C, "], got ",
                      input.shape());
@@ -382,23 +430,6 @@ Tensor QuantizedEmbeddingImpl::forward(const Tensor& indices) {
 
 namespace quant {
 
-namespace {
-
-// The chunk of choose_input_qparams's loop, as a function of values and a restrict pointer rather than a
-// lambda over captured references, which GCC reloads and may not vectorise (as cpu::quantize_u8's loop,
-// kernels/cpu/quant.cpp).
-void range_chunk(const float* __restrict x, int64_t n, float& lo, float& hi) {
-  float l = 0, h = 0;
-#pragma omp simd reduction(min : l) reduction(max : h)
-  for (int64_t i = 0; i < n; ++i) {
-    l = x[i] < l ? x[i] : l;
-    h = x[i] > h ? x[i] : h;
-  }
-  lo = l, hi = h;
-}
-
-}  // namespace
-
 float weight_row_scale(const float* row, int64_t cols) {
   float amax = 0;
   for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(row[i]));
@@ -413,17 +444,9 @@ InputQuant input_qparams_of_range(float lo, float hi) {
 }
 
 InputQuant choose_input_qparams(const float* x, int64_t n) {
-  float lo = 0, hi = 0;
-  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    float l, h;
-    range_chunk(x + b, e - b, l, h);
-#pragma omp critical(frugal_quant_range)
-    lo = std::min(lo, l), hi = std::max(hi, h);
-  });
-  if (hi == lo) return {1.0f, 0};
-  const float scale = (hi - lo) / float(kInputQMax);
-  const auto zp = int32_t(std::clamp(std::nearbyint(-lo / scale), 0.0f, float(kInputQMax)));
-  return {scale, zp};
+  float lo, hi;
+  cpu::value_range(x, n, lo, hi);
+  return input_qparams_of_range(lo, hi);  // lo <= 0 <= hi: the range's own scale and zero point
 }
 
 void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out) {

@@ -1,7 +1,8 @@
 // int8 quantisation (dynamic post-training): nn::quant::quantize_dynamic replaces every Linear of a model by
 // a QuantizedLinear, whose weight is int8 with one symmetric scale per output row and whose input is
 // quantised per batch to u8 with a zero point; the GEMM is int8 (kernels/cpu/quant.cpp, oneDNN's u8 x s8 ->
-// s32 matmul).
+// s32 matmul). A QuantizedLinear also runs on a GPU, with the same output bit for bit (cuBLASLt's s8 GEMM:
+// Note [an int8 layer on a GPU] in nn/quant.cpp); the other int8 layers run on the cpu only.
 //
 //   nn::quant::quantize_dynamic(*model);   // every Linear -> QuantizedLinear; the f32 weights are freed
 //   NoGradGuard ng;  Tensor y = model->forward(x);
@@ -71,6 +72,8 @@ class QuantizedLinearImpl : public Module {
 
  private:
   Tensor run(const Tensor& x, bool relu);
+  // y = the int8 GEMM of the input's codes [m, in] made with qp, on their device.
+  void multiply(const Tensor& codes, quant::InputQuant qp, bool relu, Tensor& y) const;
 };
 FRUGAL_MODULE(QuantizedLinear);
 

@@ -70,6 +70,32 @@ void quantize_u8(const float* x, int64_t n, float inv_scale, int32_t zero_point,
   });
 }
 
+namespace {
+
+// A chunk of value_range, as a function of values and a restrict pointer for the same reason as
+// quantize_range.
+void range_chunk(const float* __restrict x, int64_t n, float& lo, float& hi) {
+  float l = 0, h = 0;
+#pragma omp simd reduction(min : l) reduction(max : h)
+  for (int64_t i = 0; i < n; ++i) {
+    l = x[i] < l ? x[i] : l;
+    h = x[i] > h ? x[i] : h;
+  }
+  lo = l, hi = h;
+}
+
+}  // namespace
+
+void value_range(const float* x, int64_t n, float& lo, float& hi) {
+  lo = 0, hi = 0;
+  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    float l, h;
+    range_chunk(x + b, e - b, l, h);
+#pragma omp critical(frugal_quant_range)
+    lo = std::min(lo, l), hi = std::max(hi, h);
+  });
+}
+
 #ifdef FRUGAL_HAVE_ONEDNN
 namespace {
 
@@ -593,5 +619,23 @@ void int8_linear_s32(const uint8_t* x, int32_t x_zero_point, const int8_t* w, in
 #endif
   int8_linear_s32_reference(x, x_zero_point, w, acc, m, k, n);
 }
+
+namespace {
+
+// The op tables' CPU kernels (core/quant_kernels.h): the functions above, for QuantizedLinear's device path
+// on the tests' stand-in GPU.
+const bool kRegistered = [] {
+  op_value_range.set(DeviceType::CPU, DType::F32,
+                     [](const ValueRangeArgs& a) { value_range(a.x, a.n, a.lo_hi[0], a.lo_hi[1]); });
+  op_quantize_u8.set(DeviceType::CPU, DType::F32, [](const QuantizeU8Args& a) {
+    quantize_u8(a.x, a.n, a.inv_scale, a.zero_point, a.qmax, a.out);
+  });
+  op_int8_linear.set(DeviceType::CPU, DType::U8, [](const Int8LinearArgs& a) {
+    int8_linear(a.x, a.x_zero_point, a.w, a.scale, a.bias, a.out, a.m, a.k, a.n, a.relu);
+  });
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace frugal::cpu

@@ -1,7 +1,7 @@
 // CUDA GEMM (op_gemm, GemmArgs in core/op_table.h) through cuBLASLt: f32, and f16/bf16 on tensor cores, all
 // accumulating in f32 (no TF32: f32 results match the CPU's to f32 rounding), batched with strides (a batch
 // stride of 0 broadcasts an operand). Falls back to cublasGemmStridedBatchedEx when cuBLASLt offers no
-// algorithm for a layout.
+// algorithm for a layout. And the s8 x s8 -> s32 GEMM of QuantizedLinear (gemm_s8, kernels/cuda/quant.cu).
 //
 // Row-major C = A B is the column-major C^T = B^T A^T: cuBLAS's "A" is our B and its "B" our A, each either
 // as stored (unit column stride) or transposed (unit row stride).
@@ -148,7 +148,10 @@ std::unique_ptr<Plan> make_plan(const Context& ctx, const gpu::GemmPlanKey& key,
                                 const Operand& cb) {
   auto plan = std::make_unique<Plan>();
   const auto type = cudaDataType_t(key.ab_type), c_type = cudaDataType_t(key.c_type);
-  FRUGAL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // s8 operands accumulate in s32, with s32 alpha and beta (gemm_s8); the floating types in f32.
+  const bool int8 = type == CUDA_R_8I;
+  FRUGAL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, int8 ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F,
+                                               int8 ? CUDA_R_32I : CUDA_R_32F));
   FRUGAL_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ca.op, sizeof(ca.op)));
   FRUGAL_CUBLAS_CHECK(
@@ -177,9 +180,57 @@ std::unique_ptr<Plan> make_plan(const Context& ctx, const gpu::GemmPlanKey& key,
   return plan;
 }
 
+// key's plan from the cache (made on a miss), with on `stream` waiting for the GEMMs of the stream that used
+// the workspace last. Under ctx.mu.
+const Plan& plan_on_stream(Context& ctx, const gpu::GemmPlanKey& key, const Operand& ca, const Operand& cb,
+                           cudaStream_t stream) {
+  if (stream != ctx.last_stream) {
+    FRUGAL_CUDA_CHECK(cudaEventRecord(ctx.stream_switch, ctx.last_stream));
+    FRUGAL_CUDA_CHECK(cudaStreamWaitEvent(stream, ctx.stream_switch, 0));
+    ctx.last_stream = stream;
+  }
+  std::unique_ptr<Plan>* cached = ctx.plans.find(key);
+  return cached ? **cached : *ctx.plans.insert(key, make_plan(ctx, key, ca, cb));
+}
+
 }  // namespace
 
 namespace gpu {
+
+bool gemm_s8(const int8_t* x, const int8_t* w, int32_t* acc, int64_t m, int64_t k, int64_t n) {
+  if (m <= 0 || n <= 0 || k <= 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
+  gpu::LaunchOn on(acc);
+  Context& ctx = context(on.device);
+  // cuBLAS's A is w as stored, column-major k x n, used transposed; its B is x, column-major k x m; its C is
+  // acc, column-major n x m: the "TN" layout cuBLASLt's int8 kernels take.
+  const Operand ca{CUBLAS_OP_T, k, n, k, 0}, cb{CUBLAS_OP_N, k, m, k, 0};
+  const GemmPlanKey key{.device = on.device,
+                        .ab_type = int(CUDA_R_8I),
+                        .c_type = int(CUDA_R_32I),
+                        .op_a = int(ca.op),
+                        .op_b = int(cb.op),
+                        .m = n,
+                        .n = m,
+                        .k = k,
+                        .lda = k,
+                        .ldb = k,
+                        .ldc = n,
+                        .batch = 1,
+                        .align_a = alignment_of(w),
+                        .align_b = alignment_of(x),
+                        .align_c = alignment_of(acc),
+                        .epilogue = int(CUBLASLT_EPILOGUE_DEFAULT),
+                        .workspace_bytes = kWorkspaceBytes};
+  std::lock_guard lock(ctx.mu);
+  const Plan& plan = plan_on_stream(ctx, key, ca, cb, on.stream);
+  if (!plan.use_lt) return false;
+  const int32_t alpha = 1, beta = 0;
+  // A status other than success (a layout the chosen algorithm turns down at run time) launches nothing:
+  // the caller's own kernel then computes acc.
+  return cublasLtMatmul(ctx.lt, plan.op, &alpha, w, plan.a, x, plan.b, &beta, acc, plan.c, acc, plan.c,
+                        &plan.algo, ctx.workspace, size_t(kWorkspaceBytes),
+                        on.stream) == CUBLAS_STATUS_SUCCESS;
+}
 
 void gemm(const GemmArgs& g, DType ab_dtype, DType c_dtype) {
   if (g.batch == 0 || g.m == 0 || g.n == 0) return;
@@ -220,13 +271,7 @@ void gemm(const GemmArgs& g, DType ab_dtype, DType c_dtype) {
                         .workspace_bytes = kWorkspaceBytes};
 
   std::lock_guard lock(ctx.mu);  // the workspace and the plans are shared
-  if (on.stream != ctx.last_stream) {
-    FRUGAL_CUDA_CHECK(cudaEventRecord(ctx.stream_switch, ctx.last_stream));
-    FRUGAL_CUDA_CHECK(cudaStreamWaitEvent(on.stream, ctx.stream_switch, 0));
-    ctx.last_stream = on.stream;
-  }
-  std::unique_ptr<Plan>* cached = ctx.plans.find(key);
-  const Plan& plan = cached ? **cached : *ctx.plans.insert(key, make_plan(ctx, key, ca, cb));
+  const Plan& plan = plan_on_stream(ctx, key, ca, cb, on.stream);
   if (plan.use_lt) {
     FRUGAL_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.op, &alpha, g.b, plan.a, g.a, plan.b, &beta, g.c, plan.c,
                                        g.c, plan.c, &plan.algo, ctx.workspace, size_t(kWorkspaceBytes),

@@ -20,6 +20,9 @@ const std::map<std::string, std::string> kAllowedWithoutHalf = {
     {"conv2d_backward",
      "the fused convolution backward (oneDNN's two direction primitives sharing one dy, f32 and bf16); "
      "ops::conv2d_backward composes relu_backward and the per-direction ops for f16"},
+    {"value_range",
+     "nn::quant's dynamic input quantisation: the int8 layers take f32 inputs only (core/quant_kernels.h)"},
+    {"quantize_u8", "nn::quant's input codes: the int8 layers take f32 inputs only (core/quant_kernels.h)"},
     {"conv2d_relu_pool2",
      "inference's convolution pooled from oneDNN's blocked f32 output; ops::conv2d_relu_pool2 composes "
      "conv2d_relu and max_pool2d for the other dtypes"},
