@@ -1,8 +1,9 @@
-// The measurements of scripts/gpu-check.sh: bf16 GEMM 8192^3 through frugal beside cuBLAS's own rate, a 1 GiB
-// device-to-device copy (cudaMemcpy beside frugal's copy_), and the bandwidth of elementwise adds and a sum
-// against the copy's, and the W3 GPT and W2 CNN training steps in f32 and under bf16 autocast. Each is
-// checked before it is timed (STYLE.md rule 15), then timed with CUDA events as the median of several runs
-// after a warm-up. Prints a markdown table; exits non-zero when a check fails.
+// The measurements of scripts/gpu-check.sh: bf16 GEMM 8192^3 through frugal beside cuBLAS's own rate, an int8
+// QuantizedLinear beside its f32 Linear, a 1 GiB device-to-device copy (cudaMemcpy beside frugal's copy_),
+// and the bandwidth of elementwise adds and a sum against the copy's, and the W3 GPT and W2 CNN training
+// steps in f32 and under bf16 autocast. Each is checked before it is timed (STYLE.md rule 15), then timed
+// with CUDA events as the median of several runs after a warm-up. Prints a markdown table; exits non-zero
+// when a check fails.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -129,6 +130,31 @@ void gemm_bf16(int64_t n) {
   g_rows.push_back({"bf16 GEMM " + std::to_string(n) + "^3", fmt("%.1f TFLOP/s", ours),
                     "cuBLAS " + fmt("%.1f TFLOP/s", peer), fmt("%.2f", ours / peer), ">= 0.70"});
   BENCH_CUBLAS_CHECK(cublasDestroy(handle));
+}
+
+// An int8 QuantizedLinear (Note [an int8 layer on a GPU], nn/quant.cpp) beside the f32 Linear it was made
+// from, both on the GPU, forward on m rows: the dynamic quantisation of the input (its range read back), the
+// s8 GEMM through cuBLASLt and the f32 output. Checked against the f32 layer within the quantisation's error.
+void int8_linear(int64_t m, int64_t k, int64_t n) {
+  manual_seed(2);
+  nn::Linear f32(k, n);
+  nn::QuantizedLinear q(f32->weight.detach(), f32->bias.detach());  // quantised on the host, then moved
+  f32->to(cuda(0));
+  q->to(cuda(0));
+  Generator gen(3);
+  const Tensor x = randn({m, k}, DType::F32, &gen).to(cuda(0));
+  NoGradGuard no_grad;
+  Tensor y = f32->forward(x), yq = q->forward(x);
+  const Tensor want = y.reshape({-1});
+  check_samples(
+      yq, [&](int64_t i) { return want.select(0, i).item<double>(); }, m * n, 0.05, 0.05,
+      "int8 QuantizedLinear against its f32 Linear");
+  const double ours = median_ms([&] { yq = q->forward(x); });
+  const double f32_ms = median_ms([&] { y = f32->forward(x); });
+  g_rows.push_back({"int8 QuantizedLinear, " + std::to_string(m) + " rows, " + std::to_string(k) + " -> " +
+                        std::to_string(n),
+                    fmt("%.3f ms", ours), "f32 Linear (frugal) " + fmt("%.3f ms", f32_ms),
+                    fmt("%.2f", ours / f32_ms), "<= 0.60"});
 }
 
 // Returns the cudaMemcpy rate (GB/s, read + write), the ceiling of the bandwidth rows.
@@ -292,6 +318,7 @@ int main() {
   std::printf("cuDNN: not found at build time, not used\n");
 #endif
   gemm_bf16(8192);
+  int8_linear(4096, 8192, 8192);
   const double copy_gbs = copies();
   bandwidth(copy_gbs);
   gpt_step(false);
