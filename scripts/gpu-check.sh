@@ -2,9 +2,9 @@
 # The GPU check: on a machine with an NVIDIA GPU, CUDA, CMake, ninja and a C++ compiler (no Debian packages,
 # no network needed), builds frugal's CUDA backend against the dependencies packed beforehand by
 # scripts/pack-gpu-deps.sh, runs the GPU tests, and times bf16 GEMM 8192^3 beside cuBLAS, an int8
-# QuantizedLinear beside its f32 Linear, a 1 GiB
-# device-to-device copy, elementwise bandwidth and the W3 GPT training step on the GPU in f32 and under bf16
-# autocast (bench/cuda/gpu_bench.cu), printing a short table. Aims to finish within 8 minutes. Environment: FRUGAL_DEPS_DIR (default .gpu-deps), FRUGAL_BUILD_DIR (default
+# QuantizedLinear beside its f32 Linear, a 1 GiB device-to-device copy, elementwise bandwidth and the W3 GPT
+# training step on the GPU in f32 and under bf16 autocast (bench/cuda/gpu_bench.cu), printing a short table.
+# Aims to finish within 8 minutes. Environment: FRUGAL_DEPS_DIR (default .gpu-deps), FRUGAL_BUILD_DIR (default
 # build-gpu), FRUGAL_JOBS (default: the number of cores), CUDNN_ROOT (a cuDNN folder; found by itself in the
 # CUDA toolkit or a Python wheel's nvidia/cudnn otherwise), GPU_CHECK_CMAKE_ARGS (more -D options). Set
 # GPU_CHECK_CONFIGURE_ONLY=1 to stop after configuring (a dry run, possible without a GPU), and
