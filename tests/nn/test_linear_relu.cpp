@@ -62,10 +62,13 @@ TEST(LinearRelu, ForwardKernelMatchesLinearThenRelu) {
 
 // The fused linear kernel (op_linear, f32 and bf16 where oneDNN is built in) against x w^T + b computed in
 // f64 from the same inputs: with and without the bias and the ReLU, shapes down to one row, one column and
-// one input, and W1's and W4's layers. bf16 rounds y once (relative 2^-8), its products summed in f32.
+// one input, and W1's and W4's layers. bf16 rounds y once (relative 2^-8), its products summed in f32. f32's
+// few rows (Note [a layer's forward on a few rows] in kernels/cpu/linear.cpp): one, a pair, an odd number, 8;
+// k below, at and past a vector's lanes, n not a whole block of columns, W1's and W4's layers.
 TEST(LinearRelu, FusedLinearKernelMatchesAnF64Reference) {
-  const int64_t shapes[][3] = {{5, 7, 3}, {1, 9, 1},       {4, 1, 6},
-                               {1, 1, 1}, {128, 784, 256}, {1024, 1024, 1024}};
+  const int64_t shapes[][3] = {{5, 7, 3},          {1, 9, 1},       {4, 1, 6},  {1, 1, 1},  {128, 784, 256},
+                               {1024, 1024, 1024}, {2, 16, 4},      {2, 33, 5}, {1, 17, 9}, {1, 784, 256},
+                               {2, 256, 10},       {2, 1024, 1024}, {3, 40, 7}};
   for (const auto& sh : shapes)
     for (DType t : {DType::F32, DType::BF16})
       for (bool bias : {true, false})
