@@ -398,11 +398,11 @@ Tensor QuantizedEmbeddingImpl::dequantized_weight() const { return dequantize_ro
 
 Tensor QuantizedEmbeddingImpl::forward(const Tensor& indices) {
   const bool meta = indices.device().is_meta();
-  FRUGAL_CHECK_DTYPE(
-      (indices.dtype() == kI64 || indices.dtype() == kI32) && (indices.device() == kCPU || meta),
-      "QuantizedEmbedding: the indices must be i64 or i32 on the cpu, got ", indices.dtype(), " on ",
-      indices.device());
+  FRUGAL_CHECK_DTYPE(indices.dtype() == kI64 || indices.dtype() == kI32,
+                     "QuantizedEmbedding: the indices must be i64 or i32, got ", indices.dtype(), " on ",
+                     indices.device());
   check_same_device("QuantizedEmbedding", indices, weight);
+  check_layer_device("QuantizedEmbedding", indices.device(), false);
   const Tensor flat = contiguous(indices.reshape({-1})).to(kI64);
   const int64_t n = flat.numel(), dim = embedding_dim;
   Shape out_shape = indices.shape();
