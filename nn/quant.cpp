@@ -126,8 +126,9 @@ Tensor output_scales(quant::InputQuant qp, const Tensor& weight_scale, Device de
   if (device != kCPU && !device.is_meta()) return output_scales(qp, weight_scale.to(kCPU), kCPU).to(device);
   Tensor scale = empty(weight_scale.shape(), TensorOptions(kF32).device(device));
   if (device.is_meta()) return scale;
-  for (int64_t o = 0; o < weight_scale.numel(); ++o)
-    scale.data<float>()[o] = qp.scale * weight_scale.data<float>()[o];
+  const float* ws = weight_scale.data<float>();  // data<T>() checks the dtype: once, not per element
+  float* out = scale.data<float>();
+  for (int64_t o = 0; o < weight_scale.numel(); ++o) out[o] = qp.scale * ws[o];
   return scale;
 }
 

@@ -5,8 +5,8 @@
 // quantize_one);
 // - op_int8_linear: the s32 sums of the codes read as s8 (they are at most 127) by the s8 weights, through
 //   cuBLASLt (gpu::gemm_s8) or, where it has no algorithm for the shape, a plain kernel; the zero point's
-//   term per column (zero_point x the weight row's sum, exact in s32); then float(sum) x scale (+ bias, a
-//   separate rounding as on the CPU, no fused multiply-add) and the ReLU, in place.
+//   term per column (zero_point x the weight row's sum, exact in s32); then float(sum) x scale (+ bias, one
+//   fused multiply-add, Note [an int8 output value] in kernels/cpu/quant.cpp) and the ReLU, in place.
 #include <cuda_runtime.h>
 
 #include "core/quant_kernels.h"
@@ -92,16 +92,15 @@ __global__ void zero_point_sums_kernel(const int8_t* w, int64_t k, int64_t n, in
   }
 }
 
-// out[i, j] = float(acc[i, j] - zp_sums[j]) * scale[j] (+ bias[j]), then the ReLU: the CPU's operations, each
-// rounded on its own; acc lies in out's bytes.
+// out[i, j] = fma(float(acc[i, j] - zp_sums[j]), scale[j], bias[j]) (or the product alone), then the ReLU:
+// the CPU's operations; acc lies in out's bytes.
 __global__ void int8_output_kernel(Int8LinearArgs a, const int32_t* zp_sums) {
   const int64_t total = a.m * a.n;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = e % a.n;
     const int32_t s = reinterpret_cast<const int32_t*>(a.out)[e] - zp_sums[j];
-    float v = __fmul_rn(float(s), a.scale[j]);
-    if (a.bias) v = __fadd_rn(v, a.bias[j]);
+    const float v = a.bias ? __fmaf_rn(float(s), a.scale[j], a.bias[j]) : __fmul_rn(float(s), a.scale[j]);
     a.out[e] = a.relu && v < 0.0f ? 0.0f : v;
   }
 }

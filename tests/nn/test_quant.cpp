@@ -2,6 +2,7 @@
 // quantise-then-multiply written out here in double; quantize_dynamic's rewrite and the arena bytes it frees;
 // a save/load round trip through safetensors; bad inputs.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -29,6 +30,37 @@ using testing::uniform;
 struct GemmShape {
   int64_t m, k, n;
 };
+
+// A few rows (Note [int8 on a few rows] in kernels/cpu/quant.cpp, with AVX-512 VNNI; oneDNN or the reference
+// elsewhere) against the reference, bit for bit: every sum is exact in s32 and the output pass is the same.
+// Rows one to 8 and past it, k below, at and past a 64-byte vector, n not a whole block, codes over all of
+// u8, zero points from 0 to 127, with and without the bias and the ReLU.
+TEST(QuantGemm, AFewRowsAreTheReferenceBitForBit) {
+  std::mt19937 rng(17);
+  for (GemmShape s : {GemmShape{1, 1, 1}, GemmShape{1, 63, 5}, GemmShape{2, 64, 4}, GemmShape{3, 65, 9},
+                      GemmShape{8, 784, 256}, GemmShape{1, 256, 10}, GemmShape{9, 100, 6}})
+    for (int32_t zp : {0, 37, 127}) {
+      std::vector<uint8_t> x(size_t(s.m * s.k));
+      std::vector<int8_t> w(size_t(s.n * s.k));
+      std::vector<float> scale(size_t(s.n)), bias(size_t(s.n));
+      for (auto& v : x) v = uint8_t(rng() % 256);
+      for (auto& v : w) v = int8_t(int(rng() % 255) - 127);
+      for (auto& v : scale) v = 1e-4f * float(1 + rng() % 1000);
+      for (auto& v : bias) v = float(int(rng() % 2001) - 1000) / 300.0f;
+      for (bool with_bias : {false, true})
+        for (bool relu : {false, true}) {
+          std::vector<float> out(size_t(s.m * s.n)), ref(out.size());
+          const float* b = with_bias ? bias.data() : nullptr;
+          cpu::int8_linear(x.data(), zp, w.data(), scale.data(), b, out.data(), s.m, s.k, s.n, relu);
+          cpu::int8_linear_reference(x.data(), zp, w.data(), scale.data(), b, ref.data(), s.m, s.k, s.n,
+                                     relu);
+          for (size_t i = 0; i < out.size(); ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(ref[i]))
+                << s.m << "x" << s.k << "x" << s.n << " zp " << zp << (with_bias ? " bias" : "")
+                << (relu ? " relu" : "") << " at " << i << ": " << out[i] << " against " << ref[i];
+        }
+    }
+}
 
 TEST(QuantGemm, OneDnnEqualsReferenceExactlyInS32) {
   std::mt19937 rng(7);
