@@ -50,8 +50,11 @@ FRUGAL_HOST_DEVICE inline float float_of(uint32_t b) {
   return x;
 }
 
-// a + b rounded on its own: nvcc would otherwise fuse a product that feeds a into one fma (CPU builds do not
-// contract across statements: ISO C++ mode with GCC, clang's default).
+// a + b rounded on its own: nvcc would otherwise fuse a product that feeds a into one fma. On the CPU, GCC's
+// C++ default (-ffp-contract=fast) fuses across statements too, but only a product whose every use is an add:
+// the callers' products are also compared (the subnormal test) or pass through an absolute value first, so
+// none fuses (GCC 12 at -O3 emits no fma for encode_signed or encode_unsigned of a product, vectorised or
+// not); clang's default fuses within one expression only.
 FRUGAL_HOST_DEVICE inline float add_rn(float a, float b) {
 #ifdef __CUDA_ARCH__
   return __fadd_rn(a, b);
