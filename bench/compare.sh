@@ -18,7 +18,9 @@
 # W4r and W6 are judged against frugal's own W4 and W3 (run W4r with W4; W6 and W4b carry the W3 and W4 figures
 # of runs alternated with them in the same process). FRUGAL_PEAK_GFLOPS and FRUGAL_PEAK_BF16_GFLOPS (the f32
 # and bf16 ceilings from fma-peak.sh, measured now on this machine; or "measure", for bench/workloads to
-# measure them itself) add each GEMM's fraction of its ceiling.
+# measure them itself) add each GEMM's fraction of its ceiling. Before each round the host's idle second is
+# checked: a round that begins with more than COMPARE_BUSY_PERCENT (default 10) of the CPUs' time going to
+# other work is named on stderr, and counted at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}
@@ -44,11 +46,30 @@ for p in ${PEERS:-pytorch libtorch}; do
   peers+=("$p")
 done
 
+# The percent of the CPUs' time busy over one second while nothing of this run goes: other work, or a
+# hypervisor's steal. A busy host slows every side unevenly (a run beside a build once read PyTorch's W4b at
+# 3x its time), so a round that begins on one is named, for its figures to be read with care or run again.
+host_busy() {
+  local a b i total=0
+  read -r -a a </proc/stat
+  sleep 1
+  read -r -a b </proc/stat
+  for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done # user .. steal
+  local idle=$((b[4] + b[5] - a[4] - a[5]))                       # idle and iowait
+  echo $((total > 0 ? 100 * (total - idle) / total : 0))
+}
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 base_seed=${FRUGAL_BENCH_SEED:-0}
+busy_rounds=0
 for r in $(seq "$rounds"); do
   export FRUGAL_BENCH_SEED=$((base_seed + r - 1))
+  busy=$(host_busy)
+  if ((busy > ${COMPARE_BUSY_PERCENT:-10})); then
+    echo "note: round $r begins on a busy host: ${busy}% of the CPUs' time went to other work (or steal) in the second before it" >&2
+    busy_rounds=$((busy_rounds + 1))
+  fi
   for w in "${workloads[@]}"; do
     # frugal under both OpenMP waiting policies, its better one kept: passive waiting (the peers') wins on a
     # loaded host, where threads spinning at barriers cost up to 2x; OpenMP's default (spin a while, then
@@ -71,3 +92,6 @@ for r in $(seq "$rounds"); do
   done
 done
 python3 bench/compare_table.py "$log" "${peers[@]}"
+if ((busy_rounds > 0)); then
+  echo "note: $busy_rounds of $rounds rounds began on a busy host (above ${COMPARE_BUSY_PERCENT:-10}% busy): their times may be slow" >&2
+fi
