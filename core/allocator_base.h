@@ -339,9 +339,11 @@ class AllocatorBase : public Allocator {
     TagStat& t = tags_[b->tag];
     change(t.allocated, sign * b->size);
     change(categories_[t.category], sign * b->size);
-    // publish_locked(b->tag), without its call and its look-up of the tag: this runs at every allocate and
+    // publish_locked(b->tag), without its call and its look-up of the tag, and with only what a block's
+    // change moves (reserved and the limit are written at their own changes): this runs at every allocate and
     // free.
-    if (smi_.on() && smi_.write(figures_locked(), t.listed, t.allocated.current)) [[unlikely]]
+    if (smi_.on() && smi_.write_allocated(stats_.allocated.current, stats_.allocated.peak, t.listed,
+                                          t.allocated.current)) [[unlikely]]
       publish_top_tags_locked();
   }
 

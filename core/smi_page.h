@@ -38,10 +38,13 @@ namespace frugal::smi {
 // - Lock-free updates: a seqlock per slot. The one writer (the allocator, under its mutex) makes the
 //   sequence odd, stores the fields (relaxed), makes it even again (release); a reader retries while the
 //   sequence is odd or changed across its reads, so it never sees half an update. On the allocator's hot
-//   path that is about 37 instructions per allocate or free, inlined, 8 of them stores: callgrind counts
-//   270 instructions per 4 KiB allocate/free pair of memory::allocator(kCPU) without the page and 344 with
-//   it (a loop of 10^5 pairs; bench/bench_alloc.cpp BM_DeviceArenaPair/4096 times it). A call to a writer
-//   that searched the list for the tag and computed the least bytes listed at every change added 142.
+//   path (a block's allocate or free: write_allocated, which leaves reserved and the limit to their own
+//   changes) that is about 31 instructions, inlined, 5 of them stores: callgrind counts 261 instructions per
+//   4 KiB allocate/free pair of memory::allocator(kCPU) without the page and 324 with it (336 while every
+//   change wrote all five figures; a loop of 10^5 pairs, a build for x86-64-v3, which valgrind 3.19 runs;
+//   bench/bench_alloc.cpp BM_DeviceArenaPair/4096 times it: 21.0 against 21.6-22.5 ns on a Zen 4). A call
+//   to a writer that searched the list for the tag and computed the least bytes listed at every change
+//   added 142.
 // - Top tags: ranking the tags walks every tag, so it runs only now and then: when a tag not listed has
 //   outgrown the least one listed (or a slot of the list is empty), but at most every kTopTagsSoonest-th
 //   change (except for the first tag listed); at least every kTopTagsEvery-th change; and when the limit or
@@ -123,23 +126,14 @@ class SlotWriter {
   // when no tag changed). Returns true when the tags are due to be ranked again (write_top_tags). Inlined
   // into the allocators' allocate and free: Note [frugal-smi page] counts its instructions.
   [[gnu::always_inline]] bool write(const Figures& f, int listed, int64_t tag_bytes) {
-    SlotWords& s = *slot_;  // held in a register: an atomic store could otherwise change slot_, for all the
-                            // compiler knows, and it would load it again after each
-    s.seq.store(++seq_, std::memory_order_relaxed);       // odd
-    std::atomic_thread_fence(std::memory_order_release);  // before any field
-    store(s.allocated, f.allocated);
-    store(s.peak, f.peak);
-    store(s.reserved, f.reserved);
-    store(s.reserved_peak, f.reserved_peak);
-    store(s.limit, f.limit);
-    if (listed >= 0) {
-      store(s.tags[listed].bytes, tag_bytes);
-      least_listed_ = std::min(least_listed_, tag_bytes);
-    }
-    s.seq.store(++seq_, std::memory_order_release);  // even
-    if (++changes_ >= kTopTagsEvery) [[unlikely]]
-      return true;
-    return listed < 0 && tag_bytes > least_listed_ && changes_ >= soonest_;
+    return update(f.allocated, f.peak, &f, listed, tag_bytes);
+  }
+  // write's, after a block's allocate or free, where only the allocated bytes, their peak and one tag's bytes
+  // move: reserved, its peak and the limit were written at their own changes (a segment's, set_limit's,
+  // reset_peaks'), so their three loads and stores are left out.
+  [[gnu::always_inline]] bool write_allocated(int64_t allocated, int64_t peak, int listed,
+                                              int64_t tag_bytes) {
+    return update(allocated, peak, nullptr, listed, tag_bytes);
   }
   // The tags with the most live bytes (at most kTopTags, most first). Their places in `top` are the
   // `listed` of write.
@@ -149,6 +143,31 @@ class SlotWriter {
 
  private:
   static void store(Word& w, int64_t v) { w.store(uint64_t(v), std::memory_order_relaxed); }
+
+  // One update under the seqlock: the allocated bytes and their peak; reserved, its peak and the limit when
+  // `rest` is given; the tag's bytes when it is listed.
+  [[gnu::always_inline]] bool update(int64_t allocated, int64_t peak, const Figures* rest, int listed,
+                                     int64_t tag_bytes) {
+    SlotWords& s = *slot_;  // held in a register: an atomic store could otherwise change slot_, for all the
+                            // compiler knows, and it would load it again after each
+    s.seq.store(++seq_, std::memory_order_relaxed);       // odd
+    std::atomic_thread_fence(std::memory_order_release);  // before any field
+    store(s.allocated, allocated);
+    store(s.peak, peak);
+    if (rest) {
+      store(s.reserved, rest->reserved);
+      store(s.reserved_peak, rest->reserved_peak);
+      store(s.limit, rest->limit);
+    }
+    if (listed >= 0) {
+      store(s.tags[listed].bytes, tag_bytes);
+      least_listed_ = std::min(least_listed_, tag_bytes);
+    }
+    s.seq.store(++seq_, std::memory_order_release);  // even
+    if (++changes_ >= kTopTagsEvery) [[unlikely]]
+      return true;
+    return listed < 0 && tag_bytes > least_listed_ && changes_ >= soonest_;
+  }
 
   SlotWords* slot_ = nullptr;
   // A tag not listed that holds more than this is ranked (once soonest_ changes have passed): 0 while the
