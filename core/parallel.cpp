@@ -1,6 +1,7 @@
 // The thread pool's size: FRUGAL_NUM_THREADS at load, set_num_threads() after (core/parallel.h).
 #include "core/parallel.h"
 
+#include <strings.h>
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
@@ -54,6 +55,14 @@ int detail::pool_threads() {
   if (g_env_bad.load(std::memory_order_acquire)) [[unlikely]]
     throw Error(g_env_error);
   return omp_get_max_threads();
+}
+
+int64_t detail::small_product_grain() {
+  static const int64_t grain = [] {
+    const char* policy = std::getenv("OMP_WAIT_POLICY");  // read once, as libgomp reads it at load
+    return policy && strcasecmp(policy, "passive") == 0 ? int64_t(1) << 20 : kGrain;
+  }();
+  return grain;
 }
 
 int num_threads() { return detail::pool_threads(); }

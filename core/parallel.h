@@ -30,6 +30,12 @@ void set_num_threads(int n);  // throws Error naming the valid range for n outsi
 namespace detail {
 // The threads a parallel region may use (omp_get_max_threads()); throws what num_threads() throws.
 int pool_threads();
+// The work (multiply-adds) below which a small product runs on one thread: the few rows' dot products of a
+// layer's forward (kernels/cpu/linear.cpp, quant.cpp), which read each weight once. kGrain while idle
+// threads spin (OpenMP's default waiting: a fork/join costs about that much work); 2^20 under
+// OMP_WAIT_POLICY=PASSIVE, where waking the sleeping threads costs tens of microseconds, more than such a
+// product takes on one thread (W1's MLP on one row: 90-160 us on 2 threads, 14 us on one).
+int64_t small_product_grain();
 // The thread count a value of FRUGAL_NUM_THREADS asks for, 0 for unset or empty; throws Error naming the
 // variable, the value and the valid range otherwise. Exposed for tests.
 int num_threads_from_env(const char* value);

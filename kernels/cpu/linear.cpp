@@ -189,7 +189,7 @@ bool few_rows(const LinearArgs& a) { return a.m >= 1 && a.m <= kFewRows && a.k >
 
 void linear_few_rows(const LinearArgs& a) {
   const int64_t blocks = (a.n + kFewCols - 1) / kFewCols;
-  const int64_t grain = std::max<int64_t>(1, kGrain / (a.m * a.k * kFewCols));
+  const int64_t grain = std::max<int64_t>(1, detail::small_product_grain() / (a.m * a.k * kFewCols));
   parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       for (int64_t i0 = 0; i0 < a.m; i0 += 2) {  // the block of w, in L1 after the first pair of rows

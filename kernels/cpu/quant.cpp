@@ -299,7 +299,7 @@ void int8_few_rows_block(const uint8_t* x, int32_t zp, const int8_t* w, const fl
 void int8_few_rows_linear(const uint8_t* x, int32_t zp, const int8_t* w, const float* scale,
                           const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu) {
   const int64_t blocks = (n + kInt8Cols - 1) / kInt8Cols;
-  const int64_t grain = std::max<int64_t>(1, kGrain / (m * k * kInt8Cols));
+  const int64_t grain = std::max<int64_t>(1, detail::small_product_grain() / (m * k * kInt8Cols));
   parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       int32_t wsum[kInt8Cols];
