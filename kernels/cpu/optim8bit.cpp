@@ -144,7 +144,7 @@ void adam8bit_block_portable(T* p, const T* g, uint8_t* c1, float* absmax1, uint
 
 }  // namespace
 
-#if FRUGAL_FLOAT8_AVX2
+#if FRUGAL_ADAM8BIT_AVX2  // the dynamic code's AVX2 block; an AVX-512 build takes its own (below)
 // Note [Adam8bit with AVX2]: the f32 kernel's block in two passes written with intrinsics. gcc 12
 // vectorises the four plain loops (Note [four passes over a block]), but its quantising loop looks each code
 // up with gathers (vpgatherdd: about 12 cycles for 8 lanes on the Zen 3 this was measured on) and the
