@@ -357,7 +357,7 @@ void linear(const uint8_t* x, bool x_transposed, int32_t x_zero_point, const int
     const std::vector<int32_t>& zp_sums = sums ? *sums : own;
     parallel_for(0, m, std::max<int64_t>(1, kGrain / n), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i)
-        if (bias)  // two loops: a branch on the bias inside one kept it from vectorising cleanly
+        if (bias)  // two loops, so that no branch on the bias stands inside the vectorised one
           output_row<true>(out + i * n, zp_sums.data(), scale, bias, n, relu);
         else
           output_row<false>(out + i * n, zp_sums.data(), scale, bias, n, relu);
