@@ -122,23 +122,12 @@ constexpr int64_t kFewLanes = 16;
 inline FewVec few_zero() { return _mm512_setzero_ps(); }
 inline FewVec few_load(const float* p) { return _mm512_loadu_ps(p); }
 inline FewVec few_fma(FewVec a, FewVec b, FewVec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float few_sum(FewVec v) {  // the halves added until one lane is left
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
 #else
 using FewVec = __m256;
 constexpr int64_t kFewLanes = 8;
 inline FewVec few_zero() { return _mm256_setzero_ps(); }
 inline FewVec few_load(const float* p) { return _mm256_loadu_ps(p); }
 inline FewVec few_fma(FewVec a, FewVec b, FewVec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float few_sum(FewVec v) {
-  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
 #endif
 
 // Rows [i0, i0 + R) of y at columns [j0, j0 + kFewCols) (a column past n repeats the last, computed, not
@@ -176,7 +165,7 @@ void few_rows_block(const LinearArgs& a, int64_t i0, int64_t j0) {
 #endif
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < kFewCols && j0 + c < a.n; ++c) {
-      float v = few_sum(acc[r][c]);
+      float v = cpu::sum_lanes(acc[r][c]);
 #if !defined(__AVX512F__)
       for (int64_t p = full; p < a.k; ++p) v = std::fma(x[r * a.k + p], wc[c][p], v);
 #endif

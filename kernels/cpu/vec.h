@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#if defined(__AVX512F__)
+#if defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -36,7 +36,21 @@ using Vec = typename VecOf<T>::type;
 template <typename T>
 constexpr int kLanes = int(kVectorBytes / sizeof(T));
 
+#if defined(__AVX__)
+// The sum of a vector's lanes, its halves added until one lane is left (the dot products of a few rows,
+// kernels/cpu/linear.cpp and sparse.cpp; not _mm512_reduce_add_ps, inside which GCC 12 warned
+// -Wuninitialized in bench/workloads.cpp).
+inline float sum_lanes(__m256 v) {
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+#endif
 #if defined(__AVX512F__)
+inline float sum_lanes(__m512 v) {
+  return sum_lanes(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
 // The mask of a vector's first `count` lanes of 16 (all for 16 or more, none for 0 or fewer): the last,
 // partial vector of a row.
 inline __mmask16 first_lanes(int64_t count) {

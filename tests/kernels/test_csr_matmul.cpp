@@ -1,8 +1,8 @@
 // The CSR product of nn::SparseLinear (op_csr_matmul, Note [a sparse layer's product] in
-// kernels/cpu/sparse.cpp) against a naive f64 loop: batches across the 8-row vectors and 32-row tiles, rows
-// and columns across the 8 x 8 transposes' edges, empty rows, one nonzero, a bias or none, f32 and f64, on
-// one thread and on two (W's rows split when there are fewer tiles than threads); its working memory goes
-// back to the arena, and the dry run takes the same bytes.
+// kernels/cpu/sparse.cpp) against a naive f64 loop: one row (its own path), batches across the 8-row vectors
+// and 32-row tiles, rows and columns across the 8 x 8 transposes' edges, empty rows, one nonzero, a bias or
+// none, f32 and f64, on one thread and on two (W's rows split when there are fewer tiles than threads); its
+// working memory goes back to the arena, and the dry run takes the same bytes.
 #include <random>
 
 #include "core/estimate.h"
@@ -81,9 +81,22 @@ void check(const Case& c, DType dtype, uint32_t seed) {
 }
 
 const Case kCases[] = {
-    {1, 5, 7, 0.5, true},     {3, 9, 8, 0.4, false},       {8, 8, 9, 0.3, true},    {13, 17, 33, 0.2, true},
-    {31, 24, 16, 0.6, false}, {32, 16, 40, 0.1, true},     {33, 40, 19, 0.3, true}, {70, 3, 100, 0.5, false},
-    {100, 64, 64, 0.1, true}, {256, 130, 200, 0.05, true}, {40, 1, 1, 1.0, true},
+    {1, 5, 7, 0.5, true},
+    {3, 9, 8, 0.4, false},
+    {8, 8, 9, 0.3, true},
+    {13, 17, 33, 0.2, true},
+    {31, 24, 16, 0.6, false},
+    {32, 16, 40, 0.1, true},
+    {33, 40, 19, 0.3, true},
+    {70, 3, 100, 0.5, false},
+    {100, 64, 64, 0.1, true},
+    {256, 130, 200, 0.05, true},
+    {40, 1, 1, 1.0, true},
+    // One row (Note [a sparse layer on one row]): rows of nonzeros past a vector and not a whole one, and
+    // enough rows to split over two threads.
+    {1, 40, 100, 0.5, true},
+    {1, 600, 300, 0.2, false},
+    {1, 3, 17, 1.0, true},
 };
 
 TEST(CsrMatmul, EqualsTheNaiveProductAtEveryShape) {
