@@ -1,7 +1,8 @@
 // The int8 GEMM behind nn::quant's QuantizedLinear and QuantizedConv2d (kernels/cpu/quant.cpp): u8
 // activations with a zero point times s8 weights, accumulated in s32. The CPU's kernels are plain
-// declarations (nn/quant.cpp calls them directly, its one caller); QuantizedLinear on another device (a GPU)
-// runs through the three op tables first below, whose CPU kernels are these same functions.
+// declarations, which nn/quant.cpp (their one caller) calls directly for the convolution and the CPU's input
+// quantisation; QuantizedLinear's GEMM on every device, and its input quantisation on a GPU, go through the
+// three op tables first below, whose CPU kernels are these same functions.
 #pragma once
 
 #include <cstdint>

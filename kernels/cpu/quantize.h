@@ -1,9 +1,11 @@
 // The u8 activation codes of nn::quant (cpu::quantize_u8, core/quant_kernels.h), one value or eight at a
 // time, for the kernels that make them: the input quantisation (kernels/cpu/quant.cpp) and the pool that
-// writes a convolution's pooled output as the next layer's codes (kernels/cpu/pool.cpp). Internal to
+// writes a convolution's pooled output as the next layer's codes (kernels/cpu/pool.cpp); the output value of
+// an int8 product's s32 sum; and the int8 GEMM's few rows (kernels/cpu/quant_few_rows.cpp). Internal to
 // kernels/cpu.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/op_table_copy.h"
@@ -52,6 +54,25 @@ struct Quantize8 {
   __m256 inv, lo, hi;
   __m256i zp;
 };
+#endif
+
+// Note [an int8 output value]: float(s) x scale (+ bias) as one fused multiply-add with the bias, written
+// out: left to the compiler, whether the product and the sum fuse depends on its contraction rules (GCC's
+// -ffp-contract=fast, its default in C++, fuses across statements; clang's default does not) and on the
+// loop around them, so two kernels of the same formula could round apart. Every CPU path (the reference,
+// oneDNN's output pass, the few rows', the convolution's output_value: kernels/cpu/quant.cpp and
+// quant_few_rows.cpp) and the GPU's (kernels/cuda/quant.cu) take it so.
+inline float int8_output_value(int32_t s, float scale, const float* bias, int64_t j) {
+  return bias ? std::fma(float(s), scale, bias[j]) : float(s) * scale;
+}
+
+// Whether int8_linear takes the dot products of Note [int8 on a few rows] (kernels/cpu/quant_few_rows.cpp)
+// for x (m, k) by w (n, k): only where the build has AVX-512 VNNI. int8_few_rows_linear is int8_linear's
+// result for those shapes (x not transposed, no precomputed sums), bit for bit.
+bool int8_few_rows(int64_t m, int64_t k, int64_t n);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+void int8_few_rows_linear(const uint8_t* x, int32_t zp, const int8_t* w, const float* scale,
+                          const float* bias, float* out, int64_t m, int64_t k, int64_t n, bool relu);
 #endif
 
 // One image's u8 codes [rows, cols] (dense) to out [cols, rows], by op_transpose2d's CPU kernel.
