@@ -140,12 +140,16 @@ TEST_F(GpuQuant, AQuantisedMlpAnswersOnTheGpuAsOnTheCpu) {
   ASSERT_EQ(got.device(), kGpu);
   EXPECT_EQ(bits(got), bits(want)) << "dynamic, the first layer with its ReLU fused";
 
-  // A batch of a single row, and an input of three dimensions.
+  // A batch of a single row, an input of three dimensions, and a transposed view (not contiguous).
   const Tensor one = x.narrow(0, 3, 1), three = x.reshape({4, 5, 48});
+  const Tensor xt = testing::uniform({48, 6}, -2, 3, kF32, 4);
   net->to(kCPU);
-  const Tensor want_one = net->forward(one), want_three = net->forward(three);
+  const Tensor want_one = net->forward(one), want_three = net->forward(three), want_t = net->forward(xt.t());
   net->to(kGpu);
   EXPECT_EQ(bits(net->forward(one.to(kGpu))), bits(want_one));
+  const Tensor view = xt.to(kGpu).t();
+  ASSERT_FALSE(view.is_contiguous());
+  EXPECT_EQ(bits(net->forward(view)), bits(want_t));
   const Tensor got_three = net->forward(three.to(kGpu));
   EXPECT_EQ(got_three.shape(), (Shape{4, 5, 10}));
   EXPECT_EQ(bits(got_three), bits(want_three));
