@@ -71,7 +71,7 @@ void loop_range(const Loop& L, int64_t begin, int64_t end, F&& f) {
 
 // loop_range over the whole loop, split across threads when it is larger than the grain.
 template <typename F>
-void for_each_run(const Loop& L, F&& f, int64_t grain = kGrain) {
+void for_each_run(const Loop& L, F&& f, int64_t grain = parallel_grain()) {
   parallel_for(0, L.numel, grain, [&](int64_t b, int64_t e) { loop_range(L, b, e, f); });
 }
 

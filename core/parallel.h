@@ -1,7 +1,9 @@
 // Threads: one OpenMP pool shared with oneDNN and Eigen. Work smaller than a grain stays on the calling
 // thread, so small tensors pay no fork/join.
 //
-//   parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) { for (i = begin; i < end; ++i) ...; });
+//   parallel_for(0, n, parallel_grain(), [&](int64_t begin, int64_t end) {
+//     for (i = begin; i < end; ++i) ...;
+//   });
 //   set_num_threads(4);
 //
 // FRUGAL_NUM_THREADS, read when the library loads, sets the pool size: an integer in [1, max_threads()]. A
@@ -18,8 +20,22 @@
 
 namespace frugal {
 
-// Elements below which an elementwise loop runs on one thread (a fork/join costs about as much as this work).
+// Elements below which an elementwise loop runs on one thread while idle threads spin (OpenMP's default
+// waiting): a fork/join costs about as much as this work there (0.6 us on a 2-core Zen 4).
 inline constexpr int64_t kGrain = 32768;
+// The same under OMP_WAIT_POLICY=PASSIVE, where the threads sleep between parallel regions and waking them
+// costs 30-40 us a region on the same machine (Note [passive waiting and the grain], core/parallel.cpp).
+inline constexpr int64_t kPassiveGrain = int64_t(1) << 18;
+
+// The grain of a loop over elements (or rows of them) by the waiting policy: kGrain, or kPassiveGrain under
+// OMP_WAIT_POLICY=PASSIVE (read once, as libgomp reads it at load). A loop whose items are heavy (an image,
+// a head) passes a grain of its own instead.
+int64_t parallel_grain();
+// Items per chunk of a loop whose items each cost about `elements` elements' work: a grain's worth, and at
+// least one.
+inline int64_t items_per_grain(int64_t elements) {
+  return std::max<int64_t>(1, parallel_grain() / std::max<int64_t>(elements, 1));
+}
 
 // The most threads set_num_threads() accepts: 4 times the hardware threads, and at least 16. More than the
 // cores only slows compute down, and far more makes libgomp abort when it cannot start them.
@@ -36,6 +52,8 @@ int pool_threads();
 // OMP_WAIT_POLICY=PASSIVE, where waking the sleeping threads costs tens of microseconds, more than such a
 // product takes on one thread (W1's MLP on one row: 90-160 us on 2 threads, 14 us on one).
 int64_t small_product_grain();
+// Whether OMP_WAIT_POLICY asks for passive waiting (read once, as libgomp reads it at load).
+bool passive_waiting();
 // The thread count a value of FRUGAL_NUM_THREADS asks for, 0 for unset or empty; throws Error naming the
 // variable, the value and the valid range otherwise. Exposed for tests.
 int num_threads_from_env(const char* value);

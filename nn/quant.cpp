@@ -419,7 +419,7 @@ Tensor QuantizedEmbeddingImpl::forward(const Tensor& indices) {
   const auto* q = static_cast<const int8_t*>(weight.raw_data());
   const float* scale = weight_scale.data<float>();
   float* dst = y.data<float>();
-  parallel_for(0, n, std::max<int64_t>(1, kGrain / dim), [&](int64_t b, int64_t e) {
+  parallel_for(0, n, items_per_grain(dim), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int8_t* row = q + idx[i] * dim;
       const float s = scale[idx[i]];

@@ -22,7 +22,7 @@ void non_finite_check_and_unscale_cpu(const UnscaleArgs& a) {
   const C inv = C(a.inv_scale), max = std::numeric_limits<C>::max();
   const bool scale = a.inv_scale != 1.0f;
   std::atomic<bool> found{false};
-  parallel_for(0, a.n, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, a.n, parallel_grain(), [&](int64_t begin, int64_t end) {
     bool bad = false;
     if (scale) {
       for (int64_t i = begin; i < end; ++i) {

@@ -16,8 +16,6 @@ namespace {
 // Row r of a [rows, t] input reads columns [0, allowed(r)).
 inline int64_t allowed(const AttentionSoftmaxArgs& a, int64_t r) { return a.causal ? r % a.t + 1 : a.t; }
 
-inline int64_t grain(int64_t t) { return std::max<int64_t>(1, kGrain / std::max<int64_t>(t, 1)); }
-
 // x, y: [rows, t]
 template <typename T>
 void attention_softmax_forward_cpu(const AttentionSoftmaxArgs& a) {
@@ -26,7 +24,7 @@ void attention_softmax_forward_cpu(const AttentionSoftmaxArgs& a) {
   T* out = static_cast<T*>(a.y);
   const int64_t t = a.t;
   const C scale = C(a.scale);
-  parallel_for(0, a.rows, grain(t), [&](int64_t b, int64_t e) {
+  parallel_for(0, a.rows, items_per_grain(t), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const T* x = in + r * t;
       T* y = out + r * t;
@@ -60,7 +58,7 @@ void attention_softmax_backward_cpu(const AttentionSoftmaxArgs& a) {
   T* dxs = static_cast<T*>(a.dx);
   const int64_t t = a.t;
   const C scale = C(a.scale);
-  parallel_for(0, a.rows, grain(t), [&](int64_t b, int64_t e) {
+  parallel_for(0, a.rows, items_per_grain(t), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const T* y = ys + r * t;
       const T* dy = dys + r * t;

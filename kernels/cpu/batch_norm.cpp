@@ -14,9 +14,7 @@
 namespace frugal {
 namespace {
 
-int64_t channel_grain(const BatchNormArgs& a) {
-  return std::max<int64_t>(1, kGrain / std::max<int64_t>(a.n * a.hw, 1));
-}
+int64_t channel_grain(const BatchNormArgs& a) { return items_per_grain(a.n * a.hw); }
 
 template <typename T>
 void batch_norm_forward_cpu(const BatchNormArgs& a) {

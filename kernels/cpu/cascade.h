@@ -108,7 +108,7 @@ template <typename C, typename T, typename RunStart, typename Store>
 void run_sums(int64_t n_out, int64_t n, RunStart&& run, Store&& store) {
   const int64_t chunks = std::max<int64_t>(1, (n + kSumChunk - 1) / kSumChunk);
   if (chunks == 1) {
-    parallel_for(0, n_out, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, n)), [&](int64_t b, int64_t e) {
+    parallel_for(0, n_out, items_per_grain(n), [&](int64_t b, int64_t e) {
       for (int64_t o = b; o < e; ++o) store(o, run_sum<C>(run(o), n));
     });
     return;

@@ -229,7 +229,7 @@ void forward_then_relu(const ConvArgs& a) {
   Kernel(a);
   if (!a.relu) return;
   T* y = static_cast<T*>(a.y);
-  parallel_for(0, a.n * a.o * a.oh * a.ow, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, a.n * a.o * a.oh * a.ow, parallel_grain(), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) y[i] = y[i] > T(0) ? y[i] : T(0);
   });
 }
@@ -258,7 +258,7 @@ void conv2d_widened(const ConvArgs& a) {
     if (!src) return nullptr;
     float* dst = next;
     next += count;
-    parallel_for(0, count, kGrain,
+    parallel_for(0, count, parallel_grain(),
                  [&](int64_t b, int64_t e) { cpu::to_f32(static_cast<const T*>(src) + b, dst + b, e - b); });
     return dst;
   };
@@ -270,7 +270,7 @@ void conv2d_widened(const ConvArgs& a) {
   };
   auto narrow = [&](const float* src, void* out, int64_t count) {
     if (!out) return;
-    parallel_for(0, count, kGrain,
+    parallel_for(0, count, parallel_grain(),
                  [&](int64_t b, int64_t e) { cpu::from_f32(src + b, static_cast<T*>(out) + b, e - b); });
   };
   ConvArgs f = a;

@@ -34,7 +34,7 @@ using DataType = dnnl::memory::data_type;
 // out[i] = y[i] > 0 ? dy[i] : 0, i < n (relu_backward's select; NaN in y gives 0).
 template <typename T>
 void relu_mask(const T* dy, const T* y, T* out, int64_t n) {
-  parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, n, parallel_grain(), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) out[i] = float(y[i]) > 0.0f ? dy[i] : T(0.0f);
   });
 }
@@ -70,7 +70,7 @@ inline void transpose16(__m512 r[16]) {
 // out [n, c / 16, hw, 16] (oneDNN's nChw16c) = dy [n, c, hw], masked by y > 0 when y is not null; c a
 // multiple of 16.
 void to_nchw16c(const float* dy, const float* y, float* out, int64_t n, int64_t c, int64_t hw) {
-  parallel_for(0, n * (c / 16), std::max<int64_t>(1, kGrain / (16 * hw)), [&](int64_t b0, int64_t b1) {
+  parallel_for(0, n * (c / 16), items_per_grain(16 * hw), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const float* src = dy + b * 16 * hw;
       const float* mask = y ? y + b * 16 * hw : nullptr;

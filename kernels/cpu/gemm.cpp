@@ -124,7 +124,7 @@ void gemm_f32_padded(const GemmArgs& g, char ta, int64_t lda) {
     float* c = static_cast<float*>(g.c) + b * g.c_batch;
     for (int64_t k0 = 0; k0 < g.k; k0 += rows) {
       const int64_t kk = std::min(rows, g.k - k0);
-      parallel_for(0, kk, std::max<int64_t>(1, kGrain / g.n), [&](int64_t r0, int64_t r1) {
+      parallel_for(0, kk, items_per_grain(g.n), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
           std::memcpy(panel + r * ld, bm + (k0 + r) * g.b_row, size_t(g.n) * sizeof(float));
       });
@@ -393,7 +393,7 @@ void gemm_few_rows(const GemmArgs& g) {
   const bool dot = g.b_row == 1;
   const int64_t groups = (g.n + kSumsRow - 1) / kSumsRow;
   // Enough tasks to a thread to be worth a fork.
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(g.m * g.k * kSumsRow, 1));
+  const int64_t grain = items_per_grain(g.m * g.k * kSumsRow);
   parallel_for(0, g.batch * groups, grain, [&](int64_t t0, int64_t t1) {
     alignas(64) float widened[kDotR][kDotK];
     alignas(64) float panel[kDotK * kPanel];  // a last, partial panel of B's rows, widened beside zeros

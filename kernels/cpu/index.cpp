@@ -14,14 +14,13 @@ template <typename T>
 void index_select_cpu(const IndexArgs& a) {
   const T* x = static_cast<const T*>(a.x);
   T* out = static_cast<T*>(a.out);
-  parallel_for(0, a.outer * a.n_index, std::max<int64_t>(1, kGrain / std::max<int64_t>(a.inner, 1)),
-               [&](int64_t b, int64_t e) {
-                 for (int64_t r = b; r < e; ++r) {
-                   const int64_t o = r / a.n_index, i = r % a.n_index;
-                   std::memcpy(out + r * a.inner, x + (o * a.dim_size + a.index[i]) * a.inner,
-                               size_t(a.inner) * sizeof(T));
-                 }
-               });
+  parallel_for(0, a.outer * a.n_index, items_per_grain(a.inner), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t o = r / a.n_index, i = r % a.n_index;
+      std::memcpy(out + r * a.inner, x + (o * a.dim_size + a.index[i]) * a.inner,
+                  size_t(a.inner) * sizeof(T));
+    }
+  });
 }
 
 template <typename T>
@@ -29,7 +28,7 @@ void gather_cpu(const IndexArgs& a) {
   const T* x = static_cast<const T*>(a.x);
   T* out = static_cast<T*>(a.out);
   const int64_t total = a.outer * a.n_index * a.inner;
-  parallel_for(0, total, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, total, parallel_grain(), [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
       const int64_t j = p % a.inner, o = p / (a.n_index * a.inner);
       out[p] = x[(o * a.dim_size + a.index[p]) * a.inner + j];
@@ -57,16 +56,15 @@ void index_add_cpu(const IndexArgs& a) {
   const T* src = static_cast<const T*>(a.src);
   T* out = static_cast<T*>(a.out);
   const int64_t slice = a.n_index * a.inner;
-  parallel_for(0, a.outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(slice, 1)),
-               [&](int64_t b, int64_t e) {
-                 for (int64_t o = b; o < e; ++o)
-                   for (int64_t i = 0; i < a.n_index; ++i) {
-                     const T* s = src + (o * a.n_index + i) * a.inner;
-                     T* dst = out + (o * a.dim_size + a.index[i]) * a.inner;
+  parallel_for(0, a.outer, items_per_grain(slice), [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o)
+      for (int64_t i = 0; i < a.n_index; ++i) {
+        const T* s = src + (o * a.n_index + i) * a.inner;
+        T* dst = out + (o * a.dim_size + a.index[i]) * a.inner;
 #pragma omp simd
-                     for (int64_t j = 0; j < a.inner; ++j) dst[j] = T(C(dst[j]) + C(s[j]));
-                   }
-               });
+        for (int64_t j = 0; j < a.inner; ++j) dst[j] = T(C(dst[j]) + C(s[j]));
+      }
+  });
 }
 
 const bool kRegistered = [] {

@@ -277,7 +277,7 @@ void relu_backward_bias_cpu(const ReluBackwardBiasArgs& a) {
     }
   };
   if (n == 1) {
-    parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) {
+    parallel_for(0, rows, parallel_grain(), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) gz[r] = T(C(y[r]) > C(0) ? C(g[r]) : C(0));
     });
     cpu::run_sums<C, T>(

@@ -294,7 +294,7 @@ void layer_norm_forward_cpu(const LayerNormArgs& a) {
   C* rstds = static_cast<C*>(a.rstd);
   const int64_t n = a.cols;
   const C inv_n = C(1) / C(n), eps = C(a.eps);
-  parallel_for(0, a.rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+  parallel_for(0, a.rows, items_per_grain(n), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const T* x = xs + r * n;
       Y* y = ys + r * n;
@@ -324,7 +324,7 @@ void layer_norm_affine_cpu(const LayerNormArgs& a) {
   const C* w = static_cast<const C*>(a.weight);
   const C* bias = static_cast<const C*>(a.bias);
   const int64_t n = a.cols;
-  parallel_for(0, a.rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+  parallel_for(0, a.rows, items_per_grain(n), [&](int64_t b, int64_t e) {
     with_affine(w, bias, [&]<bool kWeight, bool kBias>() {
       for (int64_t r = b; r < e; ++r) affine_row<kWeight, kBias>(xos + r * n, ys + r * n, w, bias, n);
     });
@@ -365,7 +365,7 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
   const bool param_grads = a.dweight || a.dbias;
   const C inv_n = C(1) / C(n);
   const int64_t per_chunk = (rows + chunks - 1) / chunks;
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(per_chunk * n, 1));
+  const int64_t grain = items_per_grain(per_chunk * n);
   // One chunk's rows; kWeight: the weight multiplies dy (a branch on it inside the loops made GCC gather the
   // weight under a mask, as slow with no weight as with one).
   auto chunk_rows = [&]<bool kWeight>(int64_t c) {

@@ -25,7 +25,7 @@ void sgd_loop(const SgdStepArgs& a) {
   const T* grad = static_cast<const T*>(a.grad);
   C* buf = static_cast<C*>(a.momentum_buffer);
   const C lr = C(a.lr), wd = C(a.weight_decay), momentum = C(a.momentum), keep = C(1 - a.dampening);
-  parallel_for(0, a.n, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, a.n, parallel_grain(), [&](int64_t begin, int64_t end) {
 #pragma omp simd
     for (int64_t i = begin; i < end; ++i) {
       const C p = C(param[i]);
@@ -76,7 +76,7 @@ void adam_loop(const AdamStepArgs& a) {
           one_minus_beta2 = C(1 - a.beta2), eps = C(a.eps), wd = C(a.weight_decay),
           shrink = C(1 - a.lr * a.weight_decay), step_size = C(a.step_size),
           bc2_sqrt = C(a.bias_correction2_sqrt);
-  parallel_for(0, a.n, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, a.n, parallel_grain(), [&](int64_t begin, int64_t end) {
 #pragma omp simd
     for (int64_t i = begin; i < end; ++i) {
       C p = C(param[i]);

@@ -602,7 +602,7 @@ void adam8bit_loop(const Adam8bitStepArgs& a) {
   const int64_t bs = a.block_size, blocks = (a.n + bs - 1) / bs;
   // An element costs two (float8) to four (dynamic) times f32 Adam's (kernels/cpu/optim.cpp), so a quarter
   // of its grain pays at least the same fork: W3's 128 x 128 projections (8 blocks) then run on two threads.
-  parallel_for(0, blocks, std::max<int64_t>(1, kGrain / 4 / bs), [&](int64_t block_begin, int64_t block_end) {
+  parallel_for(0, blocks, items_per_grain(4 * bs), [&](int64_t block_begin, int64_t block_end) {
     math::Adam8bitHyper<C> hyper = h;  // set here, so that the flags are constants in this loop
     hyper.coupled = kCoupled;
     hyper.decoupled = kDecoupled;

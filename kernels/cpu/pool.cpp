@@ -27,10 +27,8 @@ namespace {
 
 using cpu::for_types;
 
-// Planes per thread chunk: about kGrain window elements of work each.
-int64_t plane_grain(const PoolArgs& a) {
-  return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, a.oh * a.ow * a.kh * a.kw));
-}
+// Planes per thread chunk: about parallel_grain() window elements of work each.
+int64_t plane_grain(const PoolArgs& a) { return items_per_grain(a.oh * a.ow * a.kh * a.kw); }
 
 // The first in-range tap of a window starting at `start` (possibly in the padding), stepping by dilation.
 int64_t first_tap(int64_t start, int64_t dilation) {
@@ -383,8 +381,7 @@ void cpu::max_pool2x2_blocked_to_nchw(const float* x, float* y, int64_t blocks, 
   // pixels left most of each row to the element-by-element remainder of the 8 x 8 transposes.
   constexpr int64_t kPixels = 256;
   const int64_t runs = (pp + kPixels - 1) / kPixels;  // tasks a block
-  const int64_t grain =
-      std::max<int64_t>(1, kGrain / std::max<int64_t>(1, 4 * std::min(pp, kPixels) * block));
+  const int64_t grain = items_per_grain(4 * std::min(pp, kPixels) * block);
   parallel_for(0, blocks * runs, grain, [&](int64_t tb, int64_t te) {
     alignas(64) float pooled[kPixels * 16];
     for (int64_t t = tb; t < te; ++t) {
@@ -429,7 +426,7 @@ void cpu::max_pool2x2_blocked_to_nhwc_u8(const float* x, uint8_t* y, int64_t ima
   if (images <= 0 || ph_count * pw_count == 0) return;
   const float lo = float(-zero_point), hi = float(qmax - zero_point);
   // A task is one pooled row of one image: every block's windows along it, each pixel's codes together.
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, 4 * pw_count * channels));
+  const int64_t grain = items_per_grain(4 * pw_count * channels);
   parallel_for(0, images * ph_count, grain, [&](int64_t tb, int64_t te) {
 #if defined(__AVX2__)
     const Quantize8 quantize8(inv_scale, zero_point, qmax);

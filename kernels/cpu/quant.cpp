@@ -64,7 +64,7 @@ void quantize_range(const float* __restrict x, int64_t n, float inv, int32_t zp,
 }  // namespace
 
 void quantize_u8(const float* x, int64_t n, float inv_scale, int32_t zero_point, int32_t qmax, uint8_t* out) {
-  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, n, parallel_grain(), [&](int64_t b, int64_t e) {
     quantize_range(x + b, e - b, inv_scale, zero_point, qmax, out + b);
   });
 }
@@ -87,7 +87,7 @@ void range_chunk(const float* __restrict x, int64_t n, float& lo, float& hi) {
 
 void value_range(const float* x, int64_t n, float& lo, float& hi) {
   lo = 0, hi = 0;
-  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, n, parallel_grain(), [&](int64_t b, int64_t e) {
     float l, h;
     range_chunk(x + b, e - b, l, h);
 #pragma omp critical(frugal_quant_range)
@@ -145,7 +145,7 @@ bool run_onednn(const uint8_t* x, const int8_t* w, int32_t* acc, int64_t m, int6
 std::vector<int32_t> zero_point_sums(const int8_t* w, int32_t x_zero_point, int64_t k, int64_t n) {
   std::vector<int32_t> sums(size_t(n), 0);
   if (x_zero_point == 0) return sums;
-  parallel_for(0, n, std::max<int64_t>(1, kGrain / k), [&](int64_t b, int64_t e) {
+  parallel_for(0, n, items_per_grain(k), [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
       const int8_t* row = w + j * k;
       int64_t p = 0;
@@ -256,7 +256,7 @@ void linear(const uint8_t* x, bool x_transposed, int32_t x_zero_point, const int
   if (m > 0 && k > 0 && n > 0 && run_onednn(x, w, reinterpret_cast<int32_t*>(out), m, k, n, x_transposed)) {
     const std::vector<int32_t> own = sums ? std::vector<int32_t>() : zero_point_sums(w, x_zero_point, k, n);
     const std::vector<int32_t>& zp_sums = sums ? *sums : own;
-    parallel_for(0, m, std::max<int64_t>(1, kGrain / n), [&](int64_t b, int64_t e) {
+    parallel_for(0, m, items_per_grain(n), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i)
         if (bias)  // two loops, so that no branch on the bias stands inside the vectorised one
           output_row<true>(out + i * n, zp_sums.data(), scale, bias, n, relu);
@@ -330,7 +330,7 @@ void to_nchw(const S* src_all, float* y, int64_t images, int64_t P, int64_t O, c
   static_assert(sizeof(S) == sizeof(float));
   constexpr int64_t kTile = 32;
   const int64_t tiles = (P + kTile - 1) / kTile;
-  parallel_for(0, images * tiles, std::max<int64_t>(1, kGrain / (kTile * O)), [&](int64_t b, int64_t e) {
+  parallel_for(0, images * tiles, items_per_grain(kTile * O), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t img = t / tiles, p0 = t % tiles * kTile, p1 = std::min(P, p0 + kTile);
       const S* src = src_all + img * P * O;
@@ -378,53 +378,51 @@ void pool2_to_nchw(const S* src_all, float* y, int64_t images, int64_t OH, int64
   float* pooled = reinterpret_cast<float*>(buffer.data<uint8_t>());
   // The bias and the ReLU as template arguments: a branch on either inside the channel loop kept it scalar.
   auto pool = [&]<bool kBias, bool kRelu>() {
-    parallel_for(
-        0, images * PH, std::max<int64_t>(1, kGrain / std::max<int64_t>(4 * PW * O, 1)),
-        [&](int64_t b, int64_t e) {
-          for (int64_t t = b; t < e; ++t) {
-            const int64_t img = t / PH, ph = t % PH;
-            for (int64_t pw = 0; pw < PW; ++pw) {
-              const S* p00 = src_all + ((img * OH + 2 * ph) * OW + 2 * pw) * O;
-              const S* p01 = p00 + O;
-              const S* p10 = p00 + OW * O;
-              const S* p11 = p10 + O;
-              float* out = pooled + ((img * PH + ph) * PW + pw) * O;
-              int64_t oc = 0;
+    parallel_for(0, images * PH, items_per_grain(4 * PW * O), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t img = t / PH, ph = t % PH;
+        for (int64_t pw = 0; pw < PW; ++pw) {
+          const S* p00 = src_all + ((img * OH + 2 * ph) * OW + 2 * pw) * O;
+          const S* p01 = p00 + O;
+          const S* p10 = p00 + OW * O;
+          const S* p11 = p10 + O;
+          float* out = pooled + ((img * PH + ph) * PW + pw) * O;
+          int64_t oc = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-              // 8 channels at a time: output_value's operations, and std::max(a, b) as
-              // _mm256_max_ps(b, a) (both give a unless a < b).
-              auto load = [&](const S* p) {
-                if constexpr (std::is_same_v<S, float>) {
-                  return _mm256_loadu_ps(p + oc);
-                } else {
-                  const __m256 x =
-                      _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + oc)));
-                  const __m256 sc = _mm256_loadu_ps(scale + oc);
-                  __m256 v;
-                  if constexpr (kBias)
-                    v = _mm256_fmadd_ps(x, sc, _mm256_loadu_ps(bias + oc));
-                  else
-                    v = _mm256_mul_ps(x, sc);
-                  if constexpr (kRelu) v = _mm256_max_ps(_mm256_setzero_ps(), v);  // v < 0 ? 0 : v
-                  return v;
-                }
-              };
-              for (; oc + 8 <= O; oc += 8)
-                _mm256_storeu_ps(out + oc, _mm256_max_ps(_mm256_max_ps(load(p11), load(p10)),
-                                                         _mm256_max_ps(load(p01), load(p00))));
-#endif
-              for (; oc < O; ++oc) {
-                auto value = [&](const S* p) {
-                  if constexpr (std::is_same_v<S, float>)
-                    return p[oc];
-                  else
-                    return output_value<kBias, kRelu>(p[oc], scale[oc], bias, oc);
-                };
-                out[oc] = std::max(std::max(value(p00), value(p01)), std::max(value(p10), value(p11)));
-              }
+          // 8 channels at a time: output_value's operations, and std::max(a, b) as
+          // _mm256_max_ps(b, a) (both give a unless a < b).
+          auto load = [&](const S* p) {
+            if constexpr (std::is_same_v<S, float>) {
+              return _mm256_loadu_ps(p + oc);
+            } else {
+              const __m256 x =
+                  _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + oc)));
+              const __m256 sc = _mm256_loadu_ps(scale + oc);
+              __m256 v;
+              if constexpr (kBias)
+                v = _mm256_fmadd_ps(x, sc, _mm256_loadu_ps(bias + oc));
+              else
+                v = _mm256_mul_ps(x, sc);
+              if constexpr (kRelu) v = _mm256_max_ps(_mm256_setzero_ps(), v);  // v < 0 ? 0 : v
+              return v;
             }
+          };
+          for (; oc + 8 <= O; oc += 8)
+            _mm256_storeu_ps(out + oc, _mm256_max_ps(_mm256_max_ps(load(p11), load(p10)),
+                                                     _mm256_max_ps(load(p01), load(p00))));
+#endif
+          for (; oc < O; ++oc) {
+            auto value = [&](const S* p) {
+              if constexpr (std::is_same_v<S, float>)
+                return p[oc];
+              else
+                return output_value<kBias, kRelu>(p[oc], scale[oc], bias, oc);
+            };
+            out[oc] = std::max(std::max(value(p00), value(p01)), std::max(value(p10), value(p11)));
           }
-        });
+        }
+      }
+    });
   };
   if (bias)
     relu ? pool.template operator()<true, true>() : pool.template operator()<true, false>();

@@ -54,10 +54,8 @@ void for_each_reduced(const ReduceArgs& a, int64_t base, F&& f) {
   }
 }
 
-// Grain for splitting outputs across threads: about kGrain input elements per chunk.
-int64_t out_grain(const ReduceArgs& a) {
-  return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, a.n_reduce));
-}
+// Grain for splitting outputs across threads: about parallel_grain() input elements per chunk.
+int64_t out_grain(const ReduceArgs& a) { return items_per_grain(a.n_reduce); }
 
 // Offset (in elements) of reduced element r (in row-major order of the reduced dims) from its output's first.
 int64_t reduced_offset(const ReduceArgs& a, int64_t r) {

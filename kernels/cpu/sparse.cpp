@@ -21,8 +21,8 @@ namespace {
 
 using cpu::for_types;
 
-// Rows per parallel chunk: about kGrain elements.
-int64_t row_grain(int64_t dim) { return std::max<int64_t>(1, kGrain / std::max<int64_t>(dim, 1)); }
+// Rows per parallel chunk: about parallel_grain() elements.
+int64_t row_grain(int64_t dim) { return items_per_grain(dim); }
 
 // values [n, dim], order [n], starts [segments + 1] -> out [segments, dim]; accumulates in acc_t<T>.
 template <typename T>

@@ -70,14 +70,13 @@ void transpose2d_cpu(const TransposeArgs& a) {
   T* out = static_cast<T*>(a.out);
   const int64_t rows = a.rows, cols = a.cols;
   const int64_t tiles = (rows + kTile - 1) / kTile;
-  parallel_for(0, tiles, std::max<int64_t>(1, kGrain / std::max<int64_t>(kTile * cols, 1)),
-               [&](int64_t b, int64_t e) {
-                 for (int64_t t = b; t < e; ++t) {
-                   const int64_t r0 = t * kTile, r1 = std::min(rows, r0 + kTile);
-                   for (int64_t c0 = 0; c0 < cols; c0 += kTile)
-                     transpose_tile(in, a.in_stride, out, rows, r0, r1, c0, std::min(cols, c0 + kTile));
-                 }
-               });
+  parallel_for(0, tiles, items_per_grain(kTile * cols), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t r0 = t * kTile, r1 = std::min(rows, r0 + kTile);
+      for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+        transpose_tile(in, a.in_stride, out, rows, r0, r1, c0, std::min(cols, c0 + kTile));
+    }
+  });
 }
 
 const bool kRegistered = [] {

@@ -51,8 +51,8 @@ std::pair<Tensor, Tensor> run(Tensor (*fn)(const Tensor&), const Shape& shape, D
 }
 
 TEST(Gelu, MatchesCompositeEveryDtype) {
-  // 2 x 40000 elements: several threads and many buffered chunks.
-  const Shape shape{2, 40000};
+  // 2 x the parallel grain: several threads (under either waiting policy) and many buffered chunks.
+  const Shape shape{2, parallel_grain() + 7};
   for (const Form& f : kForms)
     for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
       const auto [y, dx] = run(f.fused, shape, t);

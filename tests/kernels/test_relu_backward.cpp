@@ -17,8 +17,9 @@ Tensor composite(const Tensor& dy, const Tensor& y) { return where(gt(y, 0.0), d
 TEST(ReluBackward, EqualsCompositeExactly) {
   for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16})
     for (Layout layout : testing::kLayouts) {
-      // 3 x 40000 elements: several threads and many buffered chunks; a quarter of them exactly 0.
-      const Shape shape{3, 40000};
+      // 3 x the parallel grain: several threads (under either waiting policy) and many buffered chunks; a
+      // quarter of them exactly 0.
+      const Shape shape{3, parallel_grain() + 7};
       Tensor y = relu(testing::leaf(shape, -3, 1, 81, layout).detach()).to(t);
       const Tensor dy = testing::uniform(shape, -1, 1, t, 82);
       const std::string what = std::string(dtype_name(t)) + " " + testing::layout_name(layout);

@@ -17,8 +17,8 @@ using testing::uniform;
 // some element is not finite.
 template <typename T>
 void check_kernel(DType dt) {
-  const int64_t n = 3 * kGrain + 17;  // several threads' chunks
-  for (int bad_at : {-1, 5, int(2 * kGrain + 3)}) {
+  const int64_t n = 3 * parallel_grain() + 17;  // several threads' chunks
+  for (int bad_at : {-1, 5, int(2 * parallel_grain() + 3)}) {
     for (float inv : {1.0f / 65536, 1.0f, 0.375f}) {
       Tensor g = uniform({n}, -1000, 1000, dt, uint64_t(bad_at + 7));
       if (bad_at >= 0) g.data<T>()[bad_at] = T(bad_at == 5 ? INFINITY : NAN);

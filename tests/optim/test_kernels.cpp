@@ -52,7 +52,7 @@ struct AdamReference {
 };
 
 // Parameters big enough to cross the parallel grain, with a tail that is not a multiple of any vector width.
-constexpr int64_t kN = 3 * kGrain + 17;
+const int64_t kN = 3 * parallel_grain() + 17;
 
 template <typename Ref>
 void check_against_reference(optim::Optimizer& opt, Tensor& p, Ref& ref, DType dtype,
