@@ -54,6 +54,27 @@ int pool_threads();
 int64_t small_product_grain();
 // Whether OMP_WAIT_POLICY asks for passive waiting (read once, as libgomp reads it at load).
 bool passive_waiting();
+
+// Multiply-adds below which a product runs on one thread under passive waiting, by the speed of its
+// arithmetic (Note [a product on one thread under passive waiting], core/parallel.cpp).
+inline constexpr int64_t kPassiveF32Product = int64_t(1) << 22;
+inline constexpr int64_t kPassiveBf16Product = int64_t(1) << 23;
+inline constexpr int64_t kPassiveInt8Product = int64_t(1) << 24;
+
+// While it lives, the parallel regions the calling thread starts (oneDNN's included) have one thread, when
+// passive waiting is on, no region encloses the caller, and the product's `macs` are below
+// `one_thread_below`; otherwise it does nothing. oneDNN's primitives fix their thread count when they are
+// made, so a plan is made, as well as run, under such a scope.
+class OneThreadProduct {
+ public:
+  OneThreadProduct(int64_t macs, int64_t one_thread_below);
+  ~OneThreadProduct();
+  OneThreadProduct(const OneThreadProduct&) = delete;
+  OneThreadProduct& operator=(const OneThreadProduct&) = delete;
+
+ private:
+  int restore_ = 0;  // the thread count to set back, 0 for none
+};
 // The thread count a value of FRUGAL_NUM_THREADS asks for, 0 for unset or empty; throws Error naming the
 // variable, the value and the valid range otherwise. Exposed for tests.
 int num_threads_from_env(const char* value);

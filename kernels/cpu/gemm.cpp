@@ -107,6 +107,7 @@ int64_t panel_bytes(const GemmArgs& g) { return panel_rows(g) * (g.n + kPanelPad
 
 void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const detail::OneThreadProduct threads(m * n * k, detail::kPassiveF32Product);
   const dnnl_status_t st = dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   FRUGAL_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status ", int(st), " for m=", m, " n=", n,
                 " k=", k);
@@ -520,6 +521,7 @@ dnnl::memory::desc bf16_desc(const GemmArgs& g, int64_t rows, int64_t cols, int6
 }
 
 std::shared_ptr<const MatmulPlan> build_plan(const GemmArgs& g) {
+  const detail::OneThreadProduct threads(g.batch * g.m * g.n * g.k, detail::kPassiveBf16Product);
   auto plan = std::make_shared<MatmulPlan>();
   plan->a = bf16_desc(g, g.m, g.k, g.a_batch, g.a_row, g.a_col);
   plan->b = bf16_desc(g, g.k, g.n, g.b_batch, g.b_row, g.b_col);
@@ -557,6 +559,7 @@ void gemm_bf16_onednn(const GemmArgs& g) {
       {DNNL_ARG_WEIGHTS, dnnl::memory(plan->b, eng, const_cast<void*>(g.b))},
       {DNNL_ARG_DST, dnnl::memory(plan->c, eng, g.c)}};
   const Tensor scratch = cpu::add_scratchpad(plan->scratchpad, args);
+  const detail::OneThreadProduct threads(g.batch * g.m * g.n * g.k, detail::kPassiveBf16Product);
   plan->primitive.execute(stream, args);
   stream.wait();
 }

@@ -45,9 +45,16 @@ constexpr dnnl::memory::data_type onednn_type() {
   return std::is_same_v<T, float> ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
 }
 
+// The multiply-adds below which the product runs on one thread under passive waiting.
+template <typename T>
+constexpr int64_t product_threshold() {
+  return std::is_same_v<T, float> ? detail::kPassiveF32Product : detail::kPassiveBf16Product;
+}
+
 template <typename T>
 std::shared_ptr<const LinearPlan> build_plan(const LinearArgs& a) {
   constexpr dnnl::memory::data_type dt = onednn_type<T>();
+  const detail::OneThreadProduct threads(a.m * a.n * a.k, product_threshold<T>());
   auto plan = std::make_shared<LinearPlan>();
   plan->x = dnnl::memory::desc({a.m, a.k}, dt, {a.k, 1});
   plan->w = dnnl::memory::desc({a.k, a.n}, dt, {1, a.k});  // w [n, k] read as its transpose
@@ -217,6 +224,7 @@ void linear_cpu(const LinearArgs& a) {
       {DNNL_ARG_DST, dnnl::memory(plan->y, eng, a.y)}};
   if (a.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(plan->bias, eng, const_cast<void*>(a.bias)));
   const Tensor scratch = cpu::add_scratchpad(plan->scratchpad, args);
+  const detail::OneThreadProduct threads(a.m * a.n * a.k, product_threshold<T>());
   plan->primitive.execute(stream, args);
   stream.wait();
 }

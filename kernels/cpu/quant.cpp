@@ -110,6 +110,7 @@ struct Int8Plan {
 std::shared_ptr<const Int8Plan> int8_plan(int64_t m, int64_t k, int64_t n, bool x_transposed) {
   static PlanCache<4, Int8Plan> cache(256);
   return cache.get({m, k, n, x_transposed ? 1 : 0}, [&] {
+    const detail::OneThreadProduct threads(m * k * n, detail::kPassiveInt8Product);
     using dt = dnnl::memory::data_type;
     auto plan = std::make_shared<Int8Plan>();
     plan->x = dnnl::memory::desc({m, k}, dt::u8,
@@ -136,6 +137,7 @@ bool run_onednn(const uint8_t* x, const int8_t* w, int32_t* acc, int64_t m, int6
       {DNNL_ARG_WEIGHTS, dnnl::memory(plan->w, eng, const_cast<int8_t*>(w))},
       {DNNL_ARG_DST, dnnl::memory(plan->out, eng, acc)}};
   Tensor scratch = add_scratchpad(plan->scratchpad, args);
+  const detail::OneThreadProduct threads(m * k * n, detail::kPassiveInt8Product);
   plan->matmul.execute(onednn_stream(), args);
   onednn_stream().wait();
   return true;

@@ -1,6 +1,10 @@
 // The thread count (core/parallel.h): set_num_threads bounds it, and a malformed FRUGAL_NUM_THREADS is
 // reported, not ignored. tests/CMakeLists.txt runs this program again with malformed values in the
 // environment (test_core_threads_bad_env_*).
+#include <omp.h>
+#include <strings.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -13,6 +17,19 @@ using testing::expect_error;
 
 // A sum over a long run, so that it forks (parallel_for with more than one chunk).
 double parallel_sum() { return sum(ones({1 << 20})).item<double>(); }
+
+// What OMP_WAIT_POLICY says, read here on its own.
+bool env_says_passive() {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  return policy != nullptr && strcasecmp(policy, "passive") == 0;
+}
+
+// The chunks parallel_for runs a loop of n elements in, at parallel_grain().
+int chunks_of(int64_t n) {
+  std::atomic<int> chunks{0};
+  parallel_for(0, n, parallel_grain(), [&](int64_t, int64_t) { ++chunks; });
+  return chunks.load();
+}
 
 // Set by tests/CMakeLists.txt beside a malformed FRUGAL_NUM_THREADS.
 bool env_is_malformed() { return std::getenv("FRUGAL_TEST_MALFORMED_NUM_THREADS") != nullptr; }
@@ -45,6 +62,70 @@ TEST(Threads, EnvironmentValuesOutsideTheRangeAreErrors) {
     expect_error<Error>([&] { detail::num_threads_from_env(bad.c_str()); },
                         {"FRUGAL_NUM_THREADS='" + bad + "'", "[1, " + std::to_string(max_threads()) + "]"});
   expect_error<Error>([&] { detail::num_threads_from_env(too_many.c_str()); }, {too_many});
+}
+
+// tests/CMakeLists.txt also runs the two tests below under OMP_WAIT_POLICY=ACTIVE and PASSIVE.
+TEST(Threads, TheGrainFollowsTheWaitingPolicy) {
+  if (env_is_malformed()) GTEST_SKIP() << "FRUGAL_NUM_THREADS is malformed in this run";
+  const bool passive = env_says_passive();
+  EXPECT_EQ(detail::passive_waiting(), passive);
+  EXPECT_EQ(parallel_grain(), passive ? kPassiveGrain : kGrain);
+  EXPECT_EQ(items_per_grain(0), parallel_grain());
+  EXPECT_EQ(items_per_grain(3), parallel_grain() / 3);
+  EXPECT_EQ(items_per_grain(parallel_grain() + 1), 1);
+  const int before = num_threads();
+  set_num_threads(2);
+  EXPECT_EQ(chunks_of(parallel_grain()), 1);  // one grain: no fork
+  EXPECT_EQ(chunks_of(kGrain + 1), passive ? 1 : 2);
+  EXPECT_EQ(chunks_of(parallel_grain() + 1), 2);
+  set_num_threads(before);
+}
+
+TEST(Threads, ASmallProductRunsOnOneThreadUnderPassiveWaiting) {
+  if (env_is_malformed()) GTEST_SKIP() << "FRUGAL_NUM_THREADS is malformed in this run";
+  const bool passive = env_says_passive();
+  const int before = num_threads();
+  set_num_threads(2);
+  for (const int64_t below :
+       {detail::kPassiveF32Product, detail::kPassiveBf16Product, detail::kPassiveInt8Product}) {
+    {
+      const detail::OneThreadProduct scope(below - 1, below);
+      EXPECT_EQ(omp_get_max_threads(), passive ? 1 : 2) << below;
+    }
+    EXPECT_EQ(omp_get_max_threads(), 2) << below;  // set back
+    {
+      const detail::OneThreadProduct scope(below, below);
+      EXPECT_EQ(omp_get_max_threads(), 2) << below;
+    }
+  }
+  // Inside a parallel region the scope changes nothing.
+  std::atomic<int> changed{0};
+#pragma omp parallel num_threads(2)
+  {
+    const int outer = omp_get_max_threads();
+    {
+      const detail::OneThreadProduct scope(1, detail::kPassiveF32Product);
+      changed += omp_get_max_threads() != outer;
+    }
+    changed += omp_get_max_threads() != outer;
+  }
+  EXPECT_EQ(changed.load(), 0);
+  // f32 and bf16 products below and above the thresholds: right, and the thread count set back after each.
+  for (const int64_t n : {4, 200}) {
+    const Tensor a = testing::uniform({n, n}, -1, 1, DType::F32, 5);
+    const Tensor b = testing::uniform({n, n}, -1, 1, DType::F32, 6);
+    const std::string what = " of " + std::to_string(n) + " x " + std::to_string(n);
+    const Tensor c = matmul(a, b);
+    EXPECT_EQ(num_threads(), 2);
+    testing::expect_close(c, matmul(a.to(DType::F64), b.to(DType::F64)).to_vector<double>(), {1e-4, 1e-4},
+                          "f32 matmul" + what);
+    const Tensor a16 = a.to(DType::BF16), b16 = b.to(DType::BF16);
+    const Tensor c16 = matmul(a16, b16);
+    EXPECT_EQ(num_threads(), 2);
+    testing::expect_close(c16, matmul(a16.to(DType::F64), b16.to(DType::F64)).to_vector<double>(),
+                          {0.05, 0.01}, "bf16 matmul" + what);
+  }
+  set_num_threads(before);
 }
 
 // Run with FRUGAL_NUM_THREADS=abc (or -3, 100000, 2x): the count is not taken silently from elsewhere; the
