@@ -91,12 +91,14 @@ int64_t parallel_grain() {
 // oneDNN's primitives and dnnl_sgemm start a parallel region for each call, which under passive waiting
 // wakes the sleeping threads (Note [passive waiting and the grain]): a product that takes less than about
 // twice that wake-up on one thread is faster there alone. So under passive waiting a product below
-// kPassiveF32Product multiply-adds (2^22: about 40 us of f32 on one thread of a Zen 4), kPassiveBf16Product
-// (bf16 dot products, twice the rate) or kPassiveInt8Product (VNNI, four times) runs with one thread: the
-// scope sets the calling thread's OpenMP thread count to 1 around the call, and around the making of a
-// oneDNN plan, since a primitive keeps the thread count it was made with (the plan caches are keyed on the
-// shape, which decides the scope, so the CPU kernels and their meta twins still share each plan). Measured
-// on a 2-core Zen 4 under passive waiting (thresholds 4x lower, as here, 4x higher, and none):
+// kPassiveF32Product multiply-adds (2^22: 72 us at one thread's f32 ceiling of 117 GFLOP/s on a Zen 4, two
+// wake-ups), kPassiveBf16Product (bf16 dot products, twice the rate) or kPassiveInt8Product (VNNI, four
+// times) runs with one thread: the scope sets the calling thread's OpenMP thread count to 1 around the
+// call, and around the making of a oneDNN plan, since a primitive keeps the thread count it was made with
+// (the plan caches are keyed on the shape, which decides the scope, so the CPU kernels and their meta twins
+// still share each plan). The decision is per call: a GEMM run as several calls (panels, batch entries)
+// starts a region for each, so each call's own work is what a second thread would share. Measured on a
+// 2-core Zen 4 under passive waiting (thresholds 4x lower, as here, 4x higher, and none):
 // - W1's training step: 1.22-1.36, 1.22-1.38, 1.32-1.40 and 1.34-1.56 ms (its 256 -> 10 layer's three
 //   products run alone);
 // - W1's MLP forward (medians of 1001): int8 on 8 rows 120-165 -> 30 us (OpenMP's default waiting: 26-48),

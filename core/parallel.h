@@ -47,10 +47,10 @@ namespace detail {
 // The threads a parallel region may use (omp_get_max_threads()); throws what num_threads() throws.
 int pool_threads();
 // The work (multiply-adds) below which a small product runs on one thread: the few rows' dot products of a
-// layer's forward (kernels/cpu/linear.cpp, quant.cpp), which read each weight once. kGrain while idle
-// threads spin (OpenMP's default waiting: a fork/join costs about that much work); 2^20 under
-// OMP_WAIT_POLICY=PASSIVE, where waking the sleeping threads costs tens of microseconds, more than such a
-// product takes on one thread (W1's MLP on one row: 90-160 us on 2 threads, 14 us on one).
+// layer's forward (kernels/cpu/linear.cpp, quant_few_rows.cpp, sparse.cpp), which read each weight once.
+// kGrain while idle threads spin (OpenMP's default waiting: a fork/join costs about that much work); 2^20
+// under OMP_WAIT_POLICY=PASSIVE, where waking the sleeping threads costs tens of microseconds, more than such
+// a product takes on one thread (W1's MLP on one row: 90-160 us on 2 threads, 14 us on one).
 int64_t small_product_grain();
 // Whether OMP_WAIT_POLICY asks for passive waiting (read once, as libgomp reads it at load).
 bool passive_waiting();
