@@ -133,9 +133,13 @@ extern std::atomic<bool> g_counting_allocations;
 
 inline int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
+// A peak is stored only when passed, which a run that repeats its steps seldom does: `peak = max(peak,
+// current)` stored it at every change, six stores an allocation (GCC also packed them into vector inserts for
+// znver4), and the 4 KiB arena pair took 15.7 ns instead of 14.0 (best of 45 alternated runs, Zen 4).
 inline void add(Stat& s, int64_t delta) {
   s.current += delta;
-  s.peak = std::max(s.peak, s.current);
+  if (s.current > s.peak) [[unlikely]]
+    s.peak = s.current;
 }
 
 // What both allocators share: device, backing, limit, statistics (per device and per tag), the out-of-memory

@@ -308,19 +308,19 @@ class Arena final : public AllocatorBase {
   // per multiple of kMinBlock up to kSmallRequest), as it is, not merged with its neighbours; an allocation
   // of that size on the block's stream takes the newest one back: no tree walk, no split, no merge. A 4 KiB
   // allocate/free pair went from 26-29 ns to 15-17 (glibc's malloc: 14.5-16 ns in the same runs; AMD EPYC
-  // Zen 4). A small request that its bin cannot serve first merges every binned block back into the pool
-  // (as glibc consolidates its fast bins), and then takes the best fit as always, from a pool in which no
-  // two free blocks are adjacent: no segment is made while merged blocks would have served. The layout
-  // still differs from merging at once (a hit takes the binned block, where best fit might have chosen
-  // another); the dry run reproduces it all the same, as it runs this very code. Merging back only on a
-  // miss mattered: merging back only before a new segment let best fits split blocks that were about to
-  // merge, and raised the reserved peak of some recompute plans by enough that the planner's test no longer
-  // found one under 0.6 x the peak.
-  // The bins are merged back too when the arena returns segments (a limit, empty_cache). A binned block is
-  // free: it counts as no allocated byte, and a snapshot, largest_free_block and the fragmentation figure
-  // take a run of adjacent free blocks, binned or not, as the one block it will merge into. Large blocks are
-  // not binned: their requests are fewer, and their time goes to the work on them. The bins depend on the
-  // requests alone (sizes, LIFO order), so a dry run reproduces them (Note [the arena's choices do not
+  // Zen 4), and to 14.0 once the statistics stored a peak only when passed (add, core/allocator_base.h). A
+  // small request that its bin cannot serve first merges every binned block back into the pool (as glibc
+  // consolidates its fast bins), and then takes the best fit as always, from a pool in which no two free
+  // blocks are adjacent: no segment is made while merged blocks would have served. The layout still differs
+  // from merging at once (a hit takes the binned block, where best fit might have chosen another); the dry
+  // run reproduces it all the same, as it runs this very code. Merging back only on a miss mattered: merging
+  // back only before a new segment let best fits split blocks that were about to merge, and raised the
+  // reserved peak of some recompute plans by enough that the planner's test no longer found one under 0.6 x
+  // the peak. The bins are merged back too when the arena returns segments (a limit, empty_cache). A binned
+  // block is free: it counts as no allocated byte, and a snapshot, largest_free_block and the fragmentation
+  // figure take a run of adjacent free blocks, binned or not, as the one block it will merge into. Large
+  // blocks are not binned: their requests are fewer, and their time goes to the work on them. The bins depend
+  // on the requests alone (sizes, LIFO order), so a dry run reproduces them (Note [the arena's choices do not
   // depend on addresses]).
   static constexpr int kBins = int(kSmallRequest / kMinBlock) + 1;  // by size / kMinBlock; 0 stays empty
 

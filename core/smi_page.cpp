@@ -187,7 +187,6 @@ std::string page_name(int64_t pid) {
 void SlotWriter::write_top_tags(const std::vector<TagBytes>& top) {
   slot_->seq.store(++seq_, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  changes_ = 0;
   const int n = int(std::min<size_t>(top.size(), kTopTags));
   least_listed_ = n < kTopTags ? 0 : INT64_MAX;
   soonest_ = n == 0 ? 0 : kTopTagsSoonest;
@@ -199,6 +198,7 @@ void SlotWriter::write_top_tags(const std::vector<TagBytes>& top) {
   }
   store(slot_->num_tags, n);
   slot_->seq.store(++seq_, std::memory_order_release);
+  ranked_seq_ = seq_;
 }
 
 SlotWriter claim_slot(const std::string& device, const std::string& kind) {

@@ -39,12 +39,15 @@ namespace frugal::smi {
 //   sequence odd, stores the fields (relaxed), makes it even again (release); a reader retries while the
 //   sequence is odd or changed across its reads, so it never sees half an update. On the allocator's hot
 //   path (a block's allocate or free: write_allocated, which leaves reserved and the limit to their own
-//   changes) that is about 31 instructions, inlined, 5 of them stores: callgrind counts 261 instructions per
-//   4 KiB allocate/free pair of memory::allocator(kCPU) without the page and 324 with it (336 while every
-//   change wrote all five figures; a loop of 10^5 pairs, a build for x86-64-v3, which valgrind 3.19 runs;
-//   bench/bench_alloc.cpp BM_DeviceArenaPair/4096 times it: 21.0 against 21.6-22.5 ns on a Zen 4). A call
-//   to a writer that searched the list for the tag and computed the least bytes listed at every change
-//   added 142.
+//   changes) that is about 28 instructions, inlined, 5 of them stores (the sequence twice, the allocated
+//   bytes, the tag's bytes, the writer's own copy of the sequence; the peak only when it moved, and the
+//   count of changes since the tags' ranking is the sequence's difference): callgrind counts 249
+//   instructions per 4 KiB allocate/free pair of memory::allocator(kCPU) without the page and 306 with it
+//   (324 while the peak and a separate count were stored at every change, 336 while every change wrote all
+//   five figures; a loop of 10^5 pairs, a build for x86-64-v3, which valgrind 3.19 runs).
+//   bench/bench_alloc.cpp BM_DeviceArenaPair/4096 times it: 17.6 ns, the plain arena 14.0 (best of 45
+//   alternated runs on a Zen 4; 20.4 and 15.7 before those stores went). A call to a writer that searched
+//   the list for the tag and computed the least bytes listed at every change added 142.
 // - Top tags: ranking the tags walks every tag, so it runs only now and then: when a tag not listed has
 //   outgrown the least one listed (or a slot of the list is empty), but at most every kTopTagsSoonest-th
 //   change (except for the first tag listed); at least every kTopTagsEvery-th change; and when the limit or
@@ -149,11 +152,13 @@ class SlotWriter {
   [[gnu::always_inline]] bool update(int64_t allocated, int64_t peak, const Figures* rest, int listed,
                                      int64_t tag_bytes) {
     SlotWords& s = *slot_;  // held in a register: an atomic store could otherwise change slot_, for all the
-                            // compiler knows, and it would load it again after each
-    s.seq.store(++seq_, std::memory_order_relaxed);       // odd
+                            // compiler knows, and it would load it again after each (seq_ likewise)
+    const uint64_t seq = seq_;
+    s.seq.store(seq + 1, std::memory_order_relaxed);      // odd
     std::atomic_thread_fence(std::memory_order_release);  // before any field
     store(s.allocated, allocated);
-    store(s.peak, peak);
+    // A peak moves at few changes: a load here is cheaper than a store at every one.
+    if (s.peak.load(std::memory_order_relaxed) != uint64_t(peak)) store(s.peak, peak);
     if (rest) {
       store(s.reserved, rest->reserved);
       store(s.reserved_peak, rest->reserved_peak);
@@ -161,12 +166,13 @@ class SlotWriter {
     }
     if (listed >= 0) {
       store(s.tags[listed].bytes, tag_bytes);
-      least_listed_ = std::min(least_listed_, tag_bytes);
+      if (tag_bytes < least_listed_) least_listed_ = tag_bytes;
     }
-    s.seq.store(++seq_, std::memory_order_release);  // even
-    if (++changes_ >= kTopTagsEvery) [[unlikely]]
+    s.seq.store(seq_ = seq + 2, std::memory_order_release);  // even
+    const uint64_t changes = (seq_ - ranked_seq_) / 2;
+    if (changes >= kTopTagsEvery) [[unlikely]]
       return true;
-    return listed < 0 && tag_bytes > least_listed_ && changes_ >= soonest_;
+    return listed < 0 && tag_bytes > least_listed_ && changes >= soonest_;
   }
 
   SlotWords* slot_ = nullptr;
@@ -174,9 +180,9 @@ class SlotWriter {
   // list has room, else at most the least bytes listed. It follows a listed tag's bytes down, not up, so
   // it may call for a ranking that changes nothing, but never misses one.
   int64_t least_listed_ = 0;
-  uint32_t soonest_ = 0;  // kTopTagsSoonest, or 0 while the list is empty
-  uint32_t changes_ = 0;  // since the last ranking
-  uint64_t seq_ = 0;      // the slot's sequence: this is its only writer
+  uint32_t soonest_ = 0;     // kTopTagsSoonest, or 0 while the list is empty
+  uint64_t seq_ = 0;         // the slot's sequence: this is its only writer; 2 a change
+  uint64_t ranked_seq_ = 0;  // seq_ after the last ranking: the changes since are the difference over two
 };
 
 // A slot of this process's page for an allocator of `device` ("cpu", "cuda:0") of kind "arena" or "system",
