@@ -185,7 +185,8 @@ std::string page_name(int64_t pid) {
 }
 
 void SlotWriter::write_top_tags(const std::vector<TagBytes>& top) {
-  slot_->seq.store(++seq_, std::memory_order_relaxed);
+  const uint64_t seq = slot_->seq.load(std::memory_order_relaxed);  // this is its only writer
+  slot_->seq.store(seq + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   const int n = int(std::min<size_t>(top.size(), kTopTags));
   least_listed_ = n < kTopTags ? 0 : INT64_MAX;
@@ -197,8 +198,8 @@ void SlotWriter::write_top_tags(const std::vector<TagBytes>& top) {
     store(slot_->tags[i].bytes, t.bytes);
   }
   store(slot_->num_tags, n);
-  slot_->seq.store(++seq_, std::memory_order_release);
-  ranked_seq_ = seq_;
+  slot_->seq.store(seq + 2, std::memory_order_release);
+  ranked_seq_ = seq + 2;
 }
 
 SlotWriter claim_slot(const std::string& device, const std::string& kind) {

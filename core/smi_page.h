@@ -39,13 +39,13 @@ namespace frugal::smi {
 //   sequence odd, stores the fields (relaxed), makes it even again (release); a reader retries while the
 //   sequence is odd or changed across its reads, so it never sees half an update. On the allocator's hot
 //   path (a block's allocate or free: write_allocated, which leaves reserved and the limit to their own
-//   changes) that is about 28 instructions, inlined, 5 of them stores (the sequence twice, the allocated
-//   bytes, the tag's bytes, the writer's own copy of the sequence; the peak only when it moved, and the
-//   count of changes since the tags' ranking is the sequence's difference): callgrind counts 249
-//   instructions per 4 KiB allocate/free pair of memory::allocator(kCPU) without the page and 306 with it
-//   (324 while the peak and a separate count were stored at every change, 336 while every change wrote all
-//   five figures; a loop of 10^5 pairs, a build for x86-64-v3, which valgrind 3.19 runs).
-//   bench/bench_alloc.cpp BM_DeviceArenaPair/4096 times it: 17.6 ns, the plain arena 14.0 (best of 45
+//   changes) that is about 28 instructions, inlined, 4 of them stores (the sequence twice, the allocated
+//   bytes, the tag's bytes; the peak only when it moved; the sequence is read back from the page, and the
+//   changes since the tags' ranking are its difference): callgrind counts 249 instructions per 4 KiB
+//   allocate/free pair of memory::allocator(kCPU) without the page and 304 with it (324 while the peak, a
+//   copy of the sequence and a count of changes were stored at every change, 336 while every change wrote
+//   all five figures; a loop of 10^5 pairs, a build for x86-64-v3, which valgrind 3.19 runs).
+//   bench/bench_alloc.cpp BM_DeviceArenaPair/4096 times it: 17.4 ns, the plain arena 14.0 (best of 45
 //   alternated runs on a Zen 4; 20.4 and 15.7 before those stores went). A call to a writer that searched
 //   the list for the tag and computed the least bytes listed at every change added 142.
 // - Top tags: ranking the tags walks every tag, so it runs only now and then: when a tag not listed has
@@ -152,10 +152,10 @@ class SlotWriter {
   [[gnu::always_inline]] bool update(int64_t allocated, int64_t peak, const Figures* rest, int listed,
                                      int64_t tag_bytes) {
     SlotWords& s = *slot_;  // held in a register: an atomic store could otherwise change slot_, for all the
-                            // compiler knows, and it would load it again after each (seq_ likewise)
-    const uint64_t seq = seq_;
-    s.seq.store(seq + 1, std::memory_order_relaxed);      // odd
-    std::atomic_thread_fence(std::memory_order_release);  // before any field
+                            // compiler knows, and it would load it again after each
+    const uint64_t seq = s.seq.load(std::memory_order_relaxed);  // this is its only writer
+    s.seq.store(seq + 1, std::memory_order_relaxed);             // odd
+    std::atomic_thread_fence(std::memory_order_release);         // before any field
     store(s.allocated, allocated);
     // A peak moves at few changes: a load here is cheaper than a store at every one.
     if (s.peak.load(std::memory_order_relaxed) != uint64_t(peak)) store(s.peak, peak);
@@ -168,8 +168,9 @@ class SlotWriter {
       store(s.tags[listed].bytes, tag_bytes);
       if (tag_bytes < least_listed_) least_listed_ = tag_bytes;
     }
-    s.seq.store(seq_ = seq + 2, std::memory_order_release);  // even
-    const uint64_t changes = (seq_ - ranked_seq_) / 2;
+    s.seq.store(seq + 2, std::memory_order_release);  // even
+    // Wraps to a large count in a forked child, whose page starts again from 0: one ranking sets it right.
+    const uint64_t changes = (seq + 2 - ranked_seq_) / 2;
     if (changes >= kTopTagsEvery) [[unlikely]]
       return true;
     return listed < 0 && tag_bytes > least_listed_ && changes >= soonest_;
@@ -181,8 +182,7 @@ class SlotWriter {
   // it may call for a ranking that changes nothing, but never misses one.
   int64_t least_listed_ = 0;
   uint32_t soonest_ = 0;     // kTopTagsSoonest, or 0 while the list is empty
-  uint64_t seq_ = 0;         // the slot's sequence: this is its only writer; 2 a change
-  uint64_t ranked_seq_ = 0;  // seq_ after the last ranking: the changes since are the difference over two
+  uint64_t ranked_seq_ = 0;  // the slot's sequence (2 a change) after the last ranking
 };
 
 // A slot of this process's page for an allocator of `device` ("cpu", "cuda:0") of kind "arena" or "system",
