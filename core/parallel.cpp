@@ -103,6 +103,14 @@ int64_t parallel_grain() {
 //   products run alone);
 // - W1's MLP forward (medians of 1001): int8 on 8 rows 120-165 -> 30 us (OpenMP's default waiting: 26-48),
 //   on 64 rows 275-277 -> 109 us; f32 on 64 rows 313 -> 266-270 us.
+// A convolution counts the direct algorithm's multiply-adds (kernels/cpu/conv_onednn.cpp, and the int8
+// convolution's plans in kernels/cpu/quant.cpp), whatever kernel oneDNN picks, a chunk of images at a time.
+// W2's CNN forward (medians of 301, 3 rounds alternated with the library before): f32 on one image 390-413
+// -> 105-148 us (on one thread 103, under the default waiting 74), on 4 images 668-691 -> 432-553 us; its
+// static int8 form on one image 352-380 -> 59-90 us, on 4 images 575-619 -> 264-378 us; on 16 images
+// within noise. W2's training step (batch 64: every convolution above the threshold; in its evaluation the
+// first layer's chunks of 10 images are below) 11.4-14.2 -> 10.9-12.0 ms, within noise; 2^24 and 2^26 as
+// the f32 threshold were no better.
 // Under the default waiting nothing changes.
 detail::OneThreadProduct::OneThreadProduct(int64_t macs, int64_t one_thread_below) {
   if (!passive_waiting() || macs >= one_thread_below || omp_in_parallel()) return;

@@ -1,11 +1,13 @@
 // The CPU convolution's oneDNN plans (kernels/cpu/conv_onednn.h): building a primitive for a shape,
 // direction and dtype under the layout and Winograd policies, caching it, and running it on the user's NCHW
 // tensors with arena buffers for the reorders and the scratchpad.
+#include <algorithm>
 #include <atomic>
 #include <string_view>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/tensor.h"
 #include "kernels/cpu/conv_onednn.h"
 #include "kernels/cpu/reference.h"
@@ -150,7 +152,18 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, boo
   // oneDNN's reference convolution is far slower in bf16 than widening to f32 for the f32 primitives.
   if (type == DataType::bf16 && impl.starts_with("ref")) return nullptr;
   plan->implementation = impl;
+  plan->type = type;
   return plan;
+}
+
+// The multiply-adds of a's convolution (the direct algorithm's count, whatever oneDNN runs), and the count
+// below which it runs on one thread under passive waiting, as a product of the same dtype does (Note [a
+// product on one thread under passive waiting], core/parallel.cpp).
+int64_t conv_macs(const ConvArgs& a) {
+  return a.n * a.o * a.oh * a.ow * (a.c / std::max<int64_t>(a.groups, 1)) * a.kh * a.kw;
+}
+int64_t one_thread_below(DataType type) {
+  return type == DataType::bf16 ? detail::kPassiveBf16Product : detail::kPassiveF32Product;
 }
 
 }  // namespace
@@ -159,8 +172,10 @@ std::shared_ptr<const ConvPlan> conv_plan(const ConvArgs& a, Direction dir, Data
   static ConvPlans plans(128);
   const bool any = g_any_layout.load(std::memory_order_relaxed);
   const bool winograd = g_winograd.load(std::memory_order_relaxed);
-  return plans.get(key_of(a, dir, any, winograd, type),
-                   [&] { return build_plan(a, dir, any, winograd, type); });
+  return plans.get(key_of(a, dir, any, winograd, type), [&] {
+    const detail::OneThreadProduct threads(conv_macs(a), one_thread_below(type));
+    return build_plan(a, dir, any, winograd, type);
+  });
 }
 
 namespace {
@@ -192,6 +207,7 @@ const void* user_pointer(const ConvArgs& a, int arg) {
 }  // namespace
 
 void run_conv_plan(const ConvPlan& plan, const ConvArgs& a, const Prepared& prepared) {
+  const detail::OneThreadProduct threads(conv_macs(a), one_thread_below(plan.type));
   auto& eng = onednn_engine();
   auto& stream = cpu::onednn_stream();
   std::vector<Tensor> buffers;  // alive until the stream is done
@@ -250,6 +266,7 @@ Tensor shared_weights(const std::vector<const ConvPlan*>& plans, const ConvArgs&
     if (weights_of(*p).compute != first.compute) return {};
   const int64_t bytes = int64_t(first.compute.get_size());
   if (meta) return cpu::meta_workspace(bytes);
+  const detail::OneThreadProduct threads(conv_macs(a), one_thread_below(plans.front()->type));
   Tensor buffer = workspace(bytes);
   auto& eng = onednn_engine();
   dnnl::memory user(first.user, eng, const_cast<void*>(a.weight)),

@@ -35,6 +35,7 @@ struct ConvPlan {
   std::vector<Operand> operands;
   dnnl::memory::desc scratchpad;
   std::string implementation;  // oneDNN's name for the primitive's kernel, e.g. "jit_wino_4x3:avx512_core"
+  dnnl::memory::data_type type = dnnl::memory::data_type::f32;  // of every user tensor
 };
 
 // The plan for `a` in direction `dir` with every user tensor in `type` (f32 or bf16), built once and cached

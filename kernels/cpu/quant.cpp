@@ -185,11 +185,18 @@ struct Int8ConvPlan {
 
 std::atomic<bool> g_int8_conv_onednn{true};
 
+// The multiply-adds of `images` of a's convolution: under passive waiting, below kPassiveInt8Product its
+// primitive is made and run on one thread (Note [a product on one thread under passive waiting]).
+int64_t int8_conv_macs(const ConvArgs& a, int64_t images) {
+  return images * a.o * a.oh * a.ow * a.c * a.kh * a.kw;
+}
+
 std::shared_ptr<const Int8ConvPlan> int8_conv_plan(const ConvArgs& a, int64_t images) {
   static PlanCache<13, Int8ConvPlan> cache(64);
   return cache.get(
       {images, a.c, a.h, a.w, a.o, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w},
       [&]() -> std::shared_ptr<const Int8ConvPlan> {
+        const detail::OneThreadProduct threads(int8_conv_macs(a, images), detail::kPassiveInt8Product);
         using dt = dnnl::memory::data_type;
         using tag = dnnl::memory::format_tag;
         auto plan = std::make_shared<Int8ConvPlan>();
@@ -481,6 +488,7 @@ bool conv2d_onednn(const ConvArgs& a, const Int8ConvInput& in, const float* scal
       if constexpr (!kDry) {
         dnnl::memory user(chunk_plan->w_user, eng, const_cast<void*>(a.weight));
         dnnl::memory packed(chunk_plan->w, eng, weights.raw_data());
+        const detail::OneThreadProduct threads(int8_conv_macs(a, images), detail::kPassiveInt8Product);
         chunk_plan->weight_reorder.execute(onednn_stream(), user, packed);
       }
     }
@@ -514,8 +522,11 @@ bool conv2d_onednn(const ConvArgs& a, const Int8ConvInput& in, const float* scal
         {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
          dnnl::memory({{1}, dnnl::memory::data_type::s32, {1}}, eng, zp.raw_data())}};
     const Tensor scratch = add_scratchpad(plan->scratchpad, args);
-    plan->conv.execute(onednn_stream(), args);
-    onednn_stream().wait();
+    {
+      const detail::OneThreadProduct threads(int8_conv_macs(a, images), detail::kPassiveInt8Product);
+      plan->conv.execute(onednn_stream(), args);
+      onednn_stream().wait();
+    }
     const auto* sums = static_cast<const int32_t*>(out.raw_data());
     if (pool2)
       pool2_to_nchw(sums, out_codes ? nullptr : ys + n0 * O * YP, images, a.oh, a.ow, O, scale,

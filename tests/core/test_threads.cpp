@@ -8,6 +8,10 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/ops.h"
+#include "core/quant_kernels.h"
+#include "nn/conv.h"
+#include "nn/quant.h"
 #include "tests/test_util.h"
 
 namespace frugal {
@@ -124,6 +128,57 @@ TEST(Threads, ASmallProductRunsOnOneThreadUnderPassiveWaiting) {
     EXPECT_EQ(num_threads(), 2);
     testing::expect_close(c16, matmul(a16.to(DType::F64), b16.to(DType::F64)).to_vector<double>(),
                           {0.05, 0.01}, "bf16 matmul" + what);
+  }
+  set_num_threads(before);
+}
+
+// Convolutions below and above the thresholds (the direct algorithm's multiply-adds; f32, bf16 and oneDNN's
+// int8 convolution): right in every direction, and the thread count set back after each. Under passive
+// waiting (the test_core_threads_waiting_PASSIVE run) the small ones make and run their primitives on one
+// thread.
+TEST(Threads, ASmallConvolutionRunsOnOneThreadUnderPassiveWaiting) {
+  if (env_is_malformed()) GTEST_SKIP() << "FRUGAL_NUM_THREADS is malformed in this run";
+  const int before = num_threads();
+  set_num_threads(2);
+  NoGradGuard ng;
+  // 16 -> 16 channels, 3 x 3 over 12 x 12: 331,776 multiply-adds an image, so 1 image is below 2^22 and 16
+  // are above; the int8 layer (32 -> 32 over 16 x 16, 2.4M an image) is below 2^24 on 1 image, above on 16.
+  for (const int64_t n : {1, 16}) {
+    const std::string what = " on " + std::to_string(n) + " images";
+    const Tensor x = testing::uniform({n, 16, 12, 12}, -1, 1, DType::F32, 7);
+    const Tensor w = testing::uniform({16, 16, 3, 3}, -0.3, 0.3, DType::F32, 8);
+    const Tensor b = testing::uniform({16}, -0.1, 0.1, DType::F32, 9);
+    const Tensor x64 = x.to(DType::F64), w64 = w.to(DType::F64), b64 = b.to(DType::F64);
+    const Tensor y64 = ops::conv2d(x64, w64, b64, 1, 1);
+    testing::expect_close(ops::conv2d(x, w, b, 1, 1), y64.to_vector<double>(), {1e-4, 1e-4},
+                          "f32 conv" + what);
+    EXPECT_EQ(num_threads(), 2);
+    const Tensor dy = testing::uniform(y64.shape(), -1, 1, DType::F32, 10);
+    testing::expect_close(
+        ops::conv2d_backward_data(dy, w, x.shape(), 1, 1, 1, 1),
+        ops::conv2d_backward_data(dy.to(DType::F64), w64, x.shape(), 1, 1, 1, 1).to_vector<double>(),
+        {1e-4, 1e-4}, "f32 conv's d x" + what);
+    testing::expect_close(ops::conv2d_backward_weight(dy, x, w.shape(), 1, 1, 1, 1, false).first,
+                          ops::conv2d_backward_weight(dy.to(DType::F64), x64, w.shape(), 1, 1, 1, 1, false)
+                              .first.to_vector<double>(),
+                          {1e-3, 1e-4}, "f32 conv's d weight" + what);
+    EXPECT_EQ(num_threads(), 2);
+    const Tensor x16 = x.to(DType::BF16), w16 = w.to(DType::BF16), b16 = b.to(DType::BF16);
+    testing::expect_close(
+        ops::conv2d(x16, w16, b16, 1, 1),
+        ops::conv2d(x16.to(DType::F64), w16.to(DType::F64), b16.to(DType::F64), 1, 1).to_vector<double>(),
+        {0.05, 0.02}, "bf16 conv" + what);
+    EXPECT_EQ(num_threads(), 2);
+    // int8: oneDNN's convolution against the im2col path, which computes the same sums.
+    nn::Conv2d conv(nn::Conv2dOptions(32, 32, 3).padding(1));
+    const Tensor xq = testing::uniform({n, 32, 16, 16}, -1, 2, DType::F32, 11);
+    nn::QuantizedConv2d q(conv->options(), conv->weight, conv->bias, nullptr);
+    const Tensor onednn = q->forward(xq);
+    EXPECT_EQ(num_threads(), 2);
+    cpu::set_int8_conv_onednn(false);
+    const Tensor im2col = q->forward(xq);
+    cpu::set_int8_conv_onednn(true);  // the default
+    testing::expect_close(onednn, im2col.to_vector<double>(), {1e-5, 1e-5}, "int8 conv" + what);
   }
   set_num_threads(before);
 }
