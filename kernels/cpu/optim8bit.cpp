@@ -631,10 +631,15 @@ void adam8bit_loop(const Adam8bitStepArgs& a) {
 #if FRUGAL_FLOAT8_AVX2
       if constexpr (std::is_same_v<T, float>) {
         if (float8) {
+#if FRUGAL_FLOAT8_AVX512
+          namespace isa = float8_avx512;
+#else
+          namespace isa = avx2;
+#endif
           if (subnormals)
-            avx2::float8_block<kCoupled, kDecoupled, true>(p, g, c1, absmax1, c2, absmax2, hyper, m, v, len);
+            isa::float8_block<kCoupled, kDecoupled, true>(p, g, c1, absmax1, c2, absmax2, hyper, m, v, len);
           else
-            avx2::float8_block<kCoupled, kDecoupled, false>(p, g, c1, absmax1, c2, absmax2, hyper, m, v, len);
+            isa::float8_block<kCoupled, kDecoupled, false>(p, g, c1, absmax1, c2, absmax2, hyper, m, v, len);
           continue;
         }
       }

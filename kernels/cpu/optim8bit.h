@@ -13,10 +13,14 @@
 #include "kernels/dynamic_code.h"
 
 // The f32 kernel's vector paths. The dynamic code: AVX-512 with VBMI where the build targets it, else AVX2
-// (one of the two). The float8 codes: AVX2 wherever the build targets it (AVX-512 machines included).
+// (one of the two). The float8 codes: AVX-512 where the build targets it, else AVX2 (the AVX2 helpers are
+// built on AVX-512 machines too: the loop reads MXCSR through them).
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define FRUGAL_FLOAT8_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define FRUGAL_FLOAT8_AVX512 1
+#endif
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
 #define FRUGAL_ADAM8BIT_AVX512 1
@@ -123,6 +127,18 @@ void float8_block(float* p, const float* g, uint8_t* c1, float* absmax1, uint8_t
                   const math::Adam8bitHyper<float>& h, float* m, float* root, int64_t len);
 
 }  // namespace avx2
+#endif
+
+#if FRUGAL_FLOAT8_AVX512
+namespace float8_avx512 {
+// avx2::float8_block in vectors of 16 (Note [float8 moments with AVX-512], optim8bit_float8.cpp), the same
+// results bit for bit; and its encoder (float8_code_encode_block_cpu's).
+template <bool kCoupled, bool kDecoupled, bool kSubnormals>
+void float8_block(float* p, const float* g, uint8_t* c1, float* absmax1, uint8_t* c2, float* absmax2,
+                  const math::Adam8bitHyper<float>& h, float* m, float* root, int64_t len);
+void float8_encode_block(const float* m, float inv1, uint8_t* codes1, const float* root, float inv2,
+                         uint8_t* codes2, int64_t len);
+}  // namespace float8_avx512
 #endif
 
 }  // namespace frugal::optim8bit
