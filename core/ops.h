@@ -208,9 +208,10 @@ struct LinearGrads {
 };
 LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_dx,
                             bool need_dweight, bool need_dbias);
-// relu(linear(x, weight, bias)) with the same checks: the fused kernel with the ReLU applied as y is stored
-// where the device registers one (op_linear: the same primitive as linear's with a ReLU post-op, equal to
-// linear then relu within f32 rounding, tests/nn/test_linear_relu.cpp); linear then relu_ elsewhere.
+// relu(linear(x, weight, bias)) with the same checks: the fused kernel where the device registers one
+// (op_linear: on the CPU linear's primitive, then relu's rule in one pass over y, a NaN kept as relu keeps
+// it: Note [linear_relu keeps a NaN] in kernels/cpu/linear.cpp, tests/nn/test_linear_relu.cpp); linear then
+// relu_ elsewhere.
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // Its gradients from d y and y, its output: d z = y > 0 ? d y : 0, then linear_backward's from d z; d bias
 // and d z come from one pass (op_relu_backward_bias) where the device has it, with exactly the values of

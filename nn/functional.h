@@ -27,9 +27,10 @@ const char* reduction_name(Reduction r);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // The same from matmul and add (x [M, in] or batched): the reference the fused op is tested against.
 Tensor linear_composite(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
-// relu(linear(x, weight, bias)) as one fused op (frugal::linear_relu: the bias and the ReLU applied inside
-// the GEMM where the device can) under the same conditions, relu(linear_composite(...)) otherwise.
-// nn::Sequential runs it for a Linear followed by a ReLU.
+// relu(linear(x, weight, bias)) as one fused op (frugal::linear_relu: the bias added inside the GEMM where
+// the device can, the ReLU applied in place, y kept for the backward's mask) under the same conditions,
+// relu(linear_composite(...)) otherwise; a NaN comes through as relu lets it. nn::Sequential runs it for a
+// Linear followed by a ReLU.
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // linear(gelu(x), weight, bias) (approximate "tanh": gelu_tanh), keeping x and not gelu(x) for the backward,
 // which computes it again (frugal::gelu_linear, Note [gelu_linear keeps the GELU's input]) under the same

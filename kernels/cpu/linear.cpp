@@ -1,8 +1,9 @@
 // CPU kernels of the fused linear layer (core/ops.h: linear, linear_relu, linear_relu_backward).
 // Forward, f32 and bf16 with oneDNN (f16 composes it in the op layer): oneDNN's matmul primitive reads the
-// weight [n, k] as its transpose in place, adds the bias and (linear_relu) applies the ReLU as it stores each
-// tile of y, so no pass transposes the weight, fills y with the bias first or applies the ReLU after. bf16
-// multiplies with AVX-512 BF16 dot products accumulated in f32, the bias added in f32, y rounded once.
+// weight [n, k] as its transpose in place and adds the bias as it stores each tile of y, so no pass
+// transposes the weight or fills y with the bias first. linear_relu's ReLU is one pass over y after it (Note
+// [linear_relu keeps a NaN]). bf16 multiplies with AVX-512 BF16 dot products accumulated in f32, the bias
+// added in f32, y rounded once.
 // Backward (every floating dtype): the ReLU mask and the bias gradient's column sums in one pass over d y.
 // Their references are the unfused ops (tests/nn/test_linear_relu.cpp).
 #include <algorithm>
@@ -38,7 +39,7 @@ struct LinearPlan {
   dnnl::memory::desc x, w, bias, y, scratchpad;
 };
 
-using LinearPlans = cpu::PlanCache<6, LinearPlan>;
+using LinearPlans = cpu::PlanCache<5, LinearPlan>;
 
 template <typename T>
 constexpr dnnl::memory::data_type onednn_type() {
@@ -62,17 +63,29 @@ std::shared_ptr<const LinearPlan> build_plan(const LinearArgs& a) {
   if (a.bias) plan->bias = dnnl::memory::desc({1, a.n}, dt, {a.n, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (a.relu) {
-    dnnl::post_ops ops;
-    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-    attr.set_post_ops(ops);
-  }
   const dnnl::matmul::desc desc = a.bias ? dnnl::matmul::desc(plan->x, plan->w, plan->bias, plan->y)
                                          : dnnl::matmul::desc(plan->x, plan->w, plan->y);
   const dnnl::matmul::primitive_desc pd(desc, attr, cpu::onednn_engine());
   plan->primitive = dnnl::matmul(pd);
   plan->scratchpad = pd.scratchpad_desc();
   return plan;
+}
+
+// Note [linear_relu keeps a NaN]
+// linear_relu gives what relu(linear(...)) gives, a NaN included: relu's rule is v < 0 ? 0 : v, as its
+// kernel's max(v, 0) computes it (Eigen's, with std::max's operand order), so a NaN (and a -0) comes through.
+// oneDNN's ReLU post-op computes max(v, 0) with the operands the other way round, which takes a NaN to 0: a
+// NaN input row, or a NaN weight's column, came out as zeros, and nn::Sequential's Linear, ReLU pairs, which
+// run this op, hid it where the unfused modules showed it (the loss stayed finite). So the ReLU is a pass
+// over y after the primitive, while y is still in cache: W4's step (32 such layers, 4 MiB of y each) took
+// 1021-1093 ms against 1007-1118 with the post-op (7 alternated rounds, Zen 4), W1's within noise.
+// The few rows' path and the unfused one apply the same rule as they store y.
+template <typename T>
+void relu_in_place(T* y, int64_t n) {
+  parallel_for(0, n, parallel_grain(), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) y[i] = float(y[i]) < 0.0f ? T(0.0f) : y[i];
+  });
 }
 
 // Where oneDNN declines the shape: the unfused steps (bias rows, a GEMM adding onto them, the ReLU). The GEMM
@@ -103,8 +116,7 @@ void linear_unfused(const LinearArgs& a) {
     else
       std::fill(y + i * a.n, y + (i + 1) * a.n, T(0.0f));
   op_gemm.get(kCPU, dtype_v<T>)(unfused_gemm(a));
-  if (a.relu)
-    for (int64_t i = 0; i < a.m * a.n; ++i) y[i] = float(y[i]) > 0.0f ? y[i] : T(0.0f);
+  if (a.relu) relu_in_place(y, a.m * a.n);
 }
 
 // Note [a layer's forward on a few rows]
@@ -177,7 +189,7 @@ void few_rows_block(const LinearArgs& a, int64_t i0, int64_t j0) {
       for (int64_t p = full; p < a.k; ++p) v = std::fma(x[r * a.k + p], wc[c][p], v);
 #endif
       if (bias) v += bias[j0 + c];
-      y[(i0 + r) * a.n + j0 + c] = a.relu && !(v > 0.0f) ? 0.0f : v;  // as the unfused path: a NaN gives 0
+      y[(i0 + r) * a.n + j0 + c] = a.relu && v < 0.0f ? 0.0f : v;  // Note [linear_relu keeps a NaN]
     }
 }
 
@@ -206,8 +218,7 @@ void linear_few_rows(const LinearArgs&) {}
 template <typename T>
 std::shared_ptr<const LinearPlan> plan_for(const LinearArgs& a) {
   static LinearPlans plans(64);
-  return plans.get({a.m, a.n, a.k, a.bias ? 1 : 0, a.relu ? 1 : 0, int64_t(dtype_v<T>)},
-                   [&] { return build_plan<T>(a); });
+  return plans.get({a.m, a.n, a.k, a.bias ? 1 : 0, int64_t(dtype_v<T>)}, [&] { return build_plan<T>(a); });
 }
 
 template <typename T>
@@ -224,9 +235,12 @@ void linear_cpu(const LinearArgs& a) {
       {DNNL_ARG_DST, dnnl::memory(plan->y, eng, a.y)}};
   if (a.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(plan->bias, eng, const_cast<void*>(a.bias)));
   const Tensor scratch = cpu::add_scratchpad(plan->scratchpad, args);
-  const detail::OneThreadProduct threads(a.m * a.n * a.k, product_threshold<T>());
-  plan->primitive.execute(stream, args);
-  stream.wait();
+  {
+    const detail::OneThreadProduct threads(a.m * a.n * a.k, product_threshold<T>());
+    plan->primitive.execute(stream, args);
+    stream.wait();
+  }
+  if (a.relu) relu_in_place(static_cast<T*>(a.y), a.m * a.n);
 }
 
 // The meta kernel (core/op_table.h): the scratchpad oneDNN's matmul takes, which depends on the ISA it runs

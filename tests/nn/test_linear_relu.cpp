@@ -218,6 +218,50 @@ TEST(LinearRelu, SequentialFusesLinearReluPairs) {
   }
 }
 
+// Note [linear_relu keeps a NaN]: a NaN in x or in the weight comes out of linear_relu as it comes out of
+// relu(linear(...)), bit for bit (the same primitive, then relu's rule), on every path: the few rows',
+// oneDNN's in f32 and bf16; and out of nn::Sequential's Linear, ReLU pair, which runs it. oneDNN's ReLU
+// post-op took such a NaN to 0.
+TEST(LinearRelu, ANanComesThroughAsRelusDoes) {
+  // How many NaNs a holds, expecting b to hold the same values and NaNs.
+  auto same_bits = [](const Tensor& a, const Tensor& b, const std::string& what) -> size_t {
+    EXPECT_EQ(a.shape(), b.shape()) << what;
+    if (a.shape() != b.shape()) return 0;
+    const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+    size_t differ = 0, nans = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      differ += std::isnan(x[i]) != std::isnan(y[i]) || (!std::isnan(x[i]) && x[i] != y[i]);
+      nans += std::isnan(x[i]);
+    }
+    EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << x.size() << " elements differ";
+    return nans;
+  };
+  NoGradGuard ng;
+  const int64_t shapes[][3] = {{1, 9, 4}, {2, 33, 5}, {8, 40, 7}, {128, 784, 256}, {5, 7, 3}};
+  for (const auto& sh : shapes)
+    for (DType t : {DType::F32, DType::BF16})
+      for (bool bias : {true, false}) {
+        const int64_t m = sh[0], k = sh[1], n = sh[2];
+        std::vector<double> xv = uniform({m, k}, -1, 1, DType::F64, 41).to_vector<double>();
+        std::vector<double> wv = uniform({n, k}, -0.1, 0.1, DType::F64, 42).to_vector<double>();
+        xv[size_t((m - 1) * k)] = std::nan("");  // the last row
+        wv[size_t(k - 1)] = std::nan("");        // the first column
+        const Tensor x = tensor(xv, {m, k}).to(t), w = tensor(wv, {n, k}).to(t);
+        const Tensor b = bias ? uniform({n}, -0.5, 0.5, t, 43) : Tensor();
+        std::ostringstream what;
+        what << m << "x" << k << "x" << n << " " << dtype_name(t) << (bias ? " bias" : "");
+        const size_t nans = same_bits(ops::linear_relu(x, w, b), ops::relu(ops::linear(x, w, b)), what.str());
+        EXPECT_EQ(nans, size_t(m + n - 1)) << what.str() << ": the last row and the first column";
+      }
+  // Sequential's pair against the modules run one by one.
+  nn::Linear linear(24, 24);
+  nn::Sequential pair{linear, nn::ReLU()};
+  std::vector<double> xv = uniform({16, 24}, -1, 1, DType::F64, 44).to_vector<double>();
+  xv[5 * 24 + 3] = std::nan("");
+  const Tensor x = tensor(xv, {16, 24}).to(DType::F32);
+  EXPECT_EQ(same_bits(pair->forward(x), ops::relu(linear->forward(x)), "Sequential's Linear, ReLU"), 24u);
+}
+
 TEST(LinearRelu, BadInputs) {
   const Tensor x = uniform({4, 3}, -1, 1), w = uniform({2, 3}, -1, 1);
   expect_error<ShapeError>(
