@@ -607,7 +607,7 @@ void adam8bit_loop(const Adam8bitStepArgs& a) {
     hyper.coupled = kCoupled;
     hyper.decoupled = kDecoupled;
     const bool float8 = a.float8;
-#if FRUGAL_FLOAT8_AVX2
+#if FRUGAL_FLOAT8_AVX2 || FRUGAL_FLOAT8_AVX512
     const bool subnormals = !(_mm_getcsr() & 0x40);  // MXCSR's DAZ (Note [float8 moments with AVX2])
 #endif
 #if FRUGAL_ADAM8BIT_AVX512
@@ -628,7 +628,7 @@ void adam8bit_loop(const Adam8bitStepArgs& a) {
       uint8_t* c2 = a.exp_avg_sq_codes + begin;
       float* absmax1 = a.exp_avg_absmax + b;
       float* absmax2 = a.exp_avg_sq_absmax + b;
-#if FRUGAL_FLOAT8_AVX2
+#if FRUGAL_FLOAT8_AVX2 || FRUGAL_FLOAT8_AVX512
       if constexpr (std::is_same_v<T, float>) {
         if (float8) {
 #if FRUGAL_FLOAT8_AVX512

@@ -12,20 +12,20 @@
 #include "core/op_table_optim.h"
 #include "kernels/dynamic_code.h"
 
-// The f32 kernel's vector paths. The dynamic code: AVX-512 with VBMI where the build targets it, else AVX2
-// (one of the two). The float8 codes: AVX-512 where the build targets it, else AVX2 (the AVX2 helpers are
-// built on AVX-512 machines too: the loop reads MXCSR through them).
+// The f32 kernel's vector paths, one of each code per build, where the build targets AVX2 at least. The
+// dynamic code: AVX-512 with VBMI, else AVX2. The float8 codes: AVX-512 (F, BW), else AVX2.
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-#define FRUGAL_FLOAT8_AVX2 1
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define FRUGAL_FLOAT8_AVX512 1
-#endif
+#else
+#define FRUGAL_FLOAT8_AVX2 1
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
 #define FRUGAL_ADAM8BIT_AVX512 1
-#elif FRUGAL_FLOAT8_AVX2
+#else
 #define FRUGAL_ADAM8BIT_AVX2 1
+#endif
 #endif
 
 namespace frugal::optim8bit {
@@ -67,7 +67,7 @@ template <typename T, typename C>
 void float8_block_portable(T* p, const T* g, uint8_t* c1, float* absmax1, uint8_t* c2, float* absmax2,
                            const math::Adam8bitHyper<C>& h, C* m, C* v, int64_t len);
 
-#if FRUGAL_FLOAT8_AVX2
+#if FRUGAL_FLOAT8_AVX2 || FRUGAL_ADAM8BIT_AVX2  // what the AVX2 blocks share
 namespace avx2 {
 
 // |x| when finite, else 0 (math::finite_abs; +0 for -0, which the largest |moment| cannot tell apart).
@@ -120,19 +120,21 @@ inline Step8 step8(const Hyper8& h, __m256 p, __m256 g, __m256 m_old, __m256 v_o
   return {_mm256_fmadd_ps(h.minus_step_size, _mm256_div_ps(m, denom), p), m, v, root};
 }
 
+#if FRUGAL_FLOAT8_AVX2
 // float8_block_portable for f32, in two passes (Note [float8 moments with AVX2]); root: scratch as m.
 // Defined in optim8bit_float8.cpp for the flags optim8bit.cpp's loop passes.
 template <bool kCoupled, bool kDecoupled, bool kSubnormals>
 void float8_block(float* p, const float* g, uint8_t* c1, float* absmax1, uint8_t* c2, float* absmax2,
                   const math::Adam8bitHyper<float>& h, float* m, float* root, int64_t len);
+#endif
 
 }  // namespace avx2
 #endif
 
 #if FRUGAL_FLOAT8_AVX512
 namespace float8_avx512 {
-// avx2::float8_block in vectors of 16 (Note [float8 moments with AVX-512], optim8bit_float8.cpp), the same
-// results bit for bit; and its encoder (float8_code_encode_block_cpu's).
+// The float8 block in vectors of 16 (Note [float8 moments with AVX-512], optim8bit_float8.cpp), the AVX2
+// one's algorithm and results bit for bit; and its encoder (float8_code_encode_block_cpu's).
 template <bool kCoupled, bool kDecoupled, bool kSubnormals>
 void float8_block(float* p, const float* g, uint8_t* c1, float* absmax1, uint8_t* c2, float* absmax2,
                   const math::Adam8bitHyper<float>& h, float* m, float* root, int64_t len);

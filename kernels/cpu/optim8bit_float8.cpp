@@ -1,7 +1,8 @@
 // The float8 codes' blocks of the CPU Adam8bit kernel (op_adam8bit_step with args.float8; Note [the float8
-// codes], kernels/float8_code.h): a portable form for every dtype and an AVX2 one for f32 (Note [float8
-// moments with AVX2]), run by kernels/cpu/optim8bit.cpp's loop over the blocks; and the block encoder the
-// codes' tests check (float8_code_encode_block_cpu).
+// codes], kernels/float8_code.h): a portable form for every dtype and a vector one for f32, AVX2 (Note
+// [float8 moments with AVX2]) or AVX-512 (Note [float8 moments with AVX-512]) by what the build targets, run
+// by kernels/cpu/optim8bit.cpp's loop over the blocks; and the block encoder the codes' tests check
+// (float8_code_encode_block_cpu).
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -228,7 +229,8 @@ namespace {
 using Float8Block = void(float*, const float*, uint8_t*, float*, uint8_t*, float*,
                          const math::Adam8bitHyper<float>&, float*, float*, int64_t);
 
-// Note [float8 moments with AVX-512]: the AVX2 block (Note [float8 moments with AVX2]) in vectors of 16, the
+// Note [float8 moments with AVX-512]: the AVX2 block (Note [float8 moments with AVX2]; built instead of this
+// one where the build targets no AVX-512) in vectors of 16, the
 // same operations lane for lane, with masks where AVX2 blends and compares into vectors, and the codes stored
 // by one truncating vpmovdb where AVX2 packs and permutes. A Zen 4 runs a 512-bit operation in two halves,
 // so what it gains is instructions: on W3's parameters (bench_optim8bit, medians of 5, 3 to 4 rounds
