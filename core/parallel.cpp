@@ -82,10 +82,7 @@ int64_t detail::small_product_grain() { return passive_waiting() ? int64_t(1) <<
 // training steps under passive waiting moved within noise (4 alternated rounds: W1 1.34-2.13 ms before,
 // 1.34-1.35 after; W2 8.90-9.24 and 8.93-9.26; W3 65.1-65.8 and 65.5-69.3). Under the default waiting
 // nothing changes.
-int64_t parallel_grain() {
-  static const int64_t grain = detail::passive_waiting() ? kPassiveGrain : kGrain;
-  return grain;
-}
+int64_t parallel_grain() { return detail::passive_waiting() ? kPassiveGrain : kGrain; }
 
 // Note [a product on one thread under passive waiting]
 // oneDNN's primitives and dnnl_sgemm start a parallel region for each call, which under passive waiting

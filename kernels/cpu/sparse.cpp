@@ -21,9 +21,6 @@ namespace {
 
 using cpu::for_types;
 
-// Rows per parallel chunk: about parallel_grain() elements.
-int64_t row_grain(int64_t dim) { return items_per_grain(dim); }
-
 // values [n, dim], order [n], starts [segments + 1] -> out [segments, dim]; accumulates in acc_t<T>.
 template <typename T>
 void segment_sum_rows_cpu(const SegmentSumArgs& a) {
@@ -31,7 +28,7 @@ void segment_sum_rows_cpu(const SegmentSumArgs& a) {
   const T* values = static_cast<const T*>(a.values);
   T* out = static_cast<T*>(a.out);
   const int64_t dim = a.dim;
-  parallel_for(0, a.segments, row_grain(dim), [&](int64_t begin, int64_t end) {
+  parallel_for(0, a.segments, items_per_grain(dim), [&](int64_t begin, int64_t end) {
     std::vector<C> acc(static_cast<size_t>(dim));  // per-thread scratch of one row (not tensor memory)
     for (int64_t s = begin; s < end; ++s) {
       std::fill(acc.begin(), acc.end(), C(0));
@@ -58,7 +55,7 @@ void sparse_adam_step_cpu(const SparseAdamStepArgs& a) {
   const C one_minus_beta1 = C(1 - a.beta1), one_minus_beta2 = C(1 - a.beta2), eps = C(a.eps),
           step_size = C(a.step_size);
   const int64_t dim = a.dim;
-  parallel_for(0, a.nnz, row_grain(dim), [&](int64_t begin, int64_t end) {
+  parallel_for(0, a.nnz, items_per_grain(dim), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t offset = a.indices[r] * dim;
       T* p = param + offset;
