@@ -47,6 +47,20 @@ template void float8_block_portable(Half*, const Half*, uint8_t*, float*, uint8_
 template void float8_block_portable(BFloat16*, const BFloat16*, uint8_t*, float*, uint8_t*, float*,
                                     const math::Adam8bitHyper<float>&, float*, float*, int64_t);
 
+// Note [encoding normal codes]: where every value of a vector, of both codes, is at least 2^-14 (a normal
+// code's) and not NaN, the vector blocks encode by the integer rounding alone: no subnormals' add and blend,
+// no masks for NaN and for the unsigned code's q <= 0, and the unsigned code's clamp left to the saturating
+// narrowing to bytes (AVX-512's vpmovusdb, AVX2's packus), inf and values beyond the top included. That is
+// nearly every vector of a real block: a moment under 2^-14 of its block's largest is rare. Other vectors (a
+// zero moment, where a gradient is 0; NaN) take the general path, with the same codes. Measured on a Zen 4
+// (bench_optim8bit, W3's parameters, medians of 5, 3-4 rounds alternated with the library before;
+// 2026-12-06): AVX-512, one thread 504-520 -> 436-450 us (f32 Adam's kernel 332-345: 1.31-1.35x its time,
+// was 1.5x), two threads 285-354 -> 241-255 (f32 Adam's 205-215: 1.16-1.21x); the AVX2 block on the same
+// machine 602-619 -> 529-597 and 339-383 -> 307-329. Measured and dropped on the same machine: the encoding
+// interleaved with the next block's pass 1, as the dynamic code's is, 16 to 128 elements of each at a time
+// (no faster: 438-570 against 436-507 in the same rounds); the decoders' multiply by 2^112 folded into the
+// block's scales (one multiply fewer a code, within noise).
+
 #if FRUGAL_FLOAT8_AVX2
 namespace avx2 {
 namespace {
@@ -115,14 +129,20 @@ inline __m256 decode8_unsigned(const uint8_t* codes) {
   return decode8_magnitude_exact<F>(k);
 }
 
+// The codes of 8 magnitudes >= 2^-14 (not NaN) from their bits b, before the clamp to F::kLargest: the
+// bits rounded to F's mantissa (ties to even), less the exponent offset.
+template <typename F>
+inline __m256i encode8_normal(__m256i b) {
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, F::kShift), _mm256_set1_epi32(1));
+  const __m256i increment = _mm256_set1_epi32(int((1u << (F::kShift - 1)) - 1 - (F::kOffset << F::kShift)));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, odd), increment), F::kShift);
+}
+
 // encode_magnitude<F> of 8 magnitudes a >= 0 (a NaN lane gives some code: the callers mask it).
 template <typename F>
 inline __m256i encode8_magnitude(__m256 a) {
-  const __m256i b = _mm256_castps_si256(a);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, F::kShift), _mm256_set1_epi32(1));
-  // b + the rounding increment, less the offset: below 2^-14 this wraps, and the blend drops it.
-  const __m256i increment = _mm256_set1_epi32(int((1u << (F::kShift - 1)) - 1 - (F::kOffset << F::kShift)));
-  const __m256i normal = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, odd), increment), F::kShift);
+  // Below 2^-14 encode8_normal wraps, and the blend drops it.
+  const __m256i normal = encode8_normal<F>(_mm256_castps_si256(a));
   const __m256 magic = _mm256_set1_ps(F::kMagic);
   const __m256i small =
       _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, magic)), _mm256_castps_si256(magic));
@@ -148,13 +168,36 @@ inline __m256i encode8_unsigned(__m256 q) {
 // time, the rest one by one.
 void float8_encode_block(const float* m, float inv1, uint8_t* codes1, const float* root, float inv2,
                          uint8_t* codes2, int64_t len) {
+  using S = float8_code::Signed;
+  using U = float8_code::Unsigned;
   const __m256 scale1 = _mm256_set1_ps(inv1), scale2 = _mm256_set1_ps(inv2);
+  const __m256 smallest_normal = _mm256_set1_ps(S::kSmallestNormal);
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
   int64_t i = 0;
   for (; i + 32 <= len; i += 32) {
-    __m256i k1[4], k2[4];
+    __m256 q1[4], q2[4];
+    __m256 normal = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
     for (int j = 0; j < 4; ++j) {
-      k1[j] = encode8_signed(_mm256_mul_ps(_mm256_loadu_ps(m + i + 8 * j), scale1));
-      k2[j] = encode8_unsigned(_mm256_mul_ps(_mm256_loadu_ps(root + i + 8 * j), scale2));
+      q1[j] = _mm256_mul_ps(_mm256_loadu_ps(m + i + 8 * j), scale1);
+      q2[j] = _mm256_mul_ps(_mm256_loadu_ps(root + i + 8 * j), scale2);
+      const __m256 a1 = _mm256_and_ps(q1[j], _mm256_castsi256_ps(magnitude));
+      normal = _mm256_and_ps(normal, _mm256_and_ps(_mm256_cmp_ps(a1, smallest_normal, _CMP_GE_OQ),
+                                                   _mm256_cmp_ps(q2[j], smallest_normal, _CMP_GE_OQ)));
+    }
+    __m256i k1[4], k2[4];
+    if (_mm256_movemask_ps(normal) == 0xff) {  // Note [encoding normal codes]
+      for (int j = 0; j < 4; ++j) {
+        const __m256i b1 = _mm256_castps_si256(q1[j]);
+        const __m256i a1 = _mm256_min_epu32(encode8_normal<S>(_mm256_and_si256(b1, magnitude)),
+                                            _mm256_set1_epi32(int(S::kLargest)));
+        k1[j] = _mm256_or_si256(a1, _mm256_and_si256(_mm256_srli_epi32(b1, 24), _mm256_set1_epi32(0x80)));
+        k2[j] = encode8_normal<U>(_mm256_castps_si256(q2[j]));  // above 255: packus saturates
+      }
+    } else {
+      for (int j = 0; j < 4; ++j) {
+        k1[j] = encode8_signed(q1[j]);
+        k2[j] = encode8_unsigned(q2[j]);
+      }
     }
     pack32(k1, codes1 + i);
     pack32(k2, codes2 + i);
@@ -235,9 +278,10 @@ using Float8Block = void(float*, const float*, uint8_t*, float*, uint8_t*, float
 // by one truncating vpmovdb where AVX2 packs and permutes. A Zen 4 runs a 512-bit operation in two halves,
 // so what it gains is instructions: on W3's parameters (bench_optim8bit, medians of 5, 3 to 4 rounds
 // alternated with the AVX2 block; 2026-12-06) one thread took 512-522 us against 598-613 (f32 Adam's kernel
-// 333-346: 1.5x its time against 1.8x), two threads 288-327 against 332-426 (f32 Adam 202-214). Pass 2
-// (encoding) takes about as long as pass 1 with its division and square root. Measured and dropped: 64
-// codes stored by two rounds of packus and one vpermd instead of four vpmovdb (no faster).
+// 333-346: 1.5x its time against 1.8x), two threads 288-327 against 332-426 (f32 Adam 202-214); since, with
+// Note [encoding normal codes], 1.31-1.35x and 1.16-1.21x. Pass 1 waits on its division and square root
+// (half its samples in perf land on the instruction after vdivps); pass 2 takes 0.6 of its time. Measured
+// and dropped: 64 codes stored by two rounds of packus and one vpermd instead of four vpmovdb (no faster).
 
 // float8_code::decode_magnitude<F> of 16 magnitudes k <= F::kLargest, as the scalar function computes it.
 template <typename F>
@@ -271,13 +315,20 @@ inline __m512 decode16_unsigned(const uint8_t* codes) {
   return decode16_magnitude_exact<F>(k);
 }
 
+// The codes of 16 magnitudes >= 2^-14 (not NaN) from their bits b, before the clamp to F::kLargest: the
+// bits rounded to F's mantissa (ties to even), less the exponent offset.
+template <typename F>
+inline __m512i encode16_normal(__m512i b) {
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, F::kShift), _mm512_set1_epi32(1));
+  const __m512i increment = _mm512_set1_epi32(int((1u << (F::kShift - 1)) - 1 - (F::kOffset << F::kShift)));
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, odd), increment), F::kShift);
+}
+
 // encode_magnitude<F> of 16 magnitudes a >= 0 (a NaN lane gives some code: the callers mask it).
 template <typename F>
 inline __m512i encode16_magnitude(__m512 a) {
-  const __m512i b = _mm512_castps_si512(a);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, F::kShift), _mm512_set1_epi32(1));
-  const __m512i increment = _mm512_set1_epi32(int((1u << (F::kShift - 1)) - 1 - (F::kOffset << F::kShift)));
-  const __m512i normal = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, odd), increment), F::kShift);
+  // Below 2^-14 encode16_normal wraps, and the blend drops it.
+  const __m512i normal = encode16_normal<F>(_mm512_castps_si512(a));
   const __m512 magic = _mm512_set1_ps(F::kMagic);
   const __m512i small =
       _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, magic)), _mm512_castps_si512(magic));
@@ -303,16 +354,34 @@ inline void store16(__m512i k, uint8_t* out) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(k));
 }
 
+// codes1[0 .. 16) = encode_signed(q1), codes2[0 .. 16) = encode_unsigned(q2).
+inline void encode16(__m512 q1, __m512 q2, uint8_t* codes1, uint8_t* codes2) {
+  using S = float8_code::Signed;
+  using U = float8_code::Unsigned;
+  const __m512 smallest_normal = _mm512_set1_ps(S::kSmallestNormal);
+  const __m512i b1 = _mm512_castps_si512(q1);
+  const __m512i a1 = _mm512_and_si512(b1, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 normal1 = _mm512_cmp_ps_mask(_mm512_castsi512_ps(a1), smallest_normal, _CMP_GE_OQ);
+  if (_mm512_mask_cmp_ps_mask(normal1, q2, smallest_normal, _CMP_GE_OQ) == 0xffff) {
+    const __m512i k1 = _mm512_min_epu32(encode16_normal<S>(a1), _mm512_set1_epi32(int(S::kLargest)));
+    store16(_mm512_ternarylogic_epi32(k1, _mm512_srli_epi32(b1, 24), _mm512_set1_epi32(0x80), 0xf8), codes1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes2),
+                     _mm512_cvtusepi32_epi8(encode16_normal<U>(_mm512_castps_si512(q2))));
+  } else {
+    store16(encode16_signed(q1), codes1);
+    store16(encode16_unsigned(q2), codes2);
+  }
+}
+
 }  // namespace
 
 void float8_encode_block(const float* m, float inv1, uint8_t* codes1, const float* root, float inv2,
                          uint8_t* codes2, int64_t len) {
   const __m512 scale1 = _mm512_set1_ps(inv1), scale2 = _mm512_set1_ps(inv2);
   int64_t i = 0;
-  for (; i + 16 <= len; i += 16) {
-    store16(encode16_signed(_mm512_mul_ps(_mm512_loadu_ps(m + i), scale1)), codes1 + i);
-    store16(encode16_unsigned(_mm512_mul_ps(_mm512_loadu_ps(root + i), scale2)), codes2 + i);
-  }
+  for (; i + 16 <= len; i += 16)
+    encode16(_mm512_mul_ps(_mm512_loadu_ps(m + i), scale1), _mm512_mul_ps(_mm512_loadu_ps(root + i), scale2),
+             codes1 + i, codes2 + i);
   for (; i < len; ++i) {
     codes1[i] = float8_code::encode_signed(m[i] * inv1);
     codes2[i] = float8_code::encode_unsigned(root[i] * inv2);

@@ -7,6 +7,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -243,7 +244,10 @@ std::vector<float> values_to_encode() {
 }
 
 // float8_code's encoders (integer rounding, the subnormals' add) give the nearest code by the scan of every
-// code, ties to the even one; the CPU kernel's block encoder (AVX2, 32 at a time) gives the same codes.
+// code, ties to the even one; the CPU kernel's block encoder (AVX-512 or AVX2 where built) gives the same
+// codes, in vectors that mix every kind of value (where it takes its general path) and in vectors of normal
+// codes only (Note [encoding normal codes]), sorted by magnitude so that each run of normal values fills
+// whole vectors, inf and values beyond the top among them.
 TEST(Float8Code, EncodingIsTheNearestCodeAndTheBlockEncoderAgrees) {
   const std::vector<float> qs = values_to_encode();
   for (float q : qs) {
@@ -257,6 +261,25 @@ TEST(Float8Code, EncodingIsTheNearestCodeAndTheBlockEncoderAgrees) {
     ASSERT_EQ(signed_codes[i], float8_code::encode_signed(qs[i])) << "signed " << qs[i] << " at " << i;
     ASSERT_EQ(unsigned_codes[i], float8_code::encode_unsigned(qs[i])) << "unsigned " << qs[i] << " at " << i;
   }
+  std::vector<float> magnitudes;
+  for (float q : qs)
+    if (!std::isnan(q)) magnitudes.push_back(std::fabs(q));
+  std::sort(magnitudes.begin(), magnitudes.end());
+  std::vector<float> with_signs(magnitudes);
+  for (size_t i = 0; i < with_signs.size(); i += 3) with_signs[i] = -with_signs[i];
+  const int64_t n = int64_t(magnitudes.size());
+  float8_code_encode_block_cpu(with_signs.data(), signed_codes.data(), magnitudes.data(),
+                               unsigned_codes.data(), n);
+  int64_t normal = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(signed_codes[size_t(i)], float8_code::encode_signed(with_signs[size_t(i)]))
+        << "signed " << with_signs[size_t(i)] << " at " << i;
+    ASSERT_EQ(unsigned_codes[size_t(i)], float8_code::encode_unsigned(magnitudes[size_t(i)]))
+        << "unsigned " << magnitudes[size_t(i)] << " at " << i;
+    normal += magnitudes[size_t(i)] >= 0x1p-14f;
+  }
+  EXPECT_GT(normal, n / 4);  // enough whole vectors of normal codes, up to inf
+  EXPECT_EQ(magnitudes.back(), std::numeric_limits<float>::infinity());
   // The rules at the edges: NaN, and for the unsigned code every q <= 0, to 0; inf and beyond the top to the
   // top; -0 keeps its sign.
   EXPECT_EQ(float8_code::encode_signed(std::nanf("")), 0);
