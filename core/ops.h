@@ -123,10 +123,10 @@ struct ConvGrads {
 ConvGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& relu_y,
                           const Shape& x_shape, const Shape& weight_shape, Size2 stride, Size2 padding,
                           Size2 dilation, int64_t groups, bool need_dx, bool need_dweight, bool need_dbias);
-// relu(conv2d(...)) with the same checks, the ReLU applied as the kernel stores y (on the CPU: a oneDNN
-// post-op, or a pass over y after the fallback kernels); conv2d then relu_ on other devices. No buffer for
-// the value before the ReLU either way. One difference: oneDNN's direct kernels' ReLU post-op (the CPU's
-// default f32 path) takes a NaN to 0, where relu keeps it.
+// relu(conv2d(...)) with the same checks and values, a NaN and a -0 included: on the CPU the convolution's
+// kernel, then relu's rule in one pass over y in place (Note [conv2d_relu keeps a NaN] in
+// kernels/cpu/conv.cpp); conv2d then relu_ on other devices. No buffer for the value before the ReLU either
+// way.
 Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Size2 stride = 1,
                    Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
 // max_pool2d(conv2d_relu(...), 2): the same checks and values, bit for bit, for inference (nothing is

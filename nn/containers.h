@@ -56,8 +56,8 @@ class SequentialImpl : public Module {
   // at most k modules is not a segment: backward needs its activations first, so it keeps them. A Linear
   // directly followed by a ReLU (within one segment) runs as one F::linear_relu: the same values, a NaN
   // included, with no tensor for the value before the ReLU and one pass over memory fewer in backward. A
-  // Conv2d followed by a ReLU likewise runs as one frugal::conv2d_relu, with no tensor for the value before
-  // the ReLU (its oneDNN post-op takes a NaN to 0: core/ops.h); a QuantizedConv2d, a ReLU and a MaxPool2d(2)
+  // Conv2d followed by a ReLU likewise runs as one frugal::conv2d_relu, a NaN included, with no tensor for
+  // the value before the ReLU; a QuantizedConv2d, a ReLU and a MaxPool2d(2)
   // as one QuantizedConv2d::forward_relu_pool2, which writes only the pooled output. Without a tape to
   // record, a Conv2d, a ReLU and a MaxPool2d(2) run as one ops::conv2d_relu_pool2 where the device has its
   // fused kernel (the CPU in f32), and otherwise (and with other pools) over chunks of images; either way
@@ -65,7 +65,7 @@ class SequentialImpl : public Module {
   // nn/containers.cpp). Where such a block's pooled output goes to a statically quantised layer (a
   // QuantizedConv2d; a Flatten and a QuantizedLinear after an int8 block), it is made as that layer's u8
   // codes, with no f32 tensor for it (Note [an int8 convolution's input as codes] in nn/quant.cpp); the
-  // results are bit for bit those of the modules one by one (NaN aside, as for conv2d_relu).
+  // results are bit for bit those of the modules one by one, a NaN included.
   Tensor forward(const Tensor& x) override;
   SequentialImpl& recompute_every(int k);
   int recompute_every() const { return recompute_every_; }

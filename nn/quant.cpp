@@ -466,9 +466,9 @@ void quantize_input(const float* x, int64_t n, InputQuant q, uint8_t* out) {
 // - the int8 block quantises its pooled values (pixel-major, in the cache) into the codes of the
 //   QuantizedLinear after the Flatten, in the flattened order (codes_out, QuantizedLinear::forward_codes): a
 //   byte transpose instead of an f32 one, and no f32 output.
-// Each code is quantize_u8's of the same pooled value, so the result is the modules' one by one, bit for bit
-// (for an input without NaN: the f32 block's fused ReLU, oneDNN's post-op, maps a NaN to 0 as conv2d_relu
-// and conv2d_relu_pool2 do, where the ReLU module keeps it). Only a static layer can take codes: a dynamic
+// Each code is quantize_u8's of the same pooled value, so the result is the modules' one by one, bit for bit,
+// a NaN included (the ReLU keeps it, the pool passes it on, and its code is 0, as quantize_u8 gives it;
+// Note [conv2d_relu keeps a NaN], kernels/cpu/conv.cpp). Only a static layer can take codes: a dynamic
 // one chooses its scale from the whole f32 input. W2's int8 forward of 256 images held 12.05 MiB at its peak
 // before, and 3.57 MiB with both.
 Tensor conv2d_relu_pool2_codes(const Tensor& x, const Conv2dImpl& conv, const QuantizedConv2dImpl& next) {

@@ -31,6 +31,7 @@
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/relu.h"
 #include "kernels/cpu/workspace.h"
 
 namespace frugal {
@@ -222,16 +223,25 @@ void conv2d_backward_weight_im2col(const ConvArgs& a) {
   }
 }
 
-// A forward kernel without the ReLU inside, then, when conv2d_relu asked for it (ConvArgs::relu), the ReLU
-// over y in place, as linear_relu's fallback applies it.
+// Note [conv2d_relu keeps a NaN]
+// conv2d_relu gives what relu(conv2d(...)) gives, a NaN and a -0 included, as linear_relu does (Note
+// [linear_relu keeps a NaN], linear.cpp): every kernel runs the convolution alone, then relu's rule (v < 0 ?
+// 0 : v) over the output in place (cpu::relu_in_place; oneDNN's: each chunk's, after its reorder into the
+// user's y, while it is still in the cache). oneDNN's ReLU post-op took a NaN to 0, and so did this file's
+// pass after the other kernels (v > 0 ? v : 0): a NaN image came out of nn::Sequential's Conv2d, ReLU pairs
+// as zeros, and a CNN trained on with a finite loss. conv2d_relu_pool2 applies the rule to each of a window's
+// taps (cpu::max_pool2x2_blocked_to_nchw's relu), so it stays max_pool2d(conv2d_relu(...)) bit for bit,
+// and its int8 codes quantize_u8's of that (a NaN's code 0). The pass costs nothing measurable on W2 (a Zen
+// 4, 2026-12-06, alternated with the post-op): its training step 8.5-9.9 ms against 8.2-10.0 (4 rounds,
+// test accuracy and peak arena bytes identical), its CNN's inference on 1 to 64 images (conv2d_relu_pool2:
+// the ReLU on each tap) 69-86 us against 68-78 on one image, 2140-2448 against 2212-2823 on 64 (6 rounds).
+
+// A forward kernel without the ReLU inside, then, when conv2d_relu asked for it (ConvArgs::relu), relu's rule
+// over y in place (Note [conv2d_relu keeps a NaN]).
 template <typename T, void (*Kernel)(const ConvArgs&)>
 void forward_then_relu(const ConvArgs& a) {
   Kernel(a);
-  if (!a.relu) return;
-  T* y = static_cast<T*>(a.y);
-  parallel_for(0, a.n * a.o * a.oh * a.ow, parallel_grain(), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) y[i] = y[i] > T(0) ? y[i] : T(0);
-  });
+  if (a.relu) cpu::relu_in_place(static_cast<T*>(a.y), a.n * a.o * a.oh * a.ow);
 }
 
 // ---- 16-bit floats around the f32 kernels -----------------------------------------------------------------
@@ -363,13 +373,24 @@ Tensor chunks_weights(const Chunks& chunks, PlanOf plan_of, const ConvArgs& a, b
 }
 
 // Every chunk runs with the weights reordered once (cpu::shared_weights).
+// relu's rule over c's NCHW output, of dtype `type` (f32 or bf16).
+void relu_of_output(const ConvArgs& c, DataType type) {
+  const int64_t n = c.n * c.o * c.oh * c.ow;
+  if (type == DataType::bf16)
+    cpu::relu_in_place(static_cast<BFloat16*>(c.y), n);
+  else
+    cpu::relu_in_place(static_cast<float*>(c.y), n);
+}
+
 bool run_onednn(const ConvArgs& a, Direction dir, DataType type) {
   const auto plans = chunk_plans(a, dir, type);
   if (plans.empty()) return false;
   const Tensor weights = chunks_weights(
       plans, [](const auto& p) { return p.first; }, a, false);
-  for (const auto& [plan, c] : plans)
+  for (const auto& [plan, c] : plans) {
     cpu::run_conv_plan(*plan, c, {.weights = weights.defined() ? weights.raw_data() : nullptr});
+    if (dir == Direction::Forward && c.relu) relu_of_output(c, type);  // Note [conv2d_relu keeps a NaN]
+  }
   return true;
 }
 
@@ -498,11 +519,11 @@ void conv2d_relu_pool2_f32(const ConvArgs& a, const PooledCodes* codes) {
         const auto* blocked = static_cast<const float*>(y.raw_data());
         if (codes)
           cpu::max_pool2x2_blocked_to_nhwc_u8(blocked, codes->y + c.first * pooled_pixels * o, n, o,
-                                              c.args.oh, c.args.ow, c.block, codes->inv_scale,
+                                              c.args.oh, c.args.ow, c.block, c.args.relu, codes->inv_scale,
                                               codes->zero_point, codes->qmax);
         else
           cpu::max_pool2x2_blocked_to_nchw(blocked, static_cast<float*>(c.args.y), n * o / c.block, c.args.oh,
-                                           c.args.ow, c.block);
+                                           c.args.ow, c.block, c.args.relu);
       }
       continue;
     }
@@ -516,10 +537,12 @@ void conv2d_relu_pool2_f32(const ConvArgs& a, const PooledCodes* codes) {
         const Tensor col =
             cpu::meta_workspace(im2col_elements(f, Direction::Forward) * int64_t(sizeof(float)));
     } else {
-      if (c.plan)
+      if (c.plan) {
         cpu::run_conv_plan(*c.plan, f, {.weights = packed});
-      else
+        if (f.relu) relu_of_output(f, DataType::f32);
+      } else {
         forward_then_relu<float, conv2d_forward_im2col<float>>(f);
+      }
       if (!codes) max_pool2_nchw(c.args, static_cast<const float*>(y.raw_data()));
     }
     if (!codes) continue;

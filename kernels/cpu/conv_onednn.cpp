@@ -39,17 +39,16 @@ std::atomic<bool> g_any_layout{true};
 // keeps every convolution direct.
 std::atomic<bool> g_winograd{true};
 
-using ConvPlans = cpu::PlanCache<20, ConvPlan>;
+using ConvPlans = cpu::PlanCache<19, ConvPlan>;
 
 using cpu::onednn_engine;
 using DataType = dnnl::memory::data_type;
 
 ConvPlans::Key key_of(const ConvArgs& a, Direction dir, bool any, bool winograd, DataType type) {
   const bool bias = dir == Direction::Forward ? a.bias != nullptr : a.dbias != nullptr;
-  const bool relu = dir == Direction::Forward && a.relu;
   return {int64_t(dir), any,     bias,     a.n,           a.c,        a.h,     a.w,
           a.o,          a.kh,    a.kw,     a.stride_h,    a.stride_w, a.pad_h, a.pad_w,
-          a.dil_h,      a.dil_w, a.groups, int64_t(type), relu,       winograd};
+          a.dil_h,      a.dil_w, a.groups, int64_t(type), winograd};
 }
 
 // Every user tensor has the dtype `type` (f32 or bf16); oneDNN accumulates bf16 in f32.
@@ -73,11 +72,7 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvArgs& a, Direction dir, boo
       pad{a.pad_h, a.pad_w};
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (dir == Direction::Forward && a.relu) {  // conv2d_relu: the ReLU as the primitive stores y
-    dnnl::post_ops ops;
-    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-    attr.set_post_ops(ops);
-  }
+  // No ReLU post-op for conv2d_relu: it took a NaN to 0 (Note [conv2d_relu keeps a NaN], conv.cpp).
   auto& eng = onednn_engine();
 
   const bool fwd_bias = dir == Direction::Forward && a.bias;

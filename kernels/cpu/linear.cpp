@@ -16,6 +16,7 @@
 #include "kernels/cpu/cascade.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/register.h"
+#include "kernels/cpu/relu.h"
 
 #ifdef FRUGAL_HAVE_ONEDNN
 #include <unordered_map>
@@ -79,14 +80,8 @@ std::shared_ptr<const LinearPlan> build_plan(const LinearArgs& a) {
 // run this op, hid it where the unfused modules showed it (the loss stayed finite). So the ReLU is a pass
 // over y after the primitive, while y is still in cache: W4's step (32 such layers, 4 MiB of y each) took
 // 1021-1093 ms against 1007-1118 with the post-op (7 alternated rounds, Zen 4), W1's within noise.
-// The few rows' path and the unfused one apply the same rule as they store y.
-template <typename T>
-void relu_in_place(T* y, int64_t n) {
-  parallel_for(0, n, parallel_grain(), [&](int64_t b, int64_t e) {
-#pragma omp simd
-    for (int64_t i = b; i < e; ++i) y[i] = float(y[i]) < 0.0f ? T(0.0f) : y[i];
-  });
-}
+// The few rows' path and the unfused one apply the same rule as they store y. conv2d_relu does the same
+// (kernels/cpu/conv.cpp), with the same cpu::relu_in_place.
 
 // Where oneDNN declines the shape: the unfused steps (bias rows, a GEMM adding onto them, the ReLU). The GEMM
 // they run, C = y (+)= x w^T:
@@ -116,7 +111,7 @@ void linear_unfused(const LinearArgs& a) {
     else
       std::fill(y + i * a.n, y + (i + 1) * a.n, T(0.0f));
   op_gemm.get(kCPU, dtype_v<T>)(unfused_gemm(a));
-  if (a.relu) relu_in_place(y, a.m * a.n);
+  if (a.relu) cpu::relu_in_place(y, a.m * a.n);
 }
 
 // Note [a layer's forward on a few rows]
@@ -240,7 +235,7 @@ void linear_cpu(const LinearArgs& a) {
     plan->primitive.execute(stream, args);
     stream.wait();
   }
-  if (a.relu) relu_in_place(static_cast<T*>(a.y), a.m * a.n);
+  if (a.relu) cpu::relu_in_place(static_cast<T*>(a.y), a.m * a.n);
 }
 
 // The meta kernel (core/op_table.h): the scratchpad oneDNN's matmul takes, which depends on the ISA it runs

@@ -346,21 +346,33 @@ void pool2d_backward_cpu(const PoolArgs& a) {
 }
 
 // The largest of channel j's four taps of a 2 x 2 window, under max_pool2d's rule in the NCHW kernel's order:
-// strictly greater wins (ties keep the first), a NaN wins and a later NaN replaces it.
+// strictly greater wins (ties keep the first), a NaN wins and a later NaN replaces it. kRelu: of the taps
+// under relu's rule first (v < 0 ? 0 : v), as max_pool2d(relu(x)) (Note [conv2d_relu keeps a NaN], conv.cpp).
+template <bool kRelu>
 inline float window_max(const float* const taps[4], int64_t j) {
-  float m = taps[0][j];
-  for (int i = 1; i < 4; ++i) {
+  auto tap = [&](int i) {
     const float v = taps[i][j];
+    return kRelu && v < 0 ? 0.0f : v;
+  };
+  float m = tap(0);
+  for (int i = 1; i < 4; ++i) {
+    const float v = tap(i);
     if (v > m || v != v) m = v;
   }
   return m;
 }
 #if defined(__AVX2__)
 // window_max of channels j..j+7.
+template <bool kRelu>
 inline __m256 window_max8(const float* const taps[4], int64_t j) {
-  __m256 m = _mm256_loadu_ps(taps[0] + j);
-  for (int i = 1; i < 4; ++i) {
+  // vmaxps(0, v) returns v unless 0 > v: relu's rule, a NaN and a -0 kept.
+  auto tap = [&](int i) {
     const __m256 v = _mm256_loadu_ps(taps[i] + j);
+    return kRelu ? _mm256_max_ps(_mm256_setzero_ps(), v) : v;
+  };
+  __m256 m = tap(0);
+  for (int i = 1; i < 4; ++i) {
+    const __m256 v = tap(i);
     m = _mm256_blendv_ps(m, v,
                          _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
   }
@@ -368,11 +380,9 @@ inline __m256 window_max8(const float* const taps[4], int64_t j) {
 }
 #endif
 
-}  // namespace
-
-void cpu::max_pool2x2_blocked_to_nchw(const float* x, float* y, int64_t blocks, int64_t oh, int64_t ow,
+template <bool kRelu>
+void max_pool2x2_blocked_to_nchw_impl(const float* x, float* y, int64_t blocks, int64_t oh, int64_t ow,
                                       int64_t block) {
-  FRUGAL_ASSERT(block > 0 && block <= 16, "max_pool2x2_blocked_to_nchw: blocks of ", block, " channels");
   const int64_t ph_count = oh / 2, pw_count = ow / 2, pp = ph_count * pw_count;
   if (blocks <= 0 || pp == 0) return;
   // A task is a run of at most kPixels pooled pixels of one block (in row-major order, across its rows):
@@ -393,9 +403,9 @@ void cpu::max_pool2x2_blocked_to_nchw(const float* x, float* y, int64_t blocks, 
         float* best = pooled + k * block;
         int64_t j = 0;
 #if defined(__AVX2__)
-        for (; j + 8 <= block; j += 8) _mm256_store_ps(best + j, window_max8(taps, j));
+        for (; j + 8 <= block; j += 8) _mm256_store_ps(best + j, window_max8<kRelu>(taps, j));
 #endif
-        for (; j < block; ++j) best[j] = window_max(taps, j);
+        for (; j < block; ++j) best[j] = window_max<kRelu>(taps, j);
         if (++pw == pw_count) pw = 0, ++ph;
       }
       // Pixel-major [pixels][block] to the block's channels: 8 x 8 tiles transposed in registers, the rest
@@ -417,11 +427,10 @@ void cpu::max_pool2x2_blocked_to_nchw(const float* x, float* y, int64_t blocks, 
   });
 }
 
-void cpu::max_pool2x2_blocked_to_nhwc_u8(const float* x, uint8_t* y, int64_t images, int64_t channels,
+template <bool kRelu>
+void max_pool2x2_blocked_to_nhwc_u8_impl(const float* x, uint8_t* y, int64_t images, int64_t channels,
                                          int64_t oh, int64_t ow, int64_t block, float inv_scale,
                                          int32_t zero_point, int32_t qmax) {
-  FRUGAL_ASSERT(block > 0 && block <= 16 && channels % block == 0,
-                "max_pool2x2_blocked_to_nhwc_u8: ", channels, " channels in blocks of ", block);
   const int64_t ph_count = oh / 2, pw_count = ow / 2, blocks = channels / block;
   if (images <= 0 || ph_count * pw_count == 0) return;
   const float lo = float(-zero_point), hi = float(qmax - zero_point);
@@ -429,7 +438,7 @@ void cpu::max_pool2x2_blocked_to_nhwc_u8(const float* x, uint8_t* y, int64_t ima
   const int64_t grain = items_per_grain(4 * pw_count * channels);
   parallel_for(0, images * ph_count, grain, [&](int64_t tb, int64_t te) {
 #if defined(__AVX2__)
-    const Quantize8 quantize8(inv_scale, zero_point, qmax);
+    const cpu::Quantize8 quantize8(inv_scale, zero_point, qmax);
 #endif
     for (int64_t t = tb; t < te; ++t) {
       const int64_t img = t / ph_count, ph = t % ph_count;
@@ -444,14 +453,38 @@ void cpu::max_pool2x2_blocked_to_nhwc_u8(const float* x, uint8_t* y, int64_t ima
           int64_t j = 0;
 #if defined(__AVX2__)
           for (; j + 8 <= block; j += 8)
-            _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), quantize8(window_max8(taps, j)));
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), quantize8(window_max8<kRelu>(taps, j)));
 #endif
           for (; j < block; ++j)
-            out[j] = cpu::quantize_one(window_max(taps, j), inv_scale, lo, hi, zero_point);
+            out[j] = cpu::quantize_one(window_max<kRelu>(taps, j), inv_scale, lo, hi, zero_point);
         }
       }
     }
   });
+}
+
+}  // namespace
+
+void cpu::max_pool2x2_blocked_to_nchw(const float* x, float* y, int64_t blocks, int64_t oh, int64_t ow,
+                                      int64_t block, bool relu) {
+  FRUGAL_ASSERT(block > 0 && block <= 16, "max_pool2x2_blocked_to_nchw: blocks of ", block, " channels");
+  if (relu)
+    max_pool2x2_blocked_to_nchw_impl<true>(x, y, blocks, oh, ow, block);
+  else
+    max_pool2x2_blocked_to_nchw_impl<false>(x, y, blocks, oh, ow, block);
+}
+
+void cpu::max_pool2x2_blocked_to_nhwc_u8(const float* x, uint8_t* y, int64_t images, int64_t channels,
+                                         int64_t oh, int64_t ow, int64_t block, bool relu, float inv_scale,
+                                         int32_t zero_point, int32_t qmax) {
+  FRUGAL_ASSERT(block > 0 && block <= 16 && channels % block == 0,
+                "max_pool2x2_blocked_to_nhwc_u8: ", channels, " channels in blocks of ", block);
+  if (relu)
+    max_pool2x2_blocked_to_nhwc_u8_impl<true>(x, y, images, channels, oh, ow, block, inv_scale, zero_point,
+                                              qmax);
+  else
+    max_pool2x2_blocked_to_nhwc_u8_impl<false>(x, y, images, channels, oh, ow, block, inv_scale, zero_point,
+                                               qmax);
 }
 
 namespace {

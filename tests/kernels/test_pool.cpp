@@ -197,62 +197,72 @@ std::vector<float> blocked_of(const Tensor& x, int64_t block) {
 }
 
 // cpu::max_pool2x2_blocked_to_nchw on x laid out in blocks of 8 and 16 channels is max_pool2d of x bit for
-// bit: ties everywhere (values from {0, 1, 2}), +0 and -0 in one window, NaNs with distinct payloads (the
-// later one wins), -inf, odd sizes, and rows of more pooled pixels than the kernel's row buffer holds.
+// bit (with relu, of relu(x)): ties everywhere (values from {0, 1, 2}), +0 and -0 in one window, NaNs with
+// distinct payloads (the later one wins), negative values and -inf, odd sizes, and rows of more pooled
+// pixels than the kernel's row buffer holds.
 TEST(MaxPool2d, TwoByTwoFromBlockedChannelsMatchesNchwBitForBit) {
-  for (const int64_t block : {8, 16})
-    for (const Shape& shape :
-         {Shape{2, 16, 8, 8}, Shape{1, 16, 5, 7}, Shape{3, 32, 14, 14}, Shape{1, 16, 2, 2},
-          Shape{1, 16, 3, 150}, Shape{1, 16, 2, 600}, Shape{1, 16, 41, 30}}) {
-      const int64_t n = shape[0], o = shape[1], h = shape[2], w = shape[3];
-      ASSERT_EQ(o % block, 0) << "the test lays out whole blocks";
-      Tensor x = uniform(shape, 0, 3, DType::F32, 8);
-      float* v = x.data<float>();
-      for (int64_t i = 0; i < x.numel(); ++i)
-        v[i] = std::floor(v[i]) == 0 && i % 2 ? -0.0f : std::floor(v[i]);
-      for (int64_t i = 0; i < x.numel(); i += 7) v[i] = std::bit_cast<float>(uint32_t(0x7fc00000u + i));
-      for (int64_t i = 3; i < x.numel(); i += 11) v[i] = -INFINITY;
-      const std::vector<float> blocked = blocked_of(x, block);
-      Tensor y = empty({n, o, h / 2, w / 2}, DType::F32);
-      cpu::max_pool2x2_blocked_to_nchw(blocked.data(), y.data<float>(), n * o / block, h, w, block);
-      const Tensor want = ops::max_pool2d(x, 2);
-      std::vector<uint32_t> got_bits, want_bits;
-      for (float e : y.to_vector<float>()) got_bits.push_back(std::bit_cast<uint32_t>(e));
-      for (float e : want.to_vector<float>()) want_bits.push_back(std::bit_cast<uint32_t>(e));
-      EXPECT_EQ(got_bits, want_bits) << "blocks of " << block << ", x " << shape;
-    }
+  for (const bool relu : {false, true})
+    for (const int64_t block : {8, 16})
+      for (const Shape& shape :
+           {Shape{2, 16, 8, 8}, Shape{1, 16, 5, 7}, Shape{3, 32, 14, 14}, Shape{1, 16, 2, 2},
+            Shape{1, 16, 3, 150}, Shape{1, 16, 2, 600}, Shape{1, 16, 41, 30}}) {
+        const int64_t n = shape[0], o = shape[1], h = shape[2], w = shape[3];
+        ASSERT_EQ(o % block, 0) << "the test lays out whole blocks";
+        Tensor x = uniform(shape, 0, 3, DType::F32, 8);
+        float* v = x.data<float>();
+        for (int64_t i = 0; i < x.numel(); ++i)
+          v[i] = std::floor(v[i]) == 0 && i % 2 ? -0.0f : std::floor(v[i]);
+        for (int64_t i = 0; i < x.numel(); i += 7) v[i] = std::bit_cast<float>(uint32_t(0x7fc00000u + i));
+        for (int64_t i = 3; i < x.numel(); i += 11) v[i] = -INFINITY;
+        for (int64_t i = 5; i < x.numel(); i += 13) v[i] = -1.5f;
+        const std::vector<float> blocked = blocked_of(x, block);
+        Tensor y = empty({n, o, h / 2, w / 2}, DType::F32);
+        cpu::max_pool2x2_blocked_to_nchw(blocked.data(), y.data<float>(), n * o / block, h, w, block, relu);
+        const Tensor want = ops::max_pool2d(relu ? ops::relu(x) : x, 2);
+        std::vector<uint32_t> got_bits, want_bits;
+        for (float e : y.to_vector<float>()) got_bits.push_back(std::bit_cast<uint32_t>(e));
+        for (float e : want.to_vector<float>()) want_bits.push_back(std::bit_cast<uint32_t>(e));
+        EXPECT_EQ(got_bits, want_bits) << "blocks of " << block << ", x " << shape << (relu ? ", relu" : "");
+      }
 }
 
-// cpu::max_pool2x2_blocked_to_nhwc_u8 writes the codes cpu::quantize_u8 gives max_pool2d(x, 2), channels
-// last: values across the whole range and beyond both ends of it, values halfway between two codes (rounded
-// to the even one), NaNs (code 0, whichever tap holds them), +-inf, odd sizes, blocks of 8 and 16 channels.
+// cpu::max_pool2x2_blocked_to_nhwc_u8 writes the codes cpu::quantize_u8 gives max_pool2d(x, 2) (with relu,
+// max_pool2d(relu(x), 2)), channels last: values across the whole range and beyond both ends of it, values
+// halfway between two codes (rounded to the even one), NaNs (code 0, whichever tap holds them), +-inf, odd
+// sizes, blocks of 8 and 16 channels.
 TEST(MaxPool2d, TwoByTwoFromBlockedChannelsToCodesMatchesQuantisingTheNchwPool) {
   const float scale = 0.03f, inv = 1.0f / scale;
   const int32_t zp = 40, qmax = 127;
-  for (const int64_t block : {8, 16})
-    for (const Shape& shape :
-         {Shape{2, 16, 8, 8}, Shape{1, 32, 5, 7}, Shape{3, 32, 14, 14}, Shape{1, 16, 3, 41}}) {
-      const int64_t n = shape[0], o = shape[1], h = shape[2], w = shape[3], pp = (h / 2) * (w / 2);
-      Tensor x = uniform(shape, -3, 2.2, DType::F32, 9);
-      float* v = x.data<float>();
-      for (int64_t i = 0; i < x.numel(); i += 5) v[i] = (std::floor(v[i] * inv) + 0.5f) * scale;  // ties
-      for (int64_t i = 2; i < x.numel(); i += 13) v[i] = NAN;
-      for (int64_t i = 4; i < x.numel(); i += 17) v[i] = i % 2 ? INFINITY : -INFINITY;
-      const std::vector<float> blocked = blocked_of(x, block);
-      std::vector<uint8_t> got(size_t(n * pp * o), 0xff);
-      cpu::max_pool2x2_blocked_to_nhwc_u8(blocked.data(), got.data(), n, o, h, w, block, inv, zp, qmax);
-      const Tensor pooled = ops::max_pool2d(x, 2);
-      std::vector<uint8_t> codes(size_t(pooled.numel()));
-      cpu::quantize_u8(pooled.data<float>(), pooled.numel(), inv, zp, qmax, codes.data());
-      std::vector<uint8_t> want(codes.size());
-      for (int64_t img = 0; img < n; ++img)
-        for (int64_t c = 0; c < o; ++c)
-          for (int64_t p = 0; p < pp; ++p)
-            want[size_t((img * pp + p) * o + c)] = codes[size_t((img * o + c) * pp + p)];
-      EXPECT_EQ(got, want) << "blocks of " << block << ", x " << shape;
-      const std::set<uint8_t> seen(got.begin(), got.end());
-      EXPECT_TRUE(seen.count(0) && seen.count(qmax) && seen.size() > 40) << seen.size() << " codes";
-    }
+  for (const bool relu : {false, true})
+    for (const int64_t block : {8, 16})
+      for (const Shape& shape :
+           {Shape{2, 16, 8, 8}, Shape{1, 32, 5, 7}, Shape{3, 32, 14, 14}, Shape{1, 16, 3, 41}}) {
+        const int64_t n = shape[0], o = shape[1], h = shape[2], w = shape[3], pp = (h / 2) * (w / 2);
+        Tensor x = uniform(shape, -3, 2.2, DType::F32, 9);
+        float* v = x.data<float>();
+        for (int64_t i = 0; i < x.numel(); i += 5) v[i] = (std::floor(v[i] * inv) + 0.5f) * scale;  // ties
+        for (int64_t i = 2; i < x.numel(); i += 13) v[i] = NAN;
+        for (int64_t i = 4; i < x.numel(); i += 17) v[i] = i % 2 ? INFINITY : -INFINITY;
+        const std::vector<float> blocked = blocked_of(x, block);
+        std::vector<uint8_t> got(size_t(n * pp * o), 0xff);
+        cpu::max_pool2x2_blocked_to_nhwc_u8(blocked.data(), got.data(), n, o, h, w, block, relu, inv, zp,
+                                            qmax);
+        const Tensor pooled = ops::max_pool2d(relu ? ops::relu(x) : x, 2);
+        std::vector<uint8_t> codes(size_t(pooled.numel()));
+        cpu::quantize_u8(pooled.data<float>(), pooled.numel(), inv, zp, qmax, codes.data());
+        std::vector<uint8_t> want(codes.size());
+        for (int64_t img = 0; img < n; ++img)
+          for (int64_t c = 0; c < o; ++c)
+            for (int64_t p = 0; p < pp; ++p)
+              want[size_t((img * pp + p) * o + c)] = codes[size_t((img * o + c) * pp + p)];
+        EXPECT_EQ(got, want) << "blocks of " << block << ", x " << shape << (relu ? ", relu" : "");
+        const std::set<uint8_t> seen(got.begin(), got.end());
+        EXPECT_TRUE(seen.count(0) && seen.count(qmax) && seen.size() > 40) << seen.size() << " codes";
+        // With relu, only NaN windows take code 0; the others are at least the zero point's.
+        if (relu) {
+          EXPECT_EQ(*std::next(seen.begin()), zp) << "blocks of " << block << ", x " << shape;
+        }
+      }
 }
 
 TEST(AvgPool2d, MatchesReferenceInEveryDtype) {

@@ -1,11 +1,13 @@
 // The fused convolution + ReLU op (frugal::conv2d_relu, behind nn::Sequential's Conv2d, ReLU pairs) against
-// relu(conv2d): forward in every floating dtype (oneDNN's post-op in f32 and bf16 where built with it, a pass
-// over y after the other kernels), strides, padding, dilation, groups, no bias, an unbatched input; gradients
+// relu(conv2d): forward in every floating dtype (relu's rule in a pass over y after every kernel), a NaN
+// bit for bit, strides, padding, dilation, groups, no bias, an unbatched input; gradients
 // against the composite and by finite differences in f64; Sequential's fusion, with recompute segments; one
 // tensor fewer in the arena; a Conv2d, ReLU and MaxPool2d without a tape over chunks of images (Note [a
 // convolution, ReLU and pool in chunks]); ops::conv2d_relu_pool2 against max_pool2d(conv2d_relu) bit for bit,
 // its memory and its dry run (Note [a convolution pooled from its blocked output]); bad inputs.
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -246,9 +248,8 @@ TEST(ConvReluPool2, MatchesConvReluThenMaxPoolBitForBit) {
         Tensor x = uniform(c.x, -1, 1, t, 60);
         const Tensor w = uniform(c.w, -0.5, 0.5, t, 61);
         const Tensor b = c.bias ? uniform({c.w[0]}, -0.3, 0.3, t, 62) : Tensor();
-        // A NaN input: oneDNN's direct kernels' ReLU post-op makes the convolution's NaNs 0, its im2col
-        // GEMM's (NCHW) and the other dtypes' keep them; the pool's NaN rule itself is tested in
-        // test_pool.cpp.
+        // A NaN input, which the ReLU keeps (ConvRelu.ANanComesThroughAsRelusDoes); the pool's NaN rule
+        // itself is tested in test_pool.cpp.
         if (x.numel() > 40) {
           x = x.contiguous();
           Tensor first = x.reshape({-1}).narrow(0, 38, 1);
@@ -276,6 +277,58 @@ TEST(ConvReluPool2, MatchesConvReluThenMaxPoolBitForBit) {
   ASSERT_FALSE(wt.is_contiguous());
   EXPECT_EQ(bits_of(ops::conv2d_relu_pool2(view, wt, {}, 1, 1)),
             bits_of(ops::max_pool2d(ops::conv2d_relu(view.contiguous(), wt.contiguous(), {}, 1, 1), 2)));
+}
+
+// A NaN comes out of conv2d_relu as it comes out of relu(conv2d(...)), bit for bit (Note [conv2d_relu keeps
+// a NaN], kernels/cpu/conv.cpp): a NaN pixel of one image (NaN wherever its window reaches) and a NaN weight
+// (a NaN output channel), in every dtype, with oneDNN's blocked layout and with NCHW, for a shape in one
+// chunk and W2's second layer over two; and out of nn::Sequential's Conv2d, ReLU pair (with a tape) and its
+// Conv2d, ReLU, MaxPool2d (without: conv2d_relu_pool2), against the modules run one by one. oneDNN's ReLU
+// post-op took such NaNs to 0.
+TEST(ConvRelu, ANanComesThroughAsRelusDoes) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto nans_in = [](const Tensor& t) {
+    const std::vector<double> v = t.to_vector<double>();
+    return std::count_if(v.begin(), v.end(), [](double e) { return std::isnan(e); });
+  };
+  const std::vector<ConvCase> cases = {{{3, 8, 10, 10}, {16, 8, 3, 3}, 1, 1},
+                                       {{70, 32, 14, 14}, {64, 32, 3, 3}, 1, 1}};
+  for (const bool any : {true, false}) {
+    set_conv_onednn_any_layout(any);
+    for (const ConvCase& c : cases)
+      for (DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
+        if (c.x[0] > 8 && (t == DType::F16 || t == DType::F64)) continue;  // chunks are oneDNN's: f32, bf16
+        const std::string name = name_of(c, t) + (any ? " blocked" : " nchw");
+        const Tensor x = uniform(c.x, -1, 1, t, 70).contiguous();
+        const Tensor w = uniform(c.w, -0.5, 0.5, t, 71).contiguous();
+        const Tensor b = uniform({c.w[0]}, -0.3, 0.3, t, 72);
+        x.reshape({-1}).narrow(0, c.x[1] * c.x[2] * c.x[3] + 5 * c.x[3] + 4, 1).fill_(nan);  // image 1
+        w.reshape({-1}).narrow(0, 5 * c.w[1] * c.w[2] * c.w[3] + 4, 1).fill_(nan);  // channel 5's centre
+        const Tensor y = ops::conv2d_relu(x, w, b, c.stride, c.padding);
+        const Tensor ref = ops::relu(ops::conv2d(x, w, b, c.stride, c.padding));
+        EXPECT_EQ(bits_of(y), bits_of(ref)) << name;
+        // Channel 5 of every image, and image 1's 3 x 3 pixels around the NaN in the other channels at
+        // least (Winograd's tiles spread a NaN input over a whole tile of outputs).
+        const int64_t plane = c.x[2] * c.x[3];
+        EXPECT_GE(nans_in(y), c.x[0] * plane + (c.w[0] - 1) * 9) << name;
+      }
+  }
+  set_conv_onednn_any_layout(true);  // the default
+  manual_seed(73);
+  nn::Sequential net = conv_relu_pool(nn::MaxPool2d(2));
+  std::vector<double> xv = uniform({4, 3, 12, 12}, -1, 1, DType::F64, 74).to_vector<double>();
+  xv[2 * 3 * 144 + 6 * 12 + 6] = nan;
+  const Tensor x = tensor(xv, {4, 3, 12, 12}).to(DType::F32);
+  nn::Sequential pair{(*net)[0], (*net)[1]};
+  const Tensor conv = (*net)[0]->forward(x);
+  const Tensor fused = pair->forward(x);
+  EXPECT_STREQ(fused.grad_fn_name(), "conv2d_relu");
+  EXPECT_EQ(bits_of(fused), bits_of(ops::relu(conv)));
+  EXPECT_EQ(nans_in(fused), 16 * 9);
+  NoGradGuard no_tape;
+  const Tensor pooled = net->forward(x);
+  EXPECT_EQ(bits_of(pooled), bits_of(ops::max_pool2d(ops::relu(conv), 2)));
+  EXPECT_EQ(nans_in(pooled), 16 * 4);  // the 3 x 3 NaNs at rows and columns 5-7 meet 2 x 2 windows
 }
 
 // The fused kernel never holds the convolution's whole output (only a chunk's), and the dry run predicts its
