@@ -1,9 +1,11 @@
 // What the CPU kernels of op_adam8bit_step share: kernels/cpu/optim8bit.cpp (the dynamic code, and the
-// loop over the blocks that runs every kernel), optim8bit_float8.cpp (the float8 codes' blocks) and
-// optim8bit_reference.cpp (the naive reference both are tested against). Private to those files.
+// loop over the blocks that runs every kernel), optim8bit_dynamic_avx512.cpp (the dynamic code's AVX-512
+// block), optim8bit_float8.cpp (the float8 codes' blocks) and optim8bit_reference.cpp (the naive reference
+// they are tested against). Private to those files.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -36,6 +38,54 @@ namespace frugal::optim8bit {
 template <typename C>
 C inverse_scale(float absmax) {
   return absmax > 0 ? C(1) / C(absmax) : C(0);
+}
+
+// Note [quantising with buckets]: a float's bits, shifted right, are monotone in its value, so the bits
+// above the lowest 23 - kMantissaBits (the exponent and kMantissaBits of mantissa) name a bucket of values.
+// With 7 mantissa bits no bucket holds more than one threshold of either code (the table build checks it),
+// so a value's code step is its bucket's first step plus one if it exceeds the one threshold that can lie in
+// the bucket. Inside a bucket every value shares the bits above the lowest 16, so that comparison is one of
+// the lowest 16 bits: a bucket's entry packs its first step (<< 16) and the threshold's lowest 16 bits, or
+// 0xffff when no threshold lies inside (no value of the bucket exceeds it): one load, no search, and one
+// gather for 8 values (Note [Adam8bit with AVX2], optim8bit.cpp). Everything below 2^kMinExponent is bucket 0
+// (it lies below the first threshold of both codes, 1.6e-7), everything from 2 up (and inf, NaN) the last;
+// neither holds a threshold, so their entries' 0xffff also holds for the values clamped into them. Exact: the
+// same thresholds as dynamic_code::quantize, hence the same codes. The table takes 2 x 12 KB per code.
+constexpr int kMantissaBits = 7;
+constexpr int kLowBits =
+    23 - kMantissaBits;  // the bits below a bucket's, 16: a threshold's part in its entry
+constexpr int32_t kLowMask = (1 << kLowBits) - 1;
+constexpr int kMinExponent = -23, kMaxExponent = 1;  // buckets cover [2^-23, 2^1)
+constexpr int kBuckets = (kMaxExponent - kMinExponent) << kMantissaBits;
+constexpr int32_t kFirstBucketBits = (127 + kMinExponent) << kMantissaBits;
+
+struct FastCode {
+  const dynamic_code::Code* code = nullptr;
+  int32_t entry[2 * kBuckets];  // first step << 16 | threshold's low bits; side 0's buckets, then side 1's
+};
+
+inline int32_t bucket_of(uint32_t bits) {
+  const int32_t b = int32_t(bits >> kLowBits) - kFirstBucketBits;
+  return std::min(std::max(b, int32_t(0)), int32_t(kBuckets - 1));
+}
+
+// The two codes' bucket tables, made on first use (optim8bit.cpp).
+const FastCode& fast_signed();
+const FastCode& fast_unsigned();
+
+// dynamic_code::quantize(*f.code, q), through the buckets (Note [quantising with buckets]). kSigned false:
+// q >= 0 or NaN, as the second moment is (a negative q gets 0's code, the nearest entry).
+template <bool kSigned>
+inline uint8_t quantize_fast(const FastCode& f, float q) {
+  const int32_t side = kSigned ? int32_t(q < 0) : 0;
+  const float a = std::fabs(q);
+  const uint32_t bits = std::bit_cast<uint32_t>(a);
+  const int32_t e = f.entry[side * kBuckets + bucket_of(bits)];
+  int32_t k = (e >> kLowBits) + int32_t((int32_t(bits) & kLowMask) > (e & kLowMask));
+  // NaN (and, unsigned, a negative q) to 0's code; written without && so that the loop stays branch-free.
+  const int32_t to_zero = int32_t(!(a == a)) | (kSigned ? 0 : int32_t(q < 0));
+  k &= to_zero - 1;
+  return uint8_t(f.code->zero + (1 - 2 * side) * k);
 }
 
 // The update of len elements: p, g (T); m, v (C) in: the dequantised moments, out: the new ones.
@@ -129,6 +179,19 @@ void float8_block(float* p, const float* g, uint8_t* c1, float* absmax1, uint8_t
 #endif
 
 }  // namespace avx2
+#endif
+
+#if FRUGAL_ADAM8BIT_AVX512
+namespace avx512 {
+// The dynamic code's f32 blocks [block_begin, block_end) of one parameter with AVX-512 and VBMI (Note
+// [Adam8bit with AVX-512], optim8bit_dynamic_avx512.cpp); m, v: 2 x kAdam8bitMaxBlock each.
+template <bool kCoupled, bool kDecoupled>
+void adam8bit_blocks(const Adam8bitStepArgs& args, const math::Adam8bitHyper<float>& h, int64_t block_begin,
+                     int64_t block_end, float* m_buffers, float* v_buffers);
+// codes[i] = the code of x[i] x inv_scale, i < len: 64 at a time, the rest one by one.
+template <bool kSigned>
+void quantize_block(const FastCode& f, const float* x, float inv_scale, uint8_t* codes, int64_t len);
+}  // namespace avx512
 #endif
 
 #if FRUGAL_FLOAT8_AVX512
