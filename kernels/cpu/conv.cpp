@@ -372,7 +372,6 @@ Tensor chunks_weights(const Chunks& chunks, PlanOf plan_of, const ConvArgs& a, b
   return cpu::shared_weights(plans, a, meta);
 }
 
-// Every chunk runs with the weights reordered once (cpu::shared_weights).
 // relu's rule over c's NCHW output, of dtype `type` (f32 or bf16).
 void relu_of_output(const ConvArgs& c, DataType type) {
   const int64_t n = c.n * c.o * c.oh * c.ow;
@@ -382,6 +381,8 @@ void relu_of_output(const ConvArgs& c, DataType type) {
     cpu::relu_in_place(static_cast<float*>(c.y), n);
 }
 
+// Every chunk runs with the weights reordered once (cpu::shared_weights); a forward's ReLU follows each
+// chunk's primitive (Note [conv2d_relu keeps a NaN]).
 bool run_onednn(const ConvArgs& a, Direction dir, DataType type) {
   const auto plans = chunk_plans(a, dir, type);
   if (plans.empty()) return false;
@@ -389,7 +390,7 @@ bool run_onednn(const ConvArgs& a, Direction dir, DataType type) {
       plans, [](const auto& p) { return p.first; }, a, false);
   for (const auto& [plan, c] : plans) {
     cpu::run_conv_plan(*plan, c, {.weights = weights.defined() ? weights.raw_data() : nullptr});
-    if (dir == Direction::Forward && c.relu) relu_of_output(c, type);  // Note [conv2d_relu keeps a NaN]
+    if (dir == Direction::Forward && c.relu) relu_of_output(c, type);
   }
   return true;
 }
