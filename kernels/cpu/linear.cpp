@@ -126,7 +126,11 @@ void linear_unfused(const LinearArgs& a) {
 // 1024: 0.37, 0.55, 0.78); at 16 rows the same, and past that oneDNN's register blocking wins: hence 8. The
 // order of the sums is not oneDNN's, so a row's output differs from the same row's in a larger batch by
 // rounding (about 1e-7 relative), as between any two GEMM kernels. No working memory: the meta kernel takes
-// none for these shapes either.
+// none for these shapes either. Under passive waiting a layer below kPassiveF32Product multiply-adds runs on
+// one thread (Note [a product on one thread under passive waiting], core/parallel.cpp), as oneDNN's products
+// do: W1's MLP on 8 rows took 108-113 us there, split over two threads (its first layer's second half waited
+// for the sleeping thread to wake, and the first for it to finish), and 64-75 us alone (2-core Zen 4,
+// medians of 5001, 2 rounds alternated).
 constexpr int64_t kFewRows = 8, kFewCols = 4;
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -193,6 +197,7 @@ bool few_rows(const LinearArgs& a) { return a.m >= 1 && a.m <= kFewRows && a.k >
 void linear_few_rows(const LinearArgs& a) {
   const int64_t blocks = (a.n + kFewCols - 1) / kFewCols;
   const int64_t grain = std::max<int64_t>(1, detail::small_product_grain() / (a.m * a.k * kFewCols));
+  const detail::OneThreadProduct threads(a.m * a.n * a.k, detail::kPassiveF32Product);
   parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       for (int64_t i0 = 0; i0 < a.m; i0 += 2) {  // the block of w, in L1 after the first pair of rows

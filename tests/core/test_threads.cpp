@@ -129,6 +129,19 @@ TEST(Threads, ASmallProductRunsOnOneThreadUnderPassiveWaiting) {
     testing::expect_close(c16, matmul(a16.to(DType::F64), b16.to(DType::F64)).to_vector<double>(),
                           {0.05, 0.01}, "bf16 matmul" + what);
   }
+  // A layer on a few rows (kernels/cpu/linear.cpp's own kernel, not oneDNN's): 8 x 256 x 300 multiply-adds
+  // are below kPassiveF32Product, 8 x 1024 x 600 above.
+  for (const int64_t n : {256, 1024}) {
+    const Tensor x = testing::uniform({8, 300 + 300 * (n > 256)}, -1, 1, DType::F32, 7);
+    const Tensor w = testing::uniform({n, x.size(1)}, -1, 1, DType::F32, 8);
+    const Tensor b = testing::uniform({n}, -1, 1, DType::F32, 9);
+    const Tensor y = ops::linear_relu(x, w, b);
+    EXPECT_EQ(num_threads(), 2);
+    const Tensor ref =
+        relu(add(matmul(x.to(DType::F64), transpose(w.to(DType::F64), 0, 1)), b.to(DType::F64)));
+    testing::expect_close(y, ref.to_vector<double>(), {1e-4, 1e-4},
+                          "linear_relu on 8 rows to " + std::to_string(n));
+  }
   set_num_threads(before);
 }
 
