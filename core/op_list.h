@@ -65,7 +65,8 @@
 
 // Two inputs, NumPy broadcasting and type promotion: X(name, Functor, dtypes, autocast, method, inplace).
 // Each also has the Scalar forms op(x, 2.0) and op(2.0, x). On bool tensors add is a logical or and mul a
-// logical and (as PyTorch); the others refuse bool with a message.
+// logical and (as PyTorch); the others refuse bool with a message. Integer results past the dtype's range
+// wrap modulo 2^bits, as PyTorch's and NumPy's (Note [integer overflow wraps] in kernels/math.h).
 #define FRUGAL_BINARY_OP_LIST(X)                                \
   X(add,     Add,     all,      none, method, inplace)          \
   X(sub,     Sub,     numeric,  none, method, inplace)          \

@@ -35,6 +35,43 @@ FRUGAL_MATH_FN(log1p_, log1pf, log1p)
 FRUGAL_MATH_FN(sin_, sinf, sin)
 FRUGAL_MATH_FN(cos_, cosf, cos)
 #undef FRUGAL_MATH_FN
+// Note [integer overflow wraps]
+// Integer arithmetic that leaves its type's range wraps modulo 2^bits (two's complement), as in PyTorch and
+// NumPy: i64 9223372036854775807 + 1 is -9223372036854775808, -(-2^31) in i32 is -2^31, and an i64 sum of
+// such values is their sum modulo 2^64 (and so the same in any order). C++ leaves signed overflow undefined
+// (UBSan stops on it, and an optimiser may assume it never happens), so the functors below, the integer
+// sums (kernels/cpu/reduce.cpp, math::SumReduce on the GPU) and scatter_add / index_add compute signed
+// integers in the unsigned type of the same width, where overflow is defined, and convert back (modular
+// since C++20). Narrower integers (u8, bool) compute in int, which cannot overflow for one operation of two
+// such values, and are narrowed modulo their width as before.
+template <typename C>
+struct WrapType {
+  using type = C;
+};
+template <>
+struct WrapType<int32_t> {
+  using type = uint32_t;
+};
+template <>
+struct WrapType<int64_t> {
+  using type = uint64_t;
+};
+template <typename C>
+FRUGAL_HOST_DEVICE C wrap_add(C x, C y) {
+  using W = typename WrapType<C>::type;
+  return C(W(x) + W(y));
+}
+template <typename C>
+FRUGAL_HOST_DEVICE C wrap_sub(C x, C y) {
+  using W = typename WrapType<C>::type;
+  return C(W(x) - W(y));
+}
+template <typename C>
+FRUGAL_HOST_DEVICE C wrap_mul(C x, C y) {
+  using W = typename WrapType<C>::type;
+  return C(W(x) * W(y));
+}
+
 FRUGAL_HOST_DEVICE inline float pow_(float x, float y) { return ::powf(x, y); }
 FRUGAL_HOST_DEVICE inline double pow_(double x, double y) { return ::pow(x, y); }
 template <typename C>
@@ -83,7 +120,10 @@ FRUGAL_HOST_DEVICE I float_to_int(F v) {
 struct Neg {
   template <typename C>
   FRUGAL_HOST_DEVICE C operator()(C x) const {
-    return -x;
+    if constexpr (std::is_integral_v<C>)
+      return wrap_sub(C(0), x);  // Note [integer overflow wraps]
+    else
+      return -x;
   }
 };
 struct Abs {
@@ -94,7 +134,7 @@ struct Abs {
     else if constexpr (std::is_unsigned_v<C>)
       return x;
     else
-      return x < C(0) ? C(-x) : x;
+      return x < C(0) ? wrap_sub(C(0), x) : x;  // abs of the most negative value is itself
   }
 };
 struct Exp {
@@ -210,22 +250,31 @@ struct Softplus {
   }
 };
 
-struct Add {
+struct Add {  // integers wrap (Note [integer overflow wraps])
   template <typename C>
   FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
-    return C(x + y);
+    if constexpr (std::is_integral_v<C>)
+      return wrap_add(x, y);
+    else
+      return C(x + y);
   }
 };
-struct Sub {
+struct Sub {  // integers wrap (Note [integer overflow wraps])
   template <typename C>
   FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
-    return C(x - y);
+    if constexpr (std::is_integral_v<C>)
+      return wrap_sub(x, y);
+    else
+      return C(x - y);
   }
 };
-struct Mul {
+struct Mul {  // integers wrap (Note [integer overflow wraps])
   template <typename C>
   FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
-    return C(x * y);
+    if constexpr (std::is_integral_v<C>)
+      return wrap_mul(x, y);
+    else
+      return C(x * y);
   }
 };
 struct Div {
@@ -235,7 +284,7 @@ struct Div {
   }
 };
 // Floats through libm; integers by squaring, with negative exponents giving 0 except for bases 1 and -1 (as
-// PyTorch and the CPU kernel).
+// PyTorch and the CPU kernel), wrapping as the other integer products.
 struct Pow {
   template <typename C>
   FRUGAL_HOST_DEVICE C operator()(C base, C exponent) const {
@@ -244,9 +293,9 @@ struct Pow {
     } else {
       int64_t e = int64_t(exponent);
       if (e < 0) return base == C(1) ? C(1) : (base == C(-1) ? (e % 2 ? C(-1) : C(1)) : C(0));
-      C r = 1;
-      for (; e; e >>= 1, base = C(base * base))
-        if (e & 1) r = C(r * base);
+      C r = 1;  // the products wrap (Note [integer overflow wraps])
+      for (; e; e >>= 1, base = wrap_mul(base, base))
+        if (e & 1) r = wrap_mul(r, base);
       return r;
     }
   }

@@ -84,12 +84,13 @@ FRUGAL_EIGEN_BINARY(Minimum, true, o = x.min(y))
 #undef FRUGAL_EIGEN_BINARY
 
 // One kernel for every elementwise op: the functor f of compute type C, with its Eigen form where it has one
-// (never for bool: Eigen's arithmetic on bool arrays is not a logical one).
+// (never for bool: Eigen's arithmetic on bool arrays is not a logical one; nor for signed integers, whose
+// arithmetic wraps, Note [integer overflow wraps] in kernels/math.h, where Eigen's would overflow).
 template <typename T, int N, typename Op>
 void functor_cpu(const Loop& loop, const Op& f) {
   using C = acc_t<T>;
   using V = Vectorised<Op, C>;
-  if constexpr (V::kHas && !std::is_same_v<C, bool>) {
+  if constexpr (V::kHas && !std::is_same_v<C, bool> && !(std::is_integral_v<C> && std::is_signed_v<C>)) {
     map_functor<T, N>(loop, f, [&](auto& o, const auto&... in) { V::run(f, o, in...); });
   } else {
     map_functor<T, N>(loop, f, nullptr);

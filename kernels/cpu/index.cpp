@@ -4,6 +4,7 @@
 #include "core/op_table_index.h"
 #include "core/parallel.h"
 #include "kernels/cpu/register.h"
+#include "kernels/math.h"
 
 namespace frugal {
 namespace {
@@ -45,7 +46,7 @@ void scatter_add_cpu(const IndexArgs& a) {
   for (int64_t p = 0; p < total; ++p) {
     const int64_t j = p % a.inner, o = p / (a.n_index * a.inner);
     T& dst = out[(o * a.dim_size + a.index[p]) * a.inner + j];
-    dst = T(acc_t<T>(dst) + acc_t<T>(src[p]));
+    dst = T(math::Add{}(acc_t<T>(dst), acc_t<T>(src[p])));  // integers wrap (Note [integer overflow wraps])
   }
 }
 
@@ -62,7 +63,7 @@ void index_add_cpu(const IndexArgs& a) {
         const T* s = src + (o * a.n_index + i) * a.inner;
         T* dst = out + (o * a.dim_size + a.index[i]) * a.inner;
 #pragma omp simd
-        for (int64_t j = 0; j < a.inner; ++j) dst[j] = T(C(dst[j]) + C(s[j]));
+        for (int64_t j = 0; j < a.inner; ++j) dst[j] = T(math::Add{}(C(dst[j]), C(s[j])));
       }
   });
 }

@@ -12,6 +12,7 @@
 #include "core/parallel.h"
 #include "kernels/cpu/cascade.h"
 #include "kernels/cpu/register.h"
+#include "kernels/math.h"
 
 namespace frugal {
 namespace {
@@ -111,11 +112,12 @@ void sum_cpu(const ReduceArgs& a) {
     });
     return;
   }
-  // Integers: exact in i64, in any order.
+  // Integers: exact in i64 modulo 2^64 (Note [integer overflow wraps] in kernels/math.h), in any order.
   parallel_for(0, a.n_out, out_grain(a), [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o) {
       int64_t s = 0;
-      for_each_reduced(a, kept_offset(a, o), [&](int64_t, int64_t off) { s += int64_t(in[off]); });
+      for_each_reduced(a, kept_offset(a, o),
+                       [&](int64_t, int64_t off) { s = math::wrap_add(s, int64_t(in[off])); });
       res[o] = Out(s);
     }
   });

@@ -34,7 +34,7 @@ struct SumReduce {
   using Acc = C;
   FRUGAL_HOST_DEVICE Acc identity() const { return C(0); }
   FRUGAL_HOST_DEVICE Acc take(C v, int64_t) const { return v; }
-  FRUGAL_HOST_DEVICE Acc merge(Acc a, Acc b) const { return a + b; }
+  FRUGAL_HOST_DEVICE Acc merge(Acc a, Acc b) const { return Add{}(a, b); }  // integers wrap
 };
 
 // max / min: NaN wins.

@@ -1,6 +1,10 @@
 // Elementwise ops against naive f64 references: every op, every dtype, broadcast and non-contiguous operands,
 // scalar and in-place forms, promotion, and bad inputs.
 #include <cmath>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/math.h"
 #include "tests/test_util.h"
@@ -206,6 +210,62 @@ TEST(Binary, IntegerArithmeticAndPromotion) {
   EXPECT_EQ(add(tensor<float>({1.f}).to(DType::BF16), tensor<float>({1.f}).to(DType::F16)).dtype(),
             DType::F32);
   EXPECT_EQ(add(uniform({2}, 0, 1, DType::BF16), 3.0).dtype(), DType::BF16);
+}
+
+// Note [integer overflow wraps]: i64 and i32 arithmetic past the type's range wraps modulo 2^bits (what the
+// unsigned type of the same width computes), on contiguous runs and strided ones; u8 wraps modulo 256. Under
+// the sanitizers' build (signed overflow is undefined in C++) this failed before the functors wrapped.
+template <typename I>
+void expect_wrapping_arithmetic() {
+  using U = std::make_unsigned_t<I>;
+  const I lo = std::numeric_limits<I>::min(), hi = std::numeric_limits<I>::max();
+  const std::vector<I> xs{hi, lo, lo, hi, I(-1), I(hi / 3 + 7), I(1), I(lo + 1), I(3)};
+  const std::vector<I> ys{I(1), I(-1), lo, hi, lo, I(5), I(-1), I(-2), I(8 * sizeof(I) + 5)};
+  std::vector<I> sums, diffs, prods, negated, absolute, powers;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    sums.push_back(I(U(xs[i]) + U(ys[i])));
+    diffs.push_back(I(U(xs[i]) - U(ys[i])));
+    prods.push_back(I(U(xs[i]) * U(ys[i])));
+    negated.push_back(I(U(0) - U(xs[i])));
+    absolute.push_back(xs[i] < 0 ? I(U(0) - U(xs[i])) : xs[i]);
+  }
+  // 3 to the power 8 * sizeof(I) + 5 (past the range), and two cases that stay inside it.
+  const std::vector<I> bases{3, -2, 7}, exps{I(8 * sizeof(I) + 5), 5, 2};
+  for (size_t i = 0; i < bases.size(); ++i) {
+    U r = 1;
+    for (I e = 0; e < exps[i]; ++e) r = U(r * U(bases[i]));
+    powers.push_back(I(r));
+  }
+  // Each value twice, read with a stride of 2: the functor's strided loop beside the contiguous runs.
+  auto strided = [](const std::vector<I>& v) {
+    std::vector<I> twice;
+    for (I e : v) twice.insert(twice.end(), {e, I(0)});
+    return tensor<I>(twice).slice(0, 0, int64_t(twice.size()), 2);
+  };
+  const std::string name = dtype_name(dtype_v<I>);
+  for (const bool stride : {false, true}) {
+    const Tensor x = stride ? strided(xs) : tensor<I>(xs), y = stride ? strided(ys) : tensor<I>(ys);
+    const std::string what = name + (stride ? " strided" : " contiguous");
+    EXPECT_EQ(add(x, y).template to_vector<I>(), sums) << what;
+    EXPECT_EQ(sub(x, y).template to_vector<I>(), diffs) << what;
+    EXPECT_EQ(mul(x, y).template to_vector<I>(), prods) << what;
+    EXPECT_EQ(neg(x).template to_vector<I>(), negated) << what;
+    EXPECT_EQ(abs(x).template to_vector<I>(), absolute) << what;
+    const Tensor b = stride ? strided(bases) : tensor<I>(bases), e = stride ? strided(exps) : tensor<I>(exps);
+    EXPECT_EQ(pow(b, e).template to_vector<I>(), powers) << what;
+  }
+  Tensor inplace = tensor<I>({hi, lo});
+  inplace.add_(tensor<I>({I(1), I(-1)}));
+  EXPECT_EQ(inplace.template to_vector<I>(), (std::vector<I>{lo, hi})) << name;
+}
+
+TEST(Binary, IntegerOverflowWrapsAsTwosComplement) {
+  expect_wrapping_arithmetic<int64_t>();
+  expect_wrapping_arithmetic<int32_t>();
+  EXPECT_EQ(add(tensor<uint8_t>({255, 200}), tensor<uint8_t>({1, 100})).to_vector<uint8_t>(),
+            (std::vector<uint8_t>{0, 44}));
+  EXPECT_EQ(mul(tensor<uint8_t>({16, 255}), tensor<uint8_t>({16, 255})).to_vector<uint8_t>(),
+            (std::vector<uint8_t>{0, 1}));
 }
 
 // An f32 and a 16-bit operand (autocast's residual adds): add reads the 16-bit one as it is (op_add_widened),

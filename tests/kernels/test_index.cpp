@@ -1,5 +1,8 @@
 // Indexing and joining against loops written from the definitions: index_select, gather, scatter_add, cat,
 // stack, one_hot; every dtype, negative indices, non-contiguous inputs, and bad inputs.
+#include <limits>
+#include <vector>
+
 #include "core/ops.h"
 #include "tests/test_util.h"
 
@@ -79,6 +82,22 @@ TEST(ScatterAdd, AccumulatesDuplicates) {
   // Along dim 0, with src larger than the index (only the index's part is used).
   const Tensor z = scatter_add(zeros({2, 3}), 0, tensor<int64_t>({1, 0, 1}, {1, 3}), ones({2, 3}));
   EXPECT_EQ(z.to_vector<float>(), (std::vector<float>{0, 1, 0, 1, 0, 1}));
+}
+
+// scatter_add and index_add on integers past the range wrap (Note [integer overflow wraps] in
+// kernels/math.h). Under the sanitizers' build this failed before they wrapped.
+TEST(ScatterAdd, IntegerSumsWrap) {
+  const int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+  const Tensor x = tensor<int64_t>({hi, lo});
+  const Tensor index = tensor<int64_t>({0, 1, 1});
+  const Tensor src = tensor<int64_t>({1, -1, lo});
+  EXPECT_EQ(scatter_add(x, 0, index, src).to_vector<int64_t>(), (std::vector<int64_t>{lo, -1}));
+  EXPECT_EQ(ops::index_add(x, 0, index, src).to_vector<int64_t>(), (std::vector<int64_t>{lo, -1}));
+  const int32_t lo32 = std::numeric_limits<int32_t>::min(), hi32 = std::numeric_limits<int32_t>::max();
+  EXPECT_EQ(
+      ops::index_add(tensor<int32_t>({hi32, lo32}), 0, tensor<int64_t>({0, 1}), tensor<int32_t>({hi32, lo32}))
+          .to_vector<int32_t>(),
+      (std::vector<int32_t>{-2, 0}));
 }
 
 // index_add (index_select's gradient) against a loop from the definition, along each dim of a 3-d tensor,

@@ -190,6 +190,17 @@ TEST(Reduce, IntegerAndBool) {
   EXPECT_EQ(sum(tensor<uint8_t>(std::vector<uint8_t>(1000, 255))).item<int64_t>(), 255000);  // no u8 overflow
 }
 
+// An i64 sum past the range wraps modulo 2^64 (Note [integer overflow wraps] in kernels/math.h): the same in
+// any order, along a dim and over all. Under the sanitizers' build this failed before the sums wrapped.
+TEST(Reduce, IntegerSumsWrapModulo2To64) {
+  const int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+  const Tensor x = tensor<int64_t>({hi, 1, lo, lo, hi, hi, -1, lo}, {4, 2});
+  EXPECT_EQ(sum(x, {1}).to_vector<int64_t>(), (std::vector<int64_t>{lo, 0, -2, hi}));
+  EXPECT_EQ(sum(x, {0}).to_vector<int64_t>(), (std::vector<int64_t>{hi - 2, lo}));
+  EXPECT_EQ(sum(x).item<int64_t>(), -3);
+  EXPECT_EQ(sum(x.transpose(0, 1), {0}).to_vector<int64_t>(), (std::vector<int64_t>{lo, 0, -2, hi}));
+}
+
 TEST(Reduce, LargeSumsParallelAndColumnPaths) {
   const Tensor x = uniform({1 << 20}, 0, 1, DType::F32, 13);  // one long run, split across threads
   double expected = 0;
