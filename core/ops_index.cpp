@@ -1,4 +1,6 @@
 // Indexing and joining: index_select, gather, scatter_add, index_add, cat, one_hot.
+#include <limits>
+
 #include "core/memory_history.h"
 #include "core/op_table.h"
 #include "core/op_table_index.h"
@@ -99,6 +101,9 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   FRUGAL_CHECK_SHAPE(index.defined() && index.dim() <= 1,
                      "index_select: the index must be 0-d or 1-d, got shape ",
                      index.defined() ? index.shape() : Shape{});
+  // A 0-d tensor is one value: its index names that value once (the output has x's shape, one element).
+  FRUGAL_CHECK_SHAPE(x.dim() > 0 || index.numel() == 1,
+                     "index_select: the index of a 0-d tensor must hold one value, got ", index.numel());
   const int64_t size = x.dim() ? x.shape()[d] : 1;
   const Tensor idx = checked_index("index_select", index, size, x, dim);
   const Tensor xc = ops::contiguous(x);
@@ -169,6 +174,8 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   check_src("index_add", x, index, src);
   const int d = x.dim() ? wrap_dim(dim, x.dim(), "index_add") : 0;
   FRUGAL_CHECK_SHAPE(index.dim() <= 1, "index_add: the index must be 0-d or 1-d, got shape ", index.shape());
+  FRUGAL_CHECK_SHAPE(x.dim() > 0 || index.numel() == 1,
+                     "index_add: the index of a 0-d tensor must hold one value, got ", index.numel());
   Shape expected = x.shape();
   if (x.dim()) expected[d] = index.numel();
   FRUGAL_CHECK_SHAPE(src.shape() == expected, "index_add: src shape ", src.shape(),
@@ -224,7 +231,11 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
   FRUGAL_CHECK_DTYPE(is_integral(index.dtype()), "one_hot: the index must be an integer tensor, got ",
                      dtype_name(index.dtype()));
   const auto [lo, hi] = index.numel() ? integer_range(index) : std::pair<int64_t, int64_t>{0, -1};
-  if (num_classes < 0) num_classes = hi + 1;
+  if (num_classes < 0) {
+    FRUGAL_CHECK_INDEX(hi < std::numeric_limits<int64_t>::max(), "one_hot: the largest class value, ", hi,
+                       ", leaves no class count to infer; pass num_classes");
+    num_classes = hi + 1;
+  }
   FRUGAL_CHECK_INDEX(lo >= 0 && hi < num_classes, "one_hot: class values must be in [0, ", num_classes,
                      "), got values in [", lo, ", ", hi, "]");
   const Tensor classes =

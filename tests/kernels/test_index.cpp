@@ -1,6 +1,7 @@
 // Indexing and joining against loops written from the definitions: index_select, gather, scatter_add, cat,
 // stack, one_hot; every dtype, negative indices, non-contiguous inputs, and bad inputs.
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/ops.h"
@@ -170,6 +171,25 @@ TEST(OneHot, MatchesDefinition) {
   EXPECT_EQ(o.dtype(), DType::I64);
   EXPECT_EQ(o.to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1}));
   EXPECT_EQ(one_hot(tensor<int32_t>({1}), 4).to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 0, 0}));
+}
+
+// A 0-d tensor is one value: index_select and index_add take an index of exactly one value there. An index of
+// two values once wrote two elements into the one-element output (past it), and an empty one left the
+// output unwritten (both found by the ops fuzz target, tests/fuzz/ops_target.cpp).
+TEST(Index, AZeroDimTensorTakesAnIndexOfOneValue) {
+  const Tensor x = tensor<float>({2.5f}, Shape{});
+  EXPECT_EQ(index_select(x, 0, tensor<int64_t>({0})).item<float>(), 2.5f);
+  EXPECT_EQ(index_select(x, -1, tensor<int64_t>({-1}, Shape{})).item<float>(), 2.5f);
+  for (const Tensor& index : {tensor<int64_t>({0, 0}), zeros({0}, DType::I64)}) {
+    expect_error<ShapeError>([&] { index_select(x, 0, index); },
+                             {"index_select", "0-d", "one value", std::to_string(index.numel())});
+    expect_error<ShapeError>([&] { ops::index_add(x, 0, index, tensor<float>({1.f}, Shape{})); },
+                             {"index_add", "0-d", "one value"});
+  }
+  EXPECT_EQ(ops::index_add(x, 0, tensor<int64_t>({0}), tensor<float>({1.f}, Shape{})).item<float>(), 3.5f);
+  // one_hot infers max + 1 classes: not past the largest i64.
+  expect_error<IndexError>([] { one_hot(tensor<int64_t>({std::numeric_limits<int64_t>::max()})); },
+                           {"one_hot", "9223372036854775807", "num_classes"});
 }
 
 TEST(Index, BadInputs) {
