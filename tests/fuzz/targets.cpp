@@ -187,6 +187,7 @@ const std::vector<Target>& targets() {
       {"text", run_text, seeds_text},
       {"byte_count", run_byte_count, seeds_byte_count},
       {"checkpoint", run_checkpoint, seeds_checkpoint},
+      {"ops", run_ops, seeds_ops},
   };
   return all;
 }
