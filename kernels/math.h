@@ -42,33 +42,24 @@ FRUGAL_MATH_FN(cos_, cosf, cos)
 // (UBSan stops on it, and an optimiser may assume it never happens), so the functors below, the integer
 // sums (kernels/cpu/reduce.cpp, math::SumReduce on the GPU) and scatter_add / index_add compute signed
 // integers in the unsigned type of the same width, where overflow is defined, and convert back (modular
-// since C++20). Narrower integers (u8, bool) compute in int, which cannot overflow for one operation of two
-// such values, and are narrowed modulo their width as before.
+// since C++20); u8's operands promote to int, where one operation cannot overflow, and the result narrows
+// modulo 256 as before. bool keeps its logical add and mul.
+// The integer types whose arithmetic wraps: all but bool.
 template <typename C>
-struct WrapType {
-  using type = C;
-};
-template <>
-struct WrapType<int32_t> {
-  using type = uint32_t;
-};
-template <>
-struct WrapType<int64_t> {
-  using type = uint64_t;
-};
+inline constexpr bool kWraps = std::is_integral_v<C> && !std::is_same_v<C, bool>;
 template <typename C>
 FRUGAL_HOST_DEVICE C wrap_add(C x, C y) {
-  using W = typename WrapType<C>::type;
+  using W = std::make_unsigned_t<C>;
   return C(W(x) + W(y));
 }
 template <typename C>
 FRUGAL_HOST_DEVICE C wrap_sub(C x, C y) {
-  using W = typename WrapType<C>::type;
+  using W = std::make_unsigned_t<C>;
   return C(W(x) - W(y));
 }
 template <typename C>
 FRUGAL_HOST_DEVICE C wrap_mul(C x, C y) {
-  using W = typename WrapType<C>::type;
+  using W = std::make_unsigned_t<C>;
   return C(W(x) * W(y));
 }
 
@@ -120,7 +111,7 @@ FRUGAL_HOST_DEVICE I float_to_int(F v) {
 struct Neg {
   template <typename C>
   FRUGAL_HOST_DEVICE C operator()(C x) const {
-    if constexpr (std::is_integral_v<C>)
+    if constexpr (kWraps<C>)
       return wrap_sub(C(0), x);  // Note [integer overflow wraps]
     else
       return -x;
@@ -253,7 +244,7 @@ struct Softplus {
 struct Add {  // integers wrap (Note [integer overflow wraps])
   template <typename C>
   FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
-    if constexpr (std::is_integral_v<C>)
+    if constexpr (kWraps<C>)
       return wrap_add(x, y);
     else
       return C(x + y);
@@ -262,7 +253,7 @@ struct Add {  // integers wrap (Note [integer overflow wraps])
 struct Sub {  // integers wrap (Note [integer overflow wraps])
   template <typename C>
   FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
-    if constexpr (std::is_integral_v<C>)
+    if constexpr (kWraps<C>)
       return wrap_sub(x, y);
     else
       return C(x - y);
@@ -271,7 +262,7 @@ struct Sub {  // integers wrap (Note [integer overflow wraps])
 struct Mul {  // integers wrap (Note [integer overflow wraps])
   template <typename C>
   FRUGAL_HOST_DEVICE C operator()(C x, C y) const {
-    if constexpr (std::is_integral_v<C>)
+    if constexpr (kWraps<C>)
       return wrap_mul(x, y);
     else
       return C(x * y);
