@@ -182,23 +182,28 @@ TEST(Arena, ConcurrentThreadsKeepInvariants) {
   constexpr int64_t kChecked = 64;
   auto worker = [&](uint64_t seed) {
     std::mt19937_64 rng(seed);
-    std::vector<std::pair<Allocation, uint64_t>> live;
+    struct Live {
+      Allocation a;
+      uint64_t pattern;
+      int64_t checked;  // the first bytes, at most the request (past it the arena poisons under ASan)
+    };
+    std::vector<Live> live;
     int corrupted = 0;
     for (int op = 0; op < kOps; ++op) {
       if (live.empty() || (live.size() < 32 && rng() % 2)) {
         const int64_t n = int64_t(rng() % 100000);
         Allocation a = f.arena->allocate(n);
-        live.push_back({a, seed * kOps + uint64_t(op)});
-        fill(a.ptr, kChecked, live.back().second);
+        live.push_back({a, seed * kOps + uint64_t(op), std::min(kChecked, n)});
+        fill(a.ptr, live.back().checked, live.back().pattern);
       } else {
         const size_t i = size_t(rng() % live.size());
-        corrupted += !holds(live[i].first.ptr, kChecked, live[i].second);
-        f.arena->deallocate(live[i].first.block);
+        corrupted += !holds(live[i].a.ptr, live[i].checked, live[i].pattern);
+        f.arena->deallocate(live[i].a.block);
         live[i] = live.back();
         live.pop_back();
       }
     }
-    for (auto& [a, s] : live) f.arena->deallocate(a.block);
+    for (const Live& l : live) f.arena->deallocate(l.a.block);
     EXPECT_EQ(corrupted, 0) << "thread " << seed;
   };
   std::vector<std::thread> threads;
