@@ -276,6 +276,7 @@ class Arena final : public AllocatorBase {
   }
   void mark_simulated() { simulated_ = true; }
 
+ private:
   // Note [the arena under AddressSanitizer]: n bytes at p become unaddressable (poison) or addressable.
   void poison([[maybe_unused]] const void* p, [[maybe_unused]] int64_t n) const {
 #ifdef FRUGAL_ARENA_POISONS
@@ -288,7 +289,6 @@ class Arena final : public AllocatorBase {
 #endif
   }
 
- private:
   // Free pools are ordered by stream, then size, then segment (oldest first) and address within it: a lookup
   // finds the best fit on one stream. Note [the arena's choices do not depend on addresses]: among equals
   // the order is that of the segments' ids, not of the addresses the backing returned, so the arena makes
