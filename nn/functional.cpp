@@ -33,8 +33,14 @@ bool gemm_fusable(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 // The fused ops take x [M, in]: leading dims are folded into one so that one GEMM runs forward and one per
 // operand backward (a batched matmul against a 2-D weight would sum a [batch, in, out] gradient), and y
-// [M, out] gets them back.
-Tensor fold_rows(const Tensor& x) { return x.dim() != 2 ? x.reshape({-1, x.size(-1)}) : x; }
+// [M, out] gets them back. M is the leading dims' product, not -1: with no input features, -1 could be any
+// number, and reshape refuses it.
+Tensor fold_rows(const Tensor& x) {
+  if (x.dim() == 2) return x;
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  return x.reshape({rows, x.size(-1)});
+}
 Tensor unfold_rows(const Tensor& y, const Tensor& x) {
   if (x.dim() == 2) return y;
   Shape s = x.shape();

@@ -26,6 +26,9 @@ const std::vector<testing::LinearCase> kCases = {
     {{512, 32}, 1, true, false, false},
     {{512, 1}, 32, true, false, false},
     {{1, 32}, 1, false, false, false},
+    // No input features under leading dims: y is the bias (the fused op once folded the leading dims by a -1,
+    // which reshape refuses for a tensor of no elements).
+    {{2, 3, 0}, 4, true, false, false},
 };
 
 TEST(Linear, MatchesComposite) {
