@@ -136,5 +136,16 @@ TEST(LowPrecision, OpsMatchF32InBf16) {
   for (const Case& c : cases()) expect_matches_f32(c, DType::BF16);
 }
 
+// matmul of a batch [B, M, K] by a matrix [K, N]: the matrix's gradient sums over the batch and the rows in
+// one accumulation, rounded to bf16 once. Here batch 0's products are 256 + 1 and batch 1's -256: 1 exactly,
+// where rounding each batch's sum first (257 to 256 in bf16) gave 0.
+TEST(LowPrecision, MatmulOfABatchByAMatrixRoundsTheMatrixGradientOnce) {
+  const Tensor a = ones({2, 2, 1}, DType::BF16);
+  const Tensor b = ones({1, 1}, DType::BF16).requires_grad_();
+  matmul(a, b).backward(tensor<float>({256, 1, -256, 0}, {2, 2, 1}).to(DType::BF16));
+  EXPECT_EQ(b.grad().dtype(), DType::BF16);
+  EXPECT_EQ(b.grad().to(DType::F32).item<float>(), 1.0f);
+}
+
 }  // namespace
 }  // namespace frugal
