@@ -139,6 +139,22 @@ TEST(LowPrecision, OpsMatchF32InBf16) {
 // matmul of a batch [B, M, K] by a matrix [K, N]: the matrix's gradient sums over the batch and the rows in
 // one accumulation, rounded to bf16 once. Here batch 0's products are 256 + 1 and batch 1's -256: 1 exactly,
 // where rounding each batch's sum first (257 to 256 in bf16) gave 0.
+// An index repeated 300 times, each with gradient 1: the row's gradient is 300 in bf16 and f16 (Note [16-bit
+// index gradients]), where adding in bf16 stopped at 256.
+TEST(LowPrecision, IndexGradientsAccumulateOnceForARepeatedIndex) {
+  const Tensor index = zeros({300}, DType::I64);
+  for (DType t : {DType::BF16, DType::F16}) {
+    const Tensor w = zeros({2, 3}, t).requires_grad_();
+    F::embedding(index, w).backward(ones({300, 3}, t));
+    EXPECT_EQ(w.grad().dtype(), t);
+    EXPECT_EQ(w.grad().to(DType::F32).to_vector<float>(), std::vector<float>({300, 300, 300, 0, 0, 0}))
+        << dtype_name(t);
+    const Tensor x = zeros({2}, t).requires_grad_();
+    gather(x, 0, index).backward(ones({300}, t));
+    EXPECT_EQ(x.grad().to(DType::F32).to_vector<float>(), std::vector<float>({300, 0})) << dtype_name(t);
+  }
+}
+
 TEST(LowPrecision, MatmulOfABatchByAMatrixRoundsTheMatrixGradientOnce) {
   const Tensor a = ones({2, 2, 1}, DType::BF16);
   const Tensor b = ones({1, 1}, DType::BF16).requires_grad_();
