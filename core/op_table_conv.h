@@ -4,6 +4,8 @@
 // family.
 #pragma once
 
+#include <atomic>
+
 #include "op_table.h"
 
 namespace frugal {
@@ -65,7 +67,10 @@ struct PoolArgs {
   void* y = nullptr;
   void* dx = nullptr;
   int64_t* indices = nullptr;           // max forward: written, unless null (no backward will read them)
-  const int64_t* indices_in = nullptr;  // max backward: read
+  const int64_t* indices_in = nullptr;  // max backward: read; -1 (a window with no tap) adds nothing
+  // max backward: where a kernel that checks its indices stores one outside [-1, h w) (and skips it); null
+  // for none. The CPU's kernels check; the CUDA ones skip such an index without saying so.
+  std::atomic<int64_t>* bad_index = nullptr;
 };
 using PoolKernel = void(const PoolArgs& args);
 extern OpTable<PoolKernel> op_max_pool2d;

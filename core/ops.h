@@ -141,7 +141,10 @@ bool has_conv2d_relu_pool2(Device device, DType dtype);
 
 // 2-D pooling over x [N, C, H, W] (or [C, H, W]); stride defaults to the kernel; padding at most half the
 // (effective) kernel. max_pool2d_with_indices also returns, as i64, where each maximum came from (h * W + w
-// within its plane), which max_pool2d_backward scatters d y back to.
+// within its plane), which max_pool2d_backward scatters d y back to; a window with no tap in the input
+// (possible with dilation) is -inf at index -1, and passes no gradient (Note [a window with no tap],
+// kernels/cpu/pool.cpp). max_pool2d_backward refuses, with an IndexError, an index outside [-1, H W) on the
+// CPU; a GPU skips it without saying so.
 Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = {}, Size2 padding = 0,
                   Size2 dilation = 1);
 std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Size2 kernel,

@@ -1,5 +1,7 @@
 // Convolution and pooling ops (conv2d, max_pool2d, avg_pool2d and their backward ops): argument checks with
 // PyTorch's semantics, output shapes, and the call into the op table. The kernels are in kernels/cpu/.
+#include <atomic>
+#include <limits>
 #include <string>
 #include <tuple>
 
@@ -412,7 +414,12 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   a.dy = gc.raw_data();
   a.indices_in = ic.data<int64_t>();
   a.dx = dx.raw_data();
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
+  std::atomic<int64_t> bad{kNone};
+  a.bad_index = &bad;
   op_max_pool2d_backward.get(grad_out.device(), grad_out.dtype())(a);
+  FRUGAL_CHECK_INDEX(bad.load() == kNone, op, ": index ", bad.load(), " is out of range for input planes of ",
+                     a.h, " x ", a.w, " (valid: 0 to ", a.h * a.w - 1, ", or -1 for a window with no tap)");
   return dx;
 }
 

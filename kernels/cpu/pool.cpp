@@ -227,9 +227,11 @@ void max_pool2d_forward_cpu(const PoolArgs& a) {
         for (int64_t ow = 0; ow < a.ow; ++ow) {
           const int64_t w0 = ow * a.stride_w - a.pad_w;
           const int64_t w1 = std::min(w0 + (a.kw - 1) * a.dil_w + 1, a.w), ws = first_tap(w0, a.dil_w);
-          // As PyTorch: strictly greater wins, so ties keep the first; a NaN wins and propagates.
+          // As PyTorch: strictly greater wins, so ties keep the first; a NaN wins and propagates. A window
+          // with no tap in the input (possible with dilation) is -inf at index -1 (Note [a window with no
+          // tap]).
           A best = -std::numeric_limits<A>::infinity();
-          int64_t best_at = hs * a.w + ws;
+          int64_t best_at = hs < h1 && ws < w1 ? hs * a.w + ws : -1;
           for (int64_t ih = hs; ih < h1; ih += a.dil_h)
             for (int64_t iw = ws; iw < w1; iw += a.dil_w) {
               const A v = A(x[ih * a.w + iw]);
@@ -246,12 +248,26 @@ void max_pool2d_forward_cpu(const PoolArgs& a) {
   });
 }
 
-// Backward: plane p's input gradient, summed in A into dx [h, w] (zeroed by the caller).
+// Note [a window with no tap]: with dilation, a window can start in the padding and step over the whole
+// input (x [1, 1, 1, 1], kernel 2, padding 1, dilation 2: taps at -1 and 1). Its maximum is -inf and its
+// index -1, which the backward skips: it passes no gradient. (PyTorch's CPU kernel gives such a window the
+// index of its first in-range tap even when there is none, past the plane's end; frugal's did too, and its
+// backward added the gradient there.)
+//
+// Backward: plane p's input gradient, summed in A into dx [h, w] (zeroed by the caller). An index outside
+// [-1, h w) (the op's caller gave it) is skipped and reported through a.bad_index.
 template <typename T, typename A>
 void max_pool2d_backward_plane(const PoolArgs& a, int64_t p, A* dx) {
   const T* dy = static_cast<const T*>(a.dy) + p * a.oh * a.ow;
   const int64_t* idx = a.indices_in + p * a.oh * a.ow;
-  for (int64_t i = 0; i < a.oh * a.ow; ++i) dx[idx[i]] += A(dy[i]);
+  const uint64_t hw = uint64_t(a.h * a.w);
+  for (int64_t i = 0; i < a.oh * a.ow; ++i) {
+    const int64_t j = idx[i];
+    if (uint64_t(j) < hw)
+      dx[j] += A(dy[i]);
+    else if (j != -1 && a.bad_index)
+      a.bad_index->store(j, std::memory_order_relaxed);
+  }
 }
 
 // A window's rows [h0, h1) clipped to the input, and its divisor. As PyTorch: the full window is clipped to

@@ -71,7 +71,8 @@ FRUGAL_HOST_DEVICE void max_window(const PoolArgs& a, int64_t oh, int64_t ow, Lo
   const int64_t hs = h0 < 0 ? h0 + ceil_div(-h0, a.dil_h) * a.dil_h : h0;
   const int64_t ws = w0 < 0 ? w0 + ceil_div(-w0, a.dil_w) * a.dil_w : w0;
   best = lowest_<C>();
-  best_at = hs * a.w + ws;
+  best_at =
+      hs < h_end && ws < w_end ? hs * a.w + ws : -1;  // Note [a window with no tap] (kernels/cpu/pool.cpp)
   for (int64_t ih = hs; ih < h_end; ih += a.dil_h)
     for (int64_t iw = ws; iw < w_end; iw += a.dil_w) {
       const C v = load(ih * a.w + iw);

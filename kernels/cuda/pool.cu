@@ -43,13 +43,14 @@ __global__ void max_pool_kernel(PoolArgs a, const T* x, T* y, int64_t* indices) 
   }
 }
 
-// dx (or its f32 buffer, zeroed) += dy at each index of its plane.
+// dx (or its f32 buffer, zeroed) += dy at each index of its plane; an index outside [0, h w) adds nothing
+// (-1: a window with no tap; others: the op's caller gave them, and the GPU does not report them).
 template <typename T>
 __global__ void max_pool_backward_kernel(PoolArgs a, const T* dy, const int64_t* indices, float* dx) {
-  const int64_t ohw = a.oh * a.ow;
+  const int64_t ohw = a.oh * a.ow, hw = a.h * a.w;
   FRUGAL_GRID_STRIDE(k, a.planes * ohw) {
-    const int64_t p = k / ohw;
-    atomicAdd(dx + p * a.h * a.w + indices[k], float(gpu::load(dy[k])));
+    const int64_t p = k / ohw, j = indices[k];
+    if (j >= 0 && j < hw) atomicAdd(dx + p * hw + j, float(gpu::load(dy[k])));
   }
 }
 

@@ -37,6 +37,9 @@ const std::vector<PoolCase> kCases = {
     {{1, 1, 10, 11}, 3, {2, 3}, 1, {2, 1}},  // dilation (max only)
     {{2, 4, 5, 5}, 5, 1, 2},                 // window as large as the input
     {{1, 3, 1, 1}, 1, 1},                    // 1 x 1
+    // Windows with no tap in the input (max only; Note [a window with no tap]): -inf at index -1.
+    {{2, 2, 2, 1}, 2, {3, 2}, 1, {1, 2}},
+    {{1, 2, 1, 1}, 2, 1, 1, 2},
 };
 
 // Naive max pool in f64: per window the first largest element (strictly greater wins) or a NaN; also the
@@ -298,12 +301,14 @@ TEST(Pool2d, BackwardMatchesReference) {
     const Tensor x = uniform(c.x, -2, 2, DType::F32, 5);
     auto [y, idx] = ops::max_pool2d_with_indices(x, c.kernel, c.stride, c.pad, c.dil);
     const Tensor dy = uniform(y.shape(), -1, 1, DType::F32, 6);
-    // max: dy scattered to the winners; overlapping windows add.
+    // max: dy scattered to the winners; overlapping windows add; a window with no tap (index -1) adds
+    // nothing.
     std::vector<double> want(size_t(x.numel()), 0.0);
     const int64_t hw = x.size(-1) * x.size(-2), ohw = y.size(-1) * y.size(-2);
     const auto iv = idx.to_vector<int64_t>();
     const auto gv = dy.to_vector<double>();
-    for (size_t i = 0; i < iv.size(); ++i) want[size_t(int64_t(i) / ohw * hw + iv[i])] += gv[i];
+    for (size_t i = 0; i < iv.size(); ++i)
+      if (iv[i] >= 0) want[size_t(int64_t(i) / ohw * hw + iv[i])] += gv[i];
     expect_close(ops::max_pool2d_backward(dy, idx, x.shape()), want, {1e-6, 1e-6}, "max backward " + c.str());
     if (c.dil.h != 1 || c.dil.w != 1) continue;
     // avg: backward is the transpose of forward, so <dy, avg(x)> = <avg_backward(dy), x> for every x.
@@ -349,8 +354,11 @@ TEST(Pool2dGrad, GradcheckEveryCaseAndLayout) {
       const std::string what = c.str() + " " + testing::layout_name(layout);
       // Distinct values (uniform draws) keep every max away from a tie under the finite difference.
       const Tensor x = testing::leaf(c.x, -1, 1, 31, layout);
+      // A window with no tap is -inf whatever x is: clamped, so that its finite difference is 0, not NaN.
       testing::expect_grads_ok(
-          [&](const std::vector<Tensor>& v) { return max_pool2d(v[0], c.kernel, c.stride, c.pad, c.dil); },
+          [&](const std::vector<Tensor>& v) {
+            return max_pool2d(v[0], c.kernel, c.stride, c.pad, c.dil).clamp_min(-1e30);
+          },
           {x}, "max " + what);
       if (c.dil.h != 1 || c.dil.w != 1) continue;
       for (bool include_pad : {true, false})
@@ -407,6 +415,16 @@ TEST(Pool2d, BadInputs) {
         ops::max_pool2d_backward(ones({1, 1, 2, 2}), zeros({1, 1, 3, 3}, DType::I64), {1, 1, 4, 4});
       },
       {"max_pool2d_backward", "[1, 1, 2, 2]", "[1, 1, 3, 3]"});
+  // Indices outside [-1, H W): an IndexError, nothing written past the planes; -1 adds nothing.
+  for (int64_t bad : {int64_t(4), int64_t(-2), int64_t(1) << 40})
+    expect_error<IndexError>(
+        [&] {
+          ops::max_pool2d_backward(ones({2, 1, 1, 1}), full({2, 1, 1, 1}, bad, DType::I64), {2, 1, 2, 2});
+        },
+        {"max_pool2d_backward", std::to_string(bad), "2 x 2"});
+  EXPECT_EQ(ops::max_pool2d_backward(ones({1, 1, 1, 2}), tensor<int64_t>({-1, 3}, {1, 1, 1, 2}), {1, 1, 2, 2})
+                .to_vector<float>(),
+            std::vector<float>({0, 0, 0, 1}));
   expect_error<ShapeError>(
       [&] {
         ops::avg_pool2d_backward(ones({1, 1, 3, 3}), {1, 1, 4, 4}, 2, 2, 0, true);
