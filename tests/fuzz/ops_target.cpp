@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "frugal.h"
+#include "tests/fuzz/program.h"
 #include "tests/fuzz/targets.h"
 
 namespace frugal::fuzz {
@@ -32,28 +33,16 @@ namespace F = nn::functional;
 constexpr int kMaxSteps = 12;
 constexpr int64_t kMaxElements = 1024;
 
-// The input, a byte at a time; past its end every byte is 0.
-class Program {
- public:
-  Program(const uint8_t* data, size_t size) : p_(data), end_(data + size) {}
-  uint8_t byte() { return p_ < end_ ? *p_++ : 0; }
-  bool done() const { return p_ >= end_; }
-  int64_t in(int64_t lo, int64_t hi) { return lo + int64_t(byte()) % (hi - lo + 1); }  // [lo, hi]
-  Shape shape(int max_dims) {
-    std::vector<int64_t> sizes(size_t(in(0, max_dims)));
-    for (int64_t& s : sizes) s = in(0, 4);
-    return Shape(sizes);
-  }
-  Shape dims(int ndim) {  // a few dims, some out of range or repeated
-    std::vector<int64_t> d(size_t(in(0, 3)));
-    for (int64_t& v : d) v = in(-ndim - 1, ndim);
-    return Shape(d);
-  }
-
- private:
-  const uint8_t* p_;
-  const uint8_t* end_;
-};
+Shape shape_of(Program& p, int max_dims) {
+  std::vector<int64_t> sizes(size_t(p.in(0, max_dims)));
+  for (int64_t& s : sizes) s = p.in(0, 4);
+  return Shape(sizes);
+}
+Shape dims_of(Program& p, int ndim) {  // a few dims, some out of range or repeated
+  std::vector<int64_t> d(size_t(p.in(0, 3)));
+  for (int64_t& v : d) v = p.in(-ndim - 1, ndim);
+  return Shape(d);
+}
 
 const DType kDTypes[] = {DType::F32, DType::F64, DType::F16, DType::BF16,
                          DType::I64, DType::I32, DType::U8,  DType::Bool};
@@ -71,7 +60,7 @@ double float_value(uint8_t b) {
 }
 
 Tensor make_tensor(Program& p) {
-  const Shape shape = p.shape(3);
+  const Shape shape = shape_of(p, 3);
   const DType dtype = kDTypes[p.in(0, 7)];
   const int64_t view = p.in(0, 3);
   std::vector<int64_t> ints;
@@ -130,25 +119,25 @@ Tensor step(Program& p, std::vector<Tensor>& pool, size_t& slot) {
     case 11:
       return exp(x);
     case 12:
-      return x.view(p.shape(4));
+      return x.view(shape_of(p, 4));
     case 13:
-      return x.reshape(p.shape(4));
+      return x.reshape(shape_of(p, 4));
     case 14:
-      return x.permute(p.dims(nd));
+      return x.permute(dims_of(p, nd));
     case 15:
       return x.slice(p.in(-4, 3), p.in(-6, 6), p.in(-6, 6), p.in(-1, 3));
     case 16:
       return x.select(p.in(-4, 3), p.in(-5, 5));
     case 17:
-      return x.expand(p.shape(4));
+      return x.expand(shape_of(p, 4));
     case 18:
-      return x.sum(p.dims(nd), p.in(0, 1));
+      return x.sum(dims_of(p, nd), p.in(0, 1));
     case 19:
-      return x.mean(p.dims(nd), p.in(0, 1));
+      return x.mean(dims_of(p, nd), p.in(0, 1));
     case 20:
-      return x.max(p.dims(nd), p.in(0, 1));
+      return x.max(dims_of(p, nd), p.in(0, 1));
     case 21:
-      return x.var(p.dims(nd), p.in(-1, 2), p.in(0, 1));
+      return x.var(dims_of(p, nd), p.in(-1, 2), p.in(0, 1));
     case 22:
       return x.argmax(p.in(-4, 3), p.in(0, 1));
     case 23:
@@ -170,7 +159,7 @@ Tensor step(Program& p, std::vector<Tensor>& pool, size_t& slot) {
     case 31:
       return x.to(kDTypes[p.in(0, 7)]);
     case 32: {
-      const Shape shape = p.shape(3);
+      const Shape shape = shape_of(p, 3);
       std::vector<int64_t> strides(size_t(shape.size()));
       for (int64_t& s : strides) s = p.in(-2, 8);
       return ops::as_strided(x, shape, Shape(strides), p.in(-2, 12));
@@ -187,7 +176,7 @@ Tensor step(Program& p, std::vector<Tensor>& pool, size_t& slot) {
     case 36:
       return ops::max_pool2d(x, int(p.in(0, 3)), std::nullopt, int(p.in(-1, 2)));
     case 37:
-      return F::layer_norm(x, p.shape(2), p.in(0, 1) ? pick() : Tensor(), Tensor());
+      return F::layer_norm(x, shape_of(p, 2), p.in(0, 1) ? pick() : Tensor(), Tensor());
     case 38:
       return F::cross_entropy(x, pick());
     default: {  // backward through a floating result

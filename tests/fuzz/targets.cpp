@@ -188,6 +188,7 @@ const std::vector<Target>& targets() {
       {"byte_count", run_byte_count, seeds_byte_count},
       {"checkpoint", run_checkpoint, seeds_checkpoint},
       {"ops", run_ops, seeds_ops},
+      {"kernels", run_kernels, seeds_kernels},
   };
   return all;
 }

@@ -54,7 +54,8 @@ TEST_P(FuzzRegressions, EveryRegressionFileAndSeedGoesThroughItsTarget) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, FuzzRegressions,
-                         ::testing::Values("safetensors", "idx", "text", "byte_count", "checkpoint", "ops"),
+                         ::testing::Values("safetensors", "idx", "text", "byte_count", "checkpoint", "ops",
+                                           "kernels"),
                          [](const auto& info) { return info.param; });
 
 // A safetensors header whose shape, offsets or metadata nest 100,000 deep: the reader must refuse it without
