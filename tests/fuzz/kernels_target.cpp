@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numbers>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -200,9 +201,11 @@ void expect(const std::string& what, const Tensor& got, const std::vector<int64_
                                           : std::string("an undefined tensor")) +
                            ", want " + shape_str(Shape(sizes)) + " " + dtype_name(dtype));
   const std::vector<double> g = read(got);
-  // Below the normal range an output is rounded to a fixed spacing (its smallest subnormal), and what the
-  // compute type cannot hold as a normal number may be flushed to 0 (an exp that underflows).
-  const double flush = u_c == 0x1p-24 ? 0x1p-122 : u_c == 0x1p-53 ? 0x1p-1018 : 0.0;
+  // Below the normal range an output is rounded to a fixed spacing (its smallest subnormal); and what the
+  // compute type cannot hold as a normal number may be flushed to 0 or clamped to about its smallest normal
+  // (Eigen's AVX2 exp gives 2.9e-39 for exp(-100)), which later products scale: an absolute floor far
+  // below any error that matters.
+  const double flush = u_c == 0x1p-24 ? 0x1p-100 : u_c == 0x1p-53 ? 0x1p-1000 : 0.0;
   const double spacing = std::max(flush, dtype == DType::F16    ? 0x1p-24
                                          : dtype == DType::BF16 ? 0x1p-133
                                                                 : 0x1p-149);
@@ -773,12 +776,13 @@ void run_layer_norm(Program& p) {
 // GELU, exact (erf) or its tanh form, and its derivative, in f64.
 double gelu(double x, bool tanh_form) {
   if (!tanh_form) return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
-  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
 }
 double gelu_grad(double x, bool tanh_form) {
   if (!tanh_form)
-    return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-x * x / 2) / std::sqrt(2 * M_PI);
-  const double k = std::sqrt(2 / M_PI), t = std::tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
+           x * std::exp(-x * x / 2) / std::sqrt(2 * std::numbers::pi);
+  const double k = std::sqrt(2 / std::numbers::pi), t = std::tanh(k * (x + 0.044715 * x * x * x));
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
 }
 
@@ -1104,6 +1108,164 @@ void run_embedding(Program& p) {
   expect(what + " d weight", w.t.grad(), {v, d}, dt, dw, double(most), uc, uo);
 }
 
+// F::batch_norm in training over x [N, C, H, W] (weight and bias or none), the running statistics updated;
+// with the gradient of x. Per channel it is layer_norm_ref's computation over the channel's N H W values.
+void run_batch_norm(Program& p) {
+  const DType dt = kFloating[p.in(0, 3)];
+  const bool affine = p.in(0, 1) == 1, grad = p.in(0, 1) == 1;
+  const int64_t n = p.in(1, 4), c = size_of(p, 1, 6, 40), h = p.in(1, 6), w = p.in(1, 6);
+  Input x = make(p, {n, c, h, w}, dt);
+  Input wt = affine ? make(p, {c}, dt) : Input(), b = affine ? make(p, {c}, dt) : Input();
+  if (grad) x.t.requires_grad_();
+  const DType stats = dt == DType::F64 ? DType::F64 : DType::F32;
+  const Tensor running_mean = zeros({c}, stats), running_var = ones({c}, stats);
+  const std::string what = describe("batch_norm", dt, false, {&x}) + (affine ? " affine" : "");
+  const Tensor y = F::batch_norm(x.t, running_mean, running_var, wt.t, b.t, true, 0.1, 1e-5);
+  const int64_t plane = h * w, len = n * plane;
+  // The channels' values as rows [C, N H W], and back.
+  std::vector<double> rows(x.v.size());
+  auto flat = [&](int64_t ch, int64_t k) { return size_t(((k / plane) * c + ch) * plane + k % plane); };
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t k = 0; k < len; ++k) rows[size_t(ch * len + k)] = x.v[flat(ch, k)];
+  const LayerNormRef ref = layer_norm_ref(rows, c, len, {}, {}, 1e-5);
+  Want want(n * c * plane);
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t k = 0; k < len; ++k) {
+      const double wv = affine ? wt.v[size_t(ch)] : 1.0, bv = affine ? b.v[size_t(ch)] : 0.0;
+      const size_t e = size_t(ch * len + k);
+      want.set(int64_t(flat(ch, k)), ref.xhat[e] * wv + bv,
+               ref.scale[size_t(ch)] * std::fabs(wv) + std::fabs(bv));
+    }
+  const double uc = unit_roundoff(stats), uo = unit_roundoff(dt);
+  expect(what, y, {n, c, h, w}, dt, want, double(len), uc, uo);
+  // The running statistics: 0.9 r + 0.1 s, with the unbiased variance.
+  Want mean(c), var(c);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double m = 0, v = 0, mag = 0;
+    for (int64_t k = 0; k < len; ++k)
+      m += rows[size_t(ch * len + k)] / double(len), mag += std::fabs(rows[size_t(ch * len + k)]);
+    for (int64_t k = 0; k < len; ++k)
+      v += (rows[size_t(ch * len + k)] - m) * (rows[size_t(ch * len + k)] - m);
+    v /= double(len > 1 ? len - 1 : 1);
+    mean.set(ch, 0.1 * m, mag / double(len));
+    var.set(ch, 0.9 + 0.1 * v, 1 + v + mag * mag / double(len));
+  }
+  expect(what + " running_mean", running_mean, {c}, stats, mean, double(len), uc, uc);
+  expect(what + " running_var", running_var, {c}, stats, var, double(len), uc, uc);
+  if (!grad) return;
+  const Input r = seed_for(p, y);
+  backward_with(y, r);
+  std::vector<double> g(rows.size());
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t k = 0; k < len; ++k)
+      g[size_t(ch * len + k)] = r.v[flat(ch, k)] * (affine ? wt.v[size_t(ch)] : 1.0);
+  const Want d_rows = layer_norm_dx(ref, g, c, len);
+  Want dx(n * c * plane);
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t k = 0; k < len; ++k) {
+      const size_t e = size_t(ch * len + k), o = flat(ch, k);
+      dx.v[o] = d_rows.v[e], dx.mag[o] = d_rows.mag[e], dx.rmag[o] = d_rows.rmag[e];
+    }
+  expect(what + " d x", x.t.grad(), {n, c, h, w}, dt, dx, double(len), uc, uo);
+}
+
+// The unary math ops against std's functions in f64 (their vector forms approximate: within the bound's
+// 8 (len + 2) ulps, len 8); the smooth ones with their gradients too.
+void run_unary(Program& p) {
+  const DType dt = kFloating[p.in(0, 3)];
+  const int op = int(p.in(0, 11));
+  const std::vector<int64_t> sizes = sizes_1_to_3(p);
+  Input x = make(p, sizes, dt);
+  const bool smooth = op < 9, grad = smooth && p.in(0, 1) == 1;
+  if (grad) x.t.requires_grad_();
+  const char* names[] = {"exp", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
+                         "sin", "cos",  "erf",     "log",  "sqrt", "rsqrt"};
+  const std::string what = describe(names[op], dt, false, {&x});
+  auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
+  auto f = [&](double v) {
+    switch (op) {
+      case 0:
+        return std::exp(v);
+      case 1:
+        return std::tanh(v);
+      case 2:
+        return sig(v);
+      case 3:
+        return v * sig(v);
+      case 4:
+        return gelu(v, false);
+      case 5:
+        return gelu(v, true);
+      case 6:
+        return std::sin(v);
+      case 7:
+        return std::cos(v);
+      case 8:
+        return std::erf(v);
+      case 9:
+        return std::log(v);
+      case 10:
+        return std::sqrt(v);
+      default:
+        return 1 / std::sqrt(v);
+    }
+  };
+  auto df = [&](double v) {
+    switch (op) {
+      case 0:
+        return std::exp(v);
+      case 1:
+        return 1 - std::tanh(v) * std::tanh(v);
+      case 2:
+        return sig(v) * (1 - sig(v));
+      case 3:
+        return sig(v) * (1 + v * (1 - sig(v)));
+      case 4:
+        return gelu_grad(v, false);
+      case 5:
+        return gelu_grad(v, true);
+      case 6:
+        return std::cos(v);
+      case 7:
+        return -std::sin(v);
+      default:
+        return 2 / std::sqrt(std::numbers::pi) * std::exp(-v * v);
+    }
+  };
+  const Tensor y = op == 0    ? x.t.exp()
+                   : op == 1  ? x.t.tanh()
+                   : op == 2  ? x.t.sigmoid()
+                   : op == 3  ? x.t.silu()
+                   : op == 4  ? x.t.gelu()
+                   : op == 5  ? x.t.gelu_tanh()
+                   : op == 6  ? x.t.sin()
+                   : op == 7  ? x.t.cos()
+                   : op == 8  ? x.t.erf()
+                   : op == 9  ? x.t.log()
+                   : op == 10 ? x.t.sqrt()
+                              : x.t.rsqrt();
+  const int64_t n = numel_of(sizes);
+  Want want(n);
+  for (int64_t e = 0; e < n; ++e) {
+    const double v = x.v[size_t(e)];
+    // The magnitude: the value and how an input's rounding moves it (|x f'(x)|, for the smooth ones).
+    want.set(e, f(v), std::fabs(f(v)) + (smooth ? std::fabs(v * df(v)) : 0.0));
+  }
+  const double uc = unit_roundoff(dt == DType::F64 ? DType::F64 : DType::F32), uo = unit_roundoff(dt);
+  expect(what, y, sizes, dt, want, 8, uc, uo);
+  if (!grad) return;
+  const Input r = seed_for(p, y);
+  backward_with(y, r);
+  Want dx(n);
+  for (int64_t e = 0; e < n; ++e) {
+    const double v = x.v[size_t(e)], k = df(v);
+    // The backward may use y (rounded to the dtype) in its formula: sigmoid's s (1 - s), tanh's 1 - y^2.
+    dx.set(e, r.v[size_t(e)] * k, std::fabs(r.v[size_t(e)]) * (std::fabs(k) + std::fabs(f(v)) + 1));
+    dx.rmag[size_t(e)] = dx.mag[size_t(e)];
+  }
+  expect(what + " d x", x.t.grad(), sizes, dt, dx, 8, uc, uo);
+}
+
 // ---- Elementwise and copies ----
 
 // a op b with b broadcast (some of its dims 1 or missing), out of place or in place into a's view.
@@ -1201,7 +1363,7 @@ void run_kernels(const uint8_t* data, size_t size) {
   Program p(data, size);
   for (int s = 0; s < kMaxSteps && !p.done(); ++s) {
     try {
-      switch (p.in(0, 12)) {
+      switch (p.in(0, 14)) {
         case 0:
           run_matmul(p);
           break;
@@ -1238,8 +1400,14 @@ void run_kernels(const uint8_t* data, size_t size) {
         case 11:
           run_embedding(p);
           break;
-        default:
+        case 12:
           run_attention(p);
+          break;
+        case 13:
+          run_batch_norm(p);
+          break;
+        default:
+          run_unary(p);
           break;
       }
     } catch (const Error&) {
@@ -1250,7 +1418,7 @@ void run_kernels(const uint8_t* data, size_t size) {
 
 // A few programs: each op with each dtype, from a fixed stream of bytes.
 void seeds_kernels(const std::string& dir) {
-  for (int op = 0; op < 13; ++op)
+  for (int op = 0; op < 15; ++op)
     for (int dt = 0; dt < 4; ++dt) {
       std::string b{char(op), char(dt)};
       for (int i = 0; i < 600; ++i) b += char((op * 31 + dt * 17 + i * 29 + (i * i) % 7) % 256);
