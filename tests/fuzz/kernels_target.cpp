@@ -190,6 +190,20 @@ struct Want {
   }
 };
 
+// The sum of term(l) over l < n and the sum of their magnitudes: a GEMM-like element and its mag.
+struct Sum {
+  double sum = 0, mag = 0;
+};
+template <typename Term>
+Sum sum_of(int64_t n, Term term) {
+  Sum s;
+  for (int64_t l = 0; l < n; ++l) {
+    const double t = term(l);
+    s.sum += t, s.mag += std::fabs(t);
+  }
+  return s;
+}
+
 // Throws std::logic_error unless got has `sizes`, `dtype` and every element within its bound of want.
 // u_o: the unit roundoff of the last rounding (the output dtype's, or autocast's); slack multiplies the
 // accumulation term (a Winograd convolution's transforms).
@@ -281,10 +295,8 @@ void run_matmul(Program& p) {
   for (int64_t s = 0; s < nb; ++s)
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
-        double sum = 0, mag = 0;
-        for (int64_t l = 0; l < k; ++l)
-          sum += A(s, i, l) * B(s, l, j), mag += std::fabs(A(s, i, l) * B(s, l, j));
-        want.set((s * m + i) * n + j, sum, mag);
+        const Sum e = sum_of(k, [&](int64_t l) { return A(s, i, l) * B(s, l, j); });
+        want.set((s * m + i) * n + j, e.sum, e.mag);
       }
   expect(what, y, ys, autocast ? DType::BF16 : dt, want, double(k), uc, uo);
   if (!grad) return;
@@ -295,19 +307,17 @@ void run_matmul(Program& p) {
   for (int64_t s = 0; s < nb; ++s)
     for (int64_t i = 0; i < m; ++i)
       for (int64_t l = 0; l < k; ++l) {
-        double sum = 0, mag = 0;
-        for (int64_t j = 0; j < n; ++j)
-          sum += R(s, i, j) * B(s, l, j), mag += std::fabs(R(s, i, j) * B(s, l, j));
-        da.set((s * m + i) * k + l, sum, mag);
+        const Sum e = sum_of(n, [&](int64_t j) { return R(s, i, j) * B(s, l, j); });
+        da.set((s * m + i) * k + l, e.sum, e.mag);
       }
   for (int64_t s = 0; s < (b_batched ? nb : 1); ++s)
     for (int64_t l = 0; l < k; ++l)
       for (int64_t j = 0; j < n; ++j) {
-        double sum = 0, mag = 0;
-        for (int64_t s2 = b_batched ? s : 0; s2 < (b_batched ? s + 1 : nb); ++s2)
-          for (int64_t i = 0; i < m; ++i)
-            sum += A(s2, i, l) * R(s2, i, j), mag += std::fabs(A(s2, i, l) * R(s2, i, j));
-        db.set((s * k + l) * n + j, sum, mag);
+        // Over the rows of b's batch, or of every batch where b is one matrix.
+        const int64_t first = b_batched ? s : 0, count = b_batched ? 1 : nb;
+        const Sum e = sum_of(
+            count * m, [&](int64_t q) { return A(first + q / m, q % m, l) * R(first + q / m, q % m, j); });
+        db.set((s * k + l) * n + j, e.sum, e.mag);
       }
   expect(what + " d a", a.t.grad(), as, dt, da, double(n), uc, uo);
   expect(what + " d b", b.t.grad(), bs, dt, db, double(m * nb), uc, uo);
@@ -345,13 +355,10 @@ void run_linear(Program& p) {
   Want want(rows * n);
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < n; ++j) {
-      double sum = 0, mag = 0;
-      for (int64_t l = 0; l < k; ++l) sum += X(i, l) * w.at({j, l}), mag += std::fabs(X(i, l) * w.at({j, l}));
-      double rmag = std::fabs(sum);
-      if (with_bias)
-        sum += b.v[size_t(j)], mag += std::fabs(b.v[size_t(j)]), rmag += std::fabs(b.v[size_t(j)]);
-      want.set(i * n + j, relu ? std::max(sum, 0.0) : sum, mag);
-      want.rmag[size_t(i * n + j)] = rmag;
+      const Sum e = sum_of(k, [&](int64_t l) { return X(i, l) * w.at({j, l}); });
+      const double bias = with_bias ? b.v[size_t(j)] : 0.0;
+      want.set(i * n + j, relu ? std::max(e.sum + bias, 0.0) : e.sum + bias, e.mag + std::fabs(bias));
+      want.rmag[size_t(i * n + j)] = std::fabs(e.sum) + std::fabs(bias);
     }
   expect(what, y, ys, autocast ? DType::BF16 : dt, want, double(k + 1), uc, uo);
   if (!grad) return;
@@ -366,19 +373,16 @@ void run_linear(Program& p) {
   Want dx(rows * k), dw(n * k), db(n);
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t l = 0; l < k; ++l) {
-      double sum = 0, mag = 0;
-      for (int64_t j = 0; j < n; ++j) sum += Z(i, j) * w.at({j, l}), mag += std::fabs(Z(i, j) * w.at({j, l}));
-      dx.set(i * k + l, sum, mag);
+      const Sum e = sum_of(n, [&](int64_t j) { return Z(i, j) * w.at({j, l}); });
+      dx.set(i * k + l, e.sum, e.mag);
     }
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t l = 0; l < k; ++l) {
-      double sum = 0, mag = 0;
-      for (int64_t i = 0; i < rows; ++i) sum += Z(i, j) * X(i, l), mag += std::fabs(Z(i, j) * X(i, l));
-      dw.set(j * k + l, sum, mag);
+      const Sum e = sum_of(rows, [&](int64_t i) { return Z(i, j) * X(i, l); });
+      dw.set(j * k + l, e.sum, e.mag);
     }
-    double sum = 0, mag = 0;
-    for (int64_t i = 0; i < rows; ++i) sum += Z(i, j), mag += std::fabs(Z(i, j));
-    db.set(j, sum, mag);
+    const Sum e = sum_of(rows, [&](int64_t i) { return Z(i, j); });
+    db.set(j, e.sum, e.mag);
   }
   expect(what + " d x", x.t.grad(), xs, dt, dx, double(n), uc, uo);
   expect(what + " d weight", w.t.grad(), {n, k}, dt, dw, double(rows), uc, uo);
