@@ -32,9 +32,8 @@ bool gemm_fusable(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 // The fused ops take x [M, in]: leading dims are folded into one so that one GEMM runs forward and one per
-// operand backward (a batched matmul against a 2-D weight would sum a [batch, in, out] gradient), and y
-// [M, out] gets them back. M is the leading dims' product, not -1: with no input features, -1 could be any
-// number, and reshape refuses it.
+// operand backward, and y [M, out] gets them back. M is the leading dims' product, not -1: with no input
+// features, -1 could be any number, and reshape refuses it.
 Tensor fold_rows(const Tensor& x) {
   if (x.dim() == 2) return x;
   int64_t rows = 1;

@@ -251,7 +251,7 @@ void max_pool2d_forward_cpu(const PoolArgs& a) {
 // Note [a window with no tap]: with dilation, a window can start in the padding and step over the whole
 // input (x [1, 1, 1, 1], kernel 2, padding 1, dilation 2: taps at -1 and 1). Its maximum is -inf and its
 // index -1, which the backward skips: it passes no gradient. (PyTorch's CPU kernel gives such a window the
-// index of its first in-range tap even when there is none, past the plane's end; frugal's did too, and its
+// index where its first tap would be, which can lie past the plane's end; frugal's did too, and its
 // backward added the gradient there.)
 //
 // Backward: plane p's input gradient, summed in A into dx [h, w] (zeroed by the caller). An index outside
