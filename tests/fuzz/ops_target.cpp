@@ -11,7 +11,9 @@
 //   from kValues;
 // then up to kMaxSteps steps, each an op (mod the ops' count) and the bytes that op reads for its operands
 // (a byte mod 4 picks one of the four tensors) and its arguments. A step's result, when it has at most
-// kMaxElements elements, replaces the tensor its first operand came from.
+// kMaxElements elements, replaces the tensor its first operand came from. The bytes of one call are read in
+// statements of their own, left to right: as arguments of one call their order was unspecified, and GCC's
+// builds replayed the regression inputs (found under clang, which reads left to right) as other programs.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -93,7 +95,8 @@ Tensor step(Program& p, std::vector<Tensor>& pool, size_t& slot) {
   slot = size_t(p.in(0, 3));
   const Tensor x = pool[slot];
   const int nd = int(x.dim());
-  switch (p.in(0, 39)) {
+  const int64_t op = p.in(0, 39);
+  switch (op) {
     case 0:
       return add(x, pick());
     case 1:
@@ -106,10 +109,14 @@ Tensor step(Program& p, std::vector<Tensor>& pool, size_t& slot) {
       return pow(x, pick());
     case 5:
       return maximum(x, pick());
-    case 6:
-      return where(x, pick(), pick());
-    case 7:
-      return clamp(x, double(p.in(-3, 3)), double(p.in(-3, 3)));
+    case 6: {
+      const Tensor a = pick(), b = pick();
+      return where(x, a, b);
+    }
+    case 7: {
+      const double lo = double(p.in(-3, 3)), hi = double(p.in(-3, 3));
+      return clamp(x, lo, hi);
+    }
     case 8:
       return neg(x);
     case 9:
@@ -124,38 +131,56 @@ Tensor step(Program& p, std::vector<Tensor>& pool, size_t& slot) {
       return x.reshape(shape_of(p, 4));
     case 14:
       return x.permute(dims_of(p, nd));
-    case 15:
-      return x.slice(p.in(-4, 3), p.in(-6, 6), p.in(-6, 6), p.in(-1, 3));
-    case 16:
-      return x.select(p.in(-4, 3), p.in(-5, 5));
+    case 15: {
+      const int64_t dim = p.in(-4, 3), start = p.in(-6, 6), end = p.in(-6, 6), step = p.in(-1, 3);
+      return x.slice(dim, start, end, step);
+    }
+    case 16: {
+      const int64_t dim = p.in(-4, 3), index = p.in(-5, 5);
+      return x.select(dim, index);
+    }
     case 17:
       return x.expand(shape_of(p, 4));
     case 18:
-      return x.sum(dims_of(p, nd), p.in(0, 1));
     case 19:
-      return x.mean(dims_of(p, nd), p.in(0, 1));
-    case 20:
-      return x.max(dims_of(p, nd), p.in(0, 1));
-    case 21:
-      return x.var(dims_of(p, nd), p.in(-1, 2), p.in(0, 1));
-    case 22:
-      return x.argmax(p.in(-4, 3), p.in(0, 1));
+    case 20: {
+      const Shape dims = dims_of(p, nd);
+      const bool keepdim = p.in(0, 1);
+      return op == 18 ? x.sum(dims, keepdim) : op == 19 ? x.mean(dims, keepdim) : x.max(dims, keepdim);
+    }
+    case 21: {
+      const Shape dims = dims_of(p, nd);
+      const int64_t correction = p.in(-1, 2);
+      const bool keepdim = p.in(0, 1);
+      return x.var(dims, correction, keepdim);
+    }
+    case 22: {
+      const int64_t dim = p.in(-4, 3);
+      const bool keepdim = p.in(0, 1);
+      return x.argmax(dim, keepdim);
+    }
     case 23:
       return x.softmax(p.in(-4, 3));
     case 24:
       return matmul(x, pick());
     case 25:
-      return index_select(x, p.in(-4, 3), pick());
-    case 26:
-      return gather(x, p.in(-4, 3), pick());
+    case 26: {
+      const int64_t dim = p.in(-4, 3);
+      const Tensor index = pick();
+      return op == 25 ? index_select(x, dim, index) : gather(x, dim, index);
+    }
     case 27:
-      return scatter_add(x, p.in(-4, 3), pick(), pick());
-    case 28:
-      return ops::index_add(x, p.in(-4, 3), pick(), pick());
+    case 28: {
+      const int64_t dim = p.in(-4, 3);
+      const Tensor index = pick(), src = pick();
+      return op == 27 ? scatter_add(x, dim, index, src) : ops::index_add(x, dim, index, src);
+    }
     case 29:
       return one_hot(x, p.in(-2, 6));
-    case 30:
-      return cat({x, pick()}, p.in(-4, 3));
+    case 30: {
+      const Tensor other = pick();
+      return cat({x, other}, p.in(-4, 3));
+    }
     case 31:
       return x.to(kDTypes[p.in(0, 7)]);
     case 32: {
@@ -169,14 +194,24 @@ Tensor step(Program& p, std::vector<Tensor>& pool, size_t& slot) {
       ops::copy_(out, x);
       return out;
     }
-    case 34:
-      return F::linear(x, pick(), p.in(0, 1) ? pick() : Tensor());
-    case 35:
-      return ops::conv2d(x, pick(), p.in(0, 1) ? pick() : Tensor(), int(p.in(0, 2)), int(p.in(-1, 2)));
-    case 36:
-      return ops::max_pool2d(x, int(p.in(0, 3)), std::nullopt, int(p.in(-1, 2)));
-    case 37:
-      return F::layer_norm(x, shape_of(p, 2), p.in(0, 1) ? pick() : Tensor(), Tensor());
+    case 34: {
+      const Tensor weight = pick(), bias = p.in(0, 1) ? pick() : Tensor();
+      return F::linear(x, weight, bias);
+    }
+    case 35: {
+      const Tensor weight = pick(), bias = p.in(0, 1) ? pick() : Tensor();
+      const int stride = int(p.in(0, 2)), padding = int(p.in(-1, 2));
+      return ops::conv2d(x, weight, bias, stride, padding);
+    }
+    case 36: {
+      const int kernel = int(p.in(0, 3)), padding = int(p.in(-1, 2));
+      return ops::max_pool2d(x, kernel, std::nullopt, padding);
+    }
+    case 37: {
+      const Shape shape = shape_of(p, 2);
+      const Tensor weight = p.in(0, 1) ? pick() : Tensor();
+      return F::layer_norm(x, shape, weight, Tensor());
+    }
     case 38:
       return F::cross_entropy(x, pick());
     default: {  // backward through a floating result
