@@ -692,9 +692,10 @@ void run_softmax(Program& p) {
       for (int64_t l = 0; l < a.len; ++l) {
         const size_t e = size_t(a.at(o, l, i));
         const double v = log ? r.v[e] - prob[e] * dot : prob[e] * (r.v[e] - dot);
-        // The backward reads y, rounded to the output's dtype: log_softmax's exp(y) is off by |y| u_o.
+        // The backward reads y, rounded to the output's dtype: log_softmax's exp(y) is off by |y| u_o;
+        // softmax's p (r - sum r p) carries the rounding of p, of each r p, of the sum and of the result.
         const double mag = log ? std::fabs(r.v[e]) + prob[e] * dmag * (1 + std::fabs(want.v[e]))
-                               : prob[e] * (std::fabs(r.v[e]) + 2 * dmag);
+                               : 2 * prob[e] * (std::fabs(r.v[e]) + 2 * dmag);
         dx.set(int64_t(e), v, mag);
         dx.rmag[e] = mag;
       }
@@ -1270,6 +1271,54 @@ void run_unary(Program& p) {
   expect(what + " d x", x.t.grad(), sizes, dt, dx, 8, uc, uo);
 }
 
+// nn::QuantizedLinear (int8 weight rows, the input quantised per batch or with a fixed scale and zero point),
+// forward or forward_relu, of x [M, K] (or [2, M, K]) f32. The input's codes and the weight's come from the
+// library (their choice and rounding have tests of their own); the GEMM over them is checked: acc = sum (code
+// - zero point) w_code is exact in int32, and y = acc input_scale weight_scale + bias within f32's rounding.
+void run_quant_linear(Program& p) {
+  const bool fixed = p.in(0, 2) == 0, relu = p.in(0, 1) == 1, with_bias = p.in(0, 1) == 1;
+  const bool three_d = p.in(0, 4) == 0;
+  const int64_t m = size_of(p, 0, 9, 80), k = size_of(p, 1, 12, 300), n = size_of(p, 1, 9, 80);
+  const float in_scale = float(p.in(1, 16)) / 64;
+  const int32_t in_zero_point = int32_t(p.in(0, nn::quant::kInputQMax));
+  std::vector<int64_t> xs{m, k};
+  if (three_d) xs.insert(xs.begin(), 2);
+  const Input x = make(p, xs, DType::F32), w = make(p, {n, k}, DType::F32, false);
+  const Input b = with_bias ? make(p, {n}, DType::F32, false) : Input();
+  nn::QuantizedLinear q =
+      fixed ? nn::QuantizedLinear(w.t, b.t, in_scale, in_zero_point) : nn::QuantizedLinear(w.t, b.t);
+  const std::string what =
+      describe(relu ? "QuantizedLinear relu" : "QuantizedLinear", DType::F32, false, {&x}) +
+      (fixed ? " fixed input scale" : "") + (with_bias ? " bias" : "");
+  const Tensor y = relu ? q->forward_relu(x.t) : q->forward(x.t);
+  const int64_t rows = three_d ? 2 * m : m;
+  std::vector<float> xf(x.v.begin(), x.v.end());
+  const nn::quant::InputQuant qp = fixed ? nn::quant::InputQuant{in_scale, in_zero_point}
+                                         : nn::quant::choose_input_qparams(xf.data(), int64_t(xf.size()));
+  std::vector<uint8_t> codes(xf.size());
+  nn::quant::quantize_input(xf.data(), int64_t(xf.size()), qp, codes.data());
+  const std::vector<double> wq = [&] {  // the int8 codes, held in a U8 tensor
+    std::vector<double> v;
+    for (const uint8_t c : q->weight.contiguous().to_vector<uint8_t>()) v.push_back(double(int8_t(c)));
+    return v;
+  }();
+  const std::vector<double> ws = read(q->weight_scale);
+  std::vector<int64_t> ys = xs;
+  ys.back() = n;
+  Want want(rows * n);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t acc = 0;
+      for (int64_t l = 0; l < k; ++l)
+        acc += (int64_t(codes[size_t(i * k + l)]) - qp.zero_point) * int64_t(wq[size_t(j * k + l)]);
+      const double scale = double(float(qp.scale * float(ws[size_t(j)])));  // the layer's f32 product
+      const double bias = with_bias ? b.v[size_t(j)] : 0.0, v = double(acc) * scale + bias;
+      want.set(i * n + j, relu ? std::max(v, 0.0) : v, 0);
+      want.rmag[size_t(i * n + j)] = std::fabs(double(acc) * scale) + std::fabs(bias);
+    }
+  expect(what, y, ys, DType::F32, want, 0, 0, 2 * unit_roundoff(DType::F32));
+}
+
 // ---- Elementwise and copies ----
 
 // a op b with b broadcast (some of its dims 1 or missing), out of place or in place into a's view.
@@ -1367,7 +1416,7 @@ void run_kernels(const uint8_t* data, size_t size) {
   Program p(data, size);
   for (int s = 0; s < kMaxSteps && !p.done(); ++s) {
     try {
-      switch (p.in(0, 14)) {
+      switch (p.in(0, 15)) {
         case 0:
           run_matmul(p);
           break;
@@ -1410,8 +1459,11 @@ void run_kernels(const uint8_t* data, size_t size) {
         case 13:
           run_batch_norm(p);
           break;
-        default:
+        case 14:
           run_unary(p);
+          break;
+        default:
+          run_quant_linear(p);
           break;
       }
     } catch (const Error&) {
@@ -1422,7 +1474,7 @@ void run_kernels(const uint8_t* data, size_t size) {
 
 // A few programs: each op with each dtype, from a fixed stream of bytes.
 void seeds_kernels(const std::string& dir) {
-  for (int op = 0; op < 15; ++op)
+  for (int op = 0; op < 16; ++op)
     for (int dt = 0; dt < 4; ++dt) {
       std::string b{char(op), char(dt)};
       for (int i = 0; i < 600; ++i) b += char((op * 31 + dt * 17 + i * 29 + (i * i) % 7) % 256);
