@@ -1319,6 +1319,85 @@ void run_quant_linear(Program& p) {
   expect(what, y, ys, DType::F32, want, 0, 0, 2 * unit_roundoff(DType::F32));
 }
 
+// nn::QuantizedConv2d (groups 1; stride, padding, dilation; dynamic or fixed input quantisation), forward,
+// forward_relu or forward_relu_pool2, of x [N, C, H, W] f32: as run_quant_linear, over the library's codes
+// (the padding is the zero point: it adds nothing).
+void run_quant_conv(Program& p) {
+  const bool fixed = p.in(0, 2) == 0, with_bias = p.in(0, 1) == 1;
+  const int form = int(p.in(0, 2));  // 0 forward, 1 forward_relu, 2 forward_relu_pool2
+  const int64_t batch = p.in(1, 3), c = size_of(p, 1, 4, 20), o = size_of(p, 1, 4, 20);
+  const int64_t kh = p.in(1, 3), kw = p.in(1, 3), sh = p.in(1, 2), sw = p.in(1, 2);
+  const int64_t dh = p.in(0, 4) == 0 ? 2 : 1, dw_ = p.in(0, 4) == 0 ? 2 : 1;
+  const int64_t ph = p.in(0, kh / 2 * dh), pw = p.in(0, kw / 2 * dw_);
+  const int64_t ekh = dh * (kh - 1) + 1, ekw = dw_ * (kw - 1) + 1;
+  const int64_t h = std::max<int64_t>(1, ekh - 2 * ph) + (form == 2 ? sh : 0) + p.in(0, 8);
+  const int64_t wd = std::max<int64_t>(1, ekw - 2 * pw) + (form == 2 ? sw : 0) + p.in(0, 8);
+  const int64_t oh = (h + 2 * ph - ekh) / sh + 1, ow = (wd + 2 * pw - ekw) / sw + 1;
+  const float in_scale = float(p.in(1, 16)) / 64;
+  const int32_t in_zero_point = int32_t(p.in(0, nn::quant::kInputQMax));
+  const Input x = make(p, {batch, c, h, wd}, DType::F32), w = make(p, {o, c, kh, kw}, DType::F32, false);
+  const Input b = with_bias ? make(p, {o}, DType::F32, false) : Input();
+  const nn::Conv2dOptions options = nn::Conv2dOptions(c, o, Size2(kh, kw))
+                                        .stride(Size2(sh, sw))
+                                        .padding(Size2(ph, pw))
+                                        .dilation(Size2(dh, dw_))
+                                        .bias(with_bias);
+  const nn::quant::InputQuant fixed_qp{in_scale, in_zero_point};
+  nn::QuantizedConv2d q(options, w.t, b.t, fixed ? &fixed_qp : nullptr);
+  std::ostringstream args;
+  args << " stride " << sh << "," << sw << " padding " << ph << "," << pw << " dilation " << dh << "," << dw_
+       << (fixed ? " fixed input scale" : "") << (with_bias ? " bias" : "");
+  const char* names[] = {"QuantizedConv2d", "QuantizedConv2d relu", "QuantizedConv2d relu pool2"};
+  const std::string what = describe(names[form], DType::F32, false, {&x, &w}) + args.str();
+  const Tensor y = form == 0   ? q->forward(x.t)
+                   : form == 1 ? q->forward_relu(x.t)
+                               : q->forward_relu_pool2(x.t);
+  std::vector<float> xf(x.v.begin(), x.v.end());
+  const nn::quant::InputQuant qp =
+      fixed ? fixed_qp : nn::quant::choose_input_qparams(xf.data(), int64_t(xf.size()));
+  std::vector<uint8_t> codes(xf.size());
+  nn::quant::quantize_input(xf.data(), int64_t(xf.size()), qp, codes.data());
+  std::vector<double> wq;
+  for (const uint8_t code : q->weight.contiguous().to_vector<uint8_t>()) wq.push_back(double(int8_t(code)));
+  const std::vector<double> ws = read(q->weight_scale);
+  Want conv(batch * o * oh * ow);
+  for (int64_t nn_ = 0; nn_ < batch; ++nn_)
+    for (int64_t oc = 0; oc < o; ++oc)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          int64_t acc = 0;
+          for (int64_t ci = 0; ci < c; ++ci)
+            for (int64_t u = 0; u < kh; ++u)
+              for (int64_t v = 0; v < kw; ++v) {
+                const int64_t r = i * sh - ph + u * dh, s2 = j * sw - pw + v * dw_;
+                if (r < 0 || r >= h || s2 < 0 || s2 >= wd) continue;
+                const int64_t code = codes[size_t(((nn_ * c + ci) * h + r) * wd + s2)];
+                acc += (code - qp.zero_point) * int64_t(wq[size_t(((oc * c + ci) * kh + u) * kw + v)]);
+              }
+          const double scale = double(float(qp.scale * float(ws[size_t(oc)])));
+          const double bias = with_bias ? b.v[size_t(oc)] : 0.0, value = double(acc) * scale + bias;
+          const int64_t e = ((nn_ * o + oc) * oh + i) * ow + j;
+          conv.set(e, form == 0 ? value : std::max(value, 0.0), 0);
+          conv.rmag[size_t(e)] = std::fabs(double(acc) * scale) + std::fabs(bias);
+        }
+  const double uo = 2 * unit_roundoff(DType::F32);
+  if (form != 2) return expect(what, y, {batch, o, oh, ow}, DType::F32, conv, 0, 0, uo);
+  const int64_t ph2 = oh / 2, pw2 = ow / 2;
+  Want pooled(batch * o * ph2 * pw2);
+  for (int64_t qn = 0; qn < batch * o; ++qn)
+    for (int64_t i = 0; i < ph2; ++i)
+      for (int64_t j = 0; j < pw2; ++j) {
+        const size_t e = size_t((qn * ph2 + i) * pw2 + j);
+        for (int64_t u = 0; u < 2; ++u)
+          for (int64_t v = 0; v < 2; ++v) {
+            const size_t src = size_t((qn * oh + 2 * i + u) * ow + 2 * j + v);
+            if ((u == 0 && v == 0) || conv.v[src] > pooled.v[e]) pooled.v[e] = conv.v[src];
+            pooled.rmag[e] = std::max(pooled.rmag[e], conv.rmag[src]);
+          }
+      }
+  expect(what, y, {batch, o, ph2, pw2}, DType::F32, pooled, 0, 0, uo);
+}
+
 // ---- Elementwise and copies ----
 
 // a op b with b broadcast (some of its dims 1 or missing), out of place or in place into a's view.
@@ -1416,7 +1495,7 @@ void run_kernels(const uint8_t* data, size_t size) {
   Program p(data, size);
   for (int s = 0; s < kMaxSteps && !p.done(); ++s) {
     try {
-      switch (p.in(0, 15)) {
+      switch (p.in(0, 16)) {
         case 0:
           run_matmul(p);
           break;
@@ -1462,8 +1541,11 @@ void run_kernels(const uint8_t* data, size_t size) {
         case 14:
           run_unary(p);
           break;
-        default:
+        case 15:
           run_quant_linear(p);
+          break;
+        default:
+          run_quant_conv(p);
           break;
       }
     } catch (const Error&) {
@@ -1474,7 +1556,7 @@ void run_kernels(const uint8_t* data, size_t size) {
 
 // A few programs: each op with each dtype, from a fixed stream of bytes.
 void seeds_kernels(const std::string& dir) {
-  for (int op = 0; op < 16; ++op)
+  for (int op = 0; op < 17; ++op)
     for (int dt = 0; dt < 4; ++dt) {
       std::string b{char(op), char(dt)};
       for (int i = 0; i < 600; ++i) b += char((op * 31 + dt * 17 + i * 29 + (i * i) % 7) % 256);
