@@ -194,6 +194,26 @@ struct Want {
 struct Sum {
   double sum = 0, mag = 0;
 };
+// max_pool2d(., 2) of what [planes, oh, ow] should hold: each window's largest value, and the largest bounds
+// of its elements.
+Want pool2_of(const Want& in, int64_t planes, int64_t oh, int64_t ow) {
+  const int64_t ph = oh / 2, pw = ow / 2;
+  Want out(planes * ph * pw);
+  for (int64_t q = 0; q < planes; ++q)
+    for (int64_t i = 0; i < ph; ++i)
+      for (int64_t j = 0; j < pw; ++j) {
+        const size_t e = size_t((q * ph + i) * pw + j);
+        for (int64_t u = 0; u < 2; ++u)
+          for (int64_t v = 0; v < 2; ++v) {
+            const size_t src = size_t((q * oh + 2 * i + u) * ow + 2 * j + v);
+            if ((u == 0 && v == 0) || in.v[src] > out.v[e]) out.v[e] = in.v[src];
+            out.mag[e] = std::max(out.mag[e], in.mag[src]);
+            out.rmag[e] = std::max(out.rmag[e], in.rmag[src]);
+          }
+      }
+  return out;
+}
+
 template <typename Term>
 Sum sum_of(int64_t n, Term term) {
   Sum s;
@@ -466,24 +486,9 @@ void run_conv(Program& p) {
         }
   // A Winograd convolution's transforms round more than a direct one (Note [Winograd convolutions]).
   const double slack = wide ? 64 : 1;
-  if (form == 2) {  // max_pool2d(., 2) of the ReLU's output: the window's largest, within its bound
-    const int64_t ph2 = oh / 2, pw2 = ow / 2;
-    Want pooled(batch * o * ph2 * pw2);
-    for (int64_t q = 0; q < batch * o; ++q)
-      for (int64_t i = 0; i < ph2; ++i)
-        for (int64_t j = 0; j < pw2; ++j) {
-          const int64_t e = (q * ph2 + i) * pw2 + j;
-          for (int64_t u = 0; u < 2; ++u)
-            for (int64_t v = 0; v < 2; ++v) {
-              const size_t src = size_t((q * oh + 2 * i + u) * ow + 2 * j + v);
-              if ((u == 0 && v == 0) || conv.v[src] > pooled.v[size_t(e)]) pooled.v[size_t(e)] = conv.v[src];
-              pooled.mag[size_t(e)] = std::max(pooled.mag[size_t(e)], conv.mag[src]);
-              pooled.rmag[size_t(e)] = std::max(pooled.rmag[size_t(e)], conv.rmag[src]);
-            }
-        }
-    expect(what, y, {batch, o, ph2, pw2}, out, pooled, len, uc, uo, slack);
-    return;
-  }
+  if (form == 2)  // max_pool2d(., 2) of the ReLU's output: the window's largest, within its bound
+    return expect(what, y, {batch, o, oh / 2, ow / 2}, out, pool2_of(conv, batch * o, oh, ow), len, uc, uo,
+                  slack);
   expect(what, y, {batch, o, oh, ow}, out, conv, len, uc, uo, slack);
   if (!grad) return;
   const Input r = seed_for(p, y);
@@ -1382,20 +1387,7 @@ void run_quant_conv(Program& p) {
         }
   const double uo = 2 * unit_roundoff(DType::F32);
   if (form != 2) return expect(what, y, {batch, o, oh, ow}, DType::F32, conv, 0, 0, uo);
-  const int64_t ph2 = oh / 2, pw2 = ow / 2;
-  Want pooled(batch * o * ph2 * pw2);
-  for (int64_t qn = 0; qn < batch * o; ++qn)
-    for (int64_t i = 0; i < ph2; ++i)
-      for (int64_t j = 0; j < pw2; ++j) {
-        const size_t e = size_t((qn * ph2 + i) * pw2 + j);
-        for (int64_t u = 0; u < 2; ++u)
-          for (int64_t v = 0; v < 2; ++v) {
-            const size_t src = size_t((qn * oh + 2 * i + u) * ow + 2 * j + v);
-            if ((u == 0 && v == 0) || conv.v[src] > pooled.v[e]) pooled.v[e] = conv.v[src];
-            pooled.rmag[e] = std::max(pooled.rmag[e], conv.rmag[src]);
-          }
-      }
-  expect(what, y, {batch, o, ph2, pw2}, DType::F32, pooled, 0, 0, uo);
+  expect(what, y, {batch, o, oh / 2, ow / 2}, DType::F32, pool2_of(conv, batch * o, oh, ow), 0, 0, uo);
 }
 
 // ---- Elementwise and copies ----
