@@ -69,7 +69,7 @@ Tensor self_attention(const Tensor& qkv, int64_t n_heads, int64_t hd, double sca
   const char* op = "self_attention";
   memory::OpScope op_scope(op, qkv);  // Note [op names in the history]
   const DType dt = qkv.dtype();
-  const TensorOptions compute = qkv.options().dtype(dt == DType::F16 || dt == DType::BF16 ? DType::F32 : dt);
+  const TensorOptions compute = qkv.options().dtype(compute_dtype(dt));
   const Tensor x = ops::contiguous(qkv.detach());
   const int64_t b = x.size(0), t = x.size(1), d = n_heads * hd;
   // Row statistics instead of the probabilities where the device can (Note [attention keeps row

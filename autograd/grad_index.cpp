@@ -16,11 +16,10 @@ Shape cut_to(const Shape& x, const Shape& like, int dim) {
 }
 
 // Note [16-bit index gradients]: the gradients of index_select (the embedding's) and gather add together
-// the entries of g whose index repeats. For f16 and bf16 they accumulate in f32 and are rounded once, as the
-// GEMMs and the reductions accumulate: added in the 16-bit dtype, a row stopped growing once it was 256 times
-// the values added to it (a bf16 embedding row of a token seen 300 times, each with gradient 1, summed to
-// 256).
-DType accumulate_type(DType t) { return t == DType::F16 || t == DType::BF16 ? DType::F32 : t; }
+// the entries of g whose index repeats. For f16 and bf16 they accumulate in f32 (compute_dtype) and are
+// rounded once, as the GEMMs and the reductions accumulate: added in the 16-bit dtype, a row stopped growing
+// once it was 256 times the values added to it (a bf16 embedding row of a token seen 300 times, each with
+// gradient 1, summed to 256).
 
 // A zero tensor of `shape` with `part` written at its start (part's shape fits inside).
 Tensor zero_padded(const Tensor& part, const Shape& shape) {
@@ -43,7 +42,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
       if (xs.size() == 0) return {g.reshape(xs)};
       // One row add per index (ops::index_add): first order only, unlike a scatter_add of an expanded index,
       // whose per-element index costs more than the adds.
-      const DType acc = accumulate_type(g.dtype());  // Note [16-bit index gradients]
+      const DType acc = compute_dtype(g.dtype());  // Note [16-bit index gradients]
       const Tensor sum =
           ops::index_add(zeros(xs, g.options().dtype(acc)), d, s[0].reshape({-1}), ops::to(g, acc));
       return {ops::to(sum, g.dtype())};
@@ -59,7 +58,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
     const Shape xs = x.shape();
     const int d = wrap_dim(dim, x.dim(), "gather");
     n->backward = [xs, d](const Grads& s, const Tensor& g) -> Grads {
-      const DType acc = accumulate_type(g.dtype());  // Note [16-bit index gradients]
+      const DType acc = compute_dtype(g.dtype());  // Note [16-bit index gradients]
       const Tensor part =
           scatter_add(zeros(cut_to(xs, s[0].shape(), d), g.options().dtype(acc)), d, s[0], g.to(acc));
       return {zero_padded(part.to(g.dtype()), xs)};

@@ -77,6 +77,7 @@ bool is_floating(DType t) {
   return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16;
 }
 bool is_integral(DType t) { return t == DType::I64 || t == DType::I32 || t == DType::U8; }
+DType compute_dtype(DType t) { return t == DType::F16 || t == DType::BF16 ? DType::F32 : t; }
 
 namespace {
 // Rank in the promotion order; f16 and bf16 share a rank and promote to f32 with each other.

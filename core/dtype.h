@@ -32,6 +32,8 @@ DType dtype_from_name(std::string_view name);  // "f32", "float32", "bfloat16", 
 int64_t dtype_size(DType t);
 bool is_floating(DType t);
 bool is_integral(DType t);  // i64, i32, u8 (not bool)
+// The dtype a kernel computes and accumulates t in where it widens: f32 for f16 and bf16, t otherwise.
+DType compute_dtype(DType t);
 // The dtype both operands are converted to for a binary op: bool < u8 < i32 < i64 < f16/bf16 < f32 < f64;
 // f16 with bf16 gives f32.
 DType promote_types(DType a, DType b);

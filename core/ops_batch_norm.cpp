@@ -14,7 +14,6 @@ namespace ops {
 namespace {
 
 bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
-DType compute_of(DType t) { return is_half(t) ? DType::F32 : t; }
 
 // A [C] tensor in the compute type, contiguous (undefined stays undefined).
 Tensor per_channel(const Tensor& t, DType compute) {
@@ -75,7 +74,7 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
     r.y = ops::to(r.y, x.dtype());
     return r;
   }
-  const DType cd = compute_of(x.dtype());
+  const DType cd = compute_dtype(x.dtype());
   const Tensor xc = ops::contiguous(x), w = per_channel(weight, cd), b = per_channel(bias, cd);
   BatchNormResult r;
   r.y = empty(x.shape(), x.options());
@@ -125,7 +124,7 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   }
   BatchNormArgs a;
   set_sizes(a, x);
-  const DType cd = compute_of(x.dtype());
+  const DType cd = compute_dtype(x.dtype());
   const Tensor gc = ops::contiguous(grad_out), xc = ops::contiguous(x), w = per_channel(weight, cd),
                m = per_channel(mean, cd), is = per_channel(invstd, cd);
   BatchNormGrads d;

@@ -11,8 +11,6 @@ namespace frugal::ops {
 
 namespace {
 
-DType compute_dtype(DType t) { return t == DType::F16 || t == DType::BF16 ? DType::F32 : t; }
-
 // Checks x against normalized_shape and returns the number of rows (the product of the leading dims).
 int64_t check_layer_norm(const char* op, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                          const Tensor& bias) {

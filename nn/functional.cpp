@@ -13,9 +13,8 @@
 namespace frugal::nn::functional {
 
 namespace {
-bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
 // f16/bf16 normalisation computes in f32 (PyTorch does the same); other dtypes as they are.
-Tensor compute_dtype(const Tensor& x) { return is_half(x.dtype()) ? x.to(DType::F32) : x; }
+Tensor in_compute_dtype(const Tensor& x) { return x.to(compute_dtype(x.dtype())); }
 }  // namespace
 
 namespace {
@@ -177,7 +176,7 @@ Tensor layer_norm_composite(const Tensor& x_in, const Shape& normalized_shape, c
                      normalized_shape);
   Shape dims;
   for (int i = 0; i < k; ++i) dims.push_back(x.dim() - k + i);
-  const Tensor xf = compute_dtype(x);
+  const Tensor xf = in_compute_dtype(x);
   const Tensor mu = mean(xf, dims, true);
   const Tensor v = var(xf, dims, 0, true);
   Tensor y = mul(sub(xf, mu), rsqrt(add(v, eps)));
@@ -185,10 +184,6 @@ Tensor layer_norm_composite(const Tensor& x_in, const Shape& normalized_shape, c
   if (bias.defined()) y = add(y, bias);
   return y.to(x.dtype());
 }
-
-namespace {
-DType compute_dtype_of(DType t) { return is_half(t) ? DType::F32 : t; }
-}  // namespace
 
 Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight_in, const Tensor& bias_in, bool training, double momentum,
@@ -217,13 +212,13 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
     FRUGAL_CHECK_SHAPE(n > 1,
                        "batch_norm: expected more than 1 value per channel when training, got input shape ",
                        x.shape());
-  if (op_batch_norm.has(x.device(), compute_dtype_of(x.dtype())))
+  if (op_batch_norm.has(x.device(), compute_dtype(x.dtype())))
     return autograd::batch_norm_fused(x, running_mean, running_var, weight, bias, training, momentum, eps, n);
   // The composite, on devices without the fused kernels.
   Shape dims{0}, bshape = Shape::filled(x.dim(), 1);
   for (int d = 2; d < x.dim(); ++d) dims.push_back(d);
   bshape[1] = c;
-  const Tensor xf = compute_dtype(x);
+  const Tensor xf = in_compute_dtype(x);
   Tensor mu, v;
   if (training) {
     mu = mean(xf, dims, true);

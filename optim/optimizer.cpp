@@ -68,7 +68,7 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 DType Optimizer::state_dtype(DType param_dtype) {
-  return param_dtype == DType::F16 || param_dtype == DType::BF16 ? DType::F32 : param_dtype;
+  return compute_dtype(param_dtype);
 }
 
 Tensor Optimizer::new_state(const Tensor& param) { return new_state(param, param.shape()); }

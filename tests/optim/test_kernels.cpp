@@ -12,8 +12,6 @@
 namespace frugal {
 namespace {
 
-DType compute_dtype(DType t) { return t == DType::F16 || t == DType::BF16 ? DType::F32 : t; }
-
 // SGD as torch.optim.SGD writes it, one op per line. p, g, buf in the compute dtype.
 struct SgdReference {
   double lr, momentum, dampening, weight_decay;
