@@ -516,4 +516,37 @@ TEST(TrainerFlags, MemoryBudgetPlansTheFashionMnistRun) {
       << l.output;
 }
 
+// Note [a planned run makes its batches in order] (examples/train_fmnist.cpp): under --memory-budget the
+// loaders' batches are made in the training thread, where the plan's dry run made them; without it a worker
+// thread makes them. The memory trace of steps 3-5 names the thread of every block event.
+TEST(TrainerFlags, APlannedRunMakesItsBatchesInTheTrainingThread) {
+  const std::string exe = binary("fmnist");
+  if (exe.empty()) GTEST_SKIP() << "the examples are not built";
+  if (!has_data("fmnist")) GTEST_SKIP() << "no Fashion-MNIST";
+  for (const bool planned : {false, true}) {
+    SCOPED_TRACE(planned ? "--memory-budget" : "no budget");
+    const std::filesystem::path dir = fresh_dir("batch_threads", planned ? "planned" : "plain");
+    const std::string trace = (dir / "memory.json").string();
+    std::vector<std::string> argv{exe, "--epochs", "1", "--max-steps", "6", "--memory-trace", trace};
+    if (planned) argv.insert(argv.end(), {"--memory-budget", "200M"});
+    const Outcome o = run(argv, 300);
+    ASSERT_TRUE(o.finished && !o.signaled && o.status == 0) << o.output;
+    std::ifstream in(trace);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    std::set<int> all_threads, data_threads;
+    for (const auto& e : j.at("traceEvents")) {
+      if (e.at("ph") != "i" || !e.contains("args") || !e.at("args").contains("thread")) continue;
+      const int thread = e.at("args").at("thread").get<int>();
+      all_threads.insert(thread);
+      if (e.at("name").get<std::string>().rfind("alloc ", 0) == 0 && e.at("args").value("tag", "") == "data")
+        data_threads.insert(thread);
+    }
+    ASSERT_FALSE(data_threads.empty()) << "three steps take three batches";
+    if (planned)
+      EXPECT_EQ(all_threads.size(), 1u) << "a batch made by a thread other than the training one";
+    else
+      EXPECT_EQ(all_threads.size(), 2u) << "the worker thread makes the batches";
+  }
+}
+
 }  // namespace
