@@ -28,16 +28,24 @@ using DataType = dnnl::memory::data_type;
 // conv 1->32 backward weight 0.55 vs 2.2 ms. On an oversubscribed host plain NCHW can win, as it runs one
 // parallel region per call instead of up to four.
 std::atomic<bool> g_any_layout{true};
-// Note [Winograd convolutions]: the forward asks oneDNN for convolution_auto, which takes its Winograd
-// F(4x4, 3x3) kernel where oneDNN's heuristic expects it to be faster (3x3, stride 1, f32, AVX-512, a large
-// enough batch) and the direct one elsewhere; both backward directions then follow the forward's choice. On
-// W2's conv 32->64 14x14 batch 64 (Zen 4, 2 threads) Winograd takes forward 2.1 -> 1.6 ms, backward data
-// 2.1 -> 1.5 ms, backward weight 2.4 -> 1.5 ms (oneDNN's auto keeps the direct kernel for backward weight,
-// although Winograd is faster there too). The price: a scratchpad for the transformed tiles (arena memory,
-// counted by the dry run like every scratchpad) and a larger rounding error, within a few units of f32's
-// rounding times the reduction length (Conv2d.WinogradMatchesReference); set_conv_onednn_winograd(false)
-// keeps every convolution direct.
-std::atomic<bool> g_winograd{true};
+// Note [Winograd convolutions]: with set_conv_onednn_winograd(true) the forward asks oneDNN for
+// convolution_auto, which takes its Winograd F(4x4, 3x3) kernel where oneDNN's heuristic expects it to be
+// faster (3x3, stride 1, f32, AVX-512, a large enough batch) and the direct one elsewhere; both backward
+// directions then follow the forward's choice. It trades memory for time: a scratchpad for the transformed
+// tiles (arena memory, counted by the dry run like every scratchpad) that oneDNN sizes from the machine's
+// caches, not from the images, and a larger rounding error, within a few units of f32's rounding times the
+// reduction length (Conv2d.WinogradMatchesReference). At W2's conv 32->64 14x14:
+// - 2-core Zen 4 (2026-12-04), batch 64: forward 2.1 -> 1.6 ms, backward data 2.1 -> 1.5 ms, backward weight
+//   2.4 -> 1.5 ms (oneDNN's auto keeps the direct kernel for backward weight, although Winograd is faster
+//   there too), W2's step about 0.83x; scratchpads 7.1 MiB (forward, backward data), 9.3 MiB (weight).
+// - 2-core Xeon (Intel family 6, model 207; 2 MiB of L2 a core), W2's step at batch 64 0.965x the direct
+//   kernel's time for a peak 1.32x as high (41.3 against 31.3 MB), scratchpads 9.7 MiB and, at a micro-batch
+//   of 32, 15.6 MiB (weight); its evaluation forward at batch 250 0.82x the time for 2.2x the working
+//   memory (24.2 against 11.0 MB).
+// The direct kernel is the default: this is a framework that trades time for memory, not the other way
+// round, and the peers' CPU convolution runs the direct kernel too. A program that has the memory to spare
+// turns Winograd on.
+std::atomic<bool> g_winograd{false};
 
 using ConvPlans = cpu::PlanCache<19, ConvPlan>;
 

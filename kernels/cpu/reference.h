@@ -121,9 +121,9 @@ namespace frugal {
 // (format_tag::any, with reorders from and to NCHW; the default), false makes it compute on NCHW directly.
 // For the tests and the benchmark that compares both; a no-op without oneDNN.
 void set_conv_onednn_any_layout(bool any);
-// Whether oneDNN may run a convolution with its Winograd kernel where it expects that to be faster (the
-// default; Note [Winograd convolutions] in kernels/cpu/conv_onednn.cpp); false keeps every convolution
-// direct.
+// Whether oneDNN may run a convolution with its Winograd kernel where it expects that to be faster, for a
+// scratchpad of several MiB (Note [Winograd convolutions] in kernels/cpu/conv_onednn.cpp); false, the
+// default, keeps every convolution direct.
 void set_conv_onednn_winograd(bool winograd);
 // oneDNN's names for the kernels the registered CPU convolution runs for `a` in `dtype` (f32 or bf16), as
 // {forward, backward data, backward weight}: e.g. "jit:avx512_core" or "jit_wino_4x3:avx512_core"; empty

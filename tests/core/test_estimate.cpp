@@ -197,13 +197,17 @@ TEST(Estimate, ACnnStepIsExactInF32AndBf16) {
   expect_dry_run_is_exact([](Device d) { cnn_steps(d, true); });
 }
 
-// W2's second convolution at its training batch, where oneDNN runs its Winograd kernel with a scratchpad
-// for the transformed tiles (Note [Winograd convolutions]) in all three directions.
+// W2's second convolution at its training batch with Winograd switched on, where oneDNN runs its Winograd
+// kernel with a scratchpad for the transformed tiles (Note [Winograd convolutions]) in all three directions.
 TEST(Estimate, AWinogradConvolutionStepIsExact) {
   ConvArgs a;
   a.n = 64, a.c = 32, a.h = a.w = 14, a.o = 64, a.kh = a.kw = 3, a.oh = a.ow = 14, a.pad_h = a.pad_w = 1;
   float dummy = 0;
   a.bias = a.dbias = &dummy;
+  set_conv_onednn_winograd(true);
+  struct Off {
+    ~Off() { set_conv_onednn_winograd(false); }  // the default, also when the test stops early
+  } off;
   const auto names = conv2d_onednn_implementations(a, DType::F32);
   for (const std::string& name : names)
     if (name.find("wino") == std::string::npos)

@@ -101,9 +101,9 @@ TEST(Conv2d, RegisteredF32MatchesReferenceInBothLayouts) {
 }
 
 // Note [Winograd convolutions]: W2's second layer at its training batch runs oneDNN's Winograd kernel in
-// every direction, and with Winograd switched off the direct one. Both within the direct kernel's
-// tolerance: measured, Winograd's largest error relative to the largest value was 1.2e-6 (y), 2.0e-6 (dx),
-// 0.7e-6 (dw), direct's 0.5e-6, 0.4e-6, 1.8e-6.
+// every direction with Winograd switched on, and with it off (the default) the direct one. Both within the
+// direct kernel's tolerance: measured, Winograd's largest error relative to the largest value was 1.2e-6
+// (y), 2.0e-6 (dx), 0.7e-6 (dw), direct's 0.5e-6, 0.4e-6, 1.8e-6.
 TEST(Conv2d, WinogradMatchesReference) {
   const Case c{64, 32, 14, 14, 64, 3, 3, 1, 1};
   ConvArgs a = c.args();
@@ -122,23 +122,21 @@ TEST(Conv2d, WinogradMatchesReference) {
     expect_results(op_results(c, in), ref, c, conv_tol(k_fwd), conv_tol(c.n * c.oh() * c.ow()),
                    winograd ? "winograd" : "direct");
   }
-  set_conv_onednn_winograd(true);  // the default
+  set_conv_onednn_winograd(false);  // the default
 }
 
 // Note [a large batch's forward in chunks]: past 64 images the forward runs over chunks of images, so its
 // working memory (oneDNN's blocked x and y) is a chunk's; the values are the reference's. The direct kernel
-// only: a Winograd scratchpad is sized by oneDNN's schedule, from the machine's caches, not by the images
-// (7.2 MiB for a chunk of this shape on a Xeon with 2 MiB of L2 a core, where oneDNN takes Winograd for it).
+// (the default): a Winograd scratchpad is sized by oneDNN's schedule, from the machine's caches, not by the
+// images (7.2 MiB for a chunk of this shape on a Xeon with 2 MiB of L2 a core, where oneDNN takes Winograd).
 TEST(Conv2d, ALargeBatchsForwardRunsInChunksOfImages) {
   const Case c{130, 16, 8, 8, 32, 3, 3, 1, 1};  // chunks of 44, 43, 43 images
-  set_conv_onednn_winograd(false);
   const Tensors in = inputs(c, DType::F32);
   const Results ref = reference_results(c, in);
   const int64_t before = memory::stats(kCPU).allocated.current;
   memory::reset_peak(kCPU);
   const Tensor y = ops::conv2d(in.x, in.w, in.b, c.stride, c.pad, c.dil, c.groups);
   const int64_t working = memory::stats(kCPU).allocated.peak - before - y.nbytes();
-  set_conv_onednn_winograd(true);  // the default
   const int64_t k_fwd = c.c * c.kh * c.kw + c.o * c.kh * c.kw;
   expect_close(y, ref.y.to_vector<double>(), conv_tol(k_fwd), "chunked forward " + c.str());
 #ifdef FRUGAL_HAVE_ONEDNN

@@ -334,7 +334,7 @@ TEST(ConvRelu, ANanComesThroughAsRelusDoes) {
 // The fused kernel never holds the convolution's whole output (only a chunk's), and the dry run predicts its
 // peak exactly, through the blocked path and through the fallback.
 // How much less than conv2d_relu it holds depends on oneDNN's kernel: a direct one runs in chunks of at most
-// 1 MiB of output (with AVX2, all three cases), Winograd (AVX-512's choice for 32 -> 64 channels) in
+// 1 MiB of output (with AVX2, all three cases), Winograd (when switched on, AVX-512's choice for 32 -> 64) in
 // conv2d_relu's own chunks of 64 images with their scratch beside them. Either way it saves at least the
 // whole output less the pooled one, against conv2d_relu alone. The bytes compared are those requested: the
 // blocks that serve them depend on what the arena held before (a block is split only if more than
