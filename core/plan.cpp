@@ -2,7 +2,13 @@
 #include "core/plan.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <limits>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 namespace frugal::memory {
 
@@ -11,10 +17,71 @@ double predicted_seconds(const Estimate& e) {
          (double(e.bytes_allocated) + e.operand_bytes) / kBytesPerSecond;
 }
 
+#if defined(__AVX512BF16__)
+namespace {
+
+// Note [the low-precision factor]: bf16 autocast's products run on the CPU's bf16 dot products (VDPBF16PS),
+// whose rate against the f32 FMA's is the processor's: fma-peak puts the bf16 dot at 1.75x the f32 FMA's
+// GFLOP/s on a Zen 5 (940 against 537), but at 0.49x on a Xeon without AMX (`lscpu`: Intel family 6, model
+// 207; 86.9 against 177 on one core), where W5b (bf16 GEMM) took 1.78x W5's time and W4b 1.80x W4's. So the
+// factor is measured, not assumed: the time of a bf16 dot product's flops over an f32 FMA's, each as chains
+// of independent instructions held in registers (the way fma-peak measures), on this thread, the best of 5
+// alternated runs of each, once per process (about 2 ms). Nothing touches memory: no arena block moves and
+// no budget can refuse it. A step's non-GEMM work does not speed up with the products, so a GEMM-bound step
+// (W4b, W6) comes closest to the factor.
+double bf16_dot_time_over_fma() {
+  constexpr int kChains = 12;
+  constexpr int kIters = 20000;
+  float sink = 0;
+  auto seconds = [&](auto&& body) {
+    const auto t0 = std::chrono::steady_clock::now();
+    sink += body();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  // Operands the compiler cannot see, so that it cannot fold the chains; one lane of their sum comes back.
+  volatile float one = 1.0000001f, near_one = 0.9999999f;
+  volatile int bf16_ones = 0x3f803f80;  // two bf16 1.0s
+  auto sum_of = [](const __m512* acc) {
+    __m512 t = acc[0];
+    for (int c = 1; c < kChains; ++c) t = _mm512_add_ps(t, acc[c]);
+    return _mm512_cvtss_f32(t);
+  };
+  auto fma = [&] {
+    __m512 acc[kChains];
+    const __m512 a = _mm512_set1_ps(one), b = _mm512_set1_ps(near_one);
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(float(c));
+    for (int i = 0; i < kIters; ++i)
+      for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+    return sum_of(acc);
+  };
+  auto dot = [&] {
+    __m512 acc[kChains];
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(bf16_ones), b = a;
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(float(c));
+    for (int i = 0; i < kIters; ++i)
+      for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    return sum_of(acc);
+  };
+  seconds(fma);  // the 512-bit units' warm-up
+  double t_fma = std::numeric_limits<double>::infinity(), t_dot = t_fma;
+  for (int r = 0; r < 5; ++r) {
+    t_fma = std::min(t_fma, seconds(fma));
+    t_dot = std::min(t_dot, seconds(dot));
+  }
+  if (sink == 42.0f) std::fputc(' ', stderr);  // keeps the loops' results alive
+  // An FMA is 16 lanes x 2 flops, a bf16 dot 16 lanes x 2 pairs x 2 flops: a flop's time is t / 32 and t
+  // / 64.
+  return (t_dot / 64) / (t_fma / 32);
+}
+
+}  // namespace
+#endif
+
 double low_precision_time(Device device) {
   if (device.type != DeviceType::CPU) return 1.0;
 #if defined(__AVX512BF16__)
-  return 0.6;
+  static const double factor = bf16_dot_time_over_fma();  // Note [the low-precision factor]
+  return factor;
 #else
   return 1.1;
 #endif

@@ -37,14 +37,16 @@
 // Until 2026-12-06 the products' operands were not counted, so that cost nothing (W4 0.01). Until 2026-12-05
 // the coefficients were constants measured on W3 (1/3, 0.05 and 0.1). bf16 autocast's factor is the device's
 // (low_precision_time): a build for a CPU with bf16 dot products runs its GEMMs and attention on them, and W6
-// (W3 under bf16) took 0.59-0.65 of W3's step there, W4b 0.54 of W4's (a Zen 4); without them bf16 only saves
-// memory, and W6 took 1.08-1.13 of W3's step (a Zen 3). Until 2026-12-06 bf16 was priced as no faster
-// everywhere. Stepping in backward (optim::StepInBackward) does the same updates at another moment, so it
-// costs nothing in the model (W4g measured within noise of W4); it frees each gradient once its update is
-// done, so the gradients never all exist at once, and with recompute it is what lowers a parameter-heavy
-// step's peak most (Note [recompute and stepping in backward]). It needs the whole gradient from one
-// backward, so it goes with one micro-batch only. At an equal predicted time the candidate without it is
-// tried first. The model ranks the candidates; it is not a timer.
+// (W3 under bf16) took 0.59-0.65 of W3's step there, W4b 0.54 of W4's (a Zen 4), but W4b 1.80 of W4's on a
+// Xeon whose bf16 dot products run at half the f32 FMA's flops (Note [the low-precision factor], measured
+// since 2026-12-07; a constant 0.6 before); without them bf16 only saves memory, and W6 took 1.08-1.13 of
+// W3's step (a Zen 3). Until 2026-12-06 bf16 was priced as no faster everywhere. Stepping in backward
+// (optim::StepInBackward) does the same updates at another moment, so it costs nothing in the model (W4g
+// measured within noise of W4); it frees each gradient once its update is done, so the gradients never all
+// exist at once, and with recompute it is what lowers a parameter-heavy step's peak most (Note [recompute and
+// stepping in backward]). It needs the whole gradient from one backward, so it goes with one micro-batch
+// only. At an equal predicted time the candidate without it is tried first. The model ranks the candidates;
+// it is not a timer.
 //
 // The search over recompute is exhaustive: each block of the chain runs plain, selectively or wholly
 // recomputed. For a chain of identical blocks (the GPT's) what a candidate saves and costs depends only on
@@ -76,9 +78,10 @@ inline constexpr double kBytesPerSecond = 10e9;
 // A dry run's counted work priced in seconds by the rates above.
 double predicted_seconds(const Estimate& e);
 
-// A step under bf16 autocast over the same step in f32 on `device` (Note [the planner's cost model]): on the
-// CPU 0.6 where the build uses bf16 dot products (AVX512_BF16), else 1.1; 1.0 on other devices, where it
-// was never measured.
+// A step under bf16 autocast over the same step in f32 on `device` (Note [the planner's cost model]): on a
+// CPU build with bf16 dot products (AVX512_BF16) the time of their flops over the f32 FMA's, measured once
+// per process (Note [the low-precision factor], core/plan.cpp: about 0.57 on a Zen 5, 2.0 on a Xeon without
+// AMX); 1.1 on a CPU build without them; 1.0 on other devices, where it was never measured.
 double low_precision_time(Device device);
 
 // The step's own coefficients of the cost model, each relative to the plain step's predicted time.
