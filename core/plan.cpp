@@ -26,7 +26,7 @@ namespace {
 // 207; 86.9 against 177 on one core), where W5b (bf16 GEMM) took 1.78x W5's time and W4b 1.80x W4's. So the
 // factor is measured, not assumed: the time of a bf16 dot product's flops over an f32 FMA's, each as chains
 // of independent instructions held in registers (the way fma-peak measures), on this thread, the best of 5
-// alternated runs of each, once per process (about 2 ms). Nothing touches memory: no arena block moves and
+// alternated runs of each, once per process (about 1 ms). Nothing touches memory: no arena block moves and
 // no budget can refuse it. A step's non-GEMM work does not speed up with the products, so a GEMM-bound step
 // (W4b, W6) comes closest to the factor.
 double bf16_dot_time_over_fma() {
@@ -69,8 +69,7 @@ double bf16_dot_time_over_fma() {
     t_dot = std::min(t_dot, seconds(dot));
   }
   if (sink == 42.0f) std::fputc(' ', stderr);  // keeps the loops' results alive
-  // An FMA is 16 lanes x 2 flops, a bf16 dot 16 lanes x 2 pairs x 2 flops: a flop's time is t / 32 and t
-  // / 64.
+  // An FMA does 16 lanes x 2 flops, a bf16 dot 16 lanes x 2 pairs x 2 flops.
   return (t_dot / 64) / (t_fma / 32);
 }
 
