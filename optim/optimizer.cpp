@@ -67,9 +67,7 @@ void Optimizer::zero_grad(bool set_to_none) {
     for (const Tensor& p : g.params) p.zero_grad(set_to_none);
 }
 
-DType Optimizer::state_dtype(DType param_dtype) {
-  return compute_dtype(param_dtype);
-}
+DType Optimizer::state_dtype(DType param_dtype) { return compute_dtype(param_dtype); }
 
 Tensor Optimizer::new_state(const Tensor& param) { return new_state(param, param.shape()); }
 
