@@ -80,8 +80,9 @@ double predicted_seconds(const Estimate& e);
 
 // A step under bf16 autocast over the same step in f32 on `device` (Note [the planner's cost model]): on a
 // CPU build with bf16 dot products (AVX512_BF16) the time of their flops over the f32 FMA's, measured once
-// per process (Note [the low-precision factor], core/plan.cpp: about 0.57 on a Zen 5, 2.0 on a Xeon without
-// AMX); 1.1 on a CPU build without them; 1.0 on other devices, where it was never measured.
+// per process (Note [the low-precision factor], core/plan.cpp: 1.92-2.00 on a Xeon without AMX, and 0.57 by
+// fma-peak's rates on a Zen 5); 1.1 on a CPU build without them; 1.0 on other devices, where it was never
+// measured.
 double low_precision_time(Device device);
 
 // The step's own coefficients of the cost model, each relative to the plain step's predicted time.

@@ -65,7 +65,10 @@ struct DataLoaderOptions {
   int prefetch_ = 2;          // batches a background thread prepares ahead; 0 = in the caller's thread
   // Prepare the `prefetch` batches ahead in the caller's thread, at next(), instead of in a worker: the same
   // batches are alive as with a worker that keeps up (the one in use and `prefetch` ahead), made in one order
-  // every run. A dry run (core/estimate.h) uses it to see what the worker's queue holds.
+  // every run. A dry run (core/estimate.h) uses it to see what the worker's queue holds, and a run under a
+  // memory::plan should use it too, so that it allocates in its dry run's order: a worker's batch made at
+  // another moment can take a segment the plan counted on (Note [a planned run makes its batches in order],
+  // examples/train_fmnist.cpp).
   bool in_caller_thread_ = false;
   uint64_t seed_ = 0;  // with the epoch number, fixes the shuffled order
   // Draws each epoch's indices from it (it shuffles; shuffle must be off).
