@@ -374,23 +374,30 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
     if (param_grads) std::fill(pdw, pdw + 2 * n, C(0));
     // Row r from its x-hat, read through `xhat` (xhat[j]: x-hat's j-th value in the compute type), and dy
     // (D, or f32 read back).
-    auto row = [&](int64_t r, const auto& xhat, const auto* dy) {
-      const C rs = rstds[r];
-      const auto grad = [&](int64_t j) {
+    auto row = [&](int64_t r, const auto& xhat_at, const auto* dy) {
+      // Every loop below reads local copies of the accessor and the pointers: through the lambdas' captures
+      // by reference, GCC left the first loops scalar where x-hat comes from x (W3's norms: 233 us against
+      // 45 for 2048 rows of 128 on a Xeon).
+      const auto xhat = xhat_at;
+      const C* const wv = w;
+      const auto grad = [dy, wv](int64_t j) {
         if constexpr (kWeight)
-          return C(dy[j]) * w[j];
+          return C(dy[j]) * wv[j];
         else
           return C(dy[j]);
       };
+      const C rs = rstds[r];
       C sum_g = 0, sum_gx = 0;
       if (param_grads) {
+        C* const dw = pdw;
+        C* const db = pdb;
 #pragma omp simd reduction(+ : sum_g, sum_gx)
         for (int64_t j = 0; j < n; ++j) {
           const C xh = xhat[j], d = C(dy[j]), g = grad(j);
           sum_g += g;
           sum_gx += g * xh;
-          pdw[j] += d * xh;
-          pdb[j] += d;
+          dw[j] += d * xh;
+          db[j] += d;
         }
       } else {
 #pragma omp simd reduction(+ : sum_g, sum_gx)
