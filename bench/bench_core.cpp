@@ -179,17 +179,25 @@ void BM_CopyF32Stream(benchmark::State& state) {
 }
 BENCHMARK(BM_CopyF32Stream)->Arg(16 << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// Softmax and LayerNorm over 16M floats (16384 rows of 1024), forward and backward through autograd, in
-// bytes a second counted as STREAM counts (each tensor an element is read or written once: forward x in, y
-// out; backward y or x, dy in, dx out), to compare with the copy's (#22: at >= 0.6 of it). Each checks one
-// row against a naive reference first.
-enum class RowOp { Softmax, LayerNorm };
-Tensor row_op(RowOp op, const Tensor& x) {
-  return op == RowOp::Softmax ? softmax(x, -1) : layer_norm(x, {x.size(1)});
+// Softmax and LayerNorm over 16M floats (rows of 1024), forward and backward through autograd, in bytes a
+// second counted as STREAM counts (each tensor an element is read or written once: forward x in, y out;
+// backward y or x, dy in, dx out), to compare with the copy's (#22: at >= 0.6 of it). layer_norm_affine: the
+// norm with a weight and a bias that need gradients too (nn::LayerNorm's form; its backward also sums
+// dy x-hat and dy over the rows), in rows of 1024 and of 128 (W3's width). Each checks one row against a
+// naive reference first.
+enum class RowOp { Softmax, LayerNorm, LayerNormAffine };
+struct Affine {
+  Tensor weight, bias;
+};
+Tensor row_op(RowOp op, const Tensor& x, const Affine& affine = {}) {
+  if (op == RowOp::Softmax) return softmax(x, -1);
+  return layer_norm(x, {x.size(1)}, affine.weight, affine.bias);
 }
 
-const char* check_row(RowOp op, const Tensor& x, const Tensor& y) {
+const char* check_row(RowOp op, const Tensor& x, const Tensor& y, const Affine& affine = {}) {
   const int64_t d = x.size(1);
+  const float* w = affine.weight.defined() ? affine.weight.data<float>() : nullptr;
+  const float* b = affine.bias.defined() ? affine.bias.data<float>() : nullptr;
   const float *px = x.data<float>(), *py = y.data<float>();
   double m = 0, v = 0, z = 0;
   for (int64_t j = 0; j < d; ++j) m = std::max(m, double(px[j]));
@@ -200,28 +208,33 @@ const char* check_row(RowOp op, const Tensor& x, const Tensor& y) {
   for (int64_t j = 0; j < d; ++j) v += (px[j] - mean) * (px[j] - mean);
   const double rstd = 1 / std::sqrt(v / double(d) + 1e-5);
   for (int64_t j = 0; j < d; ++j) {
-    const double want = op == RowOp::Softmax ? std::exp(double(px[j]) - m) / z : (px[j] - mean) * rstd;
+    const double want = op == RowOp::Softmax ? std::exp(double(px[j]) - m) / z
+                                             : (px[j] - mean) * rstd * (w ? w[j] : 1.0) + (b ? b[j] : 0.0);
     if (std::fabs(want - py[j]) > 1e-5 * (1 + std::fabs(want))) return "a row differs from the reference";
   }
   return "";
 }
 
 void BM_RowOpF32(benchmark::State& state, RowOp op, bool backward) {
-  const int64_t n = state.range(0), d = 1024;
+  const int64_t n = state.range(0), d = state.range(1);
   const Tensor x = randn({n / d, d});
-  if (const char* problem = check_row(op, x, row_op(op, x)); *problem) return state.SkipWithError(problem);
+  Affine affine;
+  if (op == RowOp::LayerNormAffine) affine = {randn({d}).requires_grad_(), randn({d}).requires_grad_()};
+  if (const char* problem = check_row(op, x, row_op(op, x, affine), affine); *problem)
+    return state.SkipWithError(problem);
   const Tensor dy = randn({n / d, d});
   const Tensor xg = x.detach().requires_grad_();
   for (auto _ : state) {
     if (!backward) {
       NoGradGuard no_grad;
-      Tensor y = row_op(op, x);
+      Tensor y = row_op(op, x, affine);
       benchmark::DoNotOptimize(y.raw_data());
       continue;
     }
     state.PauseTiming();
     xg.zero_grad();
-    Tensor y = row_op(op, xg);
+    if (affine.weight.defined()) affine.weight.zero_grad(), affine.bias.zero_grad();
+    Tensor y = row_op(op, xg, affine);
     state.ResumeTiming();
     y.backward(dy);
     benchmark::DoNotOptimize(xg.grad().raw_data());
@@ -229,19 +242,24 @@ void BM_RowOpF32(benchmark::State& state, RowOp op, bool backward) {
   state.SetBytesProcessed(int64_t(state.iterations()) * (backward ? 3 : 2) * 4 * n);
 }
 BENCHMARK_CAPTURE(BM_RowOpF32, softmax_forward, RowOp::Softmax, false)
-    ->Arg(16 << 20)
+    ->Args({16 << 20, 1024})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_RowOpF32, softmax_backward, RowOp::Softmax, true)
-    ->Arg(16 << 20)
+    ->Args({16 << 20, 1024})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_RowOpF32, layer_norm_forward, RowOp::LayerNorm, false)
-    ->Arg(16 << 20)
+    ->Args({16 << 20, 1024})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_RowOpF32, layer_norm_backward, RowOp::LayerNorm, true)
-    ->Arg(16 << 20)
+    ->Args({16 << 20, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_RowOpF32, layer_norm_affine_backward, RowOp::LayerNormAffine, true)
+    ->Args({16 << 20, 1024})
+    ->Args({16 << 20, 128})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
