@@ -35,6 +35,9 @@ const Case kCases[] = {
     {1, 70, 64, 2, 0.2, true},
     {2, 40, 80, 2, 0.3, false},
     {2, 19, 6, 2, 0.4, true},
+    // f32's transposes of K and V in 8 x 8 blocks: a head size of 12 and 21 rows (edge columns beside the
+    // blocks, then edge rows).
+    {2, 21, 24, 2, 0.5, true},
 };
 
 std::string name(const Case& c) {
