@@ -772,7 +772,8 @@ Want layer_norm_dx(const LayerNormRef& r, const std::vector<double>& g, int64_t 
   return dx;
 }
 
-// F::layer_norm over the last dim (weight and bias or none); with the gradient of x.
+// F::layer_norm over the last dim (weight and bias or none); with the gradients of x, and of the weight and
+// the bias where the program has them.
 void run_layer_norm(Program& p) {
   const DType dt = kFloating[p.in(0, 3)];
   const bool affine = p.in(0, 1) == 1, grad = p.in(0, 1) == 1;
@@ -780,6 +781,7 @@ void run_layer_norm(Program& p) {
   Input x = make(p, {rows, d}, dt);
   Input w = affine ? make(p, {d}, dt) : Input(), b = affine ? make(p, {d}, dt) : Input();
   if (grad) x.t.requires_grad_();
+  if (grad && affine) w.t.requires_grad_(), b.t.requires_grad_();
   const std::string what = describe("layer_norm", dt, false, {&x}) + (affine ? " affine" : "");
   const Tensor y = F::layer_norm(x.t, Shape({d}), w.t, b.t, 1e-5);
   const LayerNormRef ref = layer_norm_ref(x.v, rows, d, w.v, b.v, 1e-5);
@@ -794,6 +796,22 @@ void run_layer_norm(Program& p) {
   if (affine)
     for (size_t e = 0; e < g.size(); ++e) g[e] *= w.v[e % size_t(d)];
   expect(what + " d x", x.t.grad(), {rows, d}, dt, layer_norm_dx(ref, g, rows, d), double(d), uc, uo);
+  if (!affine) return;
+  // d weight[j] = sum over the rows of d y x-hat, d bias[j] = the sum of d y; x-hat's rounding grows with the
+  // row's scale (layer_norm_ref).
+  Want dw(d), db(d);
+  for (int64_t j = 0; j < d; ++j) {
+    double sw = 0, mw = 0, sb = 0, mb = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      const size_t e = size_t(i * d + j);
+      sw += r.v[e] * ref.xhat[e], mw += std::fabs(r.v[e]) * ref.scale[size_t(i)];
+      sb += r.v[e], mb += std::fabs(r.v[e]);
+    }
+    dw.set(j, sw, mw);
+    db.set(j, sb, mb);
+  }
+  expect(what + " d weight", w.t.grad(), {d}, dt, dw, double(rows), uc, uo);
+  expect(what + " d bias", b.t.grad(), {d}, dt, db, double(rows), uc, uo);
 }
 
 // GELU, exact (erf) or its tanh form, and its derivative, in f64.
