@@ -2,6 +2,7 @@
 // backward (a row's sum, then the outputs). f32/f64 rows use Eigen's vectorised exp (through cpu::exp_into);
 // f16/bf16 rows compute in f32 element by element.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 
 #include "core/op_table_softmax.h"
@@ -23,6 +24,13 @@ void softmax_cpu(const SoftmaxArgs& s) {
       const T* x = in + r * cols;
       T* y = out + r * cols;
       if constexpr (std::is_same_v<T, C>) {
+        // The next row (its first 16 KiB: the hardware's prefetcher follows a longer one) on its way from
+        // memory while this one's exps are computed (rows of 1024 on a Xeon: 0.37-0.44 of the copy's rate
+        // -> 0.51-0.55; the same for the backward's two rows was slower).
+        if (r + 1 < e)
+          for (int64_t j = 0, n = std::min<int64_t>(cols, 16384 / sizeof(T)); j < n;
+               j += 64 / int64_t(sizeof(T)))
+            __builtin_prefetch(x + cols + j);
         Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>> xv(x, cols);
         Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> yv(y, cols);
         const C m = xv.maxCoeff();
