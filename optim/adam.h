@@ -4,6 +4,8 @@
 //   v = beta2 * v + (1 - beta2) * g * g
 //   v_max = max(v_max, v)                           (amsgrad; then used in place of v)
 //   param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// (the CPU kernel multiplies sqrt(v) by 1 / sqrt(1 - beta2^t): the update's last bit may differ from
+// PyTorch's; kernels/cpu/optim.cpp)
 //
 //   optim::Adam opt(model->parameters(), optim::AdamOptions(1e-3).betas({0.9, 0.98}));
 //   optim::AdamW opt_w(model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.1));

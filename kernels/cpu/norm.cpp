@@ -380,7 +380,7 @@ void layer_norm_backward_cpu(const LayerNormArgs& a) {
       // 45 for 2048 rows of 128 on a Xeon).
       const auto xhat = xhat_at;
       const C* const wv = w;
-      const auto grad = [dy, wv](int64_t j) {
+      const auto grad = [=](int64_t j) {  // [=]: wv goes unused without a weight
         if constexpr (kWeight)
           return C(dy[j]) * wv[j];
         else

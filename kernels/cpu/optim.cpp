@@ -1,5 +1,6 @@
 // CPU optimizer updates: SGD and Adam/AdamW fused into one pass over param, grad and state per element,
-// with PyTorch's formulas (optim/sgd.h, optim/adam.h) and operation order. f16/bf16 parameters compute in
+// with PyTorch's formulas (optim/sgd.h, optim/adam.h) and operation order, but for one product in Adam's
+// (adam_loop). f16/bf16 parameters compute in
 // f32 with f32 state. The composite references (several frugal::ops passes) are in
 // tests/optim/test_kernels.cpp.
 #include <algorithm>
@@ -63,10 +64,12 @@ void sgd_step_cpu(const SgdStepArgs& a) {
 // options are template arguments, as SGD's, so the loop vectorises (sqrt included: this file is compiled
 // with -fno-math-errno). Where the compiler contracts a product and a sum into an FMA may differ between the
 // vector loop and a scalar one, so a value can differ in its last bit from the scalar loop this replaced
-// (seen with AdamW's decoupled decay); the references compare within rounding. sqrt(v) is scaled by the
-// reciprocal of sqrt(bias correction 2), not divided by it (PyTorch's form, one rounding more or less): the
-// loop is bound by its divisions (16 lanes a 8-16 cycles on AVX-512), and one of two the less made W1's
-// largest layer's step (200,704 f32) 71 -> 49 us on 2 threads of a Xeon.
+// (seen with AdamW's decoupled decay); the references compare within rounding. One departure from
+// PyTorch's order: sqrt(v) is multiplied by the reciprocal of sqrt(bias correction 2) (rounded once, from
+// the double) where PyTorch divides by it, which may move the update's last bit; the CUDA step
+// (kernels/cuda/math.h) still divides. The loop is bound by its divisions (16 lanes in 8-16 cycles on
+// AVX-512): one of two the less made W1's largest layer's step (200,704 f32) 71 -> 49 us on 2 threads of a
+// Xeon.
 template <typename T, bool kCoupled, bool kDecoupled, bool kAmsgrad>
 void adam_loop(const AdamStepArgs& a) {
   using C = acc_t<T>;
@@ -78,7 +81,7 @@ void adam_loop(const AdamStepArgs& a) {
   const C beta1 = C(a.beta1), beta2 = C(a.beta2), one_minus_beta1 = C(1 - a.beta1),
           one_minus_beta2 = C(1 - a.beta2), eps = C(a.eps), wd = C(a.weight_decay),
           shrink = C(1 - a.lr * a.weight_decay), step_size = C(a.step_size),
-          bc2_sqrt = C(a.bias_correction2_sqrt), inv_bc2_sqrt = C(1) / bc2_sqrt;
+          inv_bc2_sqrt = C(1.0 / a.bias_correction2_sqrt);
   parallel_for(0, a.n, parallel_grain(), [&](int64_t begin, int64_t end) {
 #pragma omp simd
     for (int64_t i = begin; i < end; ++i) {

@@ -37,8 +37,6 @@ constexpr int kMaxSteps = 6;
 
 }  // namespace
 
-using namespace kernels;
-
 void run_kernels(const uint8_t* data, size_t size) {
   struct Limit {  // as the ops target's: a bound on what one program may take
     int64_t before = memory::memory_limit(kCPU);
@@ -50,55 +48,55 @@ void run_kernels(const uint8_t* data, size_t size) {
     try {
       switch (p.in(0, 16)) {
         case 0:
-          run_matmul(p);
+          kernels::run_matmul(p);
           break;
         case 1:
-          run_linear(p);
+          kernels::run_linear(p);
           break;
         case 2:
-          run_conv(p);
+          kernels::run_conv(p);
           break;
         case 3:
-          run_pool(p);
+          kernels::run_pool(p);
           break;
         case 4:
-          run_reduce(p);
+          kernels::run_reduce(p);
           break;
         case 5:
-          run_softmax(p);
+          kernels::run_softmax(p);
           break;
         case 6:
-          run_layer_norm(p);
+          kernels::run_layer_norm(p);
           break;
         case 7:
-          run_binary(p);
+          kernels::run_binary(p);
           break;
         case 8:
-          run_copy(p);
+          kernels::run_copy(p);
           break;
         case 9:
-          run_fused_linear(p);
+          kernels::run_fused_linear(p);
           break;
         case 10:
-          run_cross_entropy(p);
+          kernels::run_cross_entropy(p);
           break;
         case 11:
-          run_embedding(p);
+          kernels::run_embedding(p);
           break;
         case 12:
-          run_attention(p);
+          kernels::run_attention(p);
           break;
         case 13:
-          run_batch_norm(p);
+          kernels::run_batch_norm(p);
           break;
         case 14:
-          run_unary(p);
+          kernels::run_unary(p);
           break;
         case 15:
-          run_quant_linear(p);
+          kernels::run_quant_linear(p);
           break;
         default:
-          run_quant_conv(p);
+          kernels::run_quant_conv(p);
           break;
       }
     } catch (const Error&) {
