@@ -109,28 +109,6 @@ void small_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t ars, int64_
   }
 }
 
-// dst [cols, rows] = src [rows, cols]^T, src rows `stride` apart. f32 in 8 x 8 blocks in registers where the
-// build has AVX (kernels/cpu/transpose_block.h), the edges element by element: one element at a time, K's
-// and V's transposes took about a millisecond of a W3 step on a Xeon (each store 4 t bytes from the last).
-template <typename T>
-void transpose(int64_t rows, int64_t cols, const T* src, int64_t stride, T* dst) {
-  int64_t r0 = 0, c0 = 0;
-#if FRUGAL_TRANSPOSE_AVX
-  if constexpr (std::is_same_v<T, float>) {
-    r0 = rows / 8 * 8;
-    c0 = cols / 8 * 8;
-    for (int64_t r = 0; r < r0; r += 8)
-      for (int64_t c = 0; c < c0; c += 8) {
-        __m256 col[8];
-        cpu::transpose8x8_load(src + r * stride + c, stride, col);
-        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + (c + j) * rows + r, col[j]);
-      }
-  }
-#endif
-  for (int64_t r = 0; r < rows; ++r)  // the edges: the columns from c0 in the blocks' rows, all from r0
-    for (int64_t c = r < r0 ? c0 : 0; c < cols; ++c) dst[c * rows + r] = src[r * stride + c];
-}
-
 // Where head (b, h)'s matrices start: q, k, v (and dq, dk, dv) in the packed rows [B, T, 3, H, hd], rows 3 D
 // apart; y (and dy) in the merged rows [B, T, H, hd], rows D apart; P in [B, H, T, T].
 struct HeadOffsets {
@@ -159,7 +137,9 @@ template <typename C>
 void head_scores(const SelfAttentionArgs& a, const C* q, const C* k, int64_t in, C* p, C* kt) {
   Range lower_n;
   lower_n.lower_n = a.causal;
-  transpose(a.t, a.head_dim, k, in, kt);
+  // In 8 x 8 blocks in registers for f32 (one element at a time, the K and V transposes took about a
+  // millisecond of a W3 step on a Xeon: each store 4 t bytes from the last).
+  cpu::transpose_tile(k, in, kt, a.t, 0, a.t, 0, a.head_dim);
   small_gemm(a.t, a.t, a.head_dim, q, in, 1, kt, a.t, p, a.t, lower_n);
 }
 
@@ -303,7 +283,7 @@ void head_backward(const SelfAttentionArgs& a, const C* q, const C* k, const C* 
   Range lower_n, lower_k, upper_k;
   lower_n.lower_n = lower_k.lower_k = upper_k.upper_k = a.causal;
   small_gemm(t, hd, t, p, 1, t, dy, out, dv, in, upper_k);  // dV = P^T dY
-  transpose(t, hd, v, in, vt);
+  cpu::transpose_tile(v, in, vt, t, 0, t, 0, hd);           // vt [hd, t]
   small_gemm(t, t, hd, dy, out, 1, vt, t, ds, t, lower_n);  // dP = dY V^T, then dS in place
   for (int64_t i = 0; i < t; ++i) softmax_backward_row(p + i * t, ds + i * t, allowed(a, i), t, scale);
   small_gemm(t, hd, t, ds, t, 1, k, in, dq, in, lower_k);  // dQ = dS K
@@ -391,15 +371,6 @@ void copy_rows(int64_t rows, int64_t cols, const From* src, int64_t src_stride, 
     for (int64_t c = 0; c < cols; ++c) dst[r * dst_stride + c] = To(src[r * src_stride + c]);
 }
 
-// Asks for the cache lines of `rows` rows of `cols` elements, `stride` elements apart: the next head's
-// operands, fetched while this head computes (they are strided rows of a large tensor, which the hardware
-// prefetchers follow late).
-template <typename T>
-inline void prefetch_rows(const T* p, int64_t rows, int64_t cols, int64_t stride) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; c += 64 / int64_t(sizeof(T))) __builtin_prefetch(p + r * stride + c);
-}
-
 // The first element at or after `from` (at most kLanes - 1 on) that sits where element `index` of a
 // vector-aligned array would, relative to the vector width. Eigen runs the unaligned head of a row through
 // scalar code (exp included, whose last bit differs from the vector exp's), so a head's P computed in scratch
@@ -436,7 +407,7 @@ void self_attention_forward_cpu(const SelfAttentionArgs& a) {
       const HeadOffsets o = head_offsets(a, bh);
       if (bh + 1 < end) {
         const HeadOffsets next = head_offsets(a, bh + 1);
-        for (int w = 0; w < 3; ++w) prefetch_rows(qkv + next.q + w * d, t, hd, 3 * d);
+        for (int w = 0; w < 3; ++w) cpu::prefetch_rows(qkv + next.q + w * d, t, hd, 3 * d);
       }
       C* head_stats = kKeep == Keep::kStats ? stats + bh * t * 2 : nullptr;
       // P in scratch where op_self_attention's f32 probs have it (aligned_as), or in probs.

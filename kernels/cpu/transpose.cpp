@@ -15,54 +15,6 @@ namespace {
 
 constexpr int64_t kTile = 32;
 
-// The side of the blocks a T moves in registers, or 1 (element by element).
-template <typename T>
-constexpr int64_t block_side() {
-#if FRUGAL_TRANSPOSE_AVX
-  if (sizeof(T) == 4) return 8;
-#endif
-#if FRUGAL_TRANSPOSE_SSE2
-  if (sizeof(T) == 1) return 16;
-#endif
-  return 1;
-}
-
-// out[c * out_stride + r] = in[r * in_stride + c] for one block of block_side<T>() elements a side.
-template <typename T>
-inline void transpose_block(const T* in, int64_t in_stride, T* out, int64_t out_stride) {
-#if FRUGAL_TRANSPOSE_AVX
-  if constexpr (sizeof(T) == 4) {
-    __m256 r[8];
-    cpu::transpose8x8_load(reinterpret_cast<const float*>(in), in_stride, r);
-    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(reinterpret_cast<float*>(out + j * out_stride), r[j]);
-    return;
-  }
-#endif
-#if FRUGAL_TRANSPOSE_SSE2
-  if constexpr (sizeof(T) == 1) {
-    cpu::transpose16x16_bytes(reinterpret_cast<const uint8_t*>(in), in_stride,
-                              reinterpret_cast<uint8_t*>(out), out_stride);
-    return;
-  }
-#endif
-  (void)in, (void)in_stride, (void)out, (void)out_stride;
-}
-
-// One tile: rows [r0, r1) and columns [c0, c1) of in, whole blocks in registers, the edges one by one.
-template <typename T>
-void transpose_tile(const T* in, int64_t in_stride, T* out, int64_t rows, int64_t r0, int64_t r1, int64_t c0,
-                    int64_t c1) {
-  constexpr int64_t B = block_side<T>();
-  const int64_t rb = B > 1 ? r0 + (r1 - r0) / B * B : r0, cb = B > 1 ? c0 + (c1 - c0) / B * B : c0;
-  for (int64_t r = r0; r < rb; r += B)
-    for (int64_t c = c0; c < cb; c += B)
-      transpose_block(in + r * in_stride + c, in_stride, out + c * rows + r, rows);
-  for (int64_t c = cb; c < c1; ++c)  // the columns right of the blocks, every row
-    for (int64_t r = r0; r < r1; ++r) out[c * rows + r] = in[r * in_stride + c];
-  for (int64_t c = c0; c < cb; ++c)  // the rows below the blocks
-    for (int64_t r = rb; r < r1; ++r) out[c * rows + r] = in[r * in_stride + c];
-}
-
 // in: [rows, cols] with rows in_stride apart; out: [cols, rows]
 template <typename T>
 void transpose2d_cpu(const TransposeArgs& a) {
@@ -74,7 +26,7 @@ void transpose2d_cpu(const TransposeArgs& a) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t r0 = t * kTile, r1 = std::min(rows, r0 + kTile);
       for (int64_t c0 = 0; c0 < cols; c0 += kTile)
-        transpose_tile(in, a.in_stride, out, rows, r0, r1, c0, std::min(cols, c0 + kTile));
+        cpu::transpose_tile(in, a.in_stride, out, rows, r0, r1, c0, std::min(cols, c0 + kTile));
     }
   });
 }

@@ -1,9 +1,12 @@
-// Square blocks transposed in registers, for the transposing copy (kernels/cpu/transpose.cpp) and the int8
-// convolution's pixel-major to NCHW pass (kernels/cpu/quant.cpp): 8 x 8 elements of 4 bytes with AVX, 16 x 16
-// bytes with SSE2. Element by element, one load and one store each, a 1-byte transpose took 0.7 ns an
-// element on Zen 4 (W2's int8 convolution spent a quarter of its time there); these move whole rows.
+// Square blocks transposed in registers, for the transposing copy (kernels/cpu/transpose.cpp), the int8
+// convolution's pixel-major to NCHW pass (kernels/cpu/quant.cpp) and the attention's K and V
+// (kernels/cpu/self_attention.cpp): 8 x 8 elements of 4 bytes with AVX, 16 x 16 bytes with SSE2. Element by
+// element, one load and one store each, a 1-byte transpose took 0.7 ns an element on Zen 4 (W2's int8
+// convolution spent a quarter of its time there); these move whole rows. transpose_tile: a rectangle of
+// any element type, whole blocks in registers and the edges one by one, on the calling thread.
 //
 //   if constexpr (kBlock4) { __m256 r[8]; transpose8x8_load(in, in_stride, r); ...r[j] is column j... }
+//   cpu::transpose_tile(k, in_stride, kt, t, 0, t, 0, hd);  // kt [hd, t] = k [t, hd]^T
 #pragma once
 
 #include <cstdint>
@@ -75,5 +78,54 @@ inline void transpose16x16_bytes(const uint8_t* in, int64_t in_stride, uint8_t* 
   }
 }
 #endif
+
+// The side of the blocks a T moves in registers, or 1 (element by element).
+template <typename T>
+constexpr int64_t block_side() {
+#if FRUGAL_TRANSPOSE_AVX
+  if (sizeof(T) == 4) return 8;
+#endif
+#if FRUGAL_TRANSPOSE_SSE2
+  if (sizeof(T) == 1) return 16;
+#endif
+  return 1;
+}
+
+// out[c * out_stride + r] = in[r * in_stride + c] for one block of block_side<T>() elements a side.
+template <typename T>
+inline void transpose_block(const T* in, int64_t in_stride, T* out, int64_t out_stride) {
+#if FRUGAL_TRANSPOSE_AVX
+  if constexpr (sizeof(T) == 4) {
+    __m256 r[8];
+    cpu::transpose8x8_load(reinterpret_cast<const float*>(in), in_stride, r);
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(reinterpret_cast<float*>(out + j * out_stride), r[j]);
+    return;
+  }
+#endif
+#if FRUGAL_TRANSPOSE_SSE2
+  if constexpr (sizeof(T) == 1) {
+    cpu::transpose16x16_bytes(reinterpret_cast<const uint8_t*>(in), in_stride,
+                              reinterpret_cast<uint8_t*>(out), out_stride);
+    return;
+  }
+#endif
+  (void)in, (void)in_stride, (void)out, (void)out_stride;
+}
+
+// out[c * rows + r] = in[r * in_stride + c] for rows [r0, r1) and columns [c0, c1) of in (out: [cols, rows]),
+// whole blocks in registers, the edges one by one.
+template <typename T>
+void transpose_tile(const T* in, int64_t in_stride, T* out, int64_t rows, int64_t r0, int64_t r1, int64_t c0,
+                    int64_t c1) {
+  constexpr int64_t B = block_side<T>();
+  const int64_t rb = B > 1 ? r0 + (r1 - r0) / B * B : r0, cb = B > 1 ? c0 + (c1 - c0) / B * B : c0;
+  for (int64_t r = r0; r < rb; r += B)
+    for (int64_t c = c0; c < cb; c += B)
+      transpose_block(in + r * in_stride + c, in_stride, out + c * rows + r, rows);
+  for (int64_t c = cb; c < c1; ++c)  // the columns right of the blocks, every row
+    for (int64_t r = r0; r < r1; ++r) out[c * rows + r] = in[r * in_stride + c];
+  for (int64_t c = c0; c < cb; ++c)  // the rows below the blocks
+    for (int64_t r = rb; r < r1; ++r) out[c * rows + r] = in[r * in_stride + c];
+}
 
 }  // namespace frugal::cpu

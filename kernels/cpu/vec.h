@@ -4,6 +4,7 @@
 //
 //   cpu::Vec<float> v;  // cpu::kLanes<float> floats; v + w, v * w, v - x lane by lane
 //   _mm512_maskz_loadu_ps(cpu::first_lanes(n - j), row + j);  // AVX-512: a row's last, partial vector
+//   cpu::prefetch_rows(next, rows, cols, stride);  // the next operands on their way while this one computes
 #pragma once
 
 #include <cstdint>
@@ -57,5 +58,14 @@ inline __mmask16 first_lanes(int64_t count) {
   return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
 }
 #endif
+
+// Asks for the cache lines of `rows` rows of `cols` elements, `stride` elements apart, ahead of their use:
+// the attention's next head's operands (strided rows of a large tensor, which the hardware prefetchers follow
+// late), softmax's next row (fetched while this row's exps are computed).
+template <typename T>
+inline void prefetch_rows(const T* p, int64_t rows, int64_t cols, int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; c += 64 / int64_t(sizeof(T))) __builtin_prefetch(p + r * stride + c);
+}
 
 }  // namespace frugal::cpu
